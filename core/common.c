@@ -1,0 +1,118 @@
+/* core/common.c - checks, allocator, logging, timing (see common.h). */
+#include "core/common.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <stdatomic.h>
+
+void (*td_abort_hook)(void) = NULL;
+int td_log_rank = -1;
+int td_quiet = 0;
+
+static _Atomic size_t g_mem_current, g_mem_peak;
+
+static void vprint_line(const char *tag, const char *fmt, va_list ap)
+{
+    char buf[1024];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    if (td_log_rank >= 0)
+        fprintf(stderr, "[rank %d] tandem: %s%s\n", td_log_rank, tag, buf);
+    else
+        fprintf(stderr, "tandem: %s%s\n", tag, buf);
+}
+
+void td_fatal(const char *file, int line, const char *fmt, ...)
+{
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (td_log_rank >= 0)
+        fprintf(stderr, "[rank %d] tandem: fatal: %s:%d: %s\n", td_log_rank, file, line, msg);
+    else
+        fprintf(stderr, "tandem: fatal: %s:%d: %s\n", file, line, msg);
+    fflush(stderr);
+    if (td_abort_hook) td_abort_hook();
+    abort();
+}
+
+void td_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vprint_line("error: ", fmt, ap);
+    va_end(ap);
+}
+
+void td_info(const char *fmt, ...)
+{
+    if (td_quiet) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vprint_line("", fmt, ap);
+    va_end(ap);
+}
+
+/* Each block carries its size in a 64-byte header so td_free can account
+ * for it and the user pointer stays 64-byte aligned. */
+void *td_malloc_(size_t n, const char *file, int line)
+{
+    void *p = NULL;
+    size_t total = n + TD_ALIGN;
+    if (total < n || posix_memalign(&p, TD_ALIGN, total) != 0 || !p)
+        td_fatal(file, line, "out of memory allocating %zu bytes", n);
+    *(size_t *)p = n;
+    size_t cur = atomic_fetch_add(&g_mem_current, n) + n;
+    size_t peak = atomic_load(&g_mem_peak);
+    while (cur > peak && !atomic_compare_exchange_weak(&g_mem_peak, &peak, cur)) {}
+    return (char *)p + TD_ALIGN;
+}
+
+void *td_calloc_(size_t n, const char *file, int line)
+{
+    void *p = td_malloc_(n, file, line);
+    memset(p, 0, n);
+    return p;
+}
+
+char *td_strdup_(const char *s, const char *file, int line)
+{
+    size_t n = strlen(s) + 1;
+    char *p = td_malloc_(n, file, line);
+    memcpy(p, s, n);
+    return p;
+}
+
+void td_free(void *p)
+{
+    if (!p) return;
+    char *base = (char *)p - TD_ALIGN;
+    atomic_fetch_sub(&g_mem_current, *(size_t *)base);
+    free(base);
+}
+
+size_t td_mem_current(void) { return atomic_load(&g_mem_current); }
+size_t td_mem_peak(void) { return atomic_load(&g_mem_peak); }
+
+size_t td_rss_peak(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+}
+
+double td_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

@@ -1,0 +1,64 @@
+/* core/common.h - checks, the one allocator, logging and timing used by every
+ * module of tandem.
+ *
+ * Two kinds of failure (STYLE section 5):
+ *   - bugs (bad shape, NULL, impossible state): TD_CHECK prints rank, file,
+ *     line and message, then calls the abort hook (MPI_Abort once comm/ has
+ *     installed it, abort() otherwise) so that no rank hangs;
+ *   - environment failures (files, configs, sockets): functions return a
+ *     negative int and report with td_error(); only the command layer exits.
+ */
+#ifndef TANDEM_CORE_COMMON_H
+#define TANDEM_CORE_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#define TD_ALIGN 64  /* bytes: every slab is aligned for AVX-512 and BLAS */
+
+/* Always-on invariant check. */
+#define TD_CHECK(cond, ...)                                                   \
+    do {                                                                      \
+        if (!(cond)) td_fatal(__FILE__, __LINE__, __VA_ARGS__);               \
+    } while (0)
+
+void td_fatal(const char *file, int line, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 3, 4)));
+
+/* Called by td_fatal before it exits; comm/ sets it to an MPI_Abort. */
+extern void (*td_abort_hook)(void);
+
+/* Rank prefix for messages; -1 (default) prints none. */
+extern int td_log_rank;
+/* Minimum level printed by td_info (0 = everything, 1 = quiet). */
+extern int td_quiet;
+
+/* One line on stderr, "tandem: error: ..." (prefixed with the rank when set). */
+void td_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* One informational line on stderr unless td_quiet. */
+void td_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Checked, 64-byte aligned allocation; aborts with file, line and size on
+ * failure.  Memory from td_malloc is released with td_free (NULL is fine). */
+#define td_malloc(n) td_malloc_((n), __FILE__, __LINE__)
+#define td_calloc(n) td_calloc_((n), __FILE__, __LINE__)
+#define td_strdup(s) td_strdup_((s), __FILE__, __LINE__)
+void *td_malloc_(size_t n, const char *file, int line);
+void *td_calloc_(size_t n, const char *file, int line);
+char *td_strdup_(const char *s, const char *file, int line);
+void td_free(void *p);
+/* Bytes currently allocated through td_malloc and the peak since start. */
+size_t td_mem_current(void);
+size_t td_mem_peak(void);
+/* Resident set size high-water mark of the process, bytes (from /proc). */
+size_t td_rss_peak(void);
+
+/* Monotonic seconds. */
+double td_now(void);
+
+static inline size_t td_round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+static inline size_t td_min(size_t a, size_t b) { return a < b ? a : b; }
+static inline size_t td_max(size_t a, size_t b) { return a > b ? a : b; }
+
+#endif

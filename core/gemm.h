@@ -1,0 +1,64 @@
+/* core/gemm.h - matrix products for the linear layers.
+ *
+ * Forward: tandem's own kernel, y = x W^T with W in nn.Linear layout [N, K],
+ * computed from a packed copy of W.  Every output element is one fixed chain
+ * of fused multiply-adds,
+ *
+ *     c = 0;  for k = 0 .. K-1:  c = fma(x[m][k], W[n][k], c);  y[m][n] = c
+ *
+ * so row m of y depends on row m of x and on W only: it is bit-identical
+ * whatever M is, however the rows are tiled or split over threads, and
+ * whether the AVX-512 or the portable path was compiled.  That is what makes
+ * a token's logits the same in a training batch of 2048 rows, a prefill
+ * chunk and a single-row decode step (SPEC section 8).  OpenBLAS does not
+ * promise this (its M=1 and edge-tile paths round differently), so it is
+ * used only for the backward products, where no such promise is needed.
+ *
+ * Packed layout (GEMM_NR = 32 columns per panel):
+ *     P[p][k][j] = W[p*32 + j][k]   for j < 32, zero-padded past N.
+ *
+ * Backward: through cblas_sgemm, single-threaded BLAS called on disjoint
+ * slices from the pool (one owner of the cores).
+ */
+#ifndef TANDEM_CORE_GEMM_H
+#define TANDEM_CORE_GEMM_H
+
+#include <stddef.h>
+
+#define GEMM_NR 32
+
+/* Floats needed to pack an [N, K] weight. */
+size_t gemm_packed_floats(size_t N, size_t K);
+
+/* Pack W [N, K] (row stride K) into P (gemm_packed_floats(N, K) floats,
+ * overwritten).  Threaded over panels. */
+void gemm_pack(float *P, const float *W, size_t N, size_t K);
+
+/* y[M, N] (row stride ldy, overwritten) = x[M, K] (row stride ldx) W^T,
+ * W packed in P.  Threaded over the pool (serial inside a pool region).
+ * Row-invariant, see the file comment. */
+void gemm_xwt(float *y, size_t ldy, const float *x, size_t ldx,
+              const float *P, size_t M, size_t N, size_t K);
+
+/* Unthreaded variant of gemm_xwt, for callers that split work themselves.
+ * Same arithmetic. */
+void gemm_xwt_serial(float *y, size_t ldy, const float *x, size_t ldx,
+                     const float *P, size_t M, size_t N, size_t K);
+
+/* dx[M, K] += dy[M, N] W[N, K]   (input gradient of y = x W^T).
+ * Row strides lddx, lddy; W row stride K.  Threaded over rows of dx. */
+void gemm_dx_acc(float *dx, size_t lddx, const float *dy, size_t lddy,
+                 const float *W, size_t M, size_t N, size_t K);
+
+/* dW[N, K] += dy[M, N]^T x[M, K]   (weight gradient of y = x W^T).
+ * Row strides lddy, ldx; dW row stride K.  Threaded over rows of dW. */
+void gemm_dw_acc(float *dW, const float *dy, size_t lddy, const float *x, size_t ldx,
+                 size_t M, size_t N, size_t K);
+
+/* Floating-point operations of the three products, for MFU accounting. */
+static inline double gemm_flops(size_t M, size_t N, size_t K)
+{
+    return 2.0 * (double)M * (double)N * (double)K;
+}
+
+#endif

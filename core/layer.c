@@ -1,0 +1,158 @@
+/* core/layer.c - forward of a layer, the embedding and the head (layer.h). */
+#include "core/layer.h"
+#include "core/common.h"
+#include "core/embedding.h"
+#include "core/linear.h"
+#include "core/gemm.h"
+#include "core/pool.h"
+#include "core/rmsnorm.h"
+#include "core/swiglu.h"
+
+#include <string.h>
+
+struct add_ctx { float *out; const float *a, *b; };
+
+static void add_range(void *vc, size_t i0, size_t i1, int tid)
+{
+    (void)tid;
+    const struct add_ctx *c = vc;
+    for (size_t i = i0; i < i1; i++) c->out[i] = c->a[i] + c->b[i];
+}
+
+/* out = a + b, elementwise (the residual add); out may alias a or b. */
+static void residual_add(float *out, const float *a, const float *b, size_t n)
+{
+    struct add_ctx c = { out, a, b };
+    pool_for(n, 4096, add_range, &c);
+}
+
+static void tp_sum(const Model *m, float *buf, size_t n)
+{
+    if (m->comm.tp_allreduce && m->topo.tp > 1) m->comm.tp_allreduce(m->comm.ctx, buf, n);
+}
+
+void model_embed(const Model *m, float *x, const int32_t *ids, size_t n)
+{
+    embedding_forward(x, ids, m->embed->w, n, m->d);
+}
+
+void model_head(const Model *m, float *logits, float *hn, float *rstd, const float *x, size_t n)
+{
+    rmsnorm_forward(hn, rstd, x, m->norm->w, n, m->d, (float)m->cfg.rms_norm_eps);
+    linear_forward(logits, hn, m->lm_head->packed, n, m->V, m->d);
+}
+
+/* Packed matrix e of an expert tensor. */
+static const float *expert_packed(const Param *p, size_t e)
+{
+    return p->packed + e * gemm_packed_floats(p->lshape[1], p->lshape[2]);
+}
+
+/* Expert GEMMs over the dispatched rows: eg, eu = xd W^T; eh = swiglu;
+ * eo = eh Wd^T.  Each expert is one GEMM over its contiguous rows. */
+static void experts_forward(const Model *m, const Layer *L, LayerActs *a, size_t n_rows)
+{
+    const size_t d = m->d, F = m->F;
+    for (size_t e = 0; e < m->E; e++) {
+        size_t r0 = (size_t)a->plan.offsets[e], M = (size_t)a->plan.offsets[e + 1] - r0;
+        linear_forward(a->eg + r0 * F, a->xd + r0 * d, expert_packed(L->egate, e), M, F, d);
+        linear_forward(a->eu + r0 * F, a->xd + r0 * d, expert_packed(L->eup, e), M, F, d);
+    }
+    swiglu_forward(a->eh, a->eg, a->eu, n_rows, F);
+    for (size_t e = 0; e < m->E; e++) {
+        size_t r0 = (size_t)a->plan.offsets[e], M = (size_t)a->plan.offsets[e + 1] - r0;
+        linear_forward(a->eo + r0 * d, a->eh + r0 * F, expert_packed(L->edown, e), M, d, F);
+    }
+}
+
+/* ys (N, d) = shared SwiGLU of h2. */
+static void shared_forward(const Model *m, const Layer *L, LayerActs *a, size_t N, float *ys)
+{
+    linear_forward(a->sg, a->h2, L->sgate->packed, N, m->S, m->d);
+    linear_forward(a->su, a->h2, L->sup->packed, N, m->S, m->d);
+    swiglu_forward(a->sh, a->sg, a->su, N, m->S);
+    linear_forward(ys, a->sh, L->sdown->packed, N, m->d, m->S);
+}
+
+static void dense_forward(const Model *m, const Layer *L, LayerActs *a, size_t N)
+{
+    linear_forward(a->fg, a->h2, L->gate->packed, N, m->Fd, m->d);
+    linear_forward(a->fu, a->h2, L->up->packed, N, m->Fd, m->d);
+    swiglu_forward(a->fh, a->fg, a->fu, N, m->Fd);
+    linear_forward(a->y, a->fh, L->down->packed, N, m->d, m->Fd);
+}
+
+/* Router, statistics and losses, dispatch, experts, combine: a->y.  tmp
+ * (N, d) is free scratch for the shared experts' output. */
+static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, LayerActs *a, float *tmp)
+{
+    const size_t N = b->n, d = m->d, E = m->E_global, k = m->k;
+    linear_forward(a->rlogits, a->h2, L->router->packed, N, E, d);
+    moe_router_forward(a->probs, a->rlse, a->topk_idx, a->topk_w, a->rlogits, N, E, k,
+                       m->cfg.norm_topk_prob);
+    /* statistics over the whole micro-batch: count (E), psum (E), z sum (1) */
+    double st[2 * E + 1];
+    moe_aux_stats(st, st + E, a->probs, a->topk_idx, N, E, k);
+    st[2 * E] = (double)moe_z_sum(a->rlse, N);
+    if (m->comm.dp_allreduce_f64 && m->topo.dp > 1) m->comm.dp_allreduce_f64(m->comm.ctx, st, 2 * E + 1);
+    memcpy(a->count, st, E * sizeof(double));
+    memcpy(a->psum, st + E, E * sizeof(double));
+    a->aux = moe_aux_loss(a->count, a->psum, b->n_tot, E, k);
+    a->z = (float)(st[2 * E] / (double)b->n_tot);
+
+    /* TODO(issue 6): with ep > 1 the dispatched rows go through all-to-all */
+    moe_plan_build(&a->plan, a->topk_idx, N, E, k);
+    moe_dispatch_forward(a->xd, a->h2, &a->plan, N, k, d);
+    experts_forward(m, L, a, N * k);
+    moe_combine_forward(a->y, a->eo, a->topk_w, &a->plan, N, k, d);
+    if (L->sgate) {
+        shared_forward(m, L, a, N, tmp);
+        residual_add(a->y, a->y, tmp, N * d);
+    }
+}
+
+void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float *x_in,
+                         float *x_out, LayerActs *a)
+{
+    const Layer *L = &m->layers[l];
+    const size_t N = b->n, d = m->d, hd = m->hd, H = m->H, Hkv = m->Hkv;
+    const float eps = (float)m->cfg.rms_norm_eps;
+
+    rmsnorm_forward(a->h1, a->rstd1, x_in, L->ln1->w, N, d, eps);
+    linear_forward(a->q, a->h1, L->q->packed, N, H * hd, d);
+    linear_forward(a->k, a->h1, L->k->packed, N, Hkv * hd, d);
+    linear_forward(a->v, a->h1, L->v->packed, N, Hkv * hd, d);
+    rope_forward(a->q, b->pos, &m->rope, N, H, hd);
+    rope_forward(a->k, b->pos, &m->rope, N, Hkv, hd);
+    attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, a->v, &m->attn);
+    attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &m->attn);
+    linear_forward(a->x_mid, a->att, L->o->packed, N, d, H * hd);
+    tp_sum(m, a->x_mid, N * d);
+    residual_add(a->x_mid, x_in, a->x_mid, N * d);
+
+    rmsnorm_forward(a->h2, a->rstd2, a->x_mid, L->ln2->w, N, d, eps);
+    /* x_in is not read again: x_out (which may alias it) is scratch here */
+    if (L->moe) moe_forward(m, L, b, a, x_out);
+    else dense_forward(m, L, a, N);
+    tp_sum(m, a->y, N * d);
+    residual_add(x_out, a->x_mid, a->y, N * d);
+}
+
+void model_ffn_recompute(const Model *m, int l, const ModelBatch *b, LayerActs *a)
+{
+    const Layer *L = &m->layers[l];
+    const size_t N = b->n;
+    if (!L->moe) {
+        linear_forward(a->fg, a->h2, L->gate->packed, N, m->Fd, m->d);
+        linear_forward(a->fu, a->h2, L->up->packed, N, m->Fd, m->d);
+        swiglu_forward(a->fh, a->fg, a->fu, N, m->Fd);
+        return;
+    }
+    moe_dispatch_forward(a->xd, a->h2, &a->plan, N, m->k, m->d);
+    experts_forward(m, L, a, N * m->k);
+    if (L->sgate) {
+        linear_forward(a->sg, a->h2, L->sgate->packed, N, m->S, m->d);
+        linear_forward(a->su, a->h2, L->sup->packed, N, m->S, m->d);
+        swiglu_forward(a->sh, a->sg, a->su, N, m->S);
+    }
+}

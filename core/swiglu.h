@@ -1,0 +1,23 @@
+/* core/swiglu.h - SiLU and the SwiGLU product of the feed-forward blocks.
+ *   silu(g) = g * sigmoid(g) = g / (1 + exp(-g))
+ *   h = silu(g) * u                g, u, h: (N, F)
+ */
+#ifndef TANDEM_CORE_SWIGLU_H
+#define TANDEM_CORE_SWIGLU_H
+
+#include <stddef.h>
+
+/* Overwrites h. */
+void swiglu_forward(float *h, const float *restrict g, const float *restrict u, size_t N, size_t F);
+/* Adds into dg and du (N, F):
+ *   du += dh * silu(g)
+ *   dg += dh * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))) */
+void swiglu_backward(float *dg, float *du, const float *restrict dh, const float *restrict g,
+                     const float *restrict u, size_t N, size_t F);
+
+/* Elementwise SiLU alone, y = silu(x) (n elements), and its backward
+ * dx += dy * silu'(x). */
+void silu_forward(float *y, const float *restrict x, size_t n);
+void silu_backward(float *dx, const float *restrict dy, const float *restrict x, size_t n);
+
+#endif

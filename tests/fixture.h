@@ -1,0 +1,74 @@
+/* tests/fixture.h - helpers shared by the Criterion tests: reading the
+ * PyTorch fixtures (HDF5 files written by the tests/ref/fixtures_<name>.py
+ * scripts with h5py) and
+ * comparing arrays with a stated tolerance, printing the worst index.
+ */
+#ifndef TANDEM_TESTS_FIXTURE_H
+#define TANDEM_TESTS_FIXTURE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Directory of the fixtures ($TANDEM_FIXTURES, default build/fixtures). */
+const char *fixture_dir(void);
+/* Path of a fixture file inside fixture_dir() (static buffer). */
+const char *fixture_path(const char *file);
+
+/* Reads dataset `name` of `file` (relative to fixture_dir) as float32 (any
+ * stored float type is converted).  Returns a td_malloc'd array and its
+ * element count in *n; aborts the test with a message when missing. */
+float *fixture_f32(const char *file, const char *name, size_t *n);
+int32_t *fixture_i32(const char *file, const char *name, size_t *n);
+/* Scalar attribute of the root group (e.g. sizes written by the script). */
+double fixture_attr(const char *file, const char *name);
+
+/* Max over i of |a - b| / (atol + rtol |b|); <= 1 means within tolerance.
+ * NaN or Inf in either array counts as a failure (returns +inf).  Writes the
+ * worst index into *worst. */
+double fixture_err(const float *a, const float *b, size_t n, double atol, double rtol, size_t *worst);
+
+/* Criterion assertion: a (ours) against b (reference) within atol + rtol|b|,
+ * printing the worst index and both values on failure. */
+#define EXPECT_CLOSE(a, b, n, atol, rtol, what)                                      \
+    do {                                                                             \
+        size_t w_ = 0;                                                               \
+        double e_ = fixture_err((a), (b), (n), (atol), (rtol), &w_);                 \
+        cr_expect(e_ <= 1.0, "%s: worst index %zu: got %.9g, want %.9g (err %.3g of tol)", \
+                  (what), w_, (double)(a)[w_], (double)(b)[w_], e_);                 \
+    } while (0)
+
+/* ---------------------------------------------------------------- helpers
+ * Shared by the op tests (tests/test_<module>.c): deterministic inputs,
+ * central finite differences in double, bitwise comparison. */
+
+/* x[i] uniform in [lo, hi) from (seed, i) (rng_uniform_at of core/rng.h),
+ * so a test's inputs do not depend on the order it draws them in. */
+void fixture_fill(float *x, size_t n, uint64_t seed, float lo, float hi);
+/* td_malloc'd array of n floats filled by fixture_fill. */
+float *fixture_rand(size_t n, uint64_t seed, float lo, float hi);
+/* td_malloc'd copy of n floats. */
+float *fixture_copy(const float *x, size_t n);
+
+/* Scalar function of n doubles, for finite differences. */
+typedef double (*FixtureLossFn)(const double *x, void *ctx);
+/* Central differences in double: g[i] = (f(x + h e_i) - f(x - h e_i)) / 2h.
+ * x is modified during the call and restored exactly. */
+void fixture_fd(double *g, FixtureLossFn f, void *ctx, double *x, size_t n, double h);
+
+/* First index where a and b differ bitwise or either is NaN/Inf; n when all
+ * n elements are identical finite floats. */
+size_t fixture_first_diff(const float *a, const float *b, size_t n);
+
+/* Criterion assertion: a and b bit-identical (and finite), printing the
+ * first differing index and both values (decimal and hex-float). */
+#define EXPECT_BITWISE(a, b, n, what)                                                \
+    do {                                                                             \
+        size_t n_ = (n);                                                             \
+        size_t i_ = fixture_first_diff((a), (b), n_);                                \
+        cr_expect(i_ == n_, "%s: not bit-identical at index %zu of %zu: %.9g (%a) vs %.9g (%a)", \
+                  (what), i_, n_, i_ < n_ ? (double)(a)[i_] : 0.0,                   \
+                  i_ < n_ ? (double)(a)[i_] : 0.0, i_ < n_ ? (double)(b)[i_] : 0.0,  \
+                  i_ < n_ ? (double)(b)[i_] : 0.0);                                  \
+    } while (0)
+
+#endif

@@ -1,0 +1,78 @@
+#!/usr/bin/python3
+"""Fixtures for tests/test_model.c: whole-model loss and gradients from the
+PyTorch reference (tests/ref/tandem_ref.py) on random weights.
+
+The reference runs in float64 on weights first rounded to float32 (what tandem
+holds), so the comparison measures tandem's float32 arithmetic only.
+Each case file holds: attrs config (JSON), loss, ce, aux, z; datasets ids,
+targets (B, T), logp (B, T), w/<name> and g/<name> (gradient of the loss).
+"""
+import argparse
+import json
+import os
+import sys
+
+import h5py
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tandem_ref import TandemRef, random_weights  # noqa: E402
+
+BASE = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, moe_intermediate_size=24, num_local_experts=4,
+            num_experts_per_tok=2, max_position_embeddings=64,
+            router_aux_loss_coef=0.02, router_z_loss_coef=0.01)
+
+CASES = {
+    # GQA 2:1, top-2 of 4, renormalised
+    "model_base": dict(),
+    # shared experts, a dense first layer, tied embeddings, k=1, no renormalisation, MHA
+    "model_variants": dict(num_hidden_layers=3, n_shared_experts=1, first_k_dense_replace=1,
+                           intermediate_size=40, tie_word_embeddings=True, num_experts_per_tok=1,
+                           norm_topk_prob=False, num_key_value_heads=4),
+    # odd sizes: hidden 24 over 3 heads of 8, 3 experts top-2, one kv head
+    "model_odd": dict(hidden_size=24, num_attention_heads=3, num_key_value_heads=1,
+                      moe_intermediate_size=20, num_local_experts=3, vocab_size=50),
+}
+
+
+def make(name, over, out, B=2, T=19, seed=1):
+    cfg = dict(BASE)
+    cfg.update(over)
+    w = random_weights(cfg, seed)
+    w = {k: v.float().double().requires_grad_(True) for k, v in w.items()}
+    g = torch.Generator().manual_seed(seed + 100)
+    V = cfg["vocab_size"]
+    ids = torch.randint(0, V, (B, T), generator=g)
+    targets = torch.randint(0, V, (B, T), generator=g)
+    ref = TandemRef(cfg, w)
+    r = ref.loss(ids, targets)
+    r["loss"].backward()
+    with h5py.File(os.path.join(out, name + ".h5"), "w") as f:
+        f.attrs["config"] = json.dumps(cfg)
+        for k in ("loss", "ce", "aux", "z"):
+            f.attrs[k] = float(r[k])
+        f["ids"] = ids.numpy().astype(np.int32)
+        f["targets"] = targets.numpy().astype(np.int32)
+        f["logp"] = r["logp"].detach().numpy().astype(np.float32)
+        for k, v in w.items():
+            f["w/" + k] = v.detach().numpy().astype(np.float32)
+            f["g/" + k] = v.grad.numpy().astype(np.float32)
+        for i, rt in enumerate(r["routes"]):
+            f["routes/%d" % i] = rt.numpy().astype(np.int32)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    torch.set_num_threads(1)
+    for name, over in CASES.items():
+        make(name, over, a.out)
+    print("fixtures_model: %d cases in %s" % (len(CASES), a.out))
+
+
+if __name__ == "__main__":
+    main()

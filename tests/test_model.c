@@ -1,0 +1,176 @@
+/* tests/test_model.c - the whole model against the PyTorch reference
+ * (tests/ref/fixtures_model.py), and recomputation modes against each other.
+ */
+#include <criterion/criterion.h>
+#include <hdf5.h>
+#include <math.h>
+#include <string.h>
+
+#include "core/backprop.h"
+#include "core/common.h"
+#include "core/pool.h"
+#include "tests/fixture.h"
+
+static void setup(void) { pool_init(1); }
+
+TestSuite(model, .init = setup);
+
+static char *attr_str(const char *file, const char *name)
+{
+    hid_t f = H5Fopen(fixture_path(file), H5F_ACC_RDONLY, H5P_DEFAULT);
+    cr_assert(f >= 0, "fixture %s missing", file);
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+    hid_t t = H5Aget_type(a);
+    char *s = NULL;
+    if (H5Tis_variable_str(t) > 0) {
+        char *v = NULL;
+        H5Aread(a, t, &v);   /* h5py writes variable-length UTF-8 */
+        s = td_strdup(v);
+        H5free_memory(v);
+    } else {
+        size_t n = H5Tget_size(t);
+        s = td_calloc(n + 1);
+        H5Aread(a, t, s);
+    }
+    H5Tclose(t);
+    H5Aclose(a);
+    H5Fclose(f);
+    return s;
+}
+
+typedef struct {
+    Model m;
+    TrainActs a;
+    int32_t *ids, *targets;
+    size_t B, T;
+    LossParts lp;
+    float *dlogp;
+} Case;
+
+/* Model with the fixture's weights, acts for its batch. */
+static void case_open(Case *c, const char *file, Recompute mode)
+{
+    memset(c, 0, sizeof *c);
+    char *js = attr_str(file, "config"), err[256];
+    ModelConfig cfg;
+    cr_assert(config_parse(&cfg, js, err, sizeof err) == 0, "%s", err);
+    td_free(js);
+    Topology t;
+    topo_single(&t, &cfg);
+    model_init(&c->m, &cfg, &t, true, 16);
+    for (int i = 0; i < c->m.n_params; i++) {
+        Param *p = &c->m.params[i];
+        char name[160];
+        snprintf(name, sizeof name, "w/%s", p->name);
+        size_t n;
+        float *w = fixture_f32(file, name, &n);
+        cr_assert_eq(n, p->numel, "%s: %zu elements, model has %zu", p->name, n, p->numel);
+        memcpy(p->w, w, n * sizeof(float));
+        td_free(w);
+    }
+    model_pack(&c->m);
+    size_t n;
+    c->ids = fixture_i32(file, "ids", &n);
+    c->targets = fixture_i32(file, "targets", &n);
+    c->T = 19;
+    c->B = n / c->T;
+    model_train_acts_init(&c->a, &c->m, c->B, c->T, mode);
+    c->dlogp = td_malloc(n * sizeof(float));
+}
+
+static void case_close(Case *c)
+{
+    model_train_acts_free(&c->a);
+    model_free(&c->m);
+    td_free(c->ids);
+    td_free(c->targets);
+    td_free(c->dlogp);
+}
+
+/* One forward + backward of the SPEC loss; returns the loss. */
+static double case_step(Case *c)
+{
+    const size_t N = c->B * c->T;
+    memset(c->m.g, 0, c->m.n_w * sizeof(float));
+    model_train_forward(&c->m, &c->a, c->ids, c->targets, N, &c->lp);
+    for (size_t t = 0; t < N; t++) c->dlogp[t] = -1.0f / (float)N;
+    const ModelConfig *cfg = &c->m.cfg;
+    float daux = c->lp.n_moe ? (float)(cfg->router_aux_loss_coef / c->lp.n_moe) : 0.0f;
+    float dz = c->lp.n_moe ? (float)(cfg->router_z_loss_coef / c->lp.n_moe) : 0.0f;
+    model_train_backward(&c->m, &c->a, c->targets, c->dlogp, daux, dz);
+    return c->lp.ce_sum / (double)N + cfg->router_aux_loss_coef * c->lp.aux +
+           cfg->router_z_loss_coef * c->lp.z;
+}
+
+static void check_against_torch(const char *file)
+{
+    Case c;
+    case_open(&c, file, RECOMPUTE_NONE);
+    double loss = case_step(&c);
+    /* float32 forward of a 2-3 layer model vs float64: ~1e-6 relative */
+    double want = fixture_attr(file, "loss");
+    cr_expect(fabs(loss - want) <= 2e-5 * fabs(want), "%s: loss %.8f, torch %.8f", file, loss, want);
+    cr_expect(fabs(c.lp.aux - fixture_attr(file, "aux")) <= 1e-5, "%s: aux %.8f vs %.8f", file,
+              c.lp.aux, fixture_attr(file, "aux"));
+    cr_expect(fabs(c.lp.z - fixture_attr(file, "z")) <= 1e-5 * (1 + fixture_attr(file, "z")),
+              "%s: z %.8f vs %.8f", file, c.lp.z, fixture_attr(file, "z"));
+    size_t n;
+    float *logp = fixture_f32(file, "logp", &n);
+    /* per-token log-probabilities: float32 logits, |logp| ~ 4 */
+    EXPECT_CLOSE(c.a.logp, logp, n, 2e-5, 2e-5, "logp");
+    td_free(logp);
+    for (int i = 0; i < c.m.n_params; i++) {
+        Param *p = &c.m.params[i];
+        char name[160];
+        snprintf(name, sizeof name, "g/%s", p->name);
+        float *g = fixture_f32(file, name, &n);
+        /* relative error of the whole gradient tensor: float32 accumulation
+         * over ~40 tokens, 3 layers deep; the issue asks for about 1e-4 */
+        double num = 0, den = 0, gmax = 0;
+        for (size_t j = 0; j < n; j++) {
+            num += ((double)p->g[j] - g[j]) * ((double)p->g[j] - g[j]);
+            den += (double)g[j] * g[j];
+            gmax = fmax(gmax, fabs(g[j]));
+        }
+        double rel = sqrt(num / (den > 0 ? den : 1));
+        cr_expect(rel <= 1e-4 && isfinite(rel), "%s: gradient %s relative error %.3g (|g|max %.3g)",
+                  file, p->name, rel, gmax);
+        /* and elementwise, against the tensor's scale */
+        EXPECT_CLOSE(p->g, g, n, 2e-4 * gmax, 1e-3, p->name);
+        td_free(g);
+    }
+    case_close(&c);
+}
+
+Test(model, gradients_match_torch_base) { check_against_torch("model_base.h5"); }
+Test(model, gradients_match_torch_shared_dense_tied_k1) { check_against_torch("model_variants.h5"); }
+Test(model, gradients_match_torch_odd_sizes) { check_against_torch("model_odd.h5"); }
+
+/* recompute=full and =selective: the same gradients, bit for bit, and a
+ * smaller activation peak than none. */
+static void check_recompute(const char *file)
+{
+    Case ref, alt;
+    case_open(&ref, file, RECOMPUTE_NONE);
+    double l0 = case_step(&ref);
+    for (int mode = RECOMPUTE_FULL; mode <= RECOMPUTE_SELECTIVE; mode++) {
+        case_open(&alt, file, (Recompute)mode);
+        double l1 = case_step(&alt);
+        cr_expect(l0 == l1, "mode %d: loss %.9g vs %.9g", mode, l1, l0);
+        size_t diff = 0, first = 0;
+        for (size_t j = 0; j < ref.m.n_w; j++)
+            if (memcmp(&ref.m.g[j], &alt.m.g[j], sizeof(float))) {
+                if (!diff) first = j;
+                diff++;
+            }
+        cr_expect(diff == 0, "mode %d: %zu gradient elements differ (first %zu: %.9g vs %.9g)", mode,
+                  diff, first, alt.m.g[first], ref.m.g[first]);
+        cr_expect(alt.a.arena.size < ref.a.arena.size, "mode %d: arena %zu not below none's %zu",
+                  mode, alt.a.arena.size, ref.a.arena.size);
+        case_close(&alt);
+    }
+    case_close(&ref);
+}
+
+Test(model, recompute_modes_bit_identical) { check_recompute("model_base.h5"); }
+Test(model, recompute_modes_bit_identical_variants) { check_recompute("model_variants.h5"); }
