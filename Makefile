@@ -97,9 +97,15 @@ bench: deps
 	@$(MAKE) --no-print-directory $(BIN) $(BENCH_BIN)
 	@BUILD=$(BUILD) ./bench/run.sh
 
+# The demo: fortunes -> tokens -> a few minutes of training on both cores ->
+# a checkpoint -> a sample from it through the inference engine.
+DEMO_DATA := $(BUILD)/fortunes.bin
 demo: deps
 	@$(MAKE) --no-print-directory $(BIN)
-	@./bin/tandem demo
+	@test -s $(DEMO_DATA) || ./bin/tandem data prepare --input /usr/share/games/fortunes --output $(DEMO_DATA)
+	./bin/tandem train configs/demo.json data=$(DEMO_DATA)
+	./bin/tandem eval --ckpt runs/demo --data $(DEMO_DATA) --seq-len 256
+	./bin/tandem generate --ckpt runs/demo --prompt "A computer" --max-tokens 300 --temperature 0.8 --seed 7
 
 clean:
 	rm -rf build bin

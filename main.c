@@ -1,13 +1,65 @@
-/* main.c - the tandem command: dispatches to the command layer of each module. */
+/* main.c - the tandem command: sets up MPI (when launched by mpirun) and the
+ * thread pool, then dispatches to the command layer of each module.  Only
+ * the command layer exits; everything below returns status codes. */
+#include "comm/comm.h"
+#include "core/common.h"
+#include "core/pool.h"
+#include "infer/infer_cmd.h"
+#include "train/train_cmd.h"
+
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+typedef int (*CmdFn)(int argc, char **argv);
+
+static const struct {
+    const char *name;
+    CmdFn fn;
+    const char *help;
+} g_cmds[] = {
+    { "data", cmd_data, "prepare token files (data prepare --input ... --output DATA.bin)" },
+    { "train", cmd_train, "train a model: train RUN.json [key=value ...]" },
+    { "eval", cmd_eval, "validation loss and perplexity of a checkpoint" },
+    { "score", cmd_score, "per-token log-probabilities of windows to HDF5" },
+    { "generate", cmd_generate, "sample a completion from a checkpoint" },
+    { NULL, NULL, NULL },
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: tandem <command> [options]    (tandem <command> --help for details)\n\ncommands:\n");
+    for (int i = 0; g_cmds[i].name; i++) fprintf(f, "  %-10s %s\n", g_cmds[i].name, g_cmds[i].help);
+}
+
+/* Threads for this process: TANDEM_THREADS, else the cores shared evenly by
+ * the ranks on this node. */
+static int default_threads(void)
+{
+    const char *s = getenv("TANDEM_THREADS");
+    if (s && atoi(s) > 0) return atoi(s);
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    int ranks = local && atoi(local) > 0 ? atoi(local) : 1;
+    int t = pool_cores() / ranks;
+    return t > 0 ? t : 1;
+}
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help")) {
-        printf("usage: tandem <command> [options]\n");
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    fprintf(stderr, "tandem: unknown command '%s'\n", argv[1]);
-    return 2;
+    int i = 0;
+    while (g_cmds[i].name && strcmp(g_cmds[i].name, argv[1])) i++;
+    if (!g_cmds[i].name) {
+        td_error("unknown command '%s' (tandem --help lists them)", argv[1]);
+        return 2;
+    }
+    if (comm_init(&argc, &argv)) return 1;
+    pool_init(default_threads());
+    int rc = g_cmds[i].fn(argc - 1, argv + 1);
+    pool_free();
+    comm_finalize();
+    return rc;
 }

@@ -154,8 +154,7 @@ void model_train_acts_init(TrainActs *a, const Model *m, size_t B, size_t T, Rec
     carve(a, m, &dry);
     arena_init(&a->arena, dry.used);
     a->la = td_calloc((size_t)nl * sizeof(LayerActs));
-    carve(a, m, &a->arena);
-    a->arena.peak = 0;   /* report what a step touches, not the carving */
+    carve(a, m, &a->arena);   /* every activation is carved here: arena.size is the peak */
 
     const size_t nb = (T + m->attn.bs - 1) / m->attn.bs;
     a->seq_blocks = td_malloc(B * nb * sizeof(int32_t));

@@ -156,3 +156,39 @@ void model_ffn_recompute(const Model *m, int l, const ModelBatch *b, LayerActs *
         swiglu_forward(a->sh, a->sg, a->su, N, m->S);
     }
 }
+
+void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N)
+{
+    bool any_dense = false, any_moe = false;
+    for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {
+        any_dense |= !m->layers[l].moe;
+        any_moe |= m->layers[l].moe;
+    }
+    const size_t d = m->d, Hq = m->H * m->hd, Hk = m->Hkv * m->hd;
+    const size_t E = any_moe ? m->E_global : 0, Nk = N * m->k;
+    memset(a, 0, sizeof *a);
+    a->h1 = arena_floats(ar, N * d); a->rstd1 = arena_floats(ar, N);
+    a->q = arena_floats(ar, N * Hq); a->k = arena_floats(ar, N * Hk); a->v = arena_floats(ar, N * Hk);
+    a->att = arena_floats(ar, N * Hq); a->lse = arena_floats(ar, N * m->H);
+    a->x_mid = arena_floats(ar, N * d); a->h2 = arena_floats(ar, N * d); a->rstd2 = arena_floats(ar, N);
+    a->y = arena_floats(ar, N * d);
+    if (any_dense) {
+        a->fg = arena_floats(ar, N * m->Fd); a->fu = arena_floats(ar, N * m->Fd); a->fh = arena_floats(ar, N * m->Fd);
+    }
+    if (E) {
+        a->rlogits = arena_floats(ar, N * E); a->probs = arena_floats(ar, N * E);
+        a->rlse = arena_floats(ar, N); a->topk_w = arena_floats(ar, Nk);
+        a->topk_idx = (int32_t *)arena_floats(ar, Nk);
+        a->plan.offsets = (int32_t *)arena_floats(ar, E + 1);
+        a->plan.src = (int32_t *)arena_floats(ar, Nk);
+        a->plan.slot_row = (int32_t *)arena_floats(ar, Nk);
+        a->xd = arena_floats(ar, Nk * d); a->eo = arena_floats(ar, Nk * d);
+        a->eg = arena_floats(ar, Nk * m->F); a->eu = arena_floats(ar, Nk * m->F); a->eh = arena_floats(ar, Nk * m->F);
+        if (m->S) {
+            a->sg = arena_floats(ar, N * m->S); a->su = arena_floats(ar, N * m->S); a->sh = arena_floats(ar, N * m->S);
+        }
+        double *st = (double *)arena_bytes(ar, 2 * E * sizeof(double) + 8);
+        a->count = st;
+        a->psum = st ? st + E : NULL;
+    }
+}

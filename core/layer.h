@@ -49,6 +49,11 @@ void model_embed(const Model *m, float *x, const int32_t *ids, size_t n);
  * and rstd (n) receive the normed rows (saved for backward). */
 void model_head(const Model *m, float *logits, float *hn, float *rstd, const float *x, size_t n);
 
+/* Carves every buffer of a LayerActs for up to N rows from ar (a->kv is
+ * left NULL: the caller points it at a layer's KV pool).  With a dry arena
+ * it only measures. */
+void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N);
+
 /* Recomputes, from the saved h2 and routing of a forward, the FFN
  * intermediates (dense fg/fu/fh, or xd/eg/eu/eh/eo and shared sg/su/sh) into
  * the buffers of a.  Bit-identical to the forward's values. */

@@ -100,8 +100,8 @@ static void layer_params(Model *m, int l)
 #undef NAME
 }
 
-void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads,
-                size_t kv_block)
+/* Table and local sizes, no slabs: params' w/g/packed hold offsets. */
+static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo)
 {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
@@ -140,7 +140,12 @@ void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool wit
             m->lm_head->tied_copy = true;
         }
     }
+}
 
+void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads,
+                size_t kv_block)
+{
+    build_table(m, cfg, topo);
     m->w = td_calloc(td_max(m->n_w, 1) * sizeof(float));
     if (with_grads) m->g = td_calloc(td_max(m->n_w, 1) * sizeof(float));
     m->packed = td_calloc(td_max(m->n_packed, 1) * sizeof(float));
@@ -150,8 +155,18 @@ void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool wit
         p->g = m->g ? m->g + p->offset : NULL;
         if (p->packed) p->packed = m->packed + ((size_t)(uintptr_t)p->packed - 1);
     }
-    rope_table_init(&m->rope, (size_t)c->max_position_embeddings, m->hd, c->rope_theta);
+    rope_table_init(&m->rope, (size_t)cfg->max_position_embeddings, m->hd, cfg->rope_theta);
     m->attn = (AttnShape){ m->H, m->Hkv, m->hd, kv_block ? kv_block : 16 };
+}
+
+int model_param_table(const ModelConfig *cfg, const Topology *topo, Param **out)
+{
+    Model m;
+    build_table(&m, cfg, topo);
+    for (int i = 0; i < m.n_params; i++) m.params[i].w = m.params[i].g = m.params[i].packed = NULL;
+    td_free(m.layers);
+    *out = m.params;
+    return m.n_params;
 }
 
 void model_free(Model *m)

@@ -103,6 +103,11 @@ void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool wit
                 size_t kv_block);
 /* Frees everything; safe on a zeroed struct and twice. */
 void model_free(Model *m);
+/* The parameter table alone (names, global shapes, slices) of the rank
+ * described by topo, without allocating weights: *out (owned by the caller,
+ * td_free) gets the entries, their w/g/packed NULL.  Returns the count.
+ * Used to enumerate the tensors held by other pipeline stages. */
+int model_param_table(const ModelConfig *cfg, const Topology *topo, Param **out);
 
 /* Documented initialisation (docs/model.md): N(0, 0.02) for matrices and
  * embeddings, output projections (o_proj and every down_proj) scaled by

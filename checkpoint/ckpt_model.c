@@ -1,0 +1,68 @@
+/* checkpoint/ckpt_model.c - checkpoint to ready model; small HDF5 outputs
+ * (ckpt_model.h). */
+#include "checkpoint/ckpt_model.h"
+#include "checkpoint/ckpt.h"
+#include "core/common.h"
+
+#include <hdf5.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+int ckpt_model_open(const char *path, Model *m, Topology *topo, bool with_grads, size_t kv_block,
+                    char *err, size_t err_len)
+{
+    char file[1024];
+    if (ckpt_resolve(path, file, sizeof file)) {
+        snprintf(err, err_len, "%s: no checkpoint there (expected a .h5 file or a run directory with a latest)", path);
+        return -1;
+    }
+    ModelConfig cfg;
+    if (ckpt_read_config(file, &cfg, NULL, err, err_len)) return -1;
+    Topology single;
+    if (!topo) {
+        topo_single(&single, &cfg);
+        topo = &single;
+    }
+    model_init(m, &cfg, topo, with_grads, kv_block);
+    if (ckpt_load(file, m, NULL, NULL, NULL, err, err_len)) {
+        model_free(m);
+        return -1;
+    }
+    model_pack(m);
+    return 0;
+}
+
+int h5_write_matrix(const char *path, const char *name, const float *data, size_t rows, size_t cols,
+                    const char *attr, double attr_value, char *err, size_t err_len)
+{
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0) {
+        snprintf(err, err_len, "%s: cannot create", tmp);
+        return -1;
+    }
+    hsize_t dims[2] = { rows, cols };
+    hid_t sp = H5Screate_simple(2, dims, NULL);
+    hid_t ds = H5Dcreate2(f, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    herr_t w = ds >= 0 && rows > 0 && cols > 0 ? H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) : 0;
+    herr_t a = 0;
+    if (attr) {
+        hid_t as = H5Screate(H5S_SCALAR);
+        hid_t at = H5Acreate2(f, attr, H5T_IEEE_F64LE, as, H5P_DEFAULT, H5P_DEFAULT);
+        a = at >= 0 ? H5Awrite(at, H5T_NATIVE_DOUBLE, &attr_value) : -1;
+        if (at >= 0) H5Aclose(at);
+        H5Sclose(as);
+    }
+    if (ds >= 0) H5Dclose(ds);
+    H5Sclose(sp);
+    herr_t c = H5Fclose(f);
+    if (ds < 0 || w < 0 || a < 0 || c < 0 || rename(tmp, path) != 0) {
+        unlink(tmp);
+        snprintf(err, err_len, "%s: writing dataset /%s failed", path, name);
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,225 @@
+/* comm/comm.c - MPI groups and timed collectives (comm.h). */
+#include "comm/comm.h"
+#include "core/common.h"
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct {
+    bool active;
+    int rank, size;
+    MPI_Comm g[COMM_N_GROUPS];
+    int gsize[COMM_N_GROUPS], grank[COMM_N_GROUPS];
+    CommStat st[COMM_N_GROUPS];
+} C = { .size = 1 };
+
+static const char *g_names[COMM_N_GROUPS] = { "world", "dp", "tp", "pp", "ep", "edp" };
+const char *comm_group_name(CommGroup g) { return g_names[g]; }
+
+static void abort_hook(void) { if (C.active) MPI_Abort(MPI_COMM_WORLD, 1); }
+
+void comm_abort(int code)
+{
+    fflush(stdout);
+    fflush(stderr);
+    if (C.active) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}
+
+/* MPI failures are environment failures of the whole job: one line, abort. */
+static void check(int rc, const char *what, CommGroup g)
+{
+    if (rc == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    td_error("MPI %s on group %s failed: %s", what, g_names[g], msg);
+    comm_abort(1);
+}
+
+static bool launched_by_mpirun(void)
+{
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK") ||
+           getenv("PMI_SIZE");
+}
+
+int comm_init(int *argc, char ***argv)
+{
+    if (C.active || !launched_by_mpirun()) return 0;
+    int provided;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+        td_error("MPI_Init failed");
+        return -1;
+    }
+    C.active = true;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &C.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &C.size);
+    for (int g = 0; g < COMM_N_GROUPS; g++) {
+        C.g[g] = MPI_COMM_WORLD;
+        C.gsize[g] = g == COMM_WORLD ? C.size : 1;
+        C.grank[g] = g == COMM_WORLD ? C.rank : 0;
+    }
+    if (C.size > 1) td_log_rank = C.rank;
+    td_abort_hook = abort_hook;
+    return 0;
+}
+
+void comm_finalize(void)
+{
+    if (!C.active) return;
+    for (int g = 1; g < COMM_N_GROUPS; g++)
+        if (C.g[g] != MPI_COMM_WORLD && C.g[g] != MPI_COMM_NULL) MPI_Comm_free(&C.g[g]);
+    MPI_Finalize();
+    C.active = false;
+}
+
+bool comm_active(void) { return C.active; }
+int comm_rank(void) { return C.rank; }
+int comm_size(void) { return C.size; }
+int comm_group_size(CommGroup g) { return C.active ? C.gsize[g] : 1; }
+int comm_group_rank(CommGroup g) { return C.active ? C.grank[g] : 0; }
+void *comm_mpi_handle(CommGroup g) { return C.active ? (void *)&C.g[g] : NULL; }
+
+static void split(CommGroup g, int color, int key)
+{
+    if (C.g[g] != MPI_COMM_WORLD && C.g[g] != MPI_COMM_NULL) MPI_Comm_free(&C.g[g]);
+    check(MPI_Comm_split(MPI_COMM_WORLD, color, key, &C.g[g]), "Comm_split", g);
+    MPI_Comm_set_errhandler(C.g[g], MPI_ERRORS_RETURN);
+    MPI_Comm_size(C.g[g], &C.gsize[g]);
+    MPI_Comm_rank(C.g[g], &C.grank[g]);
+}
+
+int comm_setup(const Topology *t)
+{
+    if (t->world != C.size) {
+        td_error("topology: dp*tp*pp = %d*%d*%d = %d ranks, but the job has %d", t->dp, t->tp,
+                 t->pp, t->world, C.size);
+        return -1;
+    }
+    if (!C.active) return 0;
+    /* rank = (pp_rank * dp + dp_rank) * tp + tp_rank */
+    split(COMM_DP, t->pp_rank * t->tp + t->tp_rank, t->dp_rank);
+    split(COMM_TP, t->pp_rank * t->dp + t->dp_rank, t->tp_rank);
+    split(COMM_PP, t->dp_rank * t->tp + t->tp_rank, t->pp_rank);
+    int egroup = t->dp_rank / t->ep;
+    split(COMM_EP, (t->pp_rank * t->tp + t->tp_rank) * (t->dp / t->ep) + egroup, t->ep_rank);
+    split(COMM_EDP, (t->pp_rank * t->tp + t->tp_rank) * t->ep + t->ep_rank, egroup);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- timing */
+
+#define TIMED(g, nbytes, what, call)                                        \
+    do {                                                                    \
+        double t0_ = td_now();                                              \
+        check((call), what, g);                                             \
+        C.st[g].seconds += td_now() - t0_;                                  \
+        C.st[g].bytes += (double)(nbytes);                                  \
+        C.st[g].calls++;                                                    \
+    } while (0)
+
+static bool trivial(CommGroup g) { return !C.active || C.gsize[g] <= 1; }
+
+void comm_barrier(CommGroup g)
+{
+    if (trivial(g)) return;
+    TIMED(g, 0, "Barrier", MPI_Barrier(C.g[g]));
+}
+
+/* MPI counts are int: large buffers go in chunks. */
+#define CHUNK ((size_t)1 << 28)
+
+void comm_allreduce_f32(CommGroup g, float *buf, size_t n)
+{
+    if (trivial(g)) return;
+    for (size_t o = 0; o < n; o += CHUNK) {
+        int c = (int)td_min(CHUNK, n - o);
+        TIMED(g, (size_t)c * 4, "Allreduce", MPI_Allreduce(MPI_IN_PLACE, buf + o, c, MPI_FLOAT, MPI_SUM, C.g[g]));
+    }
+}
+
+void comm_allreduce_f64(CommGroup g, double *buf, size_t n)
+{
+    if (trivial(g)) return;
+    TIMED(g, n * 8, "Allreduce", MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, C.g[g]));
+}
+
+void comm_allreduce_max_f64(CommGroup g, double *buf, size_t n)
+{
+    if (trivial(g)) return;
+    TIMED(g, n * 8, "Allreduce", MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_MAX, C.g[g]));
+}
+
+void comm_allreduce_min_i32(CommGroup g, int32_t *buf, size_t n)
+{
+    if (trivial(g)) return;
+    TIMED(g, n * 4, "Allreduce", MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_INT32_T, MPI_MIN, C.g[g]));
+}
+
+void comm_bcast(CommGroup g, void *buf, size_t bytes, int root)
+{
+    if (trivial(g)) return;
+    for (size_t o = 0; o < bytes; o += CHUNK) {
+        int c = (int)td_min(CHUNK, bytes - o);
+        TIMED(g, C.grank[g] == root ? (size_t)c : 0, "Bcast",
+              MPI_Bcast((char *)buf + o, c, MPI_BYTE, root, C.g[g]));
+    }
+}
+
+void comm_allgather_f32(CommGroup g, float *out, const float *in, size_t n)
+{
+    if (trivial(g)) {
+        if (out != in) memmove(out, in, n * sizeof(float));
+        return;
+    }
+    TIMED(g, n * 4 * (size_t)(C.gsize[g] - 1), "Allgather",
+          MPI_Allgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, C.g[g]));
+}
+
+void comm_reduce_scatter_f32(CommGroup g, float *out, const float *in, size_t n)
+{
+    if (trivial(g)) {
+        if (out != in) memmove(out, in, n * sizeof(float));
+        return;
+    }
+    TIMED(g, n * 4 * (size_t)(C.gsize[g] - 1), "Reduce_scatter_block",
+          MPI_Reduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, C.g[g]));
+}
+
+void comm_alltoallv(CommGroup g, const void *send, const size_t *sc, const size_t *sd,
+                    void *recv, const size_t *rc, const size_t *rd)
+{
+    int n = comm_group_size(g);
+    if (trivial(g)) {
+        memmove((char *)recv + rd[0], (const char *)send + sd[0], sc[0]);
+        return;
+    }
+    int isc[n], isd[n], irc[n], ird[n];
+    size_t sent = 0;
+    for (int i = 0; i < n; i++) {
+        TD_CHECK(sc[i] < (1u << 31) && sd[i] < (1u << 31) && rc[i] < (1u << 31) && rd[i] < (1u << 31),
+                 "alltoallv: counts beyond 2 GiB");
+        isc[i] = (int)sc[i]; isd[i] = (int)sd[i]; irc[i] = (int)rc[i]; ird[i] = (int)rd[i];
+        if (i != C.grank[g]) sent += sc[i];
+    }
+    TIMED(g, sent, "Alltoallv",
+          MPI_Alltoallv(send, isc, isd, MPI_BYTE, recv, irc, ird, MPI_BYTE, C.g[g]));
+}
+
+void comm_send(CommGroup g, const void *buf, size_t bytes, int dst, int tag)
+{
+    TD_CHECK(C.active, "comm_send without MPI");
+    TIMED(g, bytes, "Send", MPI_Send(buf, (int)bytes, MPI_BYTE, dst, tag, C.g[g]));
+}
+
+void comm_recv(CommGroup g, void *buf, size_t bytes, int src, int tag)
+{
+    TD_CHECK(C.active, "comm_recv without MPI");
+    TIMED(g, 0, "Recv", MPI_Recv(buf, (int)bytes, MPI_BYTE, src, tag, C.g[g], MPI_STATUS_IGNORE));
+}
+
+void comm_stats(CommGroup g, CommStat *out) { *out = C.st[g]; }
+void comm_stats_reset(void) { memset(C.st, 0, sizeof C.st); }

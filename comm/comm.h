@@ -1,0 +1,80 @@
+/* comm/comm.h - the only place tandem talks to MPI.
+ *
+ * Process groups come from the topology (core/topology.h) with
+ * MPI_Comm_split: world, dp, tp, pp, ep (the expert-parallel group, carved
+ * from dp) and edp (ranks that hold the same experts: same tp and pp rank,
+ * same ep_rank, across expert groups; expert gradients are reduced there).
+ * Every collective is timed and its bytes counted per group (comm_stats).
+ *
+ * MPI is initialised only when the process was started by mpirun (or
+ * another PMI launcher); a plain `tandem ...` runs as a single process
+ * without MPI, and every collective on a group of one is a no-op.
+ * Communicators use MPI_ERRORS_RETURN: a failed call reports one line and
+ * aborts the job (comm_fatal), so no rank hangs.
+ *
+ * Call collectives from the main thread only, in the same order on every
+ * rank of the group; each function says which ranks call it.
+ */
+#ifndef TANDEM_COMM_COMM_H
+#define TANDEM_COMM_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/topology.h"
+
+typedef enum {
+    COMM_WORLD, COMM_DP, COMM_TP, COMM_PP, COMM_EP, COMM_EDP, COMM_N_GROUPS
+} CommGroup;
+
+typedef struct {
+    double seconds;     /* wall time inside collectives of this group */
+    double bytes;       /* payload bytes this rank sent */
+    long calls;
+} CommStat;
+
+/* Initialise MPI when launched by mpirun; returns 0 or -1 (message printed). */
+int comm_init(int *argc, char ***argv);
+/* MPI_Finalize if initialised; safe twice. */
+void comm_finalize(void);
+/* Abort every rank (MPI_Abort) after printing msg; exits when not under MPI. */
+void comm_abort(int code) __attribute__((noreturn));
+
+bool comm_active(void);
+int comm_rank(void);          /* world rank, 0 without MPI */
+int comm_size(void);          /* world size, 1 without MPI */
+
+/* Builds the groups of t (all ranks call).  t->world must equal comm_size(). */
+int comm_setup(const Topology *t);
+int comm_group_size(CommGroup g);
+int comm_group_rank(CommGroup g);
+/* The MPI_Comm of a group as an opaque pointer (for parallel HDF5); NULL
+ * without MPI. */
+void *comm_mpi_handle(CommGroup g);
+
+/* Collectives (all ranks of the group call). */
+void comm_barrier(CommGroup g);
+void comm_allreduce_f32(CommGroup g, float *buf, size_t n);   /* sum, in place */
+void comm_allreduce_f64(CommGroup g, double *buf, size_t n);  /* sum, in place */
+void comm_allreduce_max_f64(CommGroup g, double *buf, size_t n);
+void comm_allreduce_min_i32(CommGroup g, int32_t *buf, size_t n);
+void comm_bcast(CommGroup g, void *buf, size_t bytes, int root);
+/* out (n * size) = concatenation of every rank's in (n). */
+void comm_allgather_f32(CommGroup g, float *out, const float *in, size_t n);
+/* in (n * size) summed over ranks, rank r keeps block r (n) in out. */
+void comm_reduce_scatter_f32(CommGroup g, float *out, const float *in, size_t n);
+/* Variable all-to-all of bytes: send_counts/recv_counts/displacements in
+ * bytes, one per rank of the group. */
+void comm_alltoallv(CommGroup g, const void *send, const size_t *send_counts, const size_t *send_displs,
+                    void *recv, const size_t *recv_counts, const size_t *recv_displs);
+/* Point to point within a group (ranks of the group). */
+void comm_send(CommGroup g, const void *buf, size_t bytes, int dst, int tag);
+void comm_recv(CommGroup g, void *buf, size_t bytes, int src, int tag);
+
+/* Statistics since the last reset. */
+void comm_stats(CommGroup g, CommStat *out);
+void comm_stats_reset(void);
+const char *comm_group_name(CommGroup g);
+
+#endif

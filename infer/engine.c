@@ -1,0 +1,381 @@
+/* infer/engine.c - continuous batching over the paged KV cache (engine.h). */
+#include "infer/engine.h"
+#include "core/common.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+void engine_opts_default(EngineOpts *o)
+{
+    o->kv_budget_bytes = (size_t)256 << 20;
+    o->max_batch_tokens = 512;
+    o->prefill_chunk = 256;
+    o->max_running = 64;
+    o->max_queue = 256;
+}
+
+void engine_init(Engine *e, const Model *m, const EngineOpts *o)
+{
+    memset(e, 0, sizeof *e);
+    e->m = m;
+    e->o = *o;
+    if (e->o.max_batch_tokens < e->o.max_running) e->o.max_batch_tokens = e->o.max_running;
+    if (e->o.prefill_chunk < 1) e->o.prefill_chunk = 1;
+    kvcache_init(&e->kv, m, o->kv_budget_bytes);
+    const size_t N = e->o.max_batch_tokens, d = m->d, V = m->V;
+    for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) e->n_moe += m->layers[l].moe;
+    Arena dry;
+    arena_init_dry(&dry);
+    layer_acts_carve(&e->la, &dry, m, N);
+    size_t need = dry.used + 4 * N * d * sizeof(float) + e->o.max_running * V * sizeof(float) + 4096;
+    arena_init(&e->arena, need);
+    layer_acts_carve(&e->la, &e->arena, m, N);
+    e->x = arena_floats(&e->arena, N * d);
+    e->hn = arena_floats(&e->arena, N * d);
+    e->rstd = arena_floats(&e->arena, N);
+    e->logits = arena_floats(&e->arena, e->o.max_running * V);
+    e->ids = td_malloc(N * sizeof(int32_t));
+    e->pos = td_malloc(N * sizeof(int32_t));
+    e->sel_rows = td_malloc(e->o.max_running * sizeof(int32_t));
+    e->seqs = td_malloc(e->o.max_running * sizeof(AttnSeq));
+    e->batch = td_malloc(e->o.max_running * sizeof(Request *));
+    e->running = td_malloc(e->o.max_running * sizeof(Request *));
+    e->sample_scratch = td_malloc(sampler_scratch_bytes(V));
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->st.kv_total = e->kv.n_blocks;
+}
+
+void engine_free(Engine *e)
+{
+    if (!e->m) return;
+    kvcache_free(&e->kv);
+    arena_free(&e->arena);
+    td_free(e->ids);
+    td_free(e->pos);
+    td_free(e->sel_rows);
+    td_free(e->seqs);
+    td_free(e->batch);
+    td_free(e->running);
+    td_free(e->sample_scratch);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    memset(e, 0, sizeof *e);
+}
+
+Request *request_new(const int32_t *prompt, size_t n_prompt, const GenParams *gp)
+{
+    Request *r = td_calloc(sizeof *r);
+    r->prompt = td_malloc((n_prompt ? n_prompt : 1) * sizeof(int32_t));
+    memcpy(r->prompt, prompt, n_prompt * sizeof(int32_t));
+    r->n_prompt = n_prompt;
+    r->gp = *gp;
+    if (r->gp.n_top > SAMPLER_TOP_MAX) r->gp.n_top = SAMPLER_TOP_MAX;
+    rng_seed(&r->rng, gp->seed);
+    atomic_store(&r->state, REQ_WAITING);
+    return r;
+}
+
+void request_free(Request *r)
+{
+    if (!r) return;
+    td_free(r->prompt);
+    td_free(r->out);
+    td_free(r->out_logp);
+    td_free(r->out_top);
+    td_free(r->routes);
+    td_free(r->kv.blocks);
+    td_free(r);
+}
+
+int engine_submit(Engine *e, Request *r)
+{
+    const size_t max_pos = (size_t)e->m->cfg.max_position_embeddings;
+    if (r->n_prompt == 0 || r->n_prompt >= max_pos ||
+        kvcache_blocks_for(&e->kv, r->n_prompt + 1) > e->kv.n_blocks)
+        return -2;
+    r->t_submit = td_now();
+    pthread_mutex_lock(&e->mu);
+    if (e->st.waiting >= e->o.max_queue) {
+        pthread_mutex_unlock(&e->mu);
+        return -1;
+    }
+    r->next = NULL;
+    if (e->q_tail) e->q_tail->next = r;
+    else e->q_head = r;
+    e->q_tail = r;
+    e->st.waiting++;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+void engine_cancel(Request *r) { atomic_store(&r->cancel, true); }
+
+void engine_wait(Engine *e, int timeout_ms)
+{
+    pthread_mutex_lock(&e->mu);
+    if (!e->q_head && !e->n_running) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += timeout_ms / 1000;
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_stats(Engine *e, EngineStats *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->st;
+    out->kv_used = e->kv.n_blocks - e->kv.n_free;
+    out->running = e->n_running;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static inline int32_t token_at(const Request *r, size_t i)
+{
+    return i < r->n_prompt ? r->prompt[i] : r->out[i - r->n_prompt];
+}
+
+static void finish(Engine *e, Request *r, const char *reason)
+{
+    snprintf(r->finish_reason, sizeof r->finish_reason, "%s", reason);
+    kvcache_release(&e->kv, &r->kv);
+    /* remove from running, keeping admission order */
+    size_t j = 0;
+    for (size_t i = 0; i < e->n_running; i++)
+        if (e->running[i] != r) e->running[j++] = e->running[i];
+    pthread_mutex_lock(&e->mu);
+    e->n_running = j;
+    e->st.requests_done++;
+    pthread_mutex_unlock(&e->mu);
+    atomic_store(&r->state, REQ_DONE);
+    if (r->cb) r->cb(r, true, r->user);
+}
+
+/* Frees the youngest running request's blocks and puts it back at the
+ * front of the queue; it will be recomputed (same bits). */
+static Request *preempt_youngest(Engine *e)
+{
+    if (!e->n_running) return NULL;
+    Request *r = e->running[e->n_running - 1];   /* admission order: the youngest */
+    kvcache_release(&e->kv, &r->kv);
+    r->n_fed = 0;
+    pthread_mutex_lock(&e->mu);
+    e->n_running--;
+    r->next = e->q_head;
+    e->q_head = r;
+    if (!e->q_tail) e->q_tail = r;
+    e->st.waiting++;
+    e->st.preemptions++;
+    pthread_mutex_unlock(&e->mu);
+    atomic_store(&r->state, REQ_WAITING);
+    return r;
+}
+
+static void admit(Engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    while (e->q_head && e->n_running < e->o.max_running) {
+        Request *r = e->q_head;
+        e->q_head = r->next;
+        if (!e->q_head) e->q_tail = NULL;
+        e->st.waiting--;
+        r->next = NULL;
+        r->admit_order = ++e->admit_counter;
+        e->running[e->n_running++] = r;
+        atomic_store(&r->state, REQ_RUNNING);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void append_token(Engine *e, Request *r, const Sampled *s, const int32_t *route)
+{
+    if (r->n_out == r->cap) {
+        size_t cap = r->cap ? 2 * r->cap : 64;
+        int32_t *o = td_malloc(cap * sizeof(int32_t));
+        float *lp = td_malloc(cap * sizeof(float));
+        if (r->n_out) {
+            memcpy(o, r->out, r->n_out * sizeof(int32_t));
+            memcpy(lp, r->out_logp, r->n_out * sizeof(float));
+        }
+        td_free(r->out);
+        td_free(r->out_logp);
+        r->out = o;
+        r->out_logp = lp;
+        if (r->gp.n_top > 0) {
+            Sampled *t = td_malloc(cap * sizeof(Sampled));
+            if (r->n_out) memcpy(t, r->out_top, r->n_out * sizeof(Sampled));
+            td_free(r->out_top);
+            r->out_top = t;
+        }
+        if (r->gp.want_routes && e->n_moe) {
+            size_t per = (size_t)e->n_moe * e->m->k;
+            int32_t *rt = td_malloc(cap * per * sizeof(int32_t));
+            if (r->n_out) memcpy(rt, r->routes, r->n_out * per * sizeof(int32_t));
+            td_free(r->routes);
+            r->routes = rt;
+        }
+        r->cap = cap;
+    }
+    r->out[r->n_out] = s->id;
+    r->out_logp[r->n_out] = s->logp;
+    if (r->gp.n_top > 0) r->out_top[r->n_out] = *s;
+    if (r->gp.want_routes && e->n_moe) {
+        size_t per = (size_t)e->n_moe * e->m->k;
+        memcpy(r->routes + r->n_out * per, route, per * sizeof(int32_t));
+    }
+    r->n_out++;
+}
+
+/* Generated bytes end with a stop string?  Returns its length, 0 if not.
+ * Tokens are bytes (byte-level vocabulary). */
+static size_t stop_hit(const Request *r)
+{
+    for (int i = 0; i < r->gp.n_stop; i++) {
+        size_t n = strlen(r->gp.stop[i]);
+        if (!n || n > r->n_out) continue;
+        size_t j = 0;
+        while (j < n && r->out[r->n_out - n + j] == (int32_t)(unsigned char)r->gp.stop[i][j]) j++;
+        if (j == n) return n;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the step */
+
+size_t engine_step(Engine *e)
+{
+    const Model *m = e->m;
+    const size_t N_max = e->o.max_batch_tokens, d = m->d, V = m->V;
+
+    /* cancellations */
+    for (size_t i = 0; i < e->n_running;) {
+        Request *r = e->running[i];
+        if (atomic_load(&r->cancel)) finish(e, r, "cancelled");
+        else i++;
+    }
+    admit(e);
+
+    /* 1. how many rows each running request gets: decoders one, then
+     *    prompt chunks while the batch has room */
+    size_t nr = e->n_running, budget = N_max;
+    size_t take[nr + 1];
+    for (size_t i = 0; i < nr; i++) {
+        Request *r = e->running[i];
+        size_t left = r->n_prompt + r->n_out - r->n_fed;
+        take[i] = (left == 1 && r->n_out > 0 && budget > 0) ? 1 : 0;
+        budget -= take[i];
+    }
+    for (size_t i = 0; i < nr; i++) {
+        Request *r = e->running[i];
+        size_t left = r->n_prompt + r->n_out - r->n_fed;
+        if (take[i] || left == 0) continue;
+        take[i] = td_min(td_min(left, e->o.prefill_chunk), budget);
+        budget -= take[i];
+    }
+    /* 2. cache blocks, oldest first; when they run out the youngest request
+     *    is preempted (it is later in admission order, so not yet served) */
+    for (size_t i = 0; i < e->n_running; i++) {
+        Request *r = e->running[i];
+        if (!take[i]) continue;
+        bool ok = kvcache_reserve(&e->kv, &r->kv, r->n_fed + take[i]);
+        while (!ok) {
+            /* running[] is in admission order: the youngest is the last, so
+             * take[] stays aligned with what remains */
+            if (preempt_youngest(e) == r) break;
+            ok = kvcache_reserve(&e->kv, &r->kv, r->n_fed + take[i]);
+        }
+        if (!ok) break;   /* r itself was preempted: it was the youngest */
+    }
+    /* 3. rows, in admission order */
+    size_t rows = 0, n_seq = 0, n_sel = 0, seq_take[nr + 1];
+    for (size_t i = 0; i < e->n_running; i++) {
+        Request *r = e->running[i];
+        size_t left = r->n_prompt + r->n_out - r->n_fed;
+        size_t t = td_min(take[i], left);
+        if (!t || kvcache_blocks_for(&e->kv, r->n_fed + t) > r->kv.n_blocks) continue;
+        for (size_t j = 0; j < t; j++) {
+            e->ids[rows + j] = token_at(r, r->n_fed + j);
+            e->pos[rows + j] = (int32_t)(r->n_fed + j);
+        }
+        e->seqs[n_seq] = (AttnSeq){ rows, t, r->n_fed, r->kv.blocks };
+        e->batch[n_seq] = r;
+        seq_take[n_seq] = t;
+        if (r->n_fed + t == r->n_prompt + r->n_out) e->sel_rows[n_sel++] = (int32_t)(rows + t - 1);
+        n_seq++;
+        rows += t;
+    }
+    if (rows == 0) {
+        pthread_mutex_lock(&e->mu);
+        size_t left = e->n_running + e->st.waiting;
+        pthread_mutex_unlock(&e->mu);
+        return left;
+    }
+
+    /* forward: the model's own layers over the cache */
+    ModelBatch b = { rows, e->ids, e->pos, e->seqs, n_seq, rows };
+    model_embed(m, e->x, e->ids, rows);
+    size_t per = (size_t)e->n_moe * m->k;
+    int32_t routes[n_sel * (per ? per : 1) + 1];
+    int mi = 0;
+    for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {
+        e->la.kv = kvcache_layer(&e->kv, l - m->topo.layer_begin);
+        model_layer_forward(m, l, &b, e->x, e->x, &e->la);
+        if (m->layers[l].moe) {
+            for (size_t s = 0; s < n_sel; s++)
+                memcpy(routes + s * per + (size_t)mi * m->k, e->la.topk_idx + (size_t)e->sel_rows[s] * m->k,
+                       m->k * sizeof(int32_t));
+            mi++;
+        }
+    }
+    /* head on the rows that predict a new token */
+    for (size_t s = 0; s < n_sel; s++)
+        memcpy(e->hn + s * d, e->x + (size_t)e->sel_rows[s] * d, d * sizeof(float));
+    model_head(m, e->logits, e->la.h1, e->rstd, e->hn, n_sel);
+
+    /* sample, append, finish */
+    double now = td_now();
+    size_t si = 0, new_tokens = 0, prompt_tokens = 0;
+    for (size_t s = 0; s < n_seq; s++) {
+        Request *r = e->batch[s];
+        size_t total = r->n_prompt + r->n_out;
+        if (r->n_fed < r->n_prompt) prompt_tokens += td_min(seq_take[s], r->n_prompt - r->n_fed);
+        r->n_fed += seq_take[s];
+        if (r->n_fed != total) continue;
+        Sampled smp;
+        sampler_pick(&smp, e->logits + si * V, V, &r->gp.sp, &r->rng, r->gp.n_top, e->sample_scratch);
+        append_token(e, r, &smp, routes + si * per);
+        si++;
+        new_tokens++;
+        if (r->n_out == 1) r->t_first = now;
+        else r->itl_sum += now - r->t_last;
+        r->t_last = now;
+        size_t stop = stop_hit(r);
+        if (stop) {
+            r->n_out -= stop;   /* OpenAI: the stop string is not returned */
+            finish(e, r, "stop");
+            continue;
+        }
+        if (r->cb) r->cb(r, false, r->user);
+        if ((int)r->n_out >= r->gp.max_tokens || r->n_prompt + r->n_out >= (size_t)m->cfg.max_position_embeddings)
+            finish(e, r, "length");
+    }
+    pthread_mutex_lock(&e->mu);
+    e->st.steps++;
+    e->st.tokens_generated += (long)new_tokens;
+    e->st.prompt_tokens += (long)prompt_tokens;
+    size_t left = e->n_running + e->st.waiting;
+    pthread_mutex_unlock(&e->mu);
+    return left;
+}

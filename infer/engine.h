@@ -1,0 +1,133 @@
+/* infer/engine.h - the inference engine: continuous batching over a paged
+ * KV cache, with the model forward of core/layer.h (the trainer's own).
+ *
+ * Each engine_step builds one batch of token rows: one row for every
+ * request that is decoding, then chunks of prompts being prefilled, up to
+ * max_batch_tokens; new requests join between steps and finished ones
+ * leave.  A request's prompt is prefilled in chunks of at most
+ * prefill_chunk tokens, so a long prompt never starves the decoders.  When
+ * the cache runs out of blocks the most recently admitted request is
+ * preempted: its blocks are freed and it is recomputed later (prompt plus
+ * what it generated); since every op is row-invariant the recomputation
+ * gives the same bits, so preemption never changes a request's output.
+ *
+ * Threads: engine_step runs on one thread (it owns the thread pool);
+ * engine_submit and engine_cancel may be called from any thread.
+ */
+#ifndef TANDEM_INFER_ENGINE_H
+#define TANDEM_INFER_ENGINE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/layer.h"
+#include "infer/kvcache.h"
+#include "infer/sampler.h"
+
+#define ENGINE_MAX_STOP 4
+#define ENGINE_STOP_LEN 64
+
+typedef enum { REQ_WAITING, REQ_RUNNING, REQ_DONE } ReqState;
+
+typedef struct Request Request;
+/* Called on the engine thread after each new token (out[n_out-1]) and once
+ * when the request finishes (done = true).  Must not block for long. */
+typedef void (*RequestCb)(Request *r, bool done, void *user);
+
+typedef struct {
+    int max_tokens;
+    SamplingParams sp;
+    uint64_t seed;
+    int n_top;                            /* alternatives per token (0..20) */
+    int n_stop;
+    char stop[ENGINE_MAX_STOP][ENGINE_STOP_LEN];
+    bool want_routes;                     /* record experts per token per MoE layer */
+} GenParams;
+
+struct Request {
+    /* input (owned by the request; set before submit) */
+    int32_t *prompt;
+    size_t n_prompt;
+    GenParams gp;
+    RequestCb cb;
+    void *user;
+    uint64_t id;
+    /* output, written by the engine thread */
+    int32_t *out;
+    float *out_logp;
+    Sampled *out_top;                     /* when gp.n_top > 0 */
+    int32_t *routes;                      /* (n_out, n_moe_layers, k) when want_routes */
+    size_t n_out, cap;
+    char finish_reason[16];               /* "length", "stop", "cancelled", "error" */
+    double t_submit, t_first, t_last;     /* seconds (td_now) */
+    double itl_sum;                       /* sum of inter-token gaps */
+    /* engine state */
+    _Atomic ReqState state;
+    atomic_bool cancel;
+    KvSeq kv;
+    size_t n_fed;                         /* tokens of prompt+out whose KV is cached */
+    Rng rng;
+    Request *next;                        /* queue link */
+    uint64_t admit_order;
+};
+
+typedef struct {
+    size_t kv_budget_bytes;   /* KV cache memory (default 256 MiB) */
+    size_t max_batch_tokens;  /* rows per step (default 512) */
+    size_t prefill_chunk;     /* prompt tokens per request per step (default 256) */
+    size_t max_running;       /* requests in the batch at once (default 64) */
+    size_t max_queue;         /* waiting requests before submit refuses (default 256) */
+} EngineOpts;
+
+typedef struct {
+    long steps, tokens_generated, prompt_tokens, requests_done, preemptions;
+    size_t running, waiting;
+    int32_t kv_used, kv_total;
+} EngineStats;
+
+typedef struct {
+    const Model *m;           /* borrowed */
+    EngineOpts o;
+    KvCache kv;
+    Arena arena;              /* owned scratch */
+    LayerActs la;
+    float *x, *hn, *rstd, *logits;
+    int32_t *ids, *pos, *sel_rows;
+    AttnSeq *seqs;
+    Request **batch;          /* requests in the current batch */
+    void *sample_scratch;
+    int n_moe;                /* MoE layers (routes) */
+    pthread_mutex_t mu;       /* guards the queue and stats */
+    pthread_cond_t cv;        /* signalled on submit */
+    Request *q_head, *q_tail; /* waiting (FIFO, preempted go to the front) */
+    Request **running;
+    size_t n_running;
+    uint64_t admit_counter;
+    EngineStats st;
+} Engine;
+
+void engine_opts_default(EngineOpts *o);
+void engine_init(Engine *e, const Model *m, const EngineOpts *o);
+void engine_free(Engine *e);
+
+/* Allocates a request for the given prompt (copied). */
+Request *request_new(const int32_t *prompt, size_t n_prompt, const GenParams *gp);
+void request_free(Request *r);
+
+/* Queues r; returns 0, -1 when the queue is full (the caller answers 429),
+ * -2 when the prompt does not fit the context or the cache at all. */
+int engine_submit(Engine *e, Request *r);
+/* Asks for r to stop; it finishes with "cancelled" at the next step. */
+void engine_cancel(Request *r);
+/* One scheduling iteration.  Returns the number of requests still waiting
+ * or running. */
+size_t engine_step(Engine *e);
+/* Blocks until a request is queued or timeout_ms passes (for the serving
+ * thread when idle). */
+void engine_wait(Engine *e, int timeout_ms);
+void engine_stats(Engine *e, EngineStats *out);
+
+#endif

@@ -1,0 +1,40 @@
+/* train/optim.h - AdamW (Loshchilov & Hutter 2019) as torch.optim.AdamW
+ * computes it, global-norm gradient clipping and the learning-rate schedule.
+ *
+ * Per element, step t (from 1), decay = weight_decay on matrices and
+ * embeddings, 0 on norm weights:
+ *   w *= 1 - lr * decay
+ *   m  = beta1 m + (1 - beta1) g
+ *   v  = beta2 v + (1 - beta2) g^2
+ *   w -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+ *
+ * Schedule: linear warmup from lr/warmup to lr over warmup_steps, then
+ * cosine from lr down to min_lr at the last step (or constant lr).
+ */
+#ifndef TANDEM_TRAIN_OPTIM_H
+#define TANDEM_TRAIN_OPTIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/model.h"
+
+typedef struct {
+    double beta1, beta2, eps, weight_decay;
+} AdamHyper;
+
+/* One AdamW step over the elements [begin, end) of every parameter slab
+ * (m->w, m->g and the moments share the layout of m->w).  t: step number
+ * from 1.  Threaded; elementwise, so the split does not change results. */
+void adamw_step(Model *m, float *exp_avg, float *exp_avg_sq, const AdamHyper *h, int64_t t, double lr);
+
+/* Sum of squares of this rank's gradients, counting each parameter once
+ * per model (the caller reduces over ranks as the topology requires). */
+double grad_sq_norm(const Model *m);
+/* g *= s over the whole gradient slab. */
+void grad_scale(Model *m, float s);
+
+/* Learning rate at step (0-based). */
+double lr_schedule(double lr, double min_lr, int warmup, int total, int cosine, int64_t step);
+
+#endif

@@ -1,0 +1,528 @@
+/* train/trainer.c - the training loop (trainer.h). */
+#include "train/trainer.h"
+#include "checkpoint/ckpt.h"
+#include "comm/comm.h"
+#include "core/backprop.h"
+#include "core/common.h"
+#include "core/gemm.h"
+#include "core/pool.h"
+#include "train/data.h"
+#include "train/optim.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { (void)sig; g_stop = 1; }
+
+typedef struct {
+    const RunConfig *rc;
+    Topology topo;
+    Model m;
+    TrainActs acts;
+    float *exp_avg, *exp_avg_sq;
+    AdamHyper adam;
+    TokenFile tf;
+    Loader loader;
+    int32_t *ids, *targets;
+    float *dlogp;
+    int64_t step, tokens_seen;
+    double peak_sgemm, peak_kernel, flops_per_token;
+    FILE *metrics;
+    bool tty, rank0;
+    int n_local;
+    double *share_min, *share_max;
+    /* summary */
+    double t_start, last_loss, last_val, tok_s_sum, mfu_sum;
+    int n_timed;
+    char last_ckpt[1200];
+} Trainer;
+
+/* ---------------------------------------------------------------- peak */
+
+struct peak_ctx { const float *a, *b; float *c; size_t n; };
+
+static void sgemm_rows(void *vc, size_t r0, size_t r1, int tid)
+{
+    (void)tid;
+    const struct peak_ctx *c = vc;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)c->n, (int)c->n, 1.0f,
+                c->a + r0 * c->n, (int)c->n, c->b, (int)c->n, 0.0f, c->c + r0 * c->n, (int)c->n);
+}
+
+void train_measure_peak(double *sgemm_gflops, double *kernel_gflops)
+{
+    const size_t n = 1024;
+    float *a = td_malloc(n * n * sizeof(float)), *b = td_malloc(n * n * sizeof(float));
+    float *c = td_malloc(n * n * sizeof(float)), *p = td_malloc(gemm_packed_floats(n, n) * sizeof(float));
+    for (size_t i = 0; i < n * n; i++) {
+        a[i] = (float)((i * 7919) % 1000) * 1e-3f;
+        b[i] = (float)((i * 104729) % 1000) * 1e-3f;
+    }
+    struct peak_ctx pc = { a, b, c, n };
+    gemm_pack(p, b, n, n);
+    double best_s = 0, best_k = 0;
+    for (int rep = 0; rep < 4; rep++) {   /* first rep warms up */
+        double t0 = td_now();
+        pool_for(n, 64, sgemm_rows, &pc);
+        double t1 = td_now();
+        gemm_xwt(c, n, a, n, p, n, n, n);
+        double t2 = td_now();
+        if (rep) {
+            best_s = fmax(best_s, gemm_flops(n, n, n) / (t1 - t0) * 1e-9);
+            best_k = fmax(best_k, gemm_flops(n, n, n) / (t2 - t1) * 1e-9);
+        }
+    }
+    td_free(a); td_free(b); td_free(c); td_free(p);
+    *sgemm_gflops = best_s;
+    *kernel_gflops = best_k;
+}
+
+/* ---------------------------------------------------------------- set-up */
+
+static int mkdir_p(const char *dir)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *s = buf + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+            *s = '/';
+        }
+    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+static void dp_stats_hook(void *ctx, double *buf, size_t n) { (void)ctx; comm_allreduce_f64(COMM_DP, buf, n); }
+static void tp_sum_hook(void *ctx, float *buf, size_t n) { (void)ctx; comm_allreduce_f32(COMM_TP, buf, n); }
+
+/* Model config and weights: resume > init_from > fresh (SPEC section 8). */
+static int setup_model(Trainer *tr, CkptState *st, bool *resumed)
+{
+    const RunConfig *rc = tr->rc;
+    char err[512], src[1024] = "";
+    ModelConfig cfg = rc->model;
+    *resumed = false;
+    /* resume wins over init_from; resume=DIR without a checkpoint yet is a
+     * first launch, so one run config serves the first launch and restarts */
+    const char *from = NULL;
+    if (rc->resume[0]) {
+        struct stat sb;
+        char latest[1100];
+        snprintf(latest, sizeof latest, "%s/latest", rc->resume);
+        bool is_dir = stat(rc->resume, &sb) == 0 && S_ISDIR(sb.st_mode);
+        bool first_launch = (is_dir && lstat(latest, &sb) != 0) ||
+                            (!is_dir && access(rc->resume, F_OK) != 0 && !strstr(rc->resume, ".h5"));
+        if (!first_launch) {
+            if (ckpt_resolve(rc->resume, src, sizeof src)) return -1;
+            from = rc->resume;
+            *resumed = true;
+        }
+    }
+    if (!from && rc->init_from[0]) {
+        if (ckpt_resolve(rc->init_from, src, sizeof src)) return -1;
+        from = rc->init_from;
+    }
+    if (from && ckpt_read_config(src, &cfg, NULL, err, sizeof err)) {
+        td_error("%s", err);
+        return -1;
+    }
+    int stages[TOPO_MAX_PP], n_st = 0;
+    if (rc->pp_layers[0]) {
+        const char *s = rc->pp_layers;
+        while (*s && n_st < TOPO_MAX_PP) {
+            stages[n_st++] = atoi(s);
+            s = strchr(s, ',');
+            if (!s) break;
+            s++;
+        }
+        if (n_st != rc->pp) {
+            td_error("run config: pp_layers \"%s\" names %d stages, pp=%d", rc->pp_layers, n_st, rc->pp);
+            return -1;
+        }
+    }
+    if (topo_init(&tr->topo, &cfg, rc->dp, rc->tp, rc->pp, rc->ep, comm_rank(), n_st ? stages : NULL,
+                  err, sizeof err)) {
+        td_error("%s", err);
+        return -1;
+    }
+    if (comm_setup(&tr->topo)) return -1;
+    model_init(&tr->m, &cfg, &tr->topo, true, 16);
+    tr->m.comm = (ModelComm){ NULL, tp_sum_hook, dp_stats_hook };
+    tr->exp_avg = td_calloc(tr->m.n_w * sizeof(float));
+    tr->exp_avg_sq = td_calloc(tr->m.n_w * sizeof(float));
+    memset(st, 0, sizeof *st);
+    if (!from) {
+        model_init_weights(&tr->m, (uint64_t)rc->seed);
+        return 0;
+    }
+    if (ckpt_load(src, &tr->m, *resumed ? tr->exp_avg : NULL, *resumed ? tr->exp_avg_sq : NULL,
+                  *resumed ? st : NULL, err, sizeof err)) {
+        td_error("%s", err);
+        return -1;
+    }
+    model_pack(&tr->m);
+    if (tr->rank0)
+        td_info("%s %s (step %lld)", *resumed ? "resuming from" : "initialised from", src,
+                *resumed ? (long long)st->step : 0LL);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- reporting */
+
+static void fmt_count(char *out, size_t n, double x)
+{
+    if (x >= 1e9) snprintf(out, n, "%.2fG", x / 1e9);
+    else if (x >= 1e6) snprintf(out, n, "%.2fM", x / 1e6);
+    else if (x >= 1e3) snprintf(out, n, "%.1fk", x / 1e3);
+    else snprintf(out, n, "%.0f", x);
+}
+
+static void progress(Trainer *tr, double loss, double lr, double tok_s, double mfu, double eta_s,
+                     double comm_s, double step_s)
+{
+    if (!tr->rank0) return;
+    const RunConfig *rc = tr->rc;
+    int64_t s = tr->step;
+    if (!tr->tty && s % rc->log_every && s != rc->steps) return;
+    char tk[16];
+    fmt_count(tk, sizeof tk, tok_s);
+    int width = 20, fill = rc->steps ? (int)(width * s / rc->steps) : width;
+    char bar[32];
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    bar[width] = 0;
+    fprintf(stderr, "%sstep %lld/%d [%s] loss %.4f lr %.2e | %s tok/s | mfu %.0f%% | comm %.0f%% | eta %dm%02ds%s",
+            tr->tty ? "\r" : "", (long long)s, rc->steps, bar, loss, lr, tk, 100 * mfu,
+            step_s > 0 ? 100 * comm_s / step_s : 0.0, (int)(eta_s / 60), (int)fmod(eta_s, 60),
+            tr->tty ? "\033[K" : "\n");
+    fflush(stderr);
+}
+
+/* ---------------------------------------------------------------- eval */
+
+static double evaluate(Trainer *tr)
+{
+    const RunConfig *rc = tr->rc;
+    TokenStream vs = tokfile_val(&tr->tf);
+    if (vs.len < 2) return NAN;
+    Loader vl;
+    loader_init(&vl, vs, (size_t)rc->micro_batch, (size_t)rc->seq_len, (size_t)tr->topo.dp,
+                (size_t)tr->topo.dp_rank, false, 0);
+    double ce = 0;
+    for (int i = 0; i < rc->eval_batches; i++) {
+        loader_next(&vl, tr->ids, tr->targets);
+        LossParts lp = { 0 };
+        model_train_forward(&tr->m, &tr->acts, tr->ids, tr->targets,
+                            (size_t)rc->micro_batch * (size_t)rc->seq_len, &lp);
+        ce += lp.ce_sum;
+    }
+    comm_allreduce_f64(COMM_DP, &ce, 1);
+    return ce / ((double)rc->eval_batches * rc->micro_batch * rc->seq_len);
+}
+
+/* ---------------------------------------------------------------- checkpoints */
+
+static int save(Trainer *tr)
+{
+    const RunConfig *rc = tr->rc;
+    char name[64], path[1200];
+    snprintf(name, sizeof name, "step_%08lld.h5", (long long)tr->step);
+    snprintf(path, sizeof path, "%s/%s", rc->out_dir, name);
+    CkptState st;
+    memset(&st, 0, sizeof st);
+    st.step = tr->step;
+    st.tokens_seen = tr->tokens_seen;
+    st.micro_batches = tr->loader.cursor;
+    memcpy(st.data_rng, tr->loader.rng.s, sizeof st.data_rng);
+    st.lr = lr_schedule(rc->lr, rc->min_lr, rc->warmup_steps, rc->steps,
+                        !strcmp(rc->lr_schedule, "cosine"), tr->step > 0 ? tr->step - 1 : 0);
+    st.beta1 = tr->adam.beta1;
+    st.beta2 = tr->adam.beta2;
+    st.adam_eps = tr->adam.eps;
+    st.weight_decay = tr->adam.weight_decay;
+    st.adam_step = tr->step;
+    st.run_config = rc->json;
+    double t0 = td_now();
+    if (ckpt_save(path, &tr->m, tr->exp_avg, tr->exp_avg_sq, &st, CKPT_F32)) return -1;
+    int rc2 = 0;
+    if (tr->rank0) {
+        rc2 = ckpt_set_latest(rc->out_dir, name);
+        if (rc2 == 0 && rc->keep_last > 0) ckpt_prune(rc->out_dir, rc->keep_last);
+    }
+    comm_barrier(COMM_WORLD);
+    snprintf(tr->last_ckpt, sizeof tr->last_ckpt, "%s", path);
+    if (tr->rank0 && !tr->tty)
+        td_info("saved %s (%.2f s)", path, td_now() - t0);
+    return rc2;
+}
+
+/* ---------------------------------------------------------------- the loop */
+
+static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, double loss, double lr,
+                          double gnorm, double tok_s, double mfu, double step_s, double comm_s,
+                          double val)
+{
+    if (!tr->rank0 || !tr->metrics) return;
+    FILE *f = tr->metrics;
+    fprintf(f, "{\"step\":%lld,\"loss\":%.6f,\"ce\":%.6f,\"aux\":%.6f,\"z\":%.6f,\"lr\":%.6e,"
+               "\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"step_s\":%.4f,\"comm_s\":%.4f,"
+               "\"tokens_seen\":%lld,\"peak_mem_mb\":%.1f,\"act_mem_mb\":%.1f",
+            (long long)tr->step, loss, ce, lp_sum->aux, lp_sum->z, lr, gnorm, tok_s, mfu, step_s, comm_s,
+            (long long)tr->tokens_seen, td_mem_peak() / 1048576.0, tr->acts.arena.size / 1048576.0);
+    for (int g = COMM_DP; g < COMM_N_GROUPS; g++) {
+        if (comm_group_size((CommGroup)g) <= 1) continue;
+        CommStat cs;
+        comm_stats((CommGroup)g, &cs);
+        fprintf(f, ",\"comm_%s_s\":%.4f,\"comm_%s_mb\":%.3f", comm_group_name((CommGroup)g), cs.seconds,
+                comm_group_name((CommGroup)g), cs.bytes / 1048576.0);
+    }
+    fprintf(f, ",\"expert_share_min\":[");
+    for (int i = 0; i < tr->n_local; i++)
+        fprintf(f, isnan(tr->share_min[i]) ? "%snull" : "%s%.4f", i ? "," : "", tr->share_min[i]);
+    fprintf(f, "],\"expert_share_max\":[");
+    for (int i = 0; i < tr->n_local; i++)
+        fprintf(f, isnan(tr->share_max[i]) ? "%snull" : "%s%.4f", i ? "," : "", tr->share_max[i]);
+    fprintf(f, "]");
+    if (!isnan(val)) fprintf(f, ",\"val_loss\":%.6f", val);
+    fprintf(f, "}\n");
+    fflush(f);
+}
+
+static int train_step(Trainer *tr)
+{
+    const RunConfig *rc = tr->rc;
+    const Model *m = &tr->m;
+    const size_t n_tot = (size_t)rc->micro_batch * (size_t)rc->seq_len;
+    const double ga = rc->grad_accum;
+    double t0 = td_now();
+    comm_stats_reset();
+    memset(tr->m.g, 0, tr->m.n_w * sizeof(float));
+    LossParts sum = { 0 };
+    double ce = 0;
+    for (int i = 0; i < tr->n_local; i++) tr->share_min[i] = tr->share_max[i] = 0;
+    for (int mb = 0; mb < rc->grad_accum; mb++) {
+        loader_next(&tr->loader, tr->ids, tr->targets);
+        LossParts lp = { 0 };
+        double mn[tr->n_local + 1], mx[tr->n_local + 1];
+        lp.expert_share_min = mn;
+        lp.expert_share_max = mx;
+        model_train_forward(m, &tr->acts, tr->ids, tr->targets, n_tot, &lp);
+        for (size_t t = 0; t < tr->acts.N; t++) tr->dlogp[t] = (float)(-1.0 / ((double)n_tot * ga));
+        float daux = lp.n_moe ? (float)(m->cfg.router_aux_loss_coef / (lp.n_moe * ga)) : 0.0f;
+        float dz = lp.n_moe ? (float)(m->cfg.router_z_loss_coef / (lp.n_moe * ga)) : 0.0f;
+        model_train_backward(&tr->m, &tr->acts, tr->targets, tr->dlogp, daux, dz);
+        ce += lp.ce_sum;
+        sum.aux += lp.aux / ga;
+        sum.z += lp.z / ga;
+        for (int i = 0; i < tr->n_local; i++) {
+            tr->share_min[i] += mn[i] / ga;
+            tr->share_max[i] += mx[i] / ga;
+        }
+    }
+    /* every rank's gradient is its share of the global mean: sum them */
+    comm_allreduce_f32(COMM_DP, tr->m.g, tr->m.n_w);
+    comm_allreduce_f64(COMM_DP, &ce, 1);
+    ce /= (double)n_tot * ga;
+    double loss = ce + m->cfg.router_aux_loss_coef * sum.aux + m->cfg.router_z_loss_coef * sum.z;
+    double gsq = grad_sq_norm(m);
+    double gnorm = sqrt(gsq);
+    if (!isfinite(gnorm)) {
+        td_error("step %lld: gradient norm is %f (loss %f); stopping", (long long)tr->step + 1, gnorm, loss);
+        return -1;
+    }
+    if (rc->grad_clip > 0 && gnorm > rc->grad_clip) grad_scale(&tr->m, (float)(rc->grad_clip / gnorm));
+    double lr = lr_schedule(rc->lr, rc->min_lr, rc->warmup_steps, rc->steps,
+                            !strcmp(rc->lr_schedule, "cosine"), tr->step);
+    tr->step++;
+    adamw_step(&tr->m, tr->exp_avg, tr->exp_avg_sq, &tr->adam, tr->step, lr);
+    model_pack(&tr->m);
+    tr->tokens_seen += (int64_t)(n_tot * (size_t)rc->grad_accum);
+
+    double step_s = td_now() - t0, comm_s = 0;
+    for (int g = COMM_DP; g < COMM_N_GROUPS; g++) {
+        CommStat cs;
+        comm_stats((CommGroup)g, &cs);
+        comm_s += cs.seconds;
+    }
+    double tok_s = (double)n_tot * ga / step_s;
+    double mfu = tr->flops_per_token * tok_s / (tr->peak_sgemm * 1e9 * comm_size());
+    double val = NAN;
+    if (rc->eval_every > 0 && (tr->step % rc->eval_every == 0 || tr->step == rc->steps)) {
+        val = evaluate(tr);
+        tr->last_val = val;
+    }
+    write_metrics(tr, &sum, ce, loss, lr, gnorm, tok_s, mfu, step_s, comm_s, val);
+    tr->last_loss = loss;
+    if (tr->step > 1) {   /* the first step pays for first-touch memory */
+        tr->tok_s_sum += tok_s;
+        tr->mfu_sum += mfu;
+        tr->n_timed++;
+    }
+    double avg = tr->n_timed ? (td_now() - tr->t_start) / (double)tr->step : step_s;
+    progress(tr, loss, lr, tok_s, mfu, avg * (double)(rc->steps - tr->step), comm_s, step_s);
+    if (tr->rank0 && !isnan(val) && !tr->tty) td_info("step %lld: validation loss %.4f", (long long)tr->step, val);
+    return 0;
+}
+
+static void summary(Trainer *tr)
+{
+    if (!tr->rank0) return;
+    const RunConfig *rc = tr->rc;
+    double el = td_now() - tr->t_start;
+    char tk[16];
+    fmt_count(tk, sizeof tk, (double)tr->tokens_seen);
+    if (tr->tty) fprintf(stderr, "\n");
+    fprintf(stderr,
+            "---------------------------------------------------------------- tandem train\n"
+            "  model        %s, %.2fM params (%.2fM active per token)\n"
+            "  topology     world %d = dp %d x tp %d x pp %d, ep %d, %d thread(s) per rank\n"
+            "  steps        %lld of %d, %s tokens, %.1f s\n"
+            "  loss         %.4f (last step)%s",
+            rc->model_src, config_param_count(&tr->m.cfg) / 1e6, config_active_param_count(&tr->m.cfg) / 1e6,
+            tr->topo.world, tr->topo.dp, tr->topo.tp, tr->topo.pp, tr->topo.ep, pool_threads(),
+            (long long)tr->step, rc->steps, tk, el, tr->last_loss, isnan(tr->last_val) ? "\n" : "");
+    if (!isnan(tr->last_val))
+        fprintf(stderr, ", validation %.4f (perplexity %.2f)\n", tr->last_val, exp(tr->last_val));
+    fprintf(stderr,
+            "  throughput   %.0f tokens/s, MFU %.1f%% of the measured sgemm peak (%.0f GFLOP/s per rank;\n"
+            "               tandem's forward kernel measured %.0f GFLOP/s)\n"
+            "  memory       peak %.1f MiB allocated (activations %.1f MiB), RSS %.1f MiB\n"
+            "  checkpoint   %s\n"
+            "  metrics      %s/metrics.jsonl\n",
+            tr->n_timed ? tr->tok_s_sum / tr->n_timed : 0.0, tr->n_timed ? 100 * tr->mfu_sum / tr->n_timed : 0.0,
+            tr->peak_sgemm, tr->peak_kernel, td_mem_peak() / 1048576.0, tr->acts.arena.size / 1048576.0,
+            td_rss_peak() / 1048576.0, tr->last_ckpt[0] ? tr->last_ckpt : "(none)", rc->out_dir);
+}
+
+static void trainer_free(Trainer *tr)
+{
+    if (tr->metrics) fclose(tr->metrics);
+    model_train_acts_free(&tr->acts);
+    model_free(&tr->m);
+    td_free(tr->exp_avg);
+    td_free(tr->exp_avg_sq);
+    td_free(tr->ids);
+    td_free(tr->targets);
+    td_free(tr->dlogp);
+    td_free(tr->share_min);
+    td_free(tr->share_max);
+    tokfile_close(&tr->tf);
+}
+
+int train_run(const RunConfig *rc)
+{
+    Trainer tr;
+    memset(&tr, 0, sizeof tr);
+    tr.rc = rc;
+    tr.rank0 = comm_rank() == 0;
+    tr.tty = isatty(2) && tr.rank0;
+    tr.last_val = NAN;
+    if (rc->threads > 0) pool_init(rc->threads);
+    char err[512];
+    if (!rc->data[0]) {
+        td_error("run config: no \"data\" (a token file from `tandem data prepare`)");
+        return 1;
+    }
+    if (tokfile_open(&tr.tf, rc->data, err, sizeof err)) {
+        td_error("%s", err);
+        return 1;
+    }
+    CkptState st;
+    bool resumed;
+    int ret = 1;
+    if (setup_model(&tr, &st, &resumed)) goto out;
+    if ((int)tr.tf.vocab > tr.m.cfg.vocab_size) {
+        td_error("data %s was made for vocab %u, the model has vocab_size %d", rc->data, tr.tf.vocab,
+                 tr.m.cfg.vocab_size);
+        goto out;
+    }
+    if (rc->seq_len > tr.m.cfg.max_position_embeddings) {
+        td_error("seq_len %d exceeds the model's max_position_embeddings %d", rc->seq_len,
+                 tr.m.cfg.max_position_embeddings);
+        goto out;
+    }
+    tr.adam = (AdamHyper){ rc->beta1, rc->beta2, rc->adam_eps, rc->weight_decay };
+    const size_t B = (size_t)(rc->micro_batch / tr.topo.dp), T = (size_t)rc->seq_len;
+    Recompute mode = !strcmp(rc->recompute, "full") ? RECOMPUTE_FULL
+                   : !strcmp(rc->recompute, "selective") ? RECOMPUTE_SELECTIVE : RECOMPUTE_NONE;
+    model_train_acts_init(&tr.acts, &tr.m, B, T, mode);
+    tr.n_local = tr.topo.layer_end - tr.topo.layer_begin;
+    tr.share_min = td_calloc((size_t)(tr.n_local + 1) * sizeof(double));
+    tr.share_max = td_calloc((size_t)(tr.n_local + 1) * sizeof(double));
+    tr.ids = td_malloc(B * T * sizeof(int32_t));
+    tr.targets = td_malloc(B * T * sizeof(int32_t));
+    tr.dlogp = td_malloc(B * T * sizeof(float));
+    loader_init(&tr.loader, tokfile_train(&tr.tf), (size_t)rc->micro_batch, T, (size_t)tr.topo.dp,
+                (size_t)tr.topo.dp_rank, rc->shuffle, (uint64_t)rc->seed);
+    if (resumed) {
+        tr.step = st.step;
+        tr.tokens_seen = st.tokens_seen;
+        tr.loader.cursor = st.micro_batches;
+        memcpy(tr.loader.rng.s, st.data_rng, sizeof st.data_rng);
+    }
+    if (tr.rank0 && mkdir_p(rc->out_dir)) {
+        td_error("cannot create out_dir %s: %s", rc->out_dir, strerror(errno));
+        goto out;
+    }
+    if (tr.rank0) {
+        char p[1100];
+        snprintf(p, sizeof p, "%s/metrics.jsonl", rc->out_dir);
+        tr.metrics = fopen(p, resumed ? "a" : "w");
+        if (!tr.metrics) {
+            td_error("cannot write %s: %s", p, strerror(errno));
+            goto out;
+        }
+    }
+    train_measure_peak(&tr.peak_sgemm, &tr.peak_kernel);
+    const ModelConfig *c = &tr.m.cfg;
+    tr.flops_per_token = 6.0 * (double)config_active_param_count(c) +
+                         6.0 * c->num_hidden_layers * (double)c->num_attention_heads * c->head_dim * (double)T;
+    if (tr.rank0) {
+        char pc[16];
+        fmt_count(pc, sizeof pc, (double)config_param_count(c));
+        td_info("train: %s params, %d layers, %d experts top-%d | world %d (dp %d tp %d pp %d ep %d) | "
+                "batch %d x %d x %d accum | %d steps | weights %.1f MiB, activations %.1f MiB | peak sgemm %.0f GFLOP/s",
+                pc, c->num_hidden_layers, c->num_local_experts, c->num_experts_per_tok, tr.topo.world,
+                tr.topo.dp, tr.topo.tp, tr.topo.pp, tr.topo.ep, rc->micro_batch, rc->seq_len, rc->grad_accum,
+                rc->steps, model_weight_bytes(&tr.m) / 1048576.0, tr.acts.arena.size / 1048576.0, tr.peak_sgemm);
+    }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    tr.t_start = td_now();
+    int64_t start = tr.step;
+    ret = 0;
+    while (tr.step < rc->steps) {
+        int stop = g_stop;
+        if (comm_size() > 1) {   /* every rank stops at the same step */
+            double s = stop;
+            comm_allreduce_max_f64(COMM_WORLD, &s, 1);
+            stop = s > 0;
+        }
+        if (stop) {
+            if (tr.rank0) td_info("interrupted at step %lld: saving a checkpoint", (long long)tr.step);
+            ret = 130;
+            break;
+        }
+        if (train_step(&tr)) {
+            ret = 1;
+            goto out;
+        }
+        if (rc->save_every > 0 && tr.step % rc->save_every == 0 && tr.step < rc->steps && save(&tr)) {
+            ret = 1;
+            goto out;
+        }
+    }
+    /* a checkpoint is always written after the last step */
+    if ((tr.step > start || !resumed || ret == 130) && save(&tr)) ret = 1;
+    summary(&tr);
+out:
+    trainer_free(&tr);
+    return ret;
+}
