@@ -39,7 +39,8 @@ MPI_BIN  := $(MPI_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-BIN      := bin/tandem
+# The default build puts the binary in bin/; other trees (asan) keep theirs inside.
+BIN      := $(if $(filter build,$(BUILD)),bin/tandem,$(BUILD)/bin/tandem)
 
 .PHONY: all deps test unit asan-test bench demo clean check-features
 all: check-features $(BIN)

@@ -189,6 +189,39 @@ void comm_reduce_scatter_f32(CommGroup g, float *out, const float *in, size_t n)
           MPI_Reduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, C.g[g]));
 }
 
+void comm_reduce_scatter_v_f32(CommGroup g, float *out, const float *in, const size_t *counts)
+{
+    int n = comm_group_size(g);
+    if (trivial(g)) {
+        if (out != in) memmove(out, in, counts[0] * sizeof(float));
+        return;
+    }
+    int c[n];
+    size_t tot = 0;
+    for (int i = 0; i < n; i++) {
+        TD_CHECK(counts[i] < (1u << 31), "reduce_scatter_v: block beyond 2^31 elements");
+        c[i] = (int)counts[i];
+        tot += counts[i];
+    }
+    TIMED(g, tot * 4, "Reduce_scatter", MPI_Reduce_scatter(in, out, c, MPI_FLOAT, MPI_SUM, C.g[g]));
+}
+
+void comm_allgather_v_f32(CommGroup g, float *buf, const size_t *counts)
+{
+    int n = comm_group_size(g);
+    if (trivial(g)) return;
+    int c[n], dsp[n];
+    size_t o = 0;
+    for (int i = 0; i < n; i++) {
+        TD_CHECK(o < (1u << 31) && counts[i] < (1u << 31), "allgather_v: beyond 2^31 elements");
+        c[i] = (int)counts[i];
+        dsp[i] = (int)o;
+        o += counts[i];
+    }
+    TIMED(g, counts[C.grank[g]] * 4 * (size_t)(n - 1), "Allgatherv",
+          MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c, dsp, MPI_FLOAT, C.g[g]));
+}
+
 void comm_alltoallv(CommGroup g, const void *send, const size_t *sc, const size_t *sd,
                     void *recv, const size_t *rc, const size_t *rd)
 {
@@ -219,6 +252,48 @@ void comm_recv(CommGroup g, void *buf, size_t bytes, int src, int tag)
 {
     TD_CHECK(C.active, "comm_recv without MPI");
     TIMED(g, 0, "Recv", MPI_Recv(buf, (int)bytes, MPI_BYTE, src, tag, C.g[g], MPI_STATUS_IGNORE));
+}
+
+#define MAX_PENDING 4096
+static struct {
+    MPI_Request req[MAX_PENDING];
+    CommGroup group[MAX_PENDING];
+    int n;
+} P;
+
+void comm_iallreduce_f32(CommGroup g, float *buf, size_t n)
+{
+    if (trivial(g) || n == 0) return;
+    for (size_t o = 0; o < n; o += CHUNK) {
+        if (P.n == MAX_PENDING) comm_wait_all();
+        int c = (int)td_min(CHUNK, n - o);
+        double t0 = td_now();
+        check(MPI_Iallreduce(MPI_IN_PLACE, buf + o, c, MPI_FLOAT, MPI_SUM, C.g[g], &P.req[P.n]),
+              "Iallreduce", g);
+        C.st[g].seconds += td_now() - t0;
+        C.st[g].bytes += (double)c * 4;
+        C.st[g].calls++;
+        P.group[P.n++] = g;
+    }
+}
+
+void comm_poll(void)
+{
+    if (!P.n) return;
+    int flag;
+    MPI_Testall(P.n, P.req, &flag, MPI_STATUSES_IGNORE);
+    if (flag) P.n = 0;
+}
+
+void comm_wait_all(void)
+{
+    if (!P.n) return;
+    double t0 = td_now();
+    check(MPI_Waitall(P.n, P.req, MPI_STATUSES_IGNORE), "Waitall", P.group[0]);
+    double dt = td_now() - t0;
+    /* charge the wait to the groups in flight, evenly */
+    for (int i = 0; i < P.n; i++) C.st[P.group[i]].seconds += dt / P.n;
+    P.n = 0;
 }
 
 void comm_stats(CommGroup g, CommStat *out) { *out = C.st[g]; }

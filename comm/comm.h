@@ -64,6 +64,12 @@ void comm_bcast(CommGroup g, void *buf, size_t bytes, int root);
 void comm_allgather_f32(CommGroup g, float *out, const float *in, size_t n);
 /* in (n * size) summed over ranks, rank r keeps block r (n) in out. */
 void comm_reduce_scatter_f32(CommGroup g, float *out, const float *in, size_t n);
+/* Variable blocks (counts[r] elements for rank r, in rank order):
+ * reduce_scatter_v sums `in` (sum counts) over the group and gives rank r
+ * its block in out; allgather_v fills buf (sum counts) in place from every
+ * rank's own block (at its displacement). */
+void comm_reduce_scatter_v_f32(CommGroup g, float *out, const float *in, const size_t *counts);
+void comm_allgather_v_f32(CommGroup g, float *buf, const size_t *counts);
 /* Variable all-to-all of bytes: send_counts/recv_counts/displacements in
  * bytes, one per rank of the group. */
 void comm_alltoallv(CommGroup g, const void *send, const size_t *send_counts, const size_t *send_displs,
@@ -71,6 +77,15 @@ void comm_alltoallv(CommGroup g, const void *send, const size_t *send_counts, co
 /* Point to point within a group (ranks of the group). */
 void comm_send(CommGroup g, const void *buf, size_t bytes, int dst, int tag);
 void comm_recv(CommGroup g, void *buf, size_t bytes, int src, int tag);
+
+/* Non-blocking in-place sum (MPI_Iallreduce) of buf over the group; the
+ * request joins the pending set, completed by comm_wait_all.  comm_poll
+ * lets MPI progress pending requests (call it between pieces of work).
+ * buf must stay untouched until comm_wait_all returns.  Time counted is
+ * the time spent waiting, not the time in flight. */
+void comm_iallreduce_f32(CommGroup g, float *buf, size_t n);
+void comm_poll(void);
+void comm_wait_all(void);
 
 /* Statistics since the last reset. */
 void comm_stats(CommGroup g, CommStat *out);

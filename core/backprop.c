@@ -46,7 +46,8 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
         any_dense |= !m->layers[l].moe;
         any_shared |= m->layers[l].sgate != NULL;
     }
-    const size_t fmax = td_max(td_max(any_moe ? Nk * m->F : 0, any_dense ? N * m->Fd : 0),
+    const size_t ep = (size_t)m->topo.ep, R = ep * Nk;   /* expert-side rows, worst case */
+    const size_t fmax = td_max(td_max(any_moe ? R * m->F : 0, any_dense ? N * m->Fd : 0),
                                any_shared ? N * m->S : 0);
 
     /* shared scratch: one of everything */
@@ -69,7 +70,10 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
         s->plan.src = (int32_t *)arena_floats(ar, Nk);
         s->plan.slot_row = (int32_t *)arena_floats(ar, Nk);
         s->xd = arena_floats(ar, Nk * d); s->eo = arena_floats(ar, Nk * d);
-        s->eg = arena_floats(ar, Nk * m->F); s->eu = arena_floats(ar, Nk * m->F); s->eh = arena_floats(ar, Nk * m->F);
+        s->xe = ep > 1 ? arena_floats(ar, R * d) : s->xd;
+        s->eoe = ep > 1 ? arena_floats(ar, R * d) : s->eo;
+        s->ep_stage = ep > 1 ? arena_floats(ar, R * d) : NULL;
+        s->eg = arena_floats(ar, R * m->F); s->eu = arena_floats(ar, R * m->F); s->eh = arena_floats(ar, R * m->F);
         if (any_shared) {
             s->sg = arena_floats(ar, N * m->S); s->su = arena_floats(ar, N * m->S); s->sh = arena_floats(ar, N * m->S);
         }
@@ -109,10 +113,16 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
                 la->plan.slot_row = (int32_t *)arena_floats(ar, Nk);
             }
             SLOT(xd, Nk * d, KEEP_NONE);
-            SLOT(eg, Nk * m->F, KEEP_NONE);
-            SLOT(eu, Nk * m->F, KEEP_NONE);
-            SLOT(eh, Nk * m->F, KEEP_NONE);
             SLOT(eo, Nk * d, KEEP_NONE);
+            if (ep > 1) SLOT(xe, R * d, KEEP_NONE);
+            else la->xe = la->xd, la->eoe = la->eo;
+            SLOT(eg, R * m->F, KEEP_NONE);
+            SLOT(eu, R * m->F, KEEP_NONE);
+            SLOT(eh, R * m->F, KEEP_NONE);
+            /* routes of the exchange, needed by backward: small, always kept */
+            la->e_off = (int32_t *)arena_floats(ar, m->E + 1);
+            la->ep_send = (int32_t *)arena_floats(ar, ep * m->E);
+            la->ep_recv = (int32_t *)arena_floats(ar, ep * m->E);
             if (L->sgate) {
                 SLOT(sg, N * m->S, KEEP_NONE);
                 SLOT(su, N * m->S, KEEP_NONE);
@@ -133,6 +143,8 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
     a->dfa = arena_floats(ar, fmax); a->dfb = arena_floats(ar, fmax); a->dfc = arena_floats(ar, fmax);
     if (any_moe) {
         a->dxd = arena_floats(ar, Nk * d); a->deo = arena_floats(ar, Nk * d);
+        a->dxe = ep > 1 ? arena_floats(ar, R * d) : a->dxd;
+        a->deoe = ep > 1 ? arena_floats(ar, R * d) : a->deo;
         a->dprobs = arena_floats(ar, N * E); a->dlogits_r = arena_floats(ar, N * E);
         a->dtopk_w = arena_floats(ar, Nk);
     }
@@ -261,23 +273,28 @@ static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
     zero(a->deo, Nk * d);
     zero(a->dtopk_w, Nk);
     moe_combine_backward(a->deo, a->dtopk_w, dy, la->eo, la->topk_w, &la->plan, N, k, d);
-    /* experts: eo = eh Wd^T, eh = swiglu(eg, eu), eg/eu = xd Wg^T / xd Wu^T */
+    /* to the ranks owning the experts (identity without ep) */
+    model_ep_back_to_experts(m, la, a->deo, a->deoe, Nk);
+    /* experts: eoe = eh Wd^T, eh = swiglu(eg, eu), eg/eu = xe Wg^T / xe Wu^T */
+    const size_t R = la->n_recv;
     float *deh = a->dfa, *deg = a->dfb, *deu = a->dfc;
-    zero(deh, Nk * F); zero(deg, Nk * F); zero(deu, Nk * F);
-    zero(a->dxd, Nk * d);
+    zero(deh, R * F); zero(deg, R * F); zero(deu, R * F);
+    zero(a->dxe, R * d);
     for (size_t e = 0; e < m->E; e++) {
-        size_t r0 = (size_t)la->plan.offsets[e], M = (size_t)la->plan.offsets[e + 1] - r0;
-        linear_backward(deh + r0 * F, expert_g(L->edown, e), a->deo + r0 * d, la->eh + r0 * F,
+        size_t r0 = (size_t)la->e_off[e], M = (size_t)la->e_off[e + 1] - r0;
+        linear_backward(deh + r0 * F, expert_g(L->edown, e), a->deoe + r0 * d, la->eh + r0 * F,
                         expert_w(L->edown, e), M, d, F);
     }
-    swiglu_backward(deg, deu, deh, la->eg, la->eu, Nk, F);
+    swiglu_backward(deg, deu, deh, la->eg, la->eu, R, F);
     for (size_t e = 0; e < m->E; e++) {
-        size_t r0 = (size_t)la->plan.offsets[e], M = (size_t)la->plan.offsets[e + 1] - r0;
-        linear_backward(a->dxd + r0 * d, expert_g(L->egate, e), deg + r0 * F, la->xd + r0 * d,
+        size_t r0 = (size_t)la->e_off[e], M = (size_t)la->e_off[e + 1] - r0;
+        linear_backward(a->dxe + r0 * d, expert_g(L->egate, e), deg + r0 * F, la->xe + r0 * d,
                         expert_w(L->egate, e), M, F, d);
-        linear_backward(a->dxd + r0 * d, expert_g(L->eup, e), deu + r0 * F, la->xd + r0 * d,
+        linear_backward(a->dxe + r0 * d, expert_g(L->eup, e), deu + r0 * F, la->xe + r0 * d,
                         expert_w(L->eup, e), M, F, d);
     }
+    /* back to the ranks owning the tokens */
+    model_ep_from_experts(m, la, a->dxe, a->dxd, Nk);
     moe_dispatch_backward(dh2, a->dxd, &la->plan, N, k, d);
     /* router: w = topk(softmax(logits)), plus aux (through P_e) and z */
     zero(a->dprobs, N * E);
@@ -338,6 +355,11 @@ void model_train_backward(Model *m, TrainActs *a, const int32_t *targets, const 
     linear_backward(a->dh, m->lm_head->g, a->dlogits, a->hn, m->lm_head->w, N, V, d);
     zero(a->dx, N * d);
     rmsnorm_backward(a->dx, m->norm->g, a->dh, a->x[nl], m->norm->w, a->rstdf, N, d);
-    for (int i = nl - 1; i >= 0; i--) layer_backward(m, a, i, daux, dz);
+    if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, m->cfg.num_hidden_layers);
+    for (int i = nl - 1; i >= 0; i--) {
+        layer_backward(m, a, i, daux, dz);
+        if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, m->topo.layer_begin + i);
+    }
     embedding_backward(m->embed->g, a->dx, a->ids, N, d);
+    if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, -1);
 }

@@ -30,7 +30,8 @@ typedef struct {
     float *dx, *dtmp;            /* backward: (N, d) residual gradient, (N, d) temp */
     float *dq, *dk, *dv, *datt, *dh; /* backward scratch */
     float *dfa, *dfb, *dfc;      /* (N*k or N, max(F, Fd, S)) */
-    float *dxd, *deo;            /* (N*k, d) */
+    float *dxd, *deo;            /* (N*k, d), dispatch side */
+    float *dxe, *deoe;           /* expert side (ep*N*k, d); alias dxd/deo without ep */
     float *dprobs, *dlogits_r, *dtopk_w;  /* (N, E) (N, E) (N, k) */
     float *dlogits;              /* (N, V) */
     float *dlogp;                /* (N) */

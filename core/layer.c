@@ -48,21 +48,126 @@ static const float *expert_packed(const Param *p, size_t e)
     return p->packed + e * gemm_packed_floats(p->lshape[1], p->lshape[2]);
 }
 
-/* Expert GEMMs over the dispatched rows: eg, eu = xd W^T; eh = swiglu;
- * eo = eh Wd^T.  Each expert is one GEMM over its contiguous rows. */
-static void experts_forward(const Model *m, const Layer *L, LayerActs *a, size_t n_rows)
+/* Expert GEMMs over the expert-side rows: eg, eu = xe W^T; eh = swiglu;
+ * eoe = eh Wd^T.  Each local expert is one GEMM over its contiguous rows. */
+static void experts_forward(const Model *m, const Layer *L, LayerActs *a)
 {
     const size_t d = m->d, F = m->F;
     for (size_t e = 0; e < m->E; e++) {
-        size_t r0 = (size_t)a->plan.offsets[e], M = (size_t)a->plan.offsets[e + 1] - r0;
-        linear_forward(a->eg + r0 * F, a->xd + r0 * d, expert_packed(L->egate, e), M, F, d);
-        linear_forward(a->eu + r0 * F, a->xd + r0 * d, expert_packed(L->eup, e), M, F, d);
+        size_t r0 = (size_t)a->e_off[e], M = (size_t)a->e_off[e + 1] - r0;
+        linear_forward(a->eg + r0 * F, a->xe + r0 * d, expert_packed(L->egate, e), M, F, d);
+        linear_forward(a->eu + r0 * F, a->xe + r0 * d, expert_packed(L->eup, e), M, F, d);
     }
-    swiglu_forward(a->eh, a->eg, a->eu, n_rows, F);
+    swiglu_forward(a->eh, a->eg, a->eu, a->n_recv, F);
     for (size_t e = 0; e < m->E; e++) {
-        size_t r0 = (size_t)a->plan.offsets[e], M = (size_t)a->plan.offsets[e + 1] - r0;
-        linear_forward(a->eo + r0 * d, a->eh + r0 * F, expert_packed(L->edown, e), M, d, F);
+        size_t r0 = (size_t)a->e_off[e], M = (size_t)a->e_off[e + 1] - r0;
+        linear_forward(a->eoe + r0 * d, a->eh + r0 * F, expert_packed(L->edown, e), M, d, F);
     }
+}
+
+/* ---------------------------------------------------------------- expert parallelism
+ * Dispatch order groups rows by global expert e = r * El + e', so the rows
+ * for ep rank r are contiguous.  Received rows arrive source-major (for
+ * each source rank, its rows for local expert 0, 1, ...); experts want them
+ * expert-major.  cnt[src * El + e'] counts rows. */
+
+static bool ep_on(const Model *m) { return m->topo.ep > 1 && m->comm.ep_alltoallv; }
+
+static void ep_permute(float *out, const float *in, const int32_t *cnt, size_t ep, size_t El,
+                       size_t d, bool to_expert_major)
+{
+    size_t src_off[ep * El], exp_off[ep * El], o = 0;
+    for (size_t i = 0; i < ep * El; i++) {
+        src_off[i] = o;
+        o += (size_t)cnt[i];
+    }
+    o = 0;
+    for (size_t e = 0; e < El; e++)
+        for (size_t r = 0; r < ep; r++) {
+            exp_off[r * El + e] = o;
+            o += (size_t)cnt[r * El + e];
+        }
+    for (size_t i = 0; i < ep * El; i++) {
+        size_t n = (size_t)cnt[i] * d * sizeof(float);
+        if (to_expert_major) memcpy(out + exp_off[i] * d, in + src_off[i] * d, n);
+        else memcpy(out + src_off[i] * d, in + exp_off[i] * d, n);
+    }
+}
+
+/* Byte counts and displacements of the payload: dispatch side (this rank's
+ * rows by destination) and expert side (rows by source). */
+static void ep_counts(const Model *m, const LayerActs *a, size_t *disp_c, size_t *disp_d,
+                      size_t *exp_c, size_t *exp_d)
+{
+    const size_t ep = (size_t)m->topo.ep, El = m->E, row = m->d * sizeof(float);
+    size_t o = 0;
+    for (size_t r = 0; r < ep; r++) {
+        size_t ns = 0, nr = 0;
+        for (size_t e = 0; e < El; e++) {
+            ns += (size_t)a->ep_send[r * El + e];
+            nr += (size_t)a->ep_recv[r * El + e];
+        }
+        disp_c[r] = ns * row;
+        disp_d[r] = (size_t)a->plan.offsets[r * El] * row;
+        exp_c[r] = nr * row;
+        exp_d[r] = o * row;
+        o += nr;
+    }
+}
+
+void model_ep_to_experts(const Model *m, LayerActs *a, size_t n_rows)
+{
+    const size_t El = m->E;
+    if (!ep_on(m)) {
+        memcpy(a->e_off, a->plan.offsets, (El + 1) * sizeof(int32_t));
+        a->n_recv = n_rows;
+        if (a->xe != a->xd) memcpy(a->xe, a->xd, n_rows * m->d * sizeof(float));
+        return;
+    }
+    const size_t ep = (size_t)m->topo.ep;
+    for (size_t i = 0; i < ep * El; i++) a->ep_send[i] = a->plan.offsets[i + 1] - a->plan.offsets[i];
+    size_t sc[ep], sd[ep], rc[ep], rd[ep];
+    for (size_t r = 0; r < ep; r++) {
+        sc[r] = rc[r] = El * sizeof(int32_t);
+        sd[r] = rd[r] = r * El * sizeof(int32_t);
+    }
+    m->comm.ep_alltoallv(m->comm.ctx, a->ep_send, sc, sd, a->ep_recv, rc, rd);
+    ep_counts(m, a, sc, sd, rc, rd);
+    m->comm.ep_alltoallv(m->comm.ctx, a->xd, sc, sd, a->ep_stage, rc, rd);
+    ep_permute(a->xe, a->ep_stage, a->ep_recv, ep, El, m->d, true);
+    a->e_off[0] = 0;
+    for (size_t e = 0; e < El; e++) {
+        int32_t n = 0;
+        for (size_t r = 0; r < ep; r++) n += a->ep_recv[r * El + e];
+        a->e_off[e + 1] = a->e_off[e] + n;
+    }
+    a->n_recv = (size_t)a->e_off[El];
+}
+
+void model_ep_from_experts(const Model *m, LayerActs *a, const float *src, float *dst, size_t n_rows)
+{
+    if (!ep_on(m)) {
+        if (src != dst) memcpy(dst, src, n_rows * m->d * sizeof(float));
+        return;
+    }
+    const size_t ep = (size_t)m->topo.ep;
+    size_t dc[ep], dd[ep], ec[ep], ed[ep];
+    ep_counts(m, a, dc, dd, ec, ed);
+    ep_permute(a->ep_stage, src, a->ep_recv, ep, m->E, m->d, false);
+    m->comm.ep_alltoallv(m->comm.ctx, a->ep_stage, ec, ed, dst, dc, dd);
+}
+
+void model_ep_back_to_experts(const Model *m, LayerActs *a, const float *src, float *dst, size_t n_rows)
+{
+    if (!ep_on(m)) {
+        if (src != dst) memcpy(dst, src, n_rows * m->d * sizeof(float));
+        return;
+    }
+    const size_t ep = (size_t)m->topo.ep;
+    size_t dc[ep], dd[ep], ec[ep], ed[ep];
+    ep_counts(m, a, dc, dd, ec, ed);
+    m->comm.ep_alltoallv(m->comm.ctx, src, dc, dd, a->ep_stage, ec, ed);
+    ep_permute(dst, a->ep_stage, a->ep_recv, ep, m->E, m->d, true);
 }
 
 /* ys (N, d) = shared SwiGLU of h2. */
@@ -100,10 +205,11 @@ static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, Lay
     a->aux = moe_aux_loss(a->count, a->psum, b->n_tot, E, k);
     a->z = (float)(st[2 * E] / (double)b->n_tot);
 
-    /* TODO(issue 6): with ep > 1 the dispatched rows go through all-to-all */
     moe_plan_build(&a->plan, a->topk_idx, N, E, k);
     moe_dispatch_forward(a->xd, a->h2, &a->plan, N, k, d);
-    experts_forward(m, L, a, N * k);
+    model_ep_to_experts(m, a, N * k);
+    experts_forward(m, L, a);
+    model_ep_from_experts(m, a, a->eoe, a->eo, N * k);
     moe_combine_forward(a->y, a->eo, a->topk_w, &a->plan, N, k, d);
     if (L->sgate) {
         shared_forward(m, L, a, N, tmp);
@@ -149,7 +255,9 @@ void model_ffn_recompute(const Model *m, int l, const ModelBatch *b, LayerActs *
         return;
     }
     moe_dispatch_forward(a->xd, a->h2, &a->plan, N, m->k, m->d);
-    experts_forward(m, L, a, N * m->k);
+    model_ep_to_experts(m, a, N * m->k);
+    experts_forward(m, L, a);
+    model_ep_from_experts(m, a, a->eoe, a->eo, N * m->k);
     if (L->sgate) {
         linear_forward(a->sg, a->h2, L->sgate->packed, N, m->S, m->d);
         linear_forward(a->su, a->h2, L->sup->packed, N, m->S, m->d);
@@ -182,8 +290,15 @@ void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N)
         a->plan.offsets = (int32_t *)arena_floats(ar, E + 1);
         a->plan.src = (int32_t *)arena_floats(ar, Nk);
         a->plan.slot_row = (int32_t *)arena_floats(ar, Nk);
+        const size_t ep = (size_t)m->topo.ep, R = ep * Nk;
         a->xd = arena_floats(ar, Nk * d); a->eo = arena_floats(ar, Nk * d);
-        a->eg = arena_floats(ar, Nk * m->F); a->eu = arena_floats(ar, Nk * m->F); a->eh = arena_floats(ar, Nk * m->F);
+        a->xe = ep > 1 ? arena_floats(ar, R * d) : a->xd;
+        a->eoe = ep > 1 ? arena_floats(ar, R * d) : a->eo;
+        a->ep_stage = ep > 1 ? arena_floats(ar, R * d) : NULL;
+        a->eg = arena_floats(ar, R * m->F); a->eu = arena_floats(ar, R * m->F); a->eh = arena_floats(ar, R * m->F);
+        a->e_off = (int32_t *)arena_floats(ar, m->E + 1);
+        a->ep_send = (int32_t *)arena_floats(ar, ep * m->E);
+        a->ep_recv = (int32_t *)arena_floats(ar, ep * m->E);
         if (m->S) {
             a->sg = arena_floats(ar, N * m->S); a->su = arena_floats(ar, N * m->S); a->sh = arena_floats(ar, N * m->S);
         }

@@ -31,7 +31,15 @@ typedef struct {
     float *rlogits, *probs, *rlse, *topk_w;    /* router (N,E) (N,E) (N) (N,k) */
     int32_t *topk_idx;                         /* (N, k) */
     MoePlan plan;
-    float *xd, *eg, *eu, *eh, *eo;             /* dispatched rows (N*k, .) */
+    float *xd, *eo;                            /* dispatched rows (N*k, d), in plan order */
+    /* expert side: the rows this rank's experts compute, grouped by local
+     * expert; with ep == 1 xe/eoe alias xd/eo and e_off the plan's offsets */
+    float *xe, *eoe;                           /* (R, d), R <= ep*N*k */
+    float *eg, *eu, *eh;                       /* (R, F) */
+    int32_t *e_off;                            /* (E_local + 1) */
+    int32_t *ep_send, *ep_recv;                /* rows per (ep rank, local expert), ep*E_local each */
+    size_t n_recv;                             /* R */
+    float *ep_stage;                           /* (ep*N*k, d) exchange staging, ep > 1 */
     float *sg, *su, *sh;                       /* shared experts (N, S) */
     float *y;                                  /* FFN output (N, d) */
     double *count, *psum;                      /* router statistics (E), global after the hook */
@@ -53,6 +61,16 @@ void model_head(const Model *m, float *logits, float *hn, float *rstd, const flo
  * left NULL: the caller points it at a layer's KV pool).  With a dry arena
  * it only measures. */
 void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N);
+
+/* Expert-parallel exchange (identity when ep == 1).
+ * to_experts: a->xd (dispatch order) -> a->xe grouped by local expert,
+ * filling e_off, ep_send, ep_recv, n_recv.  from_experts: src (expert side,
+ * R rows) -> dst (dispatch order, N*k rows), reversing the routes.
+ * back_to_experts: src (dispatch order) -> dst (expert side), the routes
+ * of the last to_experts (backward). */
+void model_ep_to_experts(const Model *m, LayerActs *a, size_t n_rows);
+void model_ep_from_experts(const Model *m, LayerActs *a, const float *src, float *dst, size_t n_rows);
+void model_ep_back_to_experts(const Model *m, LayerActs *a, const float *src, float *dst, size_t n_rows);
 
 /* Recomputes, from the saved h2 and routing of a forward, the FFN
  * intermediates (dense fg/fu/fh, or xd/eg/eu/eh/eo and shared sg/su/sh) into

@@ -76,6 +76,13 @@ typedef struct {
     void (*tp_allreduce)(void *ctx, float *buf, size_t n);
     /* in-place sum over the data-parallel group (router statistics, token counts) */
     void (*dp_allreduce_f64)(void *ctx, double *buf, size_t n);
+    /* all-to-all(v) of bytes over the expert-parallel group: counts and
+     * displacements in bytes, one per ep rank */
+    void (*ep_alltoallv)(void *ctx, const void *send, const size_t *sc, const size_t *sd,
+                         void *recv, const size_t *rc, const size_t *rd);
+    /* backward has finished the gradients of layer l (-1: the embedding,
+     * L: the final norm and lm_head); the trainer may start reducing them */
+    void (*grad_ready)(void *ctx, int layer);
 } ModelComm;
 
 typedef struct {

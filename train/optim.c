@@ -1,5 +1,6 @@
 /* train/optim.c - AdamW, clipping, schedule (optim.h). */
 #include "train/optim.h"
+#include "core/common.h"
 #include "core/pool.h"
 
 #include <math.h>
@@ -25,33 +26,48 @@ static void adam_range(void *vc, size_t i0, size_t i1, int tid)
     }
 }
 
-void adamw_step(Model *m, float *exp_avg, float *exp_avg_sq, const AdamHyper *h, int64_t t, double lr)
+void adamw_range(Model *m, size_t lo, size_t hi, float *m1, float *m2, const AdamHyper *h,
+                 int64_t t, double lr)
 {
     const double bc1 = 1.0 - pow(h->beta1, (double)t), bc2 = 1.0 - pow(h->beta2, (double)t);
     for (int i = 0; i < m->n_params; i++) {
         Param *p = &m->params[i];
+        size_t a = td_max(lo, p->offset), b = td_min(hi, p->offset + p->numel);
+        if (a >= b) continue;
         struct adam_ctx c = {
-            p->w, p->g, exp_avg + p->offset, exp_avg_sq + p->offset,
+            m->w + a, m->g + a, m1 + (a - lo), m2 + (a - lo),
             (float)(1.0 - lr * (p->decay ? h->weight_decay : 0.0)),
             (float)h->beta1, (float)h->beta2, (float)(1.0 - h->beta1), (float)(1.0 - h->beta2),
             (float)(lr / bc1), (float)sqrt(bc2), (float)h->eps,
         };
-        pool_for(p->numel, 4096, adam_range, &c);
+        pool_for(b - a, 4096, adam_range, &c);
     }
 }
 
-double grad_sq_norm(const Model *m)
+void adamw_step(Model *m, float *exp_avg, float *exp_avg_sq, const AdamHyper *h, int64_t t, double lr)
 {
+    adamw_range(m, 0, m->n_w, exp_avg, exp_avg_sq, h, t, lr);
+}
+
+double grad_sq_range(const Model *m, size_t lo, size_t hi, double holders_div)
+{
+    const Topology *t = &m->topo;
     double s = 0.0;
     for (int i = 0; i < m->n_params; i++) {
         const Param *p = &m->params[i];
-        if (p->tied_copy) continue;
+        size_t a = td_max(lo, p->offset), b = td_min(hi, p->offset + p->numel);
+        if (p->tied_copy || a >= b) continue;
         double ps = 0.0;
-        for (size_t j = 0; j < p->numel; j++) ps += (double)p->g[j] * (double)p->g[j];
-        s += ps;
+        for (size_t j = a; j < b; j++) ps += (double)m->g[j] * (double)m->g[j];
+        /* the dp*tp ranks of this stage hold the slice; count each distinct
+         * slice once when the caller sums over the world */
+        double distinct = (p->tp_dim >= 0 ? t->tp : 1) * (p->ep_dim >= 0 ? t->ep : 1);
+        s += ps * distinct * holders_div / ((double)t->dp * t->tp);
     }
     return s;
 }
+
+double grad_sq_norm(const Model *m) { return grad_sq_range(m, 0, m->n_w, 1.0); }
 
 struct scale_ctx { float *g; float s; };
 

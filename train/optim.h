@@ -28,9 +28,19 @@ typedef struct {
  * from 1.  Threaded; elementwise, so the split does not change results. */
 void adamw_step(Model *m, float *exp_avg, float *exp_avg_sq, const AdamHyper *h, int64_t t, double lr);
 
-/* Sum of squares of this rank's gradients, counting each parameter once
- * per model (the caller reduces over ranks as the topology requires). */
+/* This rank's share of the squared global gradient norm: each parameter's
+ * sum of squares divided by the number of ranks holding the same slice, so
+ * that the sum over all ranks of the world is the squared norm of the whole
+ * model's gradient (gradients already reduced over dp). */
 double grad_sq_norm(const Model *m);
+/* The same over slab elements [lo, hi) only, each multiplied by
+ * holders_div (ZeRO: the slice is split over holders_div ranks, each
+ * holding a disjoint part). */
+double grad_sq_range(const Model *m, size_t lo, size_t hi, double holders_div);
+/* AdamW on slab elements [lo, hi), which may cross parameters; m1 and m2
+ * hold the moments of exactly those elements (m1[0] is element lo). */
+void adamw_range(Model *m, size_t lo, size_t hi, float *m1, float *m2, const AdamHyper *h,
+                 int64_t t, double lr);
 /* g *= s over the whole gradient slab. */
 void grad_scale(Model *m, float s);
 

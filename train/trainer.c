@@ -22,6 +22,7 @@
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { (void)sig; g_stop = 1; }
 
+typedef struct Bucket Bucket_t;
 typedef struct {
     const RunConfig *rc;
     Topology topo;
@@ -39,6 +40,12 @@ typedef struct {
     bool tty, rank0;
     int n_local;
     double *share_min, *share_max;
+    Bucket_t *buckets;
+    int n_buckets;
+    bool zero;             /* ZeRO-1: moments and the update sharded over dp */
+    size_t n_mom;          /* moment floats held (the shards) */
+    float *zbuf;           /* ZeRO reduce-scatter output, max shard */
+    bool reduce_now;       /* last micro-batch of the step: reduce as layers finish */
     /* summary */
     double t_start, last_loss, last_val, tok_s_sum, mfu_sum;
     int n_timed;
@@ -102,6 +109,102 @@ static int mkdir_p(const char *dir)
 
 static void dp_stats_hook(void *ctx, double *buf, size_t n) { (void)ctx; comm_allreduce_f64(COMM_DP, buf, n); }
 static void tp_sum_hook(void *ctx, float *buf, size_t n) { (void)ctx; comm_allreduce_f32(COMM_TP, buf, n); }
+static void ep_a2a_hook(void *ctx, const void *send, const size_t *sc, const size_t *sd, void *recv,
+                        const size_t *rc, const size_t *rd)
+{
+    (void)ctx;
+    comm_alltoallv(COMM_EP, send, sc, sd, recv, rc, rd);
+}
+
+/* Gradient buckets: runs of the slab with one reduction group, per layer
+ * (-1 embedding, L final norm / lm_head).  Non-expert gradients are summed
+ * over dp, expert gradients over the ranks holding the same experts (edp). */
+struct Bucket {
+    size_t off, len; CommGroup g; int layer;
+    size_t lo, hi, mom;   /* ZeRO: this rank's shard [lo, hi) of the bucket, its moments at mom */
+};
+typedef struct Bucket Bucket;
+
+static void build_buckets(Trainer *tr)
+{
+    const Model *m = &tr->m;
+    tr->buckets = td_malloc((size_t)(m->n_params + 1) * sizeof(Bucket));
+    tr->n_buckets = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const Param *p = &m->params[i];
+        CommGroup g = p->ep_dim >= 0 ? COMM_EDP : COMM_DP;
+        int layer = p->layer >= 0 ? p->layer : (p == m->norm || (p == m->lm_head && p != m->embed))
+                                                   ? m->cfg.num_hidden_layers : -1;
+        size_t end = i + 1 < m->n_params ? m->params[i + 1].offset : m->n_w;
+        Bucket *last = tr->n_buckets ? &tr->buckets[tr->n_buckets - 1] : NULL;
+        if (last && last->g == g && last->layer == layer && last->off + last->len == p->offset) {
+            last->len = end - last->off;
+        } else {
+            tr->buckets[tr->n_buckets++] = (Bucket){ p->offset, end - p->offset, g, layer, 0, 0, 0 };
+        }
+    }
+    /* ZeRO-1 shards: rank q of the bucket's group owns [len q/P, len (q+1)/P) */
+    size_t mom = 0;
+    for (int i = 0; i < tr->n_buckets; i++) {
+        Bucket *b = &tr->buckets[i];
+        size_t P = (size_t)comm_group_size(b->g), q = (size_t)comm_group_rank(b->g);
+        b->lo = b->off + b->len * q / P;
+        b->hi = b->off + b->len * (q + 1) / P;
+        b->mom = mom;
+        mom += b->hi - b->lo;
+    }
+    tr->n_mom = mom;
+}
+
+static void bucket_counts(const Bucket *b, size_t *counts)
+{
+    size_t P = (size_t)comm_group_size(b->g);
+    for (size_t r = 0; r < P; r++) counts[r] = b->len * (r + 1) / P - b->len * r / P;
+}
+
+/* ZeRO: full moment slabs (laid out like the weights) <-> this rank's shards. */
+static void zero_gather_moments(Trainer *tr, float *full1, float *full2)
+{
+    memset(full1, 0, tr->m.n_w * sizeof(float));
+    memset(full2, 0, tr->m.n_w * sizeof(float));
+    for (int i = 0; i < tr->n_buckets; i++) {
+        const Bucket *b = &tr->buckets[i];
+        size_t counts[comm_group_size(b->g)];
+        bucket_counts(b, counts);
+        memcpy(full1 + b->lo, tr->exp_avg + b->mom, (b->hi - b->lo) * sizeof(float));
+        memcpy(full2 + b->lo, tr->exp_avg_sq + b->mom, (b->hi - b->lo) * sizeof(float));
+        comm_allgather_v_f32(b->g, full1 + b->off, counts);
+        comm_allgather_v_f32(b->g, full2 + b->off, counts);
+    }
+}
+
+static void zero_keep_shards(Trainer *tr)
+{
+    float *s1 = td_calloc(td_max(tr->n_mom, 1) * sizeof(float));
+    float *s2 = td_calloc(td_max(tr->n_mom, 1) * sizeof(float));
+    for (int i = 0; i < tr->n_buckets; i++) {
+        const Bucket *b = &tr->buckets[i];
+        memcpy(s1 + b->mom, tr->exp_avg + b->lo, (b->hi - b->lo) * sizeof(float));
+        memcpy(s2 + b->mom, tr->exp_avg_sq + b->lo, (b->hi - b->lo) * sizeof(float));
+    }
+    td_free(tr->exp_avg);
+    td_free(tr->exp_avg_sq);
+    tr->exp_avg = s1;
+    tr->exp_avg_sq = s2;
+}
+
+/* Called by backward as each layer's gradients are final: on the last
+ * micro-batch of a step, start reducing them while backward goes on. */
+static void grad_ready_hook(void *ctx, int layer)
+{
+    Trainer *tr = ctx;
+    if (!tr->reduce_now || tr->zero) return;   /* ZeRO reduce-scatters after backward */
+    for (int i = 0; i < tr->n_buckets; i++) {
+        const Bucket *b = &tr->buckets[i];
+        if (b->layer == layer) comm_iallreduce_f32(b->g, tr->m.g + b->off, b->len);
+    }
+    comm_poll();
+}
 
 /* Model config and weights: resume > init_from > fresh (SPEC section 8). */
 static int setup_model(Trainer *tr, CkptState *st, bool *resumed)
@@ -155,12 +258,18 @@ static int setup_model(Trainer *tr, CkptState *st, bool *resumed)
     }
     if (comm_setup(&tr->topo)) return -1;
     model_init(&tr->m, &cfg, &tr->topo, true, 16);
-    tr->m.comm = (ModelComm){ NULL, tp_sum_hook, dp_stats_hook };
+    tr->m.comm = (ModelComm){ tr, tp_sum_hook, dp_stats_hook, ep_a2a_hook, grad_ready_hook };
+    build_buckets(tr);
+    size_t zmax = 1;
+    for (int i = 0; i < tr->n_buckets; i++) zmax = td_max(zmax, tr->buckets[i].hi - tr->buckets[i].lo);
+    tr->zbuf = td_malloc(zmax * sizeof(float));
     tr->exp_avg = td_calloc(tr->m.n_w * sizeof(float));
     tr->exp_avg_sq = td_calloc(tr->m.n_w * sizeof(float));
     memset(st, 0, sizeof *st);
+    tr->zero = rc->zero && comm_size() > 1;
     if (!from) {
         model_init_weights(&tr->m, (uint64_t)rc->seed);
+        if (tr->zero) zero_keep_shards(tr);
         return 0;
     }
     if (ckpt_load(src, &tr->m, *resumed ? tr->exp_avg : NULL, *resumed ? tr->exp_avg_sq : NULL,
@@ -169,6 +278,7 @@ static int setup_model(Trainer *tr, CkptState *st, bool *resumed)
         return -1;
     }
     model_pack(&tr->m);
+    if (tr->zero) zero_keep_shards(tr);
     if (tr->rank0)
         td_info("%s %s (step %lld)", *resumed ? "resuming from" : "initialised from", src,
                 *resumed ? (long long)st->step : 0LL);
@@ -250,7 +360,18 @@ static int save(Trainer *tr)
     st.adam_step = tr->step;
     st.run_config = rc->json;
     double t0 = td_now();
-    if (ckpt_save(path, &tr->m, tr->exp_avg, tr->exp_avg_sq, &st, CKPT_F32)) return -1;
+    float *m1 = tr->exp_avg, *m2 = tr->exp_avg_sq;
+    if (tr->zero) {   /* the checkpoint stores the global moments */
+        m1 = td_malloc(tr->m.n_w * sizeof(float));
+        m2 = td_malloc(tr->m.n_w * sizeof(float));
+        zero_gather_moments(tr, m1, m2);
+    }
+    int sr = ckpt_save(path, &tr->m, m1, m2, &st, CKPT_F32);
+    if (tr->zero) {
+        td_free(m1);
+        td_free(m2);
+    }
+    if (sr) return -1;
     int rc2 = 0;
     if (tr->rank0) {
         rc2 = ckpt_set_latest(rc->out_dir, name);
@@ -271,7 +392,7 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
 {
     if (!tr->rank0 || !tr->metrics) return;
     FILE *f = tr->metrics;
-    fprintf(f, "{\"step\":%lld,\"loss\":%.6f,\"ce\":%.6f,\"aux\":%.6f,\"z\":%.6f,\"lr\":%.6e,"
+    fprintf(f, "{\"step\":%lld,\"loss\":%.9g,\"ce\":%.9g,\"aux\":%.6f,\"z\":%.6f,\"lr\":%.6e,"
                "\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"step_s\":%.4f,\"comm_s\":%.4f,"
                "\"tokens_seen\":%lld,\"peak_mem_mb\":%.1f,\"act_mem_mb\":%.1f",
             (long long)tr->step, loss, ce, lp_sum->aux, lp_sum->z, lr, gnorm, tok_s, mfu, step_s, comm_s,
@@ -314,6 +435,7 @@ static int train_step(Trainer *tr)
         lp.expert_share_min = mn;
         lp.expert_share_max = mx;
         model_train_forward(m, &tr->acts, tr->ids, tr->targets, n_tot, &lp);
+        tr->reduce_now = comm_size() > 1 && mb == rc->grad_accum - 1;
         for (size_t t = 0; t < tr->acts.N; t++) tr->dlogp[t] = (float)(-1.0 / ((double)n_tot * ga));
         float daux = lp.n_moe ? (float)(m->cfg.router_aux_loss_coef / (lp.n_moe * ga)) : 0.0f;
         float dz = lp.n_moe ? (float)(m->cfg.router_z_loss_coef / (lp.n_moe * ga)) : 0.0f;
@@ -326,12 +448,28 @@ static int train_step(Trainer *tr)
             tr->share_max[i] += mx[i] / ga;
         }
     }
-    /* every rank's gradient is its share of the global mean: sum them */
-    comm_allreduce_f32(COMM_DP, tr->m.g, tr->m.n_w);
+    /* every rank's gradient is its share of the global mean: the sums
+     * started during the last backward (grad_ready_hook) complete here */
+    tr->reduce_now = false;
+    comm_wait_all();
+    double gsq = 0;
+    if (tr->zero) {
+        /* ZeRO-1: each rank receives the summed gradient of its shard only */
+        for (int i = 0; i < tr->n_buckets; i++) {
+            const Bucket *b = &tr->buckets[i];
+            size_t counts[comm_group_size(b->g)];
+            bucket_counts(b, counts);
+            comm_reduce_scatter_v_f32(b->g, tr->zbuf, tr->m.g + b->off, counts);
+            memcpy(tr->m.g + b->lo, tr->zbuf, (b->hi - b->lo) * sizeof(float));
+            gsq += grad_sq_range(m, b->lo, b->hi, (double)comm_group_size(b->g));
+        }
+    } else {
+        gsq = grad_sq_norm(m);
+    }
     comm_allreduce_f64(COMM_DP, &ce, 1);
     ce /= (double)n_tot * ga;
     double loss = ce + m->cfg.router_aux_loss_coef * sum.aux + m->cfg.router_z_loss_coef * sum.z;
-    double gsq = grad_sq_norm(m);
+    comm_allreduce_f64(COMM_WORLD, &gsq, 1);
     double gnorm = sqrt(gsq);
     if (!isfinite(gnorm)) {
         td_error("step %lld: gradient norm is %f (loss %f); stopping", (long long)tr->step + 1, gnorm, loss);
@@ -341,7 +479,18 @@ static int train_step(Trainer *tr)
     double lr = lr_schedule(rc->lr, rc->min_lr, rc->warmup_steps, rc->steps,
                             !strcmp(rc->lr_schedule, "cosine"), tr->step);
     tr->step++;
-    adamw_step(&tr->m, tr->exp_avg, tr->exp_avg_sq, &tr->adam, tr->step, lr);
+    if (tr->zero) {
+        for (int i = 0; i < tr->n_buckets; i++) {
+            const Bucket *b = &tr->buckets[i];
+            adamw_range(&tr->m, b->lo, b->hi, tr->exp_avg + b->mom, tr->exp_avg_sq + b->mom, &tr->adam,
+                        tr->step, lr);
+            size_t counts[comm_group_size(b->g)];
+            bucket_counts(b, counts);
+            comm_allgather_v_f32(b->g, tr->m.w + b->off, counts);
+        }
+    } else {
+        adamw_step(&tr->m, tr->exp_avg, tr->exp_avg_sq, &tr->adam, tr->step, lr);
+    }
     model_pack(&tr->m);
     tr->tokens_seen += (int64_t)(n_tot * (size_t)rc->grad_accum);
 
@@ -413,6 +562,8 @@ static void trainer_free(Trainer *tr)
     td_free(tr->dlogp);
     td_free(tr->share_min);
     td_free(tr->share_max);
+    td_free(tr->buckets);
+    td_free(tr->zbuf);
     tokfile_close(&tr->tf);
 }
 
