@@ -17,6 +17,7 @@ static struct {
     int n;                          /* threads including the caller */
     pthread_t tid[POOL_MAX];
     _Atomic unsigned gen;           /* bumped to start a region */
+    unsigned gen0;                  /* gen when the helpers were created */
     _Atomic int pending;            /* helpers still working on it */
     _Atomic int stop;
     _Atomic int sleepers;           /* helpers inside futex_wait */
@@ -64,7 +65,9 @@ static void run_share(int t)
 static void *worker(void *arg)
 {
     int t = (int)(intptr_t)arg;
-    unsigned seen = atomic_load(&g_pool.gen);
+    /* Not a fresh load of gen: a region may already have been started
+     * (and be waiting for this helper) before the thread got to run. */
+    unsigned seen = g_pool.gen0;
     t_in_region = 1;
     for (;;) {
         unsigned g;
@@ -118,6 +121,7 @@ void pool_init(int n_threads)
     const char *s = getenv("TANDEM_SPIN_US");
     g_pool.spin_ns = (s ? atol(s) : 200) * 1000L;
     g_pool.n = n_threads;
+    g_pool.gen0 = atomic_load(&g_pool.gen);   /* read by the helpers at start */
     for (int t = 1; t < n_threads; t++) {
         int rc = pthread_create(&g_pool.tid[t], NULL, worker, (void *)(intptr_t)t);
         TD_CHECK(rc == 0, "pthread_create failed (%d)", rc);

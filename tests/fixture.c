@@ -125,3 +125,23 @@ size_t fixture_first_diff(const float *a, const float *b, size_t n)
         if (!isfinite(a[i]) || !isfinite(b[i]) || memcmp(&a[i], &b[i], sizeof(float)) != 0) return i;
     return n;
 }
+
+float *fixture_case_f32(const char *file, int c, const char *name, size_t *n)
+{
+    char path[256];
+    size_t cnt;
+    snprintf(path, sizeof path, "c%d/%s", c, name);
+    float *x = fixture_f32(file, path, &cnt);
+    if (n) *n = cnt;
+    return x;
+}
+
+int32_t *fixture_case_i32(const char *file, int c, const char *name, size_t *n)
+{
+    char path[256];
+    size_t cnt;
+    snprintf(path, sizeof path, "c%d/%s", c, name);
+    int32_t *x = fixture_i32(file, path, &cnt);
+    if (n) *n = cnt;
+    return x;
+}

@@ -1,7 +1,7 @@
 /* tests/fixture.h - helpers shared by the Criterion tests: reading the
  * PyTorch fixtures (HDF5 files written by the tests/ref/fixtures_<name>.py
- * scripts with h5py) and
- * comparing arrays with a stated tolerance, printing the worst index.
+ * scripts with h5py) and comparing arrays with a stated tolerance, printing
+ * the worst index.
  */
 #ifndef TANDEM_TESTS_FIXTURE_H
 #define TANDEM_TESTS_FIXTURE_H
@@ -41,6 +41,11 @@ double fixture_err(const float *a, const float *b, size_t n, double atol, double
  * Shared by the op tests (tests/test_<module>.c): deterministic inputs,
  * central finite differences in double, bitwise comparison. */
 
+/* Dataset "c<c>/<name>" (case c of a fixture file, as the tests/ref
+ * scripts write them); like fixture_f32 / fixture_i32.  n may be NULL. */
+float *fixture_case_f32(const char *file, int c, const char *name, size_t *n);
+int32_t *fixture_case_i32(const char *file, int c, const char *name, size_t *n);
+
 /* x[i] uniform in [lo, hi) from (seed, i) (rng_uniform_at of core/rng.h),
  * so a test's inputs do not depend on the order it draws them in. */
 void fixture_fill(float *x, size_t n, uint64_t seed, float lo, float hi);
@@ -58,6 +63,14 @@ void fixture_fd(double *g, FixtureLossFn f, void *ctx, double *x, size_t n, doub
 /* First index where a and b differ bitwise or either is NaN/Inf; n when all
  * n elements are identical finite floats. */
 size_t fixture_first_diff(const float *a, const float *b, size_t n);
+
+/* Criterion assertion for the end of a test body: everything the test
+ * td_malloc'd was td_free'd (needs core/common.h; each test runs in its own
+ * process, so the count starts at 0).  Not in a suite's .fini: Criterion
+ * only warns about failures there. */
+#define EXPECT_NO_LEAKS()                                                            \
+    cr_expect_eq(td_mem_current(), 0, "test leaked %zu bytes of td_malloc memory",  \
+                 td_mem_current())
 
 /* Criterion assertion: a and b bit-identical (and finite), printing the
  * first differing index and both values (decimal and hex-float). */

@@ -1,0 +1,527 @@
+/* tests/test_gemm.c - the forward GEMM (core/gemm.h) and the linear layer
+ * built on it (core/linear.h).
+ *
+ * gemm_xwt promises more than closeness: every output element is the chain
+ *     c = 0;  for k: c = fmaf(x[m][k], W[n][k], c)
+ * so it is compared BIT FOR BIT with a naive kernel computing exactly that
+ * chain, over many shapes (odd M, N not a multiple of 32, odd K), with row
+ * strides, with M = 1 against the same row inside a big batch, with 1 and 2
+ * pool threads, and against the portable (non-AVX-512) path of gemm.c.
+ * The backward products go through BLAS and are checked with tolerances:
+ * against a naive double product, PyTorch (tests/ref/fixtures_ops.py,
+ * linear.h5) and central finite differences of a double forward.
+ */
+
+/* The portable path of core/gemm.c, compiled into this file under other
+ * names so that the library's kernels (AVX-512 when the build machine has
+ * it) can be compared with it bit for bit in one binary.  core/gemm.h comes
+ * first, so its declarations keep the real names; gemm.c's own include of it
+ * is then skipped by the guard. */
+#include "core/gemm.h"
+#define TANDEM_PORTABLE 1
+#define gemm_packed_floats portable_gemm_packed_floats
+#define gemm_pack portable_gemm_pack
+#define gemm_xwt portable_gemm_xwt
+#define gemm_xwt_serial portable_gemm_xwt_serial
+#define gemm_dx_acc portable_gemm_dx_acc
+#define gemm_dw_acc portable_gemm_dw_acc
+#include "core/gemm.c"
+#undef gemm_packed_floats
+#undef gemm_pack
+#undef gemm_xwt
+#undef gemm_xwt_serial
+#undef gemm_dx_acc
+#undef gemm_dw_acc
+#undef TANDEM_PORTABLE
+
+#include "core/common.h"
+#include "core/linear.h"
+#include "core/pool.h"
+#include "tests/fixture.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <math.h>
+#include <string.h>
+
+static void setup(void) { pool_init(1); }
+static void teardown(void) { pool_free(); }
+
+TestSuite(gemm, .init = setup, .fini = teardown);
+TestSuite(linear, .init = setup, .fini = teardown);
+
+/* ------------------------------------------------------------ references */
+
+/* The contract of gemm.h, literally: one fmaf chain per element from 0. */
+static void naive_xwt(float *y, size_t ldy, const float *x, size_t ldx, const float *W,
+                      size_t M, size_t N, size_t K)
+{
+    for (size_t m = 0; m < M; m++)
+        for (size_t n = 0; n < N; n++) {
+            float c = 0.0f;
+            for (size_t k = 0; k < K; k++) c = fmaf(x[m * ldx + k], W[n * K + k], c);
+            y[m * ldy + n] = c;
+        }
+}
+
+/* Same order without fusing (-ffp-contract=off keeps it unfused): used only
+ * to show that the inputs are hard enough for the bitwise test to notice a
+ * kernel that rounds differently. */
+static void naive_xwt_unfused(float *y, const float *x, const float *W, size_t M, size_t N, size_t K)
+{
+    for (size_t m = 0; m < M; m++)
+        for (size_t n = 0; n < N; n++) {
+            float c = 0.0f;
+            for (size_t k = 0; k < K; k++) c = c + x[m * K + k] * W[n * K + k];
+            y[m * N + n] = c;
+        }
+}
+
+static float *packed(const float *W, size_t N, size_t K)
+{
+    float *P = td_malloc(gemm_packed_floats(N, K) * sizeof(float));
+    gemm_pack(P, W, N, K);
+    return P;
+}
+
+/* ------------------------------------------------------------ packing */
+
+Test(gemm, pack_layout_is_panels_of_32_zero_padded)
+{
+    const size_t N = 45, K = 7;   /* two panels, the second 13 real columns + 19 padding */
+    cr_expect_eq(gemm_packed_floats(N, K), 64 * K, "packed size of [45, 7]");
+    cr_expect_eq(gemm_packed_floats(32, 3), 32 * 3, "packed size of [32, 3]");
+    cr_expect_eq(gemm_packed_floats(1, 5), 32 * 5, "packed size of [1, 5]");
+    float *W = fixture_rand(N * K, 1, -1, 1);
+    for (int threads = 1; threads <= 2; threads++) {
+        pool_init(threads);
+        size_t np = gemm_packed_floats(N, K);
+        float *P = td_malloc(np * sizeof(float));
+        for (size_t i = 0; i < np; i++) P[i] = NAN;   /* padding must be written */
+        gemm_pack(P, W, N, K);
+        size_t bad = 0, first = np;
+        for (size_t p = 0; p < 2; p++)
+            for (size_t k = 0; k < K; k++)
+                for (size_t j = 0; j < GEMM_NR; j++) {
+                    size_t n = p * GEMM_NR + j, i = (p * K + k) * GEMM_NR + j;
+                    float want = n < N ? W[n * K + k] : 0.0f;
+                    if (memcmp(&P[i], &want, sizeof want) != 0) {
+                        bad++;
+                        if (first == np) first = i;
+                    }
+                }
+        cr_expect_eq(bad, 0, "%d thread(s): %zu packed floats wrong, first at %zu", threads, bad, first);
+        td_free(P);
+    }
+    td_free(W);
+    EXPECT_NO_LEAKS();
+}
+
+/* ------------------------------------------------------------ forward, bitwise */
+
+Test(gemm, xwt_bit_identical_to_fma_chain_over_many_shapes)
+{
+    static const size_t Ms[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 40, 97, 200 };
+    static const size_t Ns[] = { 1, 5, 31, 32, 33, 100, 128, 130, 257 };
+    static const size_t Ks[] = { 1, 7, 64, 333 };
+    const size_t Mmax = 200, Nmax = 257, Kmax = 333, pad_x = 3, pad_y = 5;
+    float *x = fixture_rand(Mmax * (Kmax + pad_x), 2, -1, 1);
+    float *W = fixture_rand(Nmax * Kmax, 3, -1, 1);
+    float *y = td_malloc(Mmax * (Nmax + pad_y) * sizeof(float));
+    float *ref = td_malloc(Mmax * (Nmax + pad_y) * sizeof(float));
+    const float sentinel = -12345.0f;
+    size_t n_cases = 0, n_fail = 0;
+    for (size_t a = 0; a < sizeof Ns / sizeof *Ns; a++)
+        for (size_t b = 0; b < sizeof Ks / sizeof *Ks; b++) {
+            const size_t N = Ns[a], K = Ks[b];
+            float *P = packed(W, N, K);
+            for (size_t c = 0; c < sizeof Ms / sizeof *Ms; c++) {
+                const size_t M = Ms[c];
+                /* row strides wider than the rows: ldx = K + 3, ldy = N + 5 */
+                const size_t ldx = K + pad_x, ldy = N + pad_y;
+                for (size_t i = 0; i < M * ldy; i++) y[i] = ref[i] = sentinel;
+                gemm_xwt(y, ldy, x, ldx, P, M, N, K);
+                naive_xwt(ref, ldy, x, ldx, W, M, N, K);
+                /* the whole strided buffer, so the padding columns must be untouched */
+                size_t i = fixture_first_diff(y, ref, M * ldy);
+                n_cases++;
+                if (i != M * ldy) {
+                    n_fail++;
+                    cr_expect(0, "M=%zu N=%zu K=%zu: element (%zu, %zu) is %a, fma chain gives %a",
+                              M, N, K, i / ldy, i % ldy, (double)y[i], (double)ref[i]);
+                }
+            }
+            td_free(P);
+        }
+    cr_expect_eq(n_fail, 0, "%zu of %zu shapes not bit-identical", n_fail, n_cases);
+    td_free(x);
+    td_free(W);
+    td_free(y);
+    td_free(ref);
+    EXPECT_NO_LEAKS();
+}
+
+Test(gemm, bitwise_test_would_notice_unfused_rounding)
+{
+    /* Guard against a test that cannot fail: with these inputs a kernel that
+     * multiplies and adds separately gives other bits. */
+    const size_t M = 13, N = 33, K = 333;
+    float *x = fixture_rand(M * K, 4, -1, 1), *W = fixture_rand(N * K, 5, -1, 1);
+    float *a = td_malloc(M * N * sizeof(float)), *b = td_malloc(M * N * sizeof(float));
+    naive_xwt(a, N, x, K, W, M, N, K);
+    naive_xwt_unfused(b, x, W, M, N, K);
+    size_t same = 0;
+    for (size_t i = 0; i < M * N; i++) same += memcmp(&a[i], &b[i], sizeof(float)) == 0;
+    cr_expect_lt(same, M * N / 2, "%zu of %zu elements agree between fused and unfused chains",
+                 same, M * N);
+    td_free(x);
+    td_free(W);
+    td_free(a);
+    td_free(b);
+    EXPECT_NO_LEAKS();
+}
+
+Test(gemm, xwt_row_is_independent_of_batch_and_threads)
+{
+    /* M = 500 >= 2 * 96 rows per thread, so with 2 threads the rows are split;
+     * smaller M splits the panels.  Every row must keep its bits. */
+    const size_t M = 500, N = 70, K = 333;
+    float *x = fixture_rand(M * K, 6, -1, 1), *W = fixture_rand(N * K, 7, -1, 1);
+    float *P = packed(W, N, K);
+    float *full = td_malloc(M * N * sizeof(float)), *part = td_malloc(M * N * sizeof(float));
+    gemm_xwt(full, N, x, K, P, M, N, K);
+
+    /* one row at a time (the M = 1 decode path) */
+    size_t bad = 0, first = M;
+    for (size_t m = 0; m < M; m++) {
+        gemm_xwt(part, N, x + m * K, K, P, 1, N, K);
+        if (fixture_first_diff(part, full + m * N, N) != N) {
+            bad++;
+            if (first == M) first = m;
+        }
+    }
+    cr_expect_eq(bad, 0, "%zu rows differ computed alone (M=1), first row %zu", bad, first);
+
+    /* sub-batches of 2, 3, 5, 13 and 97 rows at odd offsets */
+    static const size_t sub[] = { 2, 3, 5, 13, 97 };
+    for (size_t s = 0; s < sizeof sub / sizeof *sub; s++) {
+        size_t m0 = 11 + 37 * s;
+        gemm_xwt(part, N, x + m0 * K, K, P, sub[s], N, K);
+        char what[64];
+        snprintf(what, sizeof what, "rows %zu..%zu as a batch of %zu", m0, m0 + sub[s], sub[s]);
+        EXPECT_BITWISE(part, full + m0 * N, sub[s] * N, what);
+    }
+
+    /* serial variant */
+    gemm_xwt_serial(part, N, x, K, P, M, N, K);
+    EXPECT_BITWISE(part, full, M * N, "gemm_xwt_serial vs gemm_xwt");
+
+    /* two threads: rows split (M = 500), panels split (M = 7, and M = 2 with
+     * the four-panel kernel over N = 300) */
+    pool_init(2);
+    gemm_xwt(part, N, x, K, P, M, N, K);
+    EXPECT_BITWISE(part, full, M * N, "2 threads, M=500 (row split)");
+    gemm_xwt(part, N, x + 100 * K, K, P, 7, N, K);
+    EXPECT_BITWISE(part, full + 100 * N, 7 * N, "2 threads, M=7 (panel split)");
+    pool_init(1);
+
+    const size_t N2 = 300;
+    float *W2 = fixture_rand(N2 * K, 8, -1, 1), *P2 = packed(W2, N2, K);
+    float *y1 = td_malloc(2 * N2 * sizeof(float)), *y2 = td_malloc(2 * N2 * sizeof(float));
+    float *ref = td_malloc(2 * N2 * sizeof(float));
+    naive_xwt(ref, N2, x, K, W2, 2, N2, K);
+    gemm_xwt(y1, N2, x, K, P2, 2, N2, K);
+    pool_init(2);
+    gemm_xwt(y2, N2, x, K, P2, 2, N2, K);
+    pool_init(1);
+    EXPECT_BITWISE(y1, ref, 2 * N2, "M=2 N=300 (wide kernel), 1 thread vs fma chain");
+    EXPECT_BITWISE(y2, ref, 2 * N2, "M=2 N=300 (wide kernel), 2 threads vs fma chain");
+
+    td_free(x);
+    td_free(W);
+    td_free(P);
+    td_free(full);
+    td_free(part);
+    td_free(W2);
+    td_free(P2);
+    td_free(y1);
+    td_free(y2);
+    td_free(ref);
+    EXPECT_NO_LEAKS();
+}
+
+Test(gemm, portable_path_bit_identical_to_compiled_path)
+{
+    /* On a machine without AVX-512 both sides are the portable kernel and
+     * this only re-checks it; with AVX-512 it compares the two paths. */
+    static const size_t shapes[][3] = {
+        { 1, 1, 1 }, { 1, 130, 333 }, { 2, 300, 64 }, { 3, 257, 7 }, { 5, 33, 333 },
+        { 12, 64, 17 }, { 13, 100, 65 }, { 200, 45, 100 },
+    };
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const size_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        float *x = fixture_rand(M * K, 10 + s, -1, 1), *W = fixture_rand(N * K, 20 + s, -1, 1);
+        float *P = packed(W, N, K);
+        float *Pp = td_malloc(portable_gemm_packed_floats(N, K) * sizeof(float));
+        portable_gemm_pack(Pp, W, N, K);
+        EXPECT_BITWISE(Pp, P, gemm_packed_floats(N, K), "packed weights");
+        float *y = td_malloc(M * N * sizeof(float)), *yp = td_malloc(M * N * sizeof(float));
+        gemm_xwt(y, N, x, K, P, M, N, K);
+        portable_gemm_xwt(yp, N, x, K, Pp, M, N, K);
+        char what[64];
+        snprintf(what, sizeof what, "portable vs compiled, M=%zu N=%zu K=%zu", M, N, K);
+        EXPECT_BITWISE(y, yp, M * N, what);
+        td_free(x);
+        td_free(W);
+        td_free(P);
+        td_free(Pp);
+        td_free(y);
+        td_free(yp);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+/* ------------------------------------------------------------ backward products */
+
+Test(gemm, dx_dw_accumulate_against_double_product)
+{
+    static const size_t shapes[][3] = { { 1, 1, 1 }, { 5, 7, 3 }, { 37, 70, 65 }, { 20, 33, 1 } };
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const size_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        const size_t lddx = K + 2, lddy = N + 3, ldx = K + 1;   /* strided rows */
+        float *dy = fixture_rand(M * lddy, 30 + s, -1, 1), *x = fixture_rand(M * ldx, 40 + s, -1, 1);
+        float *W = fixture_rand(N * K, 50 + s, -1, 1);
+        float *dx = fixture_rand(M * lddx, 60 + s, -1, 1), *dW = fixture_rand(N * K, 70 + s, -1, 1);
+        float *dx_want = fixture_copy(dx, M * lddx), *dW_want = fixture_copy(dW, N * K);
+        for (size_t m = 0; m < M; m++)
+            for (size_t k = 0; k < K; k++) {
+                double acc = dx[m * lddx + k];   /* dx starts non-zero: += */
+                for (size_t n = 0; n < N; n++) acc += (double)dy[m * lddy + n] * W[n * K + k];
+                dx_want[m * lddx + k] = (float)acc;
+            }
+        for (size_t n = 0; n < N; n++)
+            for (size_t k = 0; k < K; k++) {
+                double acc = dW[n * K + k];
+                for (size_t m = 0; m < M; m++) acc += (double)dy[m * lddy + n] * x[m * ldx + k];
+                dW_want[n * K + k] = (float)acc;
+            }
+        gemm_dx_acc(dx, lddx, dy, lddy, W, M, N, K);
+        gemm_dw_acc(dW, dy, lddy, x, ldx, M, N, K);
+        /* float sums of at most 70 products of terms in [-1, 1] plus an O(1)
+         * start value: rounding error of order sqrt(70) * 6e-8 * 10 ~ 5e-6;
+         * 2e-5 absolute still catches any missing or extra term (>= 1e-3
+         * with these inputs).  The padding of dx (columns K, K+1) is
+         * compared too and must be untouched. */
+        char what[64];
+        snprintf(what, sizeof what, "dx += dy W, M=%zu N=%zu K=%zu", M, N, K);
+        EXPECT_CLOSE(dx, dx_want, M * lddx, 2e-5, 1e-5, what);
+        snprintf(what, sizeof what, "dW += dy^T x, M=%zu N=%zu K=%zu", M, N, K);
+        EXPECT_CLOSE(dW, dW_want, N * K, 2e-5, 1e-5, what);
+        td_free(dy);
+        td_free(x);
+        td_free(W);
+        td_free(dx);
+        td_free(dW);
+        td_free(dx_want);
+        td_free(dW_want);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+/* ------------------------------------------------------------ linear vs PyTorch */
+
+static const char *const LIN = "linear.h5";
+
+typedef struct {
+    size_t M, N, K;
+    float *x, *W, *dy, *y, *dx, *dW;
+} LinCase;
+
+static LinCase lin_load(int c)
+{
+    LinCase L;
+    char name[32];
+    size_t n;
+#define LOAD(field) (snprintf(name, sizeof name, "c%d/" #field, c), fixture_f32(LIN, name, &n))
+    snprintf(name, sizeof name, "c%d/dims", c);
+    int32_t *dims = fixture_i32(LIN, name, &n);
+    L.M = (size_t)dims[0];
+    L.N = (size_t)dims[1];
+    L.K = (size_t)dims[2];
+    td_free(dims);
+    L.x = LOAD(x);
+    L.W = LOAD(W);
+    L.dy = LOAD(dy);
+    L.y = LOAD(y);
+    L.dx = LOAD(dx);
+    L.dW = LOAD(dW);
+#undef LOAD
+    return L;
+}
+
+static void lin_free(LinCase *L)
+{
+    td_free(L->x);
+    td_free(L->W);
+    td_free(L->dy);
+    td_free(L->y);
+    td_free(L->dx);
+    td_free(L->dW);
+}
+
+Test(linear, forward_matches_torch)
+{
+    int n_cases = (int)fixture_attr(LIN, "n_cases");
+    cr_expect_geq(n_cases, 4, "linear.h5 has %d cases", n_cases);
+    for (int c = 0; c < n_cases; c++) {
+        LinCase L = lin_load(c);
+        float *P = packed(L.W, L.N, L.K);
+        float *y = td_malloc(L.M * L.N * sizeof(float));
+        linear_forward(y, L.x, P, L.M, L.N, L.K);
+        /* float fma chain over K <= 65 products of terms in [-1, 1] against a
+         * float64 reference: error ~ sqrt(K) * 6e-8 * |partial sums| < 1e-6;
+         * 1e-5 leaves margin and is far below any indexing mistake. */
+        char what[48];
+        snprintf(what, sizeof what, "linear y, case %d", c);
+        EXPECT_CLOSE(y, L.y, L.M * L.N, 1e-5, 1e-5, what);
+        td_free(P);
+        td_free(y);
+        lin_free(&L);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+Test(linear, backward_accumulates_torch_gradients)
+{
+    int n_cases = (int)fixture_attr(LIN, "n_cases");
+    for (int c = 0; c < n_cases; c++) {
+        LinCase L = lin_load(c);
+        const size_t M = L.M, N = L.N, K = L.K;
+        /* gradients start non-zero: the op must add, not overwrite */
+        float *dx = fixture_rand(M * K, 80 + (uint64_t)c, -1, 1), *dW = fixture_rand(N * K, 90 + (uint64_t)c, -1, 1);
+        float *dx_want = td_malloc(M * K * sizeof(float)), *dW_want = td_malloc(N * K * sizeof(float));
+        for (size_t i = 0; i < M * K; i++) dx_want[i] = (float)((double)dx[i] + L.dx[i]);
+        for (size_t i = 0; i < N * K; i++) dW_want[i] = (float)((double)dW[i] + L.dW[i]);
+        linear_backward(dx, dW, L.dy, L.x, L.W, M, N, K);
+        /* BLAS float sums of <= 70 (dx) / 37 (dW) products in [-1, 1] plus the
+         * O(1) start value: ~1e-6 expected, 1e-5 allowed. */
+        char what[48];
+        snprintf(what, sizeof what, "linear dx, case %d", c);
+        EXPECT_CLOSE(dx, dx_want, M * K, 1e-5, 1e-5, what);
+        snprintf(what, sizeof what, "linear dW, case %d", c);
+        EXPECT_CLOSE(dW, dW_want, N * K, 1e-5, 1e-5, what);
+        td_free(dx);
+        td_free(dW);
+        td_free(dx_want);
+        td_free(dW_want);
+        lin_free(&L);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+/* ------------------------------------------------------------ linear vs finite differences */
+
+typedef struct { const double *dy; size_t M, N, K; } LinFd;
+
+/* L(x, W) = sum_mn dy[m,n] (x W^T)[m,n] in double; p = [x (M*K), W (N*K)] */
+static double lin_loss(const double *p, void *vctx)
+{
+    const LinFd *c = vctx;
+    const double *x = p, *W = p + c->M * c->K;
+    double L = 0;
+    for (size_t m = 0; m < c->M; m++)
+        for (size_t n = 0; n < c->N; n++) {
+            double y = 0;
+            for (size_t k = 0; k < c->K; k++) y += x[m * c->K + k] * W[n * c->K + k];
+            L += c->dy[m * c->N + n] * y;
+        }
+    return L;
+}
+
+Test(linear, backward_matches_finite_differences)
+{
+    static const size_t shapes[][3] = { { 5, 7, 3 }, { 13, 33, 17 }, { 1, 40, 9 }, { 4, 1, 6 } };
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const size_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], np = (M + N) * K;
+        float *x = fixture_rand(M * K, 100 + s, -1, 1), *W = fixture_rand(N * K, 110 + s, -1, 1);
+        float *dy = fixture_rand(M * N, 120 + s, -1, 1);
+        float *dx = fixture_rand(M * K, 130 + s, -1, 1), *dW = fixture_rand(N * K, 140 + s, -1, 1);
+        double *p = td_malloc(np * sizeof(double)), *g = td_malloc(np * sizeof(double));
+        double *dyd = td_malloc(M * N * sizeof(double));
+        for (size_t i = 0; i < M * K; i++) p[i] = x[i];
+        for (size_t i = 0; i < N * K; i++) p[M * K + i] = W[i];
+        for (size_t i = 0; i < M * N; i++) dyd[i] = dy[i];
+        LinFd ctx = { dyd, M, N, K };
+        fixture_fd(g, lin_loss, &ctx, p, np, 1e-5);
+        float *want = td_malloc(np * sizeof(float));
+        for (size_t i = 0; i < M * K; i++) want[i] = (float)(dx[i] + g[i]);
+        for (size_t i = 0; i < N * K; i++) want[M * K + i] = (float)(dW[i] + g[M * K + i]);
+        linear_backward(dx, dW, dy, x, W, M, N, K);
+        /* L is bilinear, so central differences are exact up to double
+         * rounding (~1e-10); the float backward is good to ~1e-6 here. */
+        char what[64];
+        snprintf(what, sizeof what, "dx vs FD, M=%zu N=%zu K=%zu", M, N, K);
+        EXPECT_CLOSE(dx, want, M * K, 1e-5, 1e-5, what);
+        snprintf(what, sizeof what, "dW vs FD, M=%zu N=%zu K=%zu", M, N, K);
+        EXPECT_CLOSE(dW, want + M * K, N * K, 1e-5, 1e-5, what);
+        td_free(x);
+        td_free(W);
+        td_free(dy);
+        td_free(dx);
+        td_free(dW);
+        td_free(p);
+        td_free(g);
+        td_free(dyd);
+        td_free(want);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+Test(linear, backward_null_gradient_is_skipped)
+{
+    LinCase L = lin_load(1);
+    const size_t M = L.M, N = L.N, K = L.K;
+    float *dx = td_calloc(M * K * sizeof(float)), *dW = td_calloc(N * K * sizeof(float));
+    float *dx2 = td_calloc(M * K * sizeof(float)), *dW2 = td_calloc(N * K * sizeof(float));
+    linear_backward(dx, dW, L.dy, L.x, L.W, M, N, K);
+    linear_backward(dx2, NULL, L.dy, L.x, L.W, M, N, K);
+    linear_backward(NULL, dW2, L.dy, L.x, L.W, M, N, K);
+    EXPECT_BITWISE(dx2, dx, M * K, "dx computed alone (dW = NULL)");
+    EXPECT_BITWISE(dW2, dW, N * K, "dW computed alone (dx = NULL)");
+    td_free(dx);
+    td_free(dW);
+    td_free(dx2);
+    td_free(dW2);
+    lin_free(&L);
+    EXPECT_NO_LEAKS();
+}
+
+Test(linear, two_threads_forward_bitwise_backward_close)
+{
+    LinCase L = lin_load(3);   /* M=37, N=70, K=65: both products split over 2 threads */
+    const size_t M = L.M, N = L.N, K = L.K;
+    float *P = packed(L.W, N, K);
+    float *y1 = td_malloc(M * N * sizeof(float)), *y2 = td_malloc(M * N * sizeof(float));
+    float *dx1 = fixture_rand(M * K, 150, -1, 1), *dW1 = fixture_rand(N * K, 151, -1, 1);
+    float *dx2 = fixture_copy(dx1, M * K), *dW2 = fixture_copy(dW1, N * K);
+    linear_forward(y1, L.x, P, M, N, K);
+    linear_backward(dx1, dW1, L.dy, L.x, L.W, M, N, K);
+    pool_init(2);
+    linear_forward(y2, L.x, P, M, N, K);
+    linear_backward(dx2, dW2, L.dy, L.x, L.W, M, N, K);
+    pool_init(1);
+    EXPECT_BITWISE(y2, y1, M * N, "forward, 2 threads vs 1");
+    /* BLAS on thread slices may pick other edge kernels: a few ulps of the
+     * O(10) results, nowhere near a missing slice (O(1)). */
+    EXPECT_CLOSE(dx2, dx1, M * K, 1e-5, 1e-6, "dx, 2 threads vs 1");
+    EXPECT_CLOSE(dW2, dW1, N * K, 1e-5, 1e-6, "dW, 2 threads vs 1");
+    td_free(P);
+    td_free(y1);
+    td_free(y2);
+    td_free(dx1);
+    td_free(dW1);
+    td_free(dx2);
+    td_free(dW2);
+    lin_free(&L);
+    EXPECT_NO_LEAKS();
+}
