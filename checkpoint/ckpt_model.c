@@ -7,14 +7,22 @@
 #include <hdf5.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 int ckpt_model_open(const char *path, Model *m, Topology *topo, bool with_grads, size_t kv_block,
                     char *err, size_t err_len)
 {
-    char file[1024];
-    if (ckpt_resolve(path, file, sizeof file)) {
+    char file[1024], latest[1100];
+    struct stat st;
+    snprintf(latest, sizeof latest, "%s/latest", path);
+    bool is_dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    if ((is_dir && lstat(latest, &st) != 0) || (!is_dir && access(path, R_OK) != 0)) {
         snprintf(err, err_len, "%s: no checkpoint there (expected a .h5 file or a run directory with a latest)", path);
+        return -1;
+    }
+    if (ckpt_resolve(path, file, sizeof file)) {   /* prints its own line */
+        err[0] = 0;
         return -1;
     }
     ModelConfig cfg;

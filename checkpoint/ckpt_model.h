@@ -11,7 +11,8 @@
 
 /* path: a checkpoint file or a run directory (its latest).  topo: the
  * layout to load under, NULL for a single process (it is initialised from
- * the checkpoint's config).  Returns 0, or -1 with one line in err. */
+ * the checkpoint's config).  Returns 0, or -1 with one line in err (empty
+ * when the line was already printed). */
 int ckpt_model_open(const char *path, Model *m, Topology *topo, bool with_grads, size_t kv_block,
                     char *err, size_t err_len);
 

@@ -124,7 +124,7 @@ int cmd_generate(int argc, char **argv)
     bool json = args_flag(&a, "json");
     Model m;
     if (ckpt_model_open(ckpt, &m, NULL, false, 16, err, sizeof err)) {
-        td_error("generate: %s", err);
+        if (err[0]) td_error("generate: %s", err);
         return 1;
     }
     size_t cap = prompt ? strlen(prompt) : strlen(pids) + 1;

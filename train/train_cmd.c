@@ -215,7 +215,7 @@ int cmd_score(int argc, char **argv)
     }
     Scorer s;
     if (scorer_open(&s, ckpt, (size_t)B, (size_t)T, err, sizeof err)) {
-        td_error("score: %s", err);
+        if (err[0]) td_error("score: %s", err);
         td_free(tok);
         return 1;
     }
@@ -284,7 +284,7 @@ int cmd_eval(int argc, char **argv)
     }
     Scorer s;
     if (scorer_open(&s, ckpt, (size_t)B, (size_t)T, err, sizeof err)) {
-        td_error("eval: %s", err);
+        if (err[0]) td_error("eval: %s", err);
         td_free(tok);
         return 1;
     }
