@@ -11,6 +11,7 @@
 void (*td_abort_hook)(void) = NULL;
 int td_log_rank = -1;
 int td_quiet = 0;
+int td_errors_rank0_only = 0;
 
 static _Atomic size_t g_mem_current, g_mem_peak;
 
@@ -42,6 +43,7 @@ void td_fatal(const char *file, int line, const char *fmt, ...)
 
 void td_error(const char *fmt, ...)
 {
+    if (td_errors_rank0_only && td_log_rank > 0) return;
     va_list ap;
     va_start(ap, fmt);
     vprint_line("error: ", fmt, ap);

@@ -33,6 +33,10 @@ extern void (*td_abort_hook)(void);
 extern int td_log_rank;
 /* Minimum level printed by td_info (0 = everything, 1 = quiet). */
 extern int td_quiet;
+/* While set, ranks other than 0 print no td_error lines: for phases where
+ * every rank detects the same problem (a bad config or topology), so the
+ * job reports it once. */
+extern int td_errors_rank0_only;
 
 /* One line on stderr, "tandem: error: ..." (prefixed with the rank when set). */
 void td_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -29,6 +29,7 @@ int cmd_train(int argc, char **argv)
     int first = path ? 2 : 1;
     RunConfig rc;
     char err[512];
+    td_errors_rank0_only = 1;   /* config problems are the same on every rank */
     if (runcfg_load(&rc, path, argc - first, argv + first, err, sizeof err)) {
         td_error("%s", err);
         runcfg_free(&rc);

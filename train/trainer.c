@@ -644,6 +644,7 @@ int train_run(const RunConfig *rc)
                 tr.topo.dp, tr.topo.tp, tr.topo.pp, tr.topo.ep, rc->micro_batch, rc->seq_len, rc->grad_accum,
                 rc->steps, model_weight_bytes(&tr.m) / 1048576.0, tr.acts.arena.size / 1048576.0, tr.peak_sgemm);
     }
+    td_errors_rank0_only = 0;   /* from here on, failures can be one rank's own */
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     tr.t_start = td_now();
