@@ -296,5 +296,17 @@ void comm_wait_all(void)
     P.n = 0;
 }
 
+void comm_sendrecv(CommGroup g, const void *sbuf, size_t sbytes, int dst, void *rbuf, size_t rbytes,
+                   int src, int tag)
+{
+    if (dst < 0 && src < 0) return;
+    TD_CHECK(C.active, "comm_sendrecv without MPI");
+    TD_CHECK(sbytes < (1u << 31) && rbytes < (1u << 31), "sendrecv: message beyond 2 GiB");
+    TIMED(g, dst >= 0 ? sbytes : 0, "Sendrecv",
+          MPI_Sendrecv(sbuf, dst >= 0 ? (int)sbytes : 0, MPI_BYTE, dst >= 0 ? dst : MPI_PROC_NULL, tag,
+                       rbuf, src >= 0 ? (int)rbytes : 0, MPI_BYTE, src >= 0 ? src : MPI_PROC_NULL, tag,
+                       C.g[g], MPI_STATUS_IGNORE));
+}
+
 void comm_stats(CommGroup g, CommStat *out) { *out = C.st[g]; }
 void comm_stats_reset(void) { memset(C.st, 0, sizeof C.st); }

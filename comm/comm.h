@@ -87,6 +87,13 @@ void comm_iallreduce_f32(CommGroup g, float *buf, size_t n);
 void comm_poll(void);
 void comm_wait_all(void);
 
+/* Send `sbytes` to rank dst and receive `rbytes` from rank src of the group
+ * at once (MPI_Sendrecv), so that two ranks exchanging in opposite
+ * directions never wait on each other.  dst or src < 0: that half is
+ * skipped. */
+void comm_sendrecv(CommGroup g, const void *sbuf, size_t sbytes, int dst, void *rbuf, size_t rbytes,
+                   int src, int tag);
+
 /* Statistics since the last reset. */
 void comm_stats(CommGroup g, CommStat *out);
 void comm_stats_reset(void);

@@ -202,7 +202,8 @@ void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const
     ModelBatch b = batch_of(a, ids, n_tot);
     a->ids = ids;
     a->n_tot_last = n_tot;
-    model_embed(m, a->x[0], ids, a->N);
+    /* pipeline: later stages get x[0] from the previous stage (the caller) */
+    if (topo_is_first_stage(&m->topo)) model_embed(m, a->x[0], ids, a->N);
     double aux = 0, z = 0;
     int n_moe = 0;
     for (int i = 0; i < nl; i++) {
@@ -226,11 +227,13 @@ void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const
             lp->expert_share_min[i] = lp->expert_share_max[i] = NAN;
         }
     }
-    model_head(m, a->logits, a->hn, a->rstdf, a->x[nl], a->N);
-    logsoftmax_xent_forward(a->logp, a->lse_v, a->logits, targets, a->N, m->V);
-    if (!lp) return;
     double ce = 0;
-    for (size_t t = 0; t < a->N; t++) ce -= (double)a->logp[t];
+    if (topo_is_last_stage(&m->topo)) {
+        model_head(m, a->logits, a->hn, a->rstdf, a->x[nl], a->N);
+        logsoftmax_xent_forward(a->logp, a->lse_v, a->logits, targets, a->N, m->V);
+        for (size_t t = 0; t < a->N; t++) ce -= (double)a->logp[t];
+    }
+    if (!lp) return;
     lp->ce_sum = ce;
     lp->n_moe = n_moe;
     lp->aux = n_moe ? aux / n_moe : 0.0;
@@ -238,6 +241,13 @@ void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const
 }
 
 static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
+
+/* Sum over the tensor-parallel group (column-parallel input gradients are
+ * partial sums over the shards). */
+static void tp_sum(const Model *m, float *buf, size_t n)
+{
+    if (m->comm.tp_allreduce && m->topo.tp > 1) m->comm.tp_allreduce(m->comm.ctx, buf, n);
+}
 
 static const float *expert_w(const Param *p, size_t e) { return p->w + e * p->lshape[1] * p->lshape[2]; }
 static float *expert_g(const Param *p, size_t e) { return p->g + e * p->lshape[1] * p->lshape[2]; }
@@ -257,6 +267,7 @@ static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
         swiglu_backward(dfg, dfu, dfh, la->fg, la->fu, N, Fd);
         linear_backward(dh2, L->gate->g, dfg, la->h2, L->gate->w, N, Fd, d);
         linear_backward(dh2, L->up->g, dfu, la->h2, L->up->w, N, Fd, d);
+        tp_sum(m, dh2, N * d);
         return;
     }
     const size_t E = m->E_global, k = m->k, Nk = N * k, F = m->F;
@@ -273,6 +284,7 @@ static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
     zero(a->deo, Nk * d);
     zero(a->dtopk_w, Nk);
     moe_combine_backward(a->deo, a->dtopk_w, dy, la->eo, la->topk_w, &la->plan, N, k, d);
+    tp_sum(m, a->dtopk_w, Nk);   /* eo is this shard's partial expert output */
     /* to the ranks owning the experts (identity without ep) */
     model_ep_back_to_experts(m, la, a->deo, a->deoe, Nk);
     /* experts: eoe = eh Wd^T, eh = swiglu(eg, eu), eg/eu = xe Wg^T / xe Wu^T */
@@ -296,6 +308,9 @@ static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
     /* back to the ranks owning the tokens */
     model_ep_from_experts(m, la, a->dxe, a->dxd, Nk);
     moe_dispatch_backward(dh2, a->dxd, &la->plan, N, k, d);
+    /* experts and shared experts are column-parallel: sum their input
+     * gradients; the router is replicated, its part is added once, below */
+    tp_sum(m, dh2, N * d);
     /* router: w = topk(softmax(logits)), plus aux (through P_e) and z */
     zero(a->dprobs, N * E);
     moe_topk_backward(a->dprobs, a->dtopk_w, la->probs, la->topk_idx, N, E, k, m->cfg.norm_topk_prob);
@@ -340,6 +355,7 @@ static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
     linear_backward(a->dh, L->q->g, a->dq, la->h1, L->q->w, N, Hq, d);
     linear_backward(a->dh, L->k->g, a->dk, la->h1, L->k->w, N, Hk, d);
     linear_backward(a->dh, L->v->g, a->dv, la->h1, L->v->w, N, Hk, d);
+    tp_sum(m, a->dh, N * d);   /* q/k/v are column-parallel */
     rmsnorm_backward(a->dx, L->ln1->g, a->dh, a->x[i], L->ln1->w, la->rstd1, N, d);
 }
 
@@ -348,18 +364,22 @@ void model_train_backward(Model *m, TrainActs *a, const int32_t *targets, const 
 {
     const size_t N = a->N, d = m->d, V = m->V;
     const int nl = m->topo.layer_end - m->topo.layer_begin;
-    /* head: logp = logsoftmax(hn lm_head^T)[target], hn = rmsnorm(x_L) */
-    zero(a->dlogits, N * V);
-    logsoftmax_xent_backward(a->dlogits, dlogp, a->logits, a->lse_v, targets, N, V);
-    zero(a->dh, N * d);
-    linear_backward(a->dh, m->lm_head->g, a->dlogits, a->hn, m->lm_head->w, N, V, d);
-    zero(a->dx, N * d);
-    rmsnorm_backward(a->dx, m->norm->g, a->dh, a->x[nl], m->norm->w, a->rstdf, N, d);
-    if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, m->cfg.num_hidden_layers);
+    if (topo_is_last_stage(&m->topo)) {
+        /* head: logp = logsoftmax(hn lm_head^T)[target], hn = rmsnorm(x_L) */
+        zero(a->dlogits, N * V);
+        logsoftmax_xent_backward(a->dlogits, dlogp, a->logits, a->lse_v, targets, N, V);
+        zero(a->dh, N * d);
+        linear_backward(a->dh, m->lm_head->g, a->dlogits, a->hn, m->lm_head->w, N, V, d);
+        zero(a->dx, N * d);
+        rmsnorm_backward(a->dx, m->norm->g, a->dh, a->x[nl], m->norm->w, a->rstdf, N, d);
+        if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, m->cfg.num_hidden_layers);
+    }   /* else the caller put the next stage's gradient of x[nl] into a->dx */
     for (int i = nl - 1; i >= 0; i--) {
         layer_backward(m, a, i, daux, dz);
         if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, m->topo.layer_begin + i);
     }
-    embedding_backward(m->embed->g, a->dx, a->ids, N, d);
-    if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, -1);
+    if (topo_is_first_stage(&m->topo)) {
+        embedding_backward(m->embed->g, a->dx, a->ids, N, d);
+        if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, -1);
+    }   /* else a->dx is the gradient of x[0], for the previous stage */
 }

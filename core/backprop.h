@@ -57,12 +57,16 @@ typedef struct {
 } LossParts;
 
 /* Forward of a micro-batch: ids, targets (N = B*T rows; sequence b is rows
- * [bT, bT+T)).  n_tot: tokens of the micro-batch over all dp ranks.  Fills
+ * [bT, bT+T)).  Pipeline stages: the first stage embeds ids, a later one
+ * expects its input in a->x[0]; only the last stage computes the head and
+ * the loss (ce_sum is 0 elsewhere); a->x[n_local] is the stage's output.  n_tot: tokens of the micro-batch over all dp ranks.  Fills
  * a->logp and returns the loss pieces (share arrays: caller-owned, n_local
  * entries, may be NULL). */
 void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const int32_t *targets,
                          size_t n_tot, LossParts *lp);
-/* Backward of the same micro-batch; adds into m->g.  dlogp (N): gradient of
+/* Backward of the same micro-batch; adds into m->g.  Pipeline stages: a
+ * stage other than the last expects the gradient of its output in a->dx;
+ * a stage other than the first leaves the gradient of its input there.  dlogp (N): gradient of
  * the objective with respect to each target log-probability (cross-entropy:
  * -scale / n_tot); daux, dz: gradient with respect to each layer's aux and z
  * (coef * scale / n_moe_layers). */

@@ -33,7 +33,7 @@ void adamw_range(Model *m, size_t lo, size_t hi, float *m1, float *m2, const Ada
     for (int i = 0; i < m->n_params; i++) {
         Param *p = &m->params[i];
         size_t a = td_max(lo, p->offset), b = td_min(hi, p->offset + p->numel);
-        if (a >= b) continue;
+        if (a >= b || p->tied_copy) continue;   /* a tied copy takes its owner's weights */
         struct adam_ctx c = {
             m->w + a, m->g + a, m1 + (a - lo), m2 + (a - lo),
             (float)(1.0 - lr * (p->decay ? h->weight_decay : 0.0)),

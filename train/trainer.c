@@ -23,18 +23,32 @@ static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { (void)sig; g_stop = 1; }
 
 typedef struct Bucket Bucket_t;
+
+/* One micro-batch in flight: its activations and its batch. */
+typedef struct {
+    TrainActs acts;
+    int32_t *ids, *targets;
+    float *dlogp;
+} Slot;
+
+/* What a step's micro-batches add up (this rank's part). */
+typedef struct {
+    double ce;             /* -sum logp over local rows (last stage) */
+    double aux_sum, z_sum; /* sums over local MoE layers, already / grad_accum */
+} StepAcc;
+
 typedef struct {
     const RunConfig *rc;
     Topology topo;
     Model m;
-    TrainActs acts;
+    Slot *slots;           /* activations of in-flight micro-batches (1, or up to pp for 1F1B) */
+    int n_slots;
     float *exp_avg, *exp_avg_sq;
     AdamHyper adam;
     TokenFile tf;
     Loader loader;
-    int32_t *ids, *targets;
-    float *dlogp;
     int64_t step, tokens_seen;
+    int n_moe_global;      /* MoE layers of the whole model (aux/z means) */
     double peak_sgemm, peak_kernel, flops_per_token;
     FILE *metrics;
     bool tty, rank0;
@@ -46,6 +60,9 @@ typedef struct {
     size_t n_mom;          /* moment floats held (the shards) */
     float *zbuf;           /* ZeRO reduce-scatter output, max shard */
     bool reduce_now;       /* last micro-batch of the step: reduce as layers finish */
+    double ep_rows;        /* expert rows this rank computed this step */
+    double ep_min, ep_max; /* ... its min and max over the ep group */
+    double bubble;         /* pipeline: mean fraction of the step stages spend waiting */
     /* summary */
     double t_start, last_loss, last_val, tok_s_sum, mfu_sum;
     int n_timed;
@@ -132,6 +149,7 @@ static void build_buckets(Trainer *tr)
     tr->n_buckets = 0;
     for (int i = 0; i < m->n_params; i++) {
         const Param *p = &m->params[i];
+        if (p->tied_copy) continue;   /* reduced and sent to its owner by tied_grads */
         CommGroup g = p->ep_dim >= 0 ? COMM_EDP : COMM_DP;
         int layer = p->layer >= 0 ? p->layer : (p == m->norm || (p == m->lm_head && p != m->embed))
                                                    ? m->cfg.num_hidden_layers : -1;
@@ -308,14 +326,21 @@ static void progress(Trainer *tr, double loss, double lr, double tok_s, double m
     char bar[32];
     for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
     bar[width] = 0;
-    fprintf(stderr, "%sstep %lld/%d [%s] loss %.4f lr %.2e | %s tok/s | mfu %.0f%% | comm %.0f%% | eta %dm%02ds%s",
+    char ep[48] = "";
+    if (tr->topo.ep > 1) snprintf(ep, sizeof ep, " | ep rows %.0f-%.0f", tr->ep_min, tr->ep_max);
+    fprintf(stderr, "%sstep %lld/%d [%s] loss %.4f lr %.2e | %s tok/s | mfu %.0f%% | comm %.0f%%%s | eta %dm%02ds%s",
             tr->tty ? "\r" : "", (long long)s, rc->steps, bar, loss, lr, tk, 100 * mfu,
-            step_s > 0 ? 100 * comm_s / step_s : 0.0, (int)(eta_s / 60), (int)fmod(eta_s, 60),
+            step_s > 0 ? 100 * comm_s / step_s : 0.0, ep, (int)(eta_s / 60), (int)fmod(eta_s, 60),
             tr->tty ? "\033[K" : "\n");
     fflush(stderr);
 }
 
 /* ---------------------------------------------------------------- eval */
+
+/* Pipeline neighbours in the pp group (-1: none). */
+static int pp_prev(const Trainer *tr) { return tr->topo.pp_rank > 0 ? tr->topo.pp_rank - 1 : -1; }
+static int pp_next(const Trainer *tr) { return tr->topo.pp_rank < tr->topo.pp - 1 ? tr->topo.pp_rank + 1 : -1; }
+static size_t act_bytes(const Trainer *tr) { return tr->slots[0].acts.N * tr->m.d * sizeof(float); }
 
 static double evaluate(Trainer *tr)
 {
@@ -325,15 +350,20 @@ static double evaluate(Trainer *tr)
     Loader vl;
     loader_init(&vl, vs, (size_t)rc->micro_batch, (size_t)rc->seq_len, (size_t)tr->topo.dp,
                 (size_t)tr->topo.dp_rank, false, 0);
+    Slot *sl = &tr->slots[0];
+    const int nl = tr->n_local;
     double ce = 0;
     for (int i = 0; i < rc->eval_batches; i++) {
-        loader_next(&vl, tr->ids, tr->targets);
+        loader_next(&vl, sl->ids, sl->targets);
+        comm_sendrecv(COMM_PP, NULL, 0, -1, sl->acts.x[0], act_bytes(tr), pp_prev(tr), 1);
         LossParts lp = { 0 };
-        model_train_forward(&tr->m, &tr->acts, tr->ids, tr->targets,
+        model_train_forward(&tr->m, &sl->acts, sl->ids, sl->targets,
                             (size_t)rc->micro_batch * (size_t)rc->seq_len, &lp);
+        comm_sendrecv(COMM_PP, sl->acts.x[nl], act_bytes(tr), pp_next(tr), NULL, 0, -1, 1);
         ce += lp.ce_sum;
     }
     comm_allreduce_f64(COMM_DP, &ce, 1);
+    comm_allreduce_f64(COMM_PP, &ce, 1);
     return ce / ((double)rc->eval_batches * rc->micro_batch * rc->seq_len);
 }
 
@@ -396,7 +426,7 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
                "\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"step_s\":%.4f,\"comm_s\":%.4f,"
                "\"tokens_seen\":%lld,\"peak_mem_mb\":%.1f,\"act_mem_mb\":%.1f",
             (long long)tr->step, loss, ce, lp_sum->aux, lp_sum->z, lr, gnorm, tok_s, mfu, step_s, comm_s,
-            (long long)tr->tokens_seen, td_mem_peak() / 1048576.0, tr->acts.arena.size / 1048576.0);
+            (long long)tr->tokens_seen, td_mem_peak() / 1048576.0, tr->slots[0].acts.arena.size / 1048576.0);
     for (int g = COMM_DP; g < COMM_N_GROUPS; g++) {
         if (comm_group_size((CommGroup)g) <= 1) continue;
         CommStat cs;
@@ -404,16 +434,129 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
         fprintf(f, ",\"comm_%s_s\":%.4f,\"comm_%s_mb\":%.3f", comm_group_name((CommGroup)g), cs.seconds,
                 comm_group_name((CommGroup)g), cs.bytes / 1048576.0);
     }
-    fprintf(f, ",\"expert_share_min\":[");
-    for (int i = 0; i < tr->n_local; i++)
-        fprintf(f, isnan(tr->share_min[i]) ? "%snull" : "%s%.4f", i ? "," : "", tr->share_min[i]);
-    fprintf(f, "],\"expert_share_max\":[");
-    for (int i = 0; i < tr->n_local; i++)
-        fprintf(f, isnan(tr->share_max[i]) ? "%snull" : "%s%.4f", i ? "," : "", tr->share_max[i]);
+    if (tr->topo.ep > 1) fprintf(f, ",\"ep_rows_min\":%.0f,\"ep_rows_max\":%.0f", tr->ep_min, tr->ep_max);
+    if (tr->topo.pp > 1) fprintf(f, ",\"pp_bubble\":%.4f", tr->bubble);
+    /* per layer of the whole model; dense layers have no experts: null */
+    const int L = tr->m.cfg.num_hidden_layers, dense = tr->m.cfg.first_k_dense_replace;
+    for (int which = 0; which < 2; which++) {
+        const double *v = which ? tr->share_max : tr->share_min;
+        fprintf(f, which ? "],\"expert_share_max\":[" : ",\"expert_share_min\":[");
+        for (int l = 0; l < L; l++)
+            fprintf(f, l < dense ? "%snull" : "%s%.4f", l ? "," : "", v[l]);
+    }
     fprintf(f, "]");
     if (!isnan(val)) fprintf(f, ",\"val_loss\":%.6f", val);
     fprintf(f, "}\n");
     fflush(f);
+}
+
+/* Forward of the next micro-batch into slot sl. */
+static void mb_forward(Trainer *tr, Slot *sl, StepAcc *acc)
+{
+    const RunConfig *rc = tr->rc;
+    const double ga = rc->grad_accum;
+    loader_next(&tr->loader, sl->ids, sl->targets);
+    LossParts lp = { 0 };
+    double mn[tr->n_local + 1], mx[tr->n_local + 1];
+    lp.expert_share_min = mn;
+    lp.expert_share_max = mx;
+    model_train_forward(&tr->m, &sl->acts, sl->ids, sl->targets,
+                        (size_t)rc->micro_batch * (size_t)rc->seq_len, &lp);
+    acc->ce += lp.ce_sum;
+    acc->aux_sum += lp.aux * lp.n_moe / ga;
+    acc->z_sum += lp.z * lp.n_moe / ga;
+    for (int i = 0; i < tr->n_local; i++) {
+        int l = tr->topo.layer_begin + i;
+        if (!tr->m.layers[l].moe) continue;
+        tr->share_min[l] += mn[i] / ga;
+        tr->share_max[l] += mx[i] / ga;
+        tr->ep_rows += (double)sl->acts.la[i].n_recv;
+    }
+}
+
+/* Backward of the micro-batch in slot sl; the last one of the step starts
+ * the gradient reduction as layers finish. */
+static void mb_backward(Trainer *tr, Slot *sl, bool last_of_step)
+{
+    const RunConfig *rc = tr->rc;
+    const Model *m = &tr->m;
+    const double ga = rc->grad_accum, n_tot = (double)rc->micro_batch * rc->seq_len;
+    for (size_t t = 0; t < sl->acts.N; t++) sl->dlogp[t] = (float)(-1.0 / (n_tot * ga));
+    float daux = tr->n_moe_global ? (float)(m->cfg.router_aux_loss_coef / (tr->n_moe_global * ga)) : 0.0f;
+    float dz = tr->n_moe_global ? (float)(m->cfg.router_z_loss_coef / (tr->n_moe_global * ga)) : 0.0f;
+    tr->reduce_now = comm_size() > 1 && last_of_step;
+    model_train_backward(&tr->m, &sl->acts, sl->targets, sl->dlogp, daux, dz);
+}
+
+/* 1F1B (PipeDream-flush / Megatron): stage s runs min(p-s-1, m) warm-up
+ * forwards, then alternates one forward and one backward, then drains the
+ * backwards.  Activations go forward and gradients backward through the
+ * pp group; pairs that cross in opposite directions use one Sendrecv so
+ * neighbours never wait on each other.  Each direction between two stages
+ * carries one kind of message (activations forward, gradients backward) in
+ * schedule order, so one tag suffices: MPI does not reorder messages. */
+static void run_1f1b(Trainer *tr, StepAcc *acc)
+{
+    const int p = tr->topo.pp, s = tr->topo.pp_rank, mcount = tr->rc->grad_accum, K = tr->n_slots;
+    const int prev = pp_prev(tr), next = pp_next(tr), nl = tr->n_local;
+    const size_t nb = act_bytes(tr);
+    const int warm = p - s - 1 < mcount ? p - s - 1 : mcount, rem = mcount - warm;
+#define SLOT(i) (&tr->slots[(i) % K])
+    for (int i = 0; i < warm; i++) {
+        comm_sendrecv(COMM_PP, NULL, 0, -1, SLOT(i)->acts.x[0], nb, prev, 0);
+        mb_forward(tr, SLOT(i), acc);
+        comm_sendrecv(COMM_PP, SLOT(i)->acts.x[nl], nb, next, NULL, 0, -1, 0);
+    }
+    if (rem > 0) comm_sendrecv(COMM_PP, NULL, 0, -1, SLOT(warm)->acts.x[0], nb, prev, 0);
+    for (int j = 0; j < rem; j++) {
+        int f = warm + j, b = j;
+        mb_forward(tr, SLOT(f), acc);
+        /* send this forward's output, receive the gradient for backward b */
+        comm_sendrecv(COMM_PP, SLOT(f)->acts.x[nl], nb, next, SLOT(b)->acts.dx, nb, next, 0);
+        mb_backward(tr, SLOT(b), b == mcount - 1);
+        if (j == rem - 1)
+            comm_sendrecv(COMM_PP, SLOT(b)->acts.dx, nb, prev, NULL, 0, -1, 0);
+        else   /* send the input gradient back, receive the next forward's input */
+            comm_sendrecv(COMM_PP, SLOT(b)->acts.dx, nb, prev, SLOT(f + 1)->acts.x[0], nb, prev, 0);
+    }
+    for (int b = rem; b < mcount; b++) {
+        comm_sendrecv(COMM_PP, NULL, 0, -1, SLOT(b)->acts.dx, nb, next, 0);
+        mb_backward(tr, SLOT(b), b == mcount - 1);
+        comm_sendrecv(COMM_PP, SLOT(b)->acts.dx, nb, prev, NULL, 0, -1, 0);
+    }
+#undef SLOT
+}
+
+/* Tied embeddings across stages: the last stage's lm_head copy sends its
+ * (dp-reduced) gradient to the first stage, which owns the weight and its
+ * optimizer state; after the update the first stage sends the weights. */
+static void tied_grads(Trainer *tr)
+{
+    Model *m = &tr->m;
+    if (tr->topo.pp == 1 || !m->cfg.tie_word_embeddings) return;
+    const size_t n = m->V * m->d;
+    if (topo_is_last_stage(&tr->topo)) {
+        /* the owner's gradient is dp-summed already, unless ZeRO sums it
+         * after this (reduce-scatter): then each rank sends its own part */
+        if (!tr->zero) comm_allreduce_f32(COMM_DP, m->lm_head->g, n);
+        comm_sendrecv(COMM_PP, m->lm_head->g, n * sizeof(float), 0, NULL, 0, -1, 4);
+    } else if (topo_is_first_stage(&tr->topo)) {
+        float *tmp = td_malloc(n * sizeof(float));
+        comm_sendrecv(COMM_PP, NULL, 0, -1, tmp, n * sizeof(float), tr->topo.pp - 1, 4);
+        for (size_t i = 0; i < n; i++) m->embed->g[i] += tmp[i];
+        td_free(tmp);
+    }
+}
+
+static void tied_weights(Trainer *tr)
+{
+    Model *m = &tr->m;
+    if (tr->topo.pp == 1 || !m->cfg.tie_word_embeddings) return;
+    const size_t bytes = m->V * m->d * sizeof(float);
+    if (topo_is_first_stage(&tr->topo))
+        comm_sendrecv(COMM_PP, m->embed->w, bytes, tr->topo.pp - 1, NULL, 0, -1, 5);
+    else if (topo_is_last_stage(&tr->topo))
+        comm_sendrecv(COMM_PP, NULL, 0, -1, m->lm_head->w, bytes, 0, 5);
 }
 
 static int train_step(Trainer *tr)
@@ -422,36 +565,28 @@ static int train_step(Trainer *tr)
     const Model *m = &tr->m;
     const size_t n_tot = (size_t)rc->micro_batch * (size_t)rc->seq_len;
     const double ga = rc->grad_accum;
+    const int L = m->cfg.num_hidden_layers;
     double t0 = td_now();
     comm_stats_reset();
+    tr->ep_rows = 0;
     memset(tr->m.g, 0, tr->m.n_w * sizeof(float));
-    LossParts sum = { 0 };
-    double ce = 0;
-    for (int i = 0; i < tr->n_local; i++) tr->share_min[i] = tr->share_max[i] = 0;
-    for (int mb = 0; mb < rc->grad_accum; mb++) {
-        loader_next(&tr->loader, tr->ids, tr->targets);
-        LossParts lp = { 0 };
-        double mn[tr->n_local + 1], mx[tr->n_local + 1];
-        lp.expert_share_min = mn;
-        lp.expert_share_max = mx;
-        model_train_forward(m, &tr->acts, tr->ids, tr->targets, n_tot, &lp);
-        tr->reduce_now = comm_size() > 1 && mb == rc->grad_accum - 1;
-        for (size_t t = 0; t < tr->acts.N; t++) tr->dlogp[t] = (float)(-1.0 / ((double)n_tot * ga));
-        float daux = lp.n_moe ? (float)(m->cfg.router_aux_loss_coef / (lp.n_moe * ga)) : 0.0f;
-        float dz = lp.n_moe ? (float)(m->cfg.router_z_loss_coef / (lp.n_moe * ga)) : 0.0f;
-        model_train_backward(&tr->m, &tr->acts, tr->targets, tr->dlogp, daux, dz);
-        ce += lp.ce_sum;
-        sum.aux += lp.aux / ga;
-        sum.z += lp.z / ga;
-        for (int i = 0; i < tr->n_local; i++) {
-            tr->share_min[i] += mn[i] / ga;
-            tr->share_max[i] += mx[i] / ga;
+    StepAcc acc = { 0 };
+    for (int l = 0; l < L; l++) tr->share_min[l] = tr->share_max[l] = 0;
+    if (tr->topo.pp > 1) {
+        run_1f1b(tr, &acc);
+    } else {
+        for (int mb = 0; mb < rc->grad_accum; mb++) {
+            mb_forward(tr, &tr->slots[0], &acc);
+            mb_backward(tr, &tr->slots[0], mb == rc->grad_accum - 1);
         }
     }
+    double ce = acc.ce;
+    LossParts sum = { 0 };
     /* every rank's gradient is its share of the global mean: the sums
      * started during the last backward (grad_ready_hook) complete here */
     tr->reduce_now = false;
     comm_wait_all();
+    tied_grads(tr);
     double gsq = 0;
     if (tr->zero) {
         /* ZeRO-1: each rank receives the summed gradient of its shard only */
@@ -466,9 +601,27 @@ static int train_step(Trainer *tr)
     } else {
         gsq = grad_sq_norm(m);
     }
-    comm_allreduce_f64(COMM_DP, &ce, 1);
-    ce /= (double)n_tot * ga;
+    /* loss: ce lives on the last stage, aux/z on the stages of their layers */
+    double red[3] = { ce, acc.aux_sum, acc.z_sum };
+    comm_allreduce_f64(COMM_DP, red, 1);
+    comm_allreduce_f64(COMM_PP, red, 3);
+    ce = red[0] / ((double)n_tot * ga);
+    sum.aux = tr->n_moe_global ? red[1] / tr->n_moe_global : 0;
+    sum.z = tr->n_moe_global ? red[2] / tr->n_moe_global : 0;
     double loss = ce + m->cfg.router_aux_loss_coef * sum.aux + m->cfg.router_z_loss_coef * sum.z;
+    if (tr->topo.pp > 1) {   /* per-layer expert shares: each stage knows its own layers */
+        double enc[2 * L];
+        for (int l = 0; l < L; l++) {
+            bool mine = l >= tr->topo.layer_begin && l < tr->topo.layer_end && m->layers[l].moe;
+            enc[l] = mine ? tr->share_max[l] : -1;
+            enc[L + l] = mine ? -tr->share_min[l] : -2;
+        }
+        comm_allreduce_max_f64(COMM_PP, enc, 2 * (size_t)L);
+        for (int l = 0; l < L; l++) {
+            tr->share_max[l] = enc[l];
+            tr->share_min[l] = -enc[L + l];
+        }
+    }
     comm_allreduce_f64(COMM_WORLD, &gsq, 1);
     double gnorm = sqrt(gsq);
     if (!isfinite(gnorm)) {
@@ -491,9 +644,16 @@ static int train_step(Trainer *tr)
     } else {
         adamw_step(&tr->m, tr->exp_avg, tr->exp_avg_sq, &tr->adam, tr->step, lr);
     }
+    tied_weights(tr);
     model_pack(&tr->m);
     tr->tokens_seen += (int64_t)(n_tot * (size_t)rc->grad_accum);
 
+    if (tr->topo.ep > 1) {   /* rows each ep rank received (tokens x routes) */
+        double mx[2] = { tr->ep_rows, -tr->ep_rows };
+        comm_allreduce_max_f64(COMM_EP, mx, 2);
+        tr->ep_max = mx[0];
+        tr->ep_min = -mx[1];
+    }
     double step_s = td_now() - t0, comm_s = 0;
     for (int g = COMM_DP; g < COMM_N_GROUPS; g++) {
         CommStat cs;
@@ -501,6 +661,13 @@ static int train_step(Trainer *tr)
         comm_s += cs.seconds;
     }
     double tok_s = (double)n_tot * ga / step_s;
+    if (tr->topo.pp > 1) {   /* bubble: time a stage spends waiting on its neighbours */
+        CommStat ps;
+        comm_stats(COMM_PP, &ps);
+        double b = ps.seconds / step_s;
+        comm_allreduce_f64(COMM_PP, &b, 1);
+        tr->bubble = b / tr->topo.pp;
+    }
     double mfu = tr->flops_per_token * tok_s / (tr->peak_sgemm * 1e9 * comm_size());
     double val = NAN;
     if (rc->eval_every > 0 && (tr->step % rc->eval_every == 0 || tr->step == rc->steps)) {
@@ -546,20 +713,23 @@ static void summary(Trainer *tr)
             "  checkpoint   %s\n"
             "  metrics      %s/metrics.jsonl\n",
             tr->n_timed ? tr->tok_s_sum / tr->n_timed : 0.0, tr->n_timed ? 100 * tr->mfu_sum / tr->n_timed : 0.0,
-            tr->peak_sgemm, tr->peak_kernel, td_mem_peak() / 1048576.0, tr->acts.arena.size / 1048576.0,
+            tr->peak_sgemm, tr->peak_kernel, td_mem_peak() / 1048576.0, tr->slots[0].acts.arena.size / 1048576.0,
             td_rss_peak() / 1048576.0, tr->last_ckpt[0] ? tr->last_ckpt : "(none)", rc->out_dir);
 }
 
 static void trainer_free(Trainer *tr)
 {
     if (tr->metrics) fclose(tr->metrics);
-    model_train_acts_free(&tr->acts);
+    for (int i = 0; i < tr->n_slots; i++) {
+        model_train_acts_free(&tr->slots[i].acts);
+        td_free(tr->slots[i].ids);
+        td_free(tr->slots[i].targets);
+        td_free(tr->slots[i].dlogp);
+    }
+    td_free(tr->slots);
     model_free(&tr->m);
     td_free(tr->exp_avg);
     td_free(tr->exp_avg_sq);
-    td_free(tr->ids);
-    td_free(tr->targets);
-    td_free(tr->dlogp);
     td_free(tr->share_min);
     td_free(tr->share_max);
     td_free(tr->buckets);
@@ -603,13 +773,19 @@ int train_run(const RunConfig *rc)
     const size_t B = (size_t)(rc->micro_batch / tr.topo.dp), T = (size_t)rc->seq_len;
     Recompute mode = !strcmp(rc->recompute, "full") ? RECOMPUTE_FULL
                    : !strcmp(rc->recompute, "selective") ? RECOMPUTE_SELECTIVE : RECOMPUTE_NONE;
-    model_train_acts_init(&tr.acts, &tr.m, B, T, mode);
+    /* 1F1B keeps up to pp - stage micro-batches in flight on a stage */
+    tr.n_slots = tr.topo.pp == 1 ? 1 : td_min((size_t)(tr.topo.pp - tr.topo.pp_rank), (size_t)rc->grad_accum);
+    tr.slots = td_calloc((size_t)tr.n_slots * sizeof(Slot));
+    for (int i = 0; i < tr.n_slots; i++) {
+        model_train_acts_init(&tr.slots[i].acts, &tr.m, B, T, mode);
+        tr.slots[i].ids = td_malloc(B * T * sizeof(int32_t));
+        tr.slots[i].targets = td_malloc(B * T * sizeof(int32_t));
+        tr.slots[i].dlogp = td_malloc(B * T * sizeof(float));
+    }
     tr.n_local = tr.topo.layer_end - tr.topo.layer_begin;
-    tr.share_min = td_calloc((size_t)(tr.n_local + 1) * sizeof(double));
-    tr.share_max = td_calloc((size_t)(tr.n_local + 1) * sizeof(double));
-    tr.ids = td_malloc(B * T * sizeof(int32_t));
-    tr.targets = td_malloc(B * T * sizeof(int32_t));
-    tr.dlogp = td_malloc(B * T * sizeof(float));
+    tr.n_moe_global = tr.m.cfg.num_hidden_layers - tr.m.cfg.first_k_dense_replace;
+    tr.share_min = td_calloc((size_t)(tr.m.cfg.num_hidden_layers + 1) * sizeof(double));
+    tr.share_max = td_calloc((size_t)(tr.m.cfg.num_hidden_layers + 1) * sizeof(double));
     loader_init(&tr.loader, tokfile_train(&tr.tf), (size_t)rc->micro_batch, T, (size_t)tr.topo.dp,
                 (size_t)tr.topo.dp_rank, rc->shuffle, (uint64_t)rc->seed);
     if (resumed) {
@@ -642,7 +818,7 @@ int train_run(const RunConfig *rc)
                 "batch %d x %d x %d accum | %d steps | weights %.1f MiB, activations %.1f MiB | peak sgemm %.0f GFLOP/s",
                 pc, c->num_hidden_layers, c->num_local_experts, c->num_experts_per_tok, tr.topo.world,
                 tr.topo.dp, tr.topo.tp, tr.topo.pp, tr.topo.ep, rc->micro_batch, rc->seq_len, rc->grad_accum,
-                rc->steps, model_weight_bytes(&tr.m) / 1048576.0, tr.acts.arena.size / 1048576.0, tr.peak_sgemm);
+                rc->steps, model_weight_bytes(&tr.m) / 1048576.0, tr.n_slots * tr.slots[0].acts.arena.size / 1048576.0, tr.peak_sgemm);
     }
     td_errors_rank0_only = 0;   /* from here on, failures can be one rank's own */
     signal(SIGINT, on_signal);
