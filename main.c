@@ -23,6 +23,7 @@ static const struct {
     { "eval", cmd_eval, "validation loss and perplexity of a checkpoint" },
     { "score", cmd_score, "per-token log-probabilities of windows to HDF5" },
     { "generate", cmd_generate, "sample a completion from a checkpoint" },
+    { "serve", cmd_serve, "OpenAI-compatible HTTP server" },
     { NULL, NULL, NULL },
 };
 

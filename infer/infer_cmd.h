@@ -10,6 +10,7 @@
 #include "infer/engine.h"
 
 int cmd_generate(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* Sampling options shared by the commands (--max-tokens --temperature
  * --top-k --top-p --seed --stop --logprobs).  0 or -1 with err. */

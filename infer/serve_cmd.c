@@ -1,0 +1,162 @@
+/* infer/serve_cmd.c - `tandem serve`: load a checkpoint, start the engine
+ * and the OpenAI-compatible HTTP server (server.h), run until SIGTERM or
+ * SIGINT, drain, exit 0 (docs/serving.md). */
+#include "infer/infer_cmd.h"
+#include "checkpoint/ckpt.h"
+#include "checkpoint/ckpt_model.h"
+#include "core/args.h"
+#include "core/common.h"
+#include "core/pool.h"
+#include "infer/engine.h"
+#include "infer/server.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *const g_serve_help =
+    "usage: tandem serve --ckpt CKPT --port P [--host 127.0.0.1] [--model-name NAME]\n"
+    "                    [--kv-mb 256] [--max-running 64] [--max-queue 256]\n"
+    "                    [--max-batch-tokens 512] [--prefill-chunk 256]\n"
+    "                    [--max-body 1048576] [--max-n 16] [--max-connections 512]\n"
+    "                    [--idle-timeout 60] [--drain-timeout 30] [--quiet]\n"
+    "OpenAI-compatible HTTP server: POST /v1/completions (\"stream\": true for\n"
+    "server-sent events), GET /v1/models, /health, /metrics (Prometheus).\n"
+    "CKPT is a checkpoint file or a run directory (its latest); bf16/f16 weights\n"
+    "are upcast to float32.  --port 0 picks a free port; the start-up line on\n"
+    "stderr names it.  SIGTERM or SIGINT drains: new completions get 503, running\n"
+    "ones finish (up to --drain-timeout seconds), then the server exits 0.\n"
+    "Details: docs/serving.md\n";
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+/* Base name of a checkpoint file without ".h5". */
+static void model_name_of(char *out, size_t n, const char *file)
+{
+    const char *b = strrchr(file, '/');
+    snprintf(out, n, "%s", b ? b + 1 : file);
+    size_t l = strlen(out);
+    if (l > 3 && !strcmp(out + l - 3, ".h5")) out[l - 3] = 0;
+}
+
+typedef struct {
+    const char *name;
+    double dflt, lo, hi;
+    double v;
+} NumOpt;
+
+int cmd_serve(int argc, char **argv)
+{
+    static const char *const spec[] = { "ckpt=", "port=", "host=", "model-name=", "kv-mb=", "max-running=",
+                                        "max-queue=", "max-batch-tokens=", "prefill-chunk=", "max-body=",
+                                        "max-n=", "max-connections=", "idle-timeout=", "drain-timeout=",
+                                        "quiet", NULL };
+    Args a;
+    char err[512];
+    if (args_parse(&a, argc, argv, 1, spec, err, sizeof err)) {
+        td_error("serve: %s", err);
+        return 2;
+    }
+    if (a.help) {
+        fputs(g_serve_help, stdout);
+        return 0;
+    }
+    const char *ckpt = args_get(&a, "ckpt");
+    if (!ckpt || !args_get(&a, "port")) {
+        td_error("serve: --ckpt and --port are required (tandem serve --help)");
+        return 2;
+    }
+    enum { PORT, KV, RUN, QUEUE, BATCH, CHUNK, BODY, MAXN, CONNS, IDLE, DRAIN, N_NUM };
+    NumOpt num[N_NUM] = {
+        [PORT] = { "port", 0, 0, 65535, 0 },
+        [KV] = { "kv-mb", 256, 1, 1 << 20, 0 },
+        [RUN] = { "max-running", 64, 1, 4096, 0 },
+        [QUEUE] = { "max-queue", 256, 1, 1 << 20, 0 },
+        [BATCH] = { "max-batch-tokens", 512, 1, 1 << 20, 0 },
+        [CHUNK] = { "prefill-chunk", 256, 1, 1 << 20, 0 },
+        [BODY] = { "max-body", 1 << 20, 64, 1 << 30, 0 },
+        [MAXN] = { "max-n", 16, 1, 256, 0 },
+        [CONNS] = { "max-connections", 512, 1, 65536, 0 },
+        [IDLE] = { "idle-timeout", 60, 0, 1e7, 0 },
+        [DRAIN] = { "drain-timeout", 30, 0, 1e7, 0 },
+    };
+    for (int i = 0; i < N_NUM; i++)
+        if (args_num(&a, num[i].name, num[i].dflt, num[i].lo, num[i].hi, &num[i].v, err, sizeof err) < 0) {
+            td_error("serve: %s", err);
+            return 2;
+        }
+    char file[1024], name[1024];
+    if (ckpt_resolve(ckpt, file, sizeof file)) snprintf(file, sizeof file, "%s", ckpt);
+    model_name_of(name, sizeof name, file);
+
+    Model m;
+    if (ckpt_model_open(ckpt, &m, NULL, false, 16, err, sizeof err)) {
+        td_error("serve: %s", err);
+        return 1;
+    }
+    EngineOpts eo;
+    engine_opts_default(&eo);
+    eo.kv_budget_bytes = (size_t)num[KV].v << 20;
+    eo.max_running = (size_t)num[RUN].v;
+    eo.max_queue = (size_t)num[QUEUE].v;
+    eo.max_batch_tokens = (size_t)num[BATCH].v;
+    eo.prefill_chunk = (size_t)num[CHUNK].v;
+    Engine e;
+    engine_init(&e, &m, &eo);
+
+    ServerOpts so;
+    server_opts_default(&so);
+    so.host = args_str(&a, "host", so.host);
+    so.port = (int)num[PORT].v;
+    so.max_body = (size_t)num[BODY].v;
+    so.max_n = (int)num[MAXN].v;
+    so.max_connections = (int)num[CONNS].v;
+    so.idle_timeout = (unsigned)num[IDLE].v;
+    so.drain_timeout = num[DRAIN].v;
+    so.model_name = args_str(&a, "model-name", name);
+    so.quiet = args_flag(&a, "quiet");
+
+    /* The signal handlers only set g_stop; the engine loop polls it.  The
+     * HTTP threads start with the signals blocked so that they reach this
+     * thread; SIGPIPE from a vanished client is ignored everywhere. */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    Server *srv;
+    int rc = server_start(&srv, &e, &so, err, sizeof err);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc) {
+        td_error("serve: %s", err);
+        engine_free(&e);
+        model_free(&m);
+        return 1;
+    }
+    bool v6 = strchr(so.host, ':') != NULL;
+    fprintf(stderr,
+            "tandem: serving %s on http://%s%s%s:%d (model \"%s\", context %d, KV cache %d blocks of %zu positions "
+            "= %zu MiB, max running %zu, %d threads)\n",
+            file, v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), so.model_name,
+            m.cfg.max_position_embeddings, e.kv.n_blocks, e.kv.bs,
+            (kvcache_block_bytes(&e.kv) * (size_t)e.kv.n_blocks) >> 20, e.o.max_running, pool_threads());
+    server_run(srv, &g_stop);
+    server_free(srv);
+    engine_free(&e);
+    model_free(&m);
+    fprintf(stderr, "tandem: serve: stopped\n");
+    return 0;
+}

@@ -1,0 +1,77 @@
+#!/bin/sh
+# tests/cli/serve.sh - `tandem serve` end to end with real HTTP clients.
+#
+# Trains the tiny config for 30 steps, serves the checkpoint on a free port
+# and runs tests/ref/serve_test.py against it (shapes, streaming, n > 1,
+# seeds, stop strings, log-probabilities == `tandem score`, batch
+# invariance, 32 concurrent clients, bad requests, overload, hang-ups),
+# then SIGTERMs it and expects exit 0; tests/ref/serve_drain.py checks
+# draining with requests in flight, serving a weights-only bf16 export.  Needs bin/tandem (make); TANDEM=path
+# tests another build of it (a sanitized one, say).
+set -eu
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build}
+TANDEM=${TANDEM:-./bin/tandem}
+PY=/usr/bin/python3
+export OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/tandem-serve.XXXXXX")
+pid=""
+cleanup() {
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+t0=$(date +%s)
+fail() {
+    echo "serve: FAIL: $*"
+    [ -s "$TMP/serve.log" ] && { echo "--- server log (last 30 lines)"; tail -n 30 "$TMP/serve.log"; }
+    exit 1
+}
+
+# a checkpoint: the tiny model, briefly trained
+test -s "$BUILD/fortunes.bin" ||
+    "$TANDEM" data prepare --input /usr/share/games/fortunes --output "$BUILD/fortunes.bin" >/dev/null
+"$TANDEM" train configs/tiny.json data="$BUILD/fortunes.bin" steps=30 out_dir="$TMP/run" \
+    >"$TMP/train.log" 2>&1 || { cat "$TMP/train.log"; fail "training the tiny model"; }
+
+# the server, on a port the kernel picks (printed in the start-up line)
+"$TANDEM" serve --ckpt "$TMP/run" --port 0 --kv-mb 16 --max-running 16 --max-queue 48 \
+    --max-body 65536 --drain-timeout 20 2>"$TMP/serve.log" &
+pid=$!
+port=""
+i=0
+while [ -z "$port" ]; do
+    kill -0 "$pid" 2>/dev/null || fail "the server exited at start"
+    [ $i -lt 300 ] || fail "no start-up line after 30 s"
+    port=$(sed -n 's|^tandem: serving .* on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$TMP/serve.log")
+    i=$((i + 1))
+    [ -n "$port" ] || sleep 0.1
+done
+head -n 1 "$TMP/serve.log"
+curl -sf "http://127.0.0.1:$port/health" >/dev/null || fail "/health"
+
+$PY tests/ref/serve_test.py --url "http://127.0.0.1:$port" --tandem "$TANDEM" --ckpt "$TMP/run" \
+    --tmp "$TMP" || fail "serve_test.py"
+
+# SIGTERM on an idle server: exit 0 promptly
+kill -TERM "$pid"
+i=0
+while kill -0 "$pid" 2>/dev/null; do
+    [ $i -lt 100 ] || fail "still running 10 s after SIGTERM"
+    i=$((i + 1))
+    sleep 0.1
+done
+rc=0
+wait "$pid" || rc=$?
+pid=""
+[ "$rc" -eq 0 ] || fail "exit code $rc after SIGTERM"
+grep -q "tandem: serve: stopped" "$TMP/serve.log" || fail "no clean stop in the log"
+echo "ok   SIGTERM: exit 0"
+
+# the serving path of docs/serving.md: a weights-only bf16 file (upcast on load)
+"$TANDEM" ckpt reshard "$TMP/run" "$TMP/serve_bf16.h5" --weights-only --dtype bf16 >/dev/null ||
+    fail "ckpt reshard --weights-only --dtype bf16"
+$PY tests/ref/serve_drain.py --tandem "$TANDEM" --ckpt "$TMP/serve_bf16.h5" --model serve_bf16 ||
+    fail "serve_drain.py"
+
+echo "serve: all passed in $(($(date +%s) - t0)) s"

@@ -1,0 +1,158 @@
+#!/usr/bin/python3
+"""tests/ref/serve_drain.py - SIGTERM/SIGINT drain `tandem serve` cleanly.
+
+  serve_drain.py --tandem bin/tandem --ckpt CKPT --model NAME
+
+(NAME: the model name the server should report, CKPT's base name.)
+
+Starts its own servers (--port 0, --max-running 1 so that two requests of 16
+choices run for a while):
+  1. SIGTERM while they run: /health turns 503, a new completion gets 503
+     with an error object, the running requests still complete in full, and
+     the process exits 0.
+  2. SIGINT with --drain-timeout 0.05: the running requests are cut short
+     (unfinished choices end with finish_reason "cancelled"), they are still
+     answered, and the process exits 0 soon after the drain timeout.
+"""
+import argparse
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+
+class Fail(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Fail(msg)
+
+
+def start(args, extra):
+    # one thread: a busy machine slows a single-row step far less without
+    # the pool's synchronisation, and the drain does not depend on it
+    p = subprocess.Popen([args.tandem, "serve", "--ckpt", args.ckpt, "--port", "0", "--kv-mb", "8",
+                          "--max-running", "1", "--quiet"] + extra,
+                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, TANDEM_THREADS="1"))
+    lines = []
+    port = None
+    t0 = time.time()
+    while port is None:
+        line = p.stderr.readline()
+        check(line or p.poll() is None, f"server exited at start: {''.join(lines)}")
+        lines.append(line)
+        if line.startswith("tandem: serving "):
+            port = int(line.split(" on http://")[1].split()[0].rsplit(":", 1)[1])
+        check(time.time() - t0 < 60, "server did not start in 60 s")
+    # keep reading stderr so the server never blocks on a full pipe
+    threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True).start()
+    st, data = call(port, "GET", "/v1/models")
+    check(st == 200 and json.loads(data)["data"][0]["id"] == args.model, f"/v1/models: {data!r}")
+    return p, port, lines
+
+
+def call(port, method, path, body=None, timeout=120):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request(method, path, body=json.dumps(body) if body is not None else None,
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def submitted(port):
+    """Choices the engine has seen: running + waiting + finished."""
+    st, data = call(port, "GET", "/metrics")
+    n = 0.0
+    for line in data.decode().splitlines():
+        if line.startswith(("tandem_requests_running ", "tandem_requests_waiting ", "tandem_requests_total{")):
+            n += float(line.split()[-1])
+    return n
+
+
+def long_request(port, out, seed):
+    body = {"prompt": "drain", "max_tokens": 250, "n": 16, "seed": seed}
+    out["status"], data = call(port, "POST", "/v1/completions", body)
+    out["body"] = json.loads(data)
+    out["t"] = time.time()
+
+
+def run_drain(args, sig, drain_timeout):
+    p, port, lines = start(args, ["--drain-timeout", str(drain_timeout)])
+    try:
+        # two requests of 16 choices x 250 tokens, one choice at a time:
+        # 8000 engine steps
+        res = [{}, {}]
+        ts = [threading.Thread(target=long_request, args=(port, res[i], 3 + 100 * i)) for i in range(2)]
+        for t in ts:
+            t.start()
+        t0 = time.time()
+        while submitted(port) < 32:   # both requests are in the engine
+            check(time.time() - t0 < 30, "the long requests never reached the engine")
+            time.sleep(0.005)
+        t_sig = time.time()
+        p.send_signal(sig)
+        # /health turns 503 once the engine loop has seen the signal
+        while True:
+            st, data = call(port, "GET", "/health")
+            if st == 503:
+                break
+            check(st == 200 and time.time() - t_sig < 5, f"/health {st} while draining")
+            time.sleep(0.005)
+        check(json.loads(data) == {"status": "draining"}, f"/health body {data!r}")
+        st, data = call(port, "POST", "/v1/completions", {"prompt": "too late", "max_tokens": 4})
+        check(st == 503, f"a new completion while draining: {st}, want 503")
+        e = json.loads(data)["error"]
+        check(e["type"] == "service_unavailable_error" and e["message"], f"503 error object {e}")
+        check(any(t.is_alive() for t in ts), "the long requests finished before the drain could be observed")
+        for t, r in zip(ts, res):
+            t.join(timeout=120)
+            check(not t.is_alive() and r.get("status") == 200, f"a request running during drain: {r.get('status')}")
+        rc = p.wait(timeout=drain_timeout + 30)
+        t_exit = time.time()
+        check(rc == 0, f"exit code {rc} after {signal.Signals(sig).name}")
+        log = "".join(lines)
+        check("draining" in log and "tandem: serve: stopped" in log, f"drain messages missing: {log[-500:]}")
+        return res[0]["body"]["choices"] + res[1]["body"]["choices"], t_exit - t_sig
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tandem", required=True)
+    ap.add_argument("--ckpt", required=True)
+    ap.add_argument("--model", required=True)
+    args = ap.parse_args()
+    try:
+        choices, dt = run_drain(args, signal.SIGTERM, 30)
+        reasons = [c["finish_reason"] for c in choices]
+        check(reasons == ["length"] * 32 and all(len(c["token_ids"]) == 250 for c in choices),
+              f"the drained requests did not complete in full: {reasons}")
+        print(f"ok   SIGTERM drain: running requests completed (2 x 16 x 250 tokens), new ones got 503, "
+              f"exit 0 {dt:.2f} s after the signal")
+        choices, dt = run_drain(args, signal.SIGINT, 0.05)
+        reasons = [c["finish_reason"] for c in choices]
+        check("cancelled" in reasons and set(reasons) <= {"length", "cancelled"},
+              f"drain timeout did not cancel: {reasons}")
+        check(dt < 10, f"exit {dt:.2f} s after SIGINT with --drain-timeout 0.05")
+        print(f"ok   SIGINT drain timeout: {reasons.count('cancelled')} of 32 choices cancelled, answered, "
+              f"exit 0 {dt:.2f} s after the signal")
+    except (Fail, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+        print(f"FAIL drain: {type(e).__name__}: {e}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
