@@ -1,5 +1,6 @@
 /* infer/engine.c - continuous batching over the paged KV cache (engine.h). */
 #include "infer/engine.h"
+#include "comm/comm.h"
 #include "core/common.h"
 
 #include <errno.h>
@@ -252,12 +253,116 @@ static size_t stop_hit(const Request *r)
     return 0;
 }
 
+/* The batch's forward: the model's own layers over the cache, then the
+ * head on the rows that predict a new token (logits (n_sel, V)); routes
+ * receives the experts of those rows in every MoE layer. */
+static void engine_forward(Engine *e, size_t rows, size_t n_seq, size_t n_sel, int32_t *routes)
+{
+    const Model *m = e->m;
+    const size_t d = m->d, per = (size_t)e->n_moe * m->k;
+    ModelBatch b = { rows, e->ids, e->pos, e->seqs, n_seq, rows };
+    model_embed(m, e->x, e->ids, rows);
+    int mi = 0;
+    for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {
+        e->la.kv = kvcache_layer(&e->kv, l - m->topo.layer_begin);
+        model_layer_forward(m, l, &b, e->x, e->x, &e->la);
+        if (m->layers[l].moe) {
+            for (size_t s = 0; s < n_sel; s++)
+                memcpy(routes + s * per + (size_t)mi * m->k, e->la.topk_idx + (size_t)e->sel_rows[s] * m->k,
+                       m->k * sizeof(int32_t));
+            mi++;
+        }
+    }
+    for (size_t s = 0; s < n_sel; s++)
+        memcpy(e->hn + s * d, e->x + (size_t)e->sel_rows[s] * d, d * sizeof(float));
+    model_head(m, e->logits, e->la.h1, e->rstd, e->hn, n_sel);
+}
+
+/* ---------------------------------------------------------------- followers
+ * Under tensor or expert parallelism every rank runs each step's forward
+ * on its own shards and its own copy of the KV cache; rank 0 schedules and
+ * broadcasts what the step is: rows, positions, sequences with their block
+ * tables, and which rows get logits.  Block ids are rank 0's decisions, so
+ * every rank's cache has the same layout. */
+
+typedef struct { int64_t rows, n_seq, n_sel, quit, n_blocks; } BatchHeader;
+
+static void engine_bcast_batch(Engine *e, size_t rows, size_t n_seq, size_t n_sel, bool quit)
+{
+    BatchHeader h = { (int64_t)rows, (int64_t)n_seq, (int64_t)n_sel, quit, 0 };
+    for (size_t s = 0; s < n_seq; s++)
+        h.n_blocks += kvcache_blocks_for(&e->kv, e->seqs[s].pos + e->seqs[s].n);
+    comm_bcast(COMM_WORLD, &h, sizeof h, 0);
+    if (quit) return;
+    size_t n = 2 * rows + 3 * n_seq + (size_t)h.n_blocks + n_sel, o = 0;
+    int64_t *buf = td_malloc((n + 1) * sizeof(int64_t));
+    for (size_t i = 0; i < rows; i++) {
+        buf[o++] = e->ids[i];
+        buf[o++] = e->pos[i];
+    }
+    for (size_t s = 0; s < n_seq; s++) {
+        const AttnSeq *q = &e->seqs[s];
+        buf[o++] = (int64_t)q->row;
+        buf[o++] = (int64_t)q->n;
+        buf[o++] = (int64_t)q->pos;
+        for (int32_t j = 0; j < kvcache_blocks_for(&e->kv, q->pos + q->n); j++) buf[o++] = q->blocks[j];
+    }
+    for (size_t s = 0; s < n_sel; s++) buf[o++] = e->sel_rows[s];
+    comm_bcast(COMM_WORLD, buf, n * sizeof(int64_t), 0);
+    td_free(buf);
+}
+
+void engine_follow(Engine *e)
+{
+    int32_t *tables = NULL;
+    size_t cap = 0;
+    for (;;) {
+        BatchHeader h;
+        comm_bcast(COMM_WORLD, &h, sizeof h, 0);
+        if (h.quit) break;
+        size_t rows = (size_t)h.rows, n_seq = (size_t)h.n_seq, n_sel = (size_t)h.n_sel;
+        size_t n = 2 * rows + 3 * n_seq + (size_t)h.n_blocks + n_sel, o = 0;
+        int64_t *buf = td_malloc((n + 1) * sizeof(int64_t));
+        comm_bcast(COMM_WORLD, buf, n * sizeof(int64_t), 0);
+        if ((size_t)h.n_blocks > cap) {
+            td_free(tables);
+            cap = (size_t)h.n_blocks * 2;
+            tables = td_malloc(cap * sizeof(int32_t));
+        }
+        for (size_t i = 0; i < rows; i++) {
+            e->ids[i] = (int32_t)buf[o++];
+            e->pos[i] = (int32_t)buf[o++];
+        }
+        size_t tb = 0;
+        for (size_t s = 0; s < n_seq; s++) {
+            AttnSeq *q = &e->seqs[s];
+            q->row = (size_t)buf[o++];
+            q->n = (size_t)buf[o++];
+            q->pos = (size_t)buf[o++];
+            q->blocks = tables + tb;
+            for (int32_t j = 0; j < kvcache_blocks_for(&e->kv, q->pos + q->n); j++) tables[tb++] = (int32_t)buf[o++];
+        }
+        for (size_t s = 0; s < n_sel; s++) e->sel_rows[s] = (int32_t)buf[o++];
+        td_free(buf);
+        size_t per = (size_t)e->n_moe * e->m->k;
+        int32_t routes[n_sel * (per ? per : 1) + 1];
+        engine_forward(e, rows, n_seq, n_sel, routes);
+    }
+    td_free(tables);
+}
+
+void engine_release_followers(Engine *e)
+{
+    if (e->distributed) engine_bcast_batch(e, 0, 0, 0, true);
+    e->distributed = false;
+}
+
 /* ---------------------------------------------------------------- the step */
 
 size_t engine_step(Engine *e)
 {
     const Model *m = e->m;
-    const size_t N_max = e->o.max_batch_tokens, d = m->d, V = m->V;
+    const size_t N_max = e->o.max_batch_tokens, V = m->V;
 
     /* cancellations */
     for (size_t i = 0; i < e->n_running;) {
@@ -323,26 +428,10 @@ size_t engine_step(Engine *e)
         return left;
     }
 
-    /* forward: the model's own layers over the cache */
-    ModelBatch b = { rows, e->ids, e->pos, e->seqs, n_seq, rows };
-    model_embed(m, e->x, e->ids, rows);
+    if (e->distributed) engine_bcast_batch(e, rows, n_seq, n_sel, false);
     size_t per = (size_t)e->n_moe * m->k;
     int32_t routes[n_sel * (per ? per : 1) + 1];
-    int mi = 0;
-    for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {
-        e->la.kv = kvcache_layer(&e->kv, l - m->topo.layer_begin);
-        model_layer_forward(m, l, &b, e->x, e->x, &e->la);
-        if (m->layers[l].moe) {
-            for (size_t s = 0; s < n_sel; s++)
-                memcpy(routes + s * per + (size_t)mi * m->k, e->la.topk_idx + (size_t)e->sel_rows[s] * m->k,
-                       m->k * sizeof(int32_t));
-            mi++;
-        }
-    }
-    /* head on the rows that predict a new token */
-    for (size_t s = 0; s < n_sel; s++)
-        memcpy(e->hn + s * d, e->x + (size_t)e->sel_rows[s] * d, d * sizeof(float));
-    model_head(m, e->logits, e->la.h1, e->rstd, e->hn, n_sel);
+    engine_forward(e, rows, n_seq, n_sel, routes);
 
     /* sample, append, finish */
     double now = td_now();

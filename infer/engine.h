@@ -107,6 +107,7 @@ typedef struct {
     size_t n_running;
     uint64_t admit_counter;
     EngineStats st;
+    bool distributed;         /* rank 0 of a tp/ep job: broadcast every step */
 } Engine;
 
 void engine_opts_default(EngineOpts *o);
@@ -129,5 +130,13 @@ size_t engine_step(Engine *e);
  * thread when idle). */
 void engine_wait(Engine *e, int timeout_ms);
 void engine_stats(Engine *e, EngineStats *out);
+
+/* Tensor / expert parallel serving (all ranks of the world hold a shard of
+ * the model, m->topo).  Rank 0 sets e->distributed = true and drives the
+ * engine as usual: each step's batch is broadcast.  Every other rank calls
+ * engine_follow, which runs the same forwards on its shards until rank 0
+ * calls engine_release_followers (collective with the followers). */
+void engine_follow(Engine *e);
+void engine_release_followers(Engine *e);
 
 #endif

@@ -6,12 +6,14 @@
 #include "checkpoint/ckpt_model.h"
 #include "core/args.h"
 #include "core/common.h"
+#include "comm/comm.h"
 #include "core/pool.h"
 #include "infer/engine.h"
 #include "infer/server.h"
 
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const g_serve_help =
@@ -20,12 +22,15 @@ static const char *const g_serve_help =
     "                    [--max-batch-tokens 512] [--prefill-chunk 256]\n"
     "                    [--max-body 1048576] [--max-n 16] [--max-connections 512]\n"
     "                    [--idle-timeout 60] [--drain-timeout 30] [--quiet]\n"
+    "       mpirun -np N tandem serve --ckpt CKPT --port P tp=T ep=E    (N = T x E)\n"
     "OpenAI-compatible HTTP server: POST /v1/completions (\"stream\": true for\n"
     "server-sent events), GET /v1/models, /health, /metrics (Prometheus).\n"
     "CKPT is a checkpoint file or a run directory (its latest); bf16/f16 weights\n"
     "are upcast to float32.  --port 0 picks a free port; the start-up line on\n"
     "stderr names it.  SIGTERM or SIGINT drains: new completions get 503, running\n"
     "ones finish (up to --drain-timeout seconds), then the server exits 0.\n"
+    "Under mpirun the model is split over the ranks (tensor parallel over tp,\n"
+    "experts over ep); rank 0 serves HTTP and the others follow its schedule.\n"
     "Details: docs/serving.md\n";
 
 static volatile sig_atomic_t g_stop;
@@ -45,6 +50,19 @@ static void model_name_of(char *out, size_t n, const char *file)
     if (l > 3 && !strcmp(out + l - 3, ".h5")) out[l - 3] = 0;
 }
 
+static void serve_tp_sum(void *ctx, float *buf, size_t n)
+{
+    (void)ctx;
+    comm_allreduce_f32(COMM_TP, buf, n);
+}
+
+static void serve_ep_a2a(void *ctx, const void *send, const size_t *sc, const size_t *sd, void *recv,
+                         const size_t *rc, const size_t *rd)
+{
+    (void)ctx;
+    comm_alltoallv(COMM_EP, send, sc, sd, recv, rc, rd);
+}
+
 typedef struct {
     const char *name;
     double dflt, lo, hi;
@@ -56,7 +74,7 @@ int cmd_serve(int argc, char **argv)
     static const char *const spec[] = { "ckpt=", "port=", "host=", "model-name=", "kv-mb=", "max-running=",
                                         "max-queue=", "max-batch-tokens=", "prefill-chunk=", "max-body=",
                                         "max-n=", "max-connections=", "idle-timeout=", "drain-timeout=",
-                                        "quiet", NULL };
+                                        "quiet", "tp=", "ep=", NULL };
     Args a;
     char err[512];
     if (args_parse(&a, argc, argv, 1, spec, err, sizeof err)) {
@@ -91,15 +109,47 @@ int cmd_serve(int argc, char **argv)
             td_error("serve: %s", err);
             return 2;
         }
+    /* tp=T ep=E as key=value (like tandem train) or --tp/--ep */
+    int tp = 1, ep = 1;
+    for (int i = 0; i < a.n_pos; i++) {
+        if (!strncmp(a.pos[i], "tp=", 3)) tp = atoi(a.pos[i] + 3);
+        else if (!strncmp(a.pos[i], "ep=", 3)) ep = atoi(a.pos[i] + 3);
+        else {
+            td_error("serve: unexpected argument \"%s\" (tandem serve --help)", a.pos[i]);
+            return 2;
+        }
+    }
+    if (args_get(&a, "tp")) tp = atoi(args_get(&a, "tp"));
+    if (args_get(&a, "ep")) ep = atoi(args_get(&a, "ep"));
+    td_errors_rank0_only = 1;   /* set-up problems are the same on every rank */
+    if (tp < 1 || ep < 1 || tp * ep != comm_size()) {
+        td_error("serve: tp=%d x ep=%d must equal the number of ranks (%d)", tp, ep, comm_size());
+        return 2;
+    }
     char file[1024], name[1024];
     if (ckpt_resolve(ckpt, file, sizeof file)) snprintf(file, sizeof file, "%s", ckpt);
     model_name_of(name, sizeof name, file);
 
     Model m;
-    if (ckpt_model_open(ckpt, &m, NULL, false, 16, err, sizeof err)) {
-        td_error("serve: %s", err);
+    Topology topo, *tptr = NULL;
+    if (comm_size() > 1) {
+        /* expert groups are carved from dp: dp = ep ranks hold the same
+         * tokens and different experts */
+        ModelConfig cfg;
+        if (ckpt_read_config(file, &cfg, NULL, err, sizeof err) ||
+            topo_init(&topo, &cfg, ep, tp, 1, ep, comm_rank(), NULL, err, sizeof err) || comm_setup(&topo)) {
+            td_error("serve: %s", err);
+            return 1;
+        }
+        tptr = &topo;
+    }
+    if (ckpt_model_open(ckpt, &m, tptr, false, 16, err, sizeof err)) {
+        if (err[0]) td_error("serve: %s", err);
         return 1;
     }
+    td_errors_rank0_only = 0;
+    m.comm.tp_allreduce = serve_tp_sum;
+    m.comm.ep_alltoallv = serve_ep_a2a;
     EngineOpts eo;
     engine_opts_default(&eo);
     eo.kv_budget_bytes = (size_t)num[KV].v << 20;
@@ -109,6 +159,13 @@ int cmd_serve(int argc, char **argv)
     eo.prefill_chunk = (size_t)num[CHUNK].v;
     Engine e;
     engine_init(&e, &m, &eo);
+    if (comm_rank() > 0) {   /* followers run rank 0's schedule on their shards */
+        engine_follow(&e);
+        engine_free(&e);
+        model_free(&m);
+        return 0;
+    }
+    e.distributed = comm_size() > 1;
 
     ServerOpts so;
     server_opts_default(&so);
@@ -142,6 +199,7 @@ int cmd_serve(int argc, char **argv)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc) {
         td_error("serve: %s", err);
+        engine_release_followers(&e);
         engine_free(&e);
         model_free(&m);
         return 1;
@@ -154,6 +212,7 @@ int cmd_serve(int argc, char **argv)
             m.cfg.max_position_embeddings, e.kv.n_blocks, e.kv.bs,
             (kvcache_block_bytes(&e.kv) * (size_t)e.kv.n_blocks) >> 20, e.o.max_running, pool_threads());
     server_run(srv, &g_stop);
+    engine_release_followers(&e);
     server_free(srv);
     engine_free(&e);
     model_free(&m);
