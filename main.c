@@ -5,6 +5,7 @@
 #include "core/common.h"
 #include "core/pool.h"
 #include "infer/infer_cmd.h"
+#include "train/rl.h"
 #include "train/train_cmd.h"
 
 #include <stdio.h>
@@ -24,6 +25,7 @@ static const struct {
     { "score", cmd_score, "per-token log-probabilities of windows to HDF5" },
     { "generate", cmd_generate, "sample a completion from a checkpoint" },
     { "serve", cmd_serve, "OpenAI-compatible HTTP server" },
+    { "rl", cmd_rl, "GRPO post-training with exact rollout logprobs" },
     { NULL, NULL, NULL },
 };
 

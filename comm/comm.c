@@ -15,7 +15,7 @@ static struct {
     CommStat st[COMM_N_GROUPS];
 } C = { .size = 1 };
 
-static const char *g_names[COMM_N_GROUPS] = { "world", "dp", "tp", "pp", "ep", "edp" };
+static const char *g_names[COMM_N_GROUPS] = { "world", "dp", "tp", "pp", "ep", "edp", "all", "sync" };
 const char *comm_group_name(CommGroup g) { return g_names[g]; }
 
 static void abort_hook(void) { if (C.active) MPI_Abort(MPI_COMM_WORLD, 1); }
@@ -58,9 +58,10 @@ int comm_init(int *argc, char ***argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &C.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &C.size);
     for (int g = 0; g < COMM_N_GROUPS; g++) {
+        bool whole = g == COMM_WORLD || g == COMM_ALL;
         C.g[g] = MPI_COMM_WORLD;
-        C.gsize[g] = g == COMM_WORLD ? C.size : 1;
-        C.grank[g] = g == COMM_WORLD ? C.rank : 0;
+        C.gsize[g] = whole ? C.size : 1;
+        C.grank[g] = whole ? C.rank : 0;
     }
     if (C.size > 1) td_log_rank = C.rank;
     td_abort_hook = abort_hook;
@@ -70,7 +71,7 @@ int comm_init(int *argc, char ***argv)
 void comm_finalize(void)
 {
     if (!C.active) return;
-    for (int g = 1; g < COMM_N_GROUPS; g++)
+    for (int g = 0; g < COMM_N_GROUPS; g++)
         if (C.g[g] != MPI_COMM_WORLD && C.g[g] != MPI_COMM_NULL) MPI_Comm_free(&C.g[g]);
     MPI_Finalize();
     C.active = false;
@@ -83,13 +84,49 @@ int comm_group_size(CommGroup g) { return C.active ? C.gsize[g] : 1; }
 int comm_group_rank(CommGroup g) { return C.active ? C.grank[g] : 0; }
 void *comm_mpi_handle(CommGroup g) { return C.active ? (void *)&C.g[g] : NULL; }
 
-static void split(CommGroup g, int color, int key)
+/* Splits the job (COMM_WORLD) into group g; color MPI_UNDEFINED leaves
+ * this rank alone in g (size 1). */
+static void split_from(MPI_Comm base, CommGroup g, int color, int key)
 {
-    if (C.g[g] != MPI_COMM_WORLD && C.g[g] != MPI_COMM_NULL) MPI_Comm_free(&C.g[g]);
-    check(MPI_Comm_split(MPI_COMM_WORLD, color, key, &C.g[g]), "Comm_split", g);
+    MPI_Comm old = C.g[g];
+    check(MPI_Comm_split(base, color, key, &C.g[g]), "Comm_split", g);
+    if (old != MPI_COMM_WORLD && old != MPI_COMM_NULL && old != base) MPI_Comm_free(&old);
+    if (C.g[g] == MPI_COMM_NULL) {
+        C.gsize[g] = 1;
+        C.grank[g] = 0;
+        return;
+    }
     MPI_Comm_set_errhandler(C.g[g], MPI_ERRORS_RETURN);
     MPI_Comm_size(C.g[g], &C.gsize[g]);
     MPI_Comm_rank(C.g[g], &C.grank[g]);
+}
+
+static void split(CommGroup g, int color, int key) { split_from(C.g[COMM_WORLD], g, color, key); }
+
+int comm_split_world(int color)
+{
+    if (!C.active) return 0;
+    MPI_Comm job;
+    int all_rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &all_rank);
+    check(MPI_Comm_split(MPI_COMM_WORLD, color, all_rank, &job), "Comm_split", COMM_WORLD);
+    MPI_Comm_set_errhandler(job, MPI_ERRORS_RETURN);
+    if (C.g[COMM_WORLD] != MPI_COMM_WORLD) MPI_Comm_free(&C.g[COMM_WORLD]);
+    C.g[COMM_WORLD] = job;
+    MPI_Comm_size(job, &C.gsize[COMM_WORLD]);
+    MPI_Comm_rank(job, &C.grank[COMM_WORLD]);
+    C.rank = C.grank[COMM_WORLD];
+    C.size = C.gsize[COMM_WORLD];
+    return 0;
+}
+
+int comm_sync_group(bool member)
+{
+    if (!C.active) return 0;
+    int all_rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &all_rank);
+    split_from(MPI_COMM_WORLD, COMM_SYNC, member ? 1 : MPI_UNDEFINED, all_rank);
+    return 0;
 }
 
 int comm_setup(const Topology *t)
@@ -121,7 +158,7 @@ int comm_setup(const Topology *t)
         C.st[g].calls++;                                                    \
     } while (0)
 
-static bool trivial(CommGroup g) { return !C.active || C.gsize[g] <= 1; }
+static bool trivial(CommGroup g) { return !C.active || C.gsize[g] <= 1 || C.g[g] == MPI_COMM_NULL; }
 
 void comm_barrier(CommGroup g)
 {

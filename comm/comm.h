@@ -24,8 +24,12 @@
 
 #include "core/topology.h"
 
+/* COMM_WORLD is the job: every rank, unless comm_split_world divided them
+ * (tandem rl with separate rollout ranks), then the ranks of this rank's
+ * part.  COMM_ALL is always every rank.  COMM_SYNC is what
+ * comm_sync_group made (trainer rank 0 and the rollout ranks). */
 typedef enum {
-    COMM_WORLD, COMM_DP, COMM_TP, COMM_PP, COMM_EP, COMM_EDP, COMM_N_GROUPS
+    COMM_WORLD, COMM_DP, COMM_TP, COMM_PP, COMM_EP, COMM_EDP, COMM_ALL, COMM_SYNC, COMM_N_GROUPS
 } CommGroup;
 
 typedef struct {
@@ -42,8 +46,16 @@ void comm_finalize(void);
 void comm_abort(int code) __attribute__((noreturn));
 
 bool comm_active(void);
-int comm_rank(void);          /* world rank, 0 without MPI */
-int comm_size(void);          /* world size, 1 without MPI */
+int comm_rank(void);          /* rank in the job (COMM_WORLD), 0 without MPI */
+int comm_size(void);          /* ranks in the job, 1 without MPI */
+
+/* Divides the ranks into jobs by color (all ranks call, before
+ * comm_setup): afterwards COMM_WORLD, comm_rank and comm_size refer to
+ * this rank's job; COMM_ALL keeps everyone. */
+int comm_split_world(int color);
+/* Builds COMM_SYNC from the ranks passing member = true (all ranks of
+ * COMM_ALL call), ordered by their COMM_ALL rank. */
+int comm_sync_group(bool member);
 
 /* Builds the groups of t (all ranks call).  t->world must equal comm_size(). */
 int comm_setup(const Topology *t);
