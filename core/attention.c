@@ -1,27 +1,71 @@
 /* core/attention.c - blocked causal GQA attention, forward and backward
  * (attention.h).
  *
- * Forward work item: (sequence, kv head g, query tile qt).  The queries of
- * the item are the rows whose positions fall in [16 qt, 16 qt + 16), for the
- * R = H/Hkv heads of group g; they share the key tiles 0..qt, and are
- * processed QV at a time so that their independent FMA chains hide latency.
- * Grouping never changes a query's own arithmetic.
+ * Forward.  A query's arithmetic is the contract of attention.h, with the
+ * exp of core/vexp.h and one reading of "sum_j p_j" that is again a fixed
+ * function of the query: l is kept as 16 lane sums, lane j holding the keys
+ * at positions = j (mod 16),
  *
- * Backward (per sequence and kv head), for p_j = exp(s_j - lse):
- *   D   = dout . out
- *   dp_j = dout . v_j,   ds_j = p_j (dp_j - D)
- *   dv_j += p_j dout,    dk_j += scale ds_j q,    dq += scale ds_j k_j
+ *     lv_j = lv_j c + p_j     (p_j = 0 for keys the query does not see)
+ *     l    = lanes combined by the tree of core/vec.h, once, at the end
+ *
+ * Per tile: s_j (FMA chain over d from 0, then * scale), m' = max(m, max_j
+ * s_j), c = exp(m - m'), p_j = exp(s_j - m'), o = o c, then o = fma(p_j, v_j,
+ * o) for j in order.  Only the keys a query sees enter its max, its p and
+ * its o; c = exp(0) = 1 when the max did not move, so multiplying by it
+ * changes nothing.
+ *
+ * Work item: (sequence, kv head g, query tile qt), kv head outer so that
+ * consecutive items reuse the same keys: the rows of the tile, for the
+ * R = H/Hkv heads of g, in groups of up to GQ_MAX queries that walk the key
+ * tiles 0..qt together.  Scores are computed for 8 queries x 2 tiles side by
+ * side (16 independent FMA chains), or, when a group has fewer than 5
+ * queries (decode: one row, R heads), for up to 8 tiles of each query; the
+ * softmax updates of those tiles then run with only the max as a chain
+ * (all their exps are independent), and o is updated tile after tile.  None
+ * of this changes a query's own arithmetic, so a decode step gives the bits
+ * of the full forward row.  Causal items cost in proportion to qt + 1; they
+ * are dealt to threads in a snake order (0 1 1 0 0 1 ...), which balances a
+ * run of similar costs.  Which thread computes an item never matters.
+ *
+ * Backward (sequences from position 0), per (query tile, key tile) block,
+ * p_ij = exp(s_ij - lse_i), D_i = dout_i . out_i:
+ *
+ *     dp_ij = dout_i . v_j       ds_ij = p_ij (dp_ij - D_i) scale
+ *     dv_j += p_ij dout_i        dk_j += ds_ij q_i        dq_i += ds_ij k_j
+ *
+ * Every gradient element is one FMA chain starting from its incoming value:
+ * dq_i over keys j in order, dk_j and dv_j over queries i in order (query
+ * tiles in order; in a tile, rows then heads).  Work is either one item per
+ * (sequence, kv head), key tiles outer, or, when those items are too few to
+ * keep the threads busy, two passes (dk, dv per key tile; dq per query
+ * tile) that recompute the blocks; both visit every chain in the same order,
+ * so the gradients are the same bits for any thread count.
+ *
+ * The AVX-512 kernels and the portable ones compute the same operations
+ * (tests/test_attention.c compares them bit for bit).
  */
 #include "core/attention.h"
 #include "core/common.h"
 #include "core/pool.h"
 #include "core/vec.h"
+#include "core/vexp.h"
 
 #include <math.h>
 #include <string.h>
 
-#define QV 8          /* query vectors processed together */
+/* TANDEM_PORTABLE forces the portable kernels (tests compare the two). */
+#if defined(__AVX512F__) && !defined(TANDEM_PORTABLE)
+#include <immintrin.h>
+#define ATTN_AVX512 1
+#endif
+
 #define HD_MAX 256
+#define GQ_MAX 64          /* queries of one forward group / backward block */
+#define GQ_FLOATS 4096     /* o of a forward group: queries * hd <= this */
+#define SC_PAIRS 8         /* (query, tile) score chains computed together */
+#define D_CACHE 8192       /* backward: D of up to this many queries kept per item */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 static inline const float *block_at(const float *kv, const AttnSeq *s, const AttnShape *sh, size_t p)
 {
@@ -64,23 +108,6 @@ void attention_kv_store(float *kv, const AttnSeq *seqs, size_t n_seq, const floa
     }
 }
 
-/* Scores of nv query vectors against one key tile: s[v][j] = (q_v . k_j) * scale. */
-static inline void tile_scores(float s[][ATTN_TILE], const float *const *qv, size_t nv,
-                               const float *kt, size_t bs, size_t hd, float scale)
-{
-    for (size_t v = 0; v < nv; v++)
-        for (int j = 0; j < ATTN_TILE; j++) s[v][j] = 0.0f;
-    for (size_t d = 0; d < hd; d++) {
-        const float *kd = kt + d * bs;
-        for (size_t v = 0; v < nv; v++) {
-            const float a = qv[v][d];
-            for (int j = 0; j < ATTN_TILE; j++) s[v][j] = fmaf(a, kd[j], s[v][j]);
-        }
-    }
-    for (size_t v = 0; v < nv; v++)
-        for (int j = 0; j < ATTN_TILE; j++) s[v][j] *= scale;
-}
-
 /* Number of keys of tile kt visible from position p (p >= 16 kt). */
 static inline size_t tile_valid(size_t kt, size_t p)
 {
@@ -88,84 +115,491 @@ static inline size_t tile_valid(size_t kt, size_t p)
     return last >= ATTN_TILE ? ATTN_TILE : last + 1;
 }
 
-struct attn_fw {
-    float *out, *lse; const float *q, *kv; const AttnSeq *seqs; size_t n_seq;
-    const AttnShape *sh; const size_t *item_start; float scale;
-};
-
-/* nv query vectors (rows r_v, heads h_v) of one item over key tiles 0..qt. */
-static void fw_vectors(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t qt,
-                       const size_t *rows, const size_t *heads, size_t nv)
+/* Tiles scored together: 8 or more score chains in flight. */
+static inline size_t tiles_per_block(size_t nq)
 {
-    const AttnShape *sh = c->sh;
-    const size_t hd = sh->hd, qw = sh->H * hd;
-    const float *qv[QV];
-    float sc[QV][ATTN_TILE], m[QV], l[QV], o[QV][HD_MAX];
-    size_t pos[QV];
-    for (size_t v = 0; v < nv; v++) {
-        qv[v] = c->q + (s->row + rows[v]) * qw + heads[v] * hd;
-        pos[v] = s->pos + rows[v];
-        m[v] = -INFINITY;
-        l[v] = 0.0f;
-        memset(o[v], 0, hd * sizeof(float));
-    }
-    for (size_t kt = 0; kt <= qt; kt++) {
-        const float *ktp = tile_kt(c->kv, s, sh, g, kt), *vt = tile_v(c->kv, s, sh, g, kt);
-        tile_scores(sc, qv, nv, ktp, sh->bs, hd, c->scale);
-        for (size_t v = 0; v < nv; v++) {
-            size_t nvalid = tile_valid(kt, pos[v]);
-            float mx = sc[v][0];
-            for (size_t j = 1; j < nvalid; j++) mx = sc[v][j] > mx ? sc[v][j] : mx;
-            float mn = mx > m[v] ? mx : m[v];
-            float corr = expf(m[v] - mn);
-            float p[ATTN_TILE], ps = 0.0f;
-            for (size_t j = 0; j < nvalid; j++) {
-                p[j] = expf(sc[v][j] - mn);
-                ps += p[j];
-            }
-            l[v] = l[v] * corr + ps;
-            m[v] = mn;
-            float *ov = o[v];
-            for (size_t d = 0; d < hd; d++) ov[d] *= corr;
-            for (size_t j = 0; j < nvalid; j++) {
-                const float pj = p[j], *vj = vt + j * hd;
-                for (size_t d = 0; d < hd; d++) ov[d] = fmaf(pj, vj[d], ov[d]);
-            }
+    return nq >= 5 ? 2 : (SC_PAIRS + nq - 1) / nq;
+}
+
+/* ================================================================ kernels
+ *
+ * scores       s[t ts + 16 v + j] = (q_v . k_j of tile t) * scale, nq <= 8
+ *              queries x nt <= tiles_per_block(nq) tiles
+ * softmax_step the online-softmax updates of nq queries over nt tiles
+ * pv           o_v = o_v cf_v, then o_v = fma(p_vj, x_j, o_v), j < nj
+ * acc_keys     out_j += sum_i C_ij x_i (i in order), j < nk
+ * div_row      dst = o / l
+ * row_dot      vec_dot (backward's D)
+ * bw_ds        p = exp(s - lse) on visible keys, ds = p (dp - D) scale
+ */
+
+/* The running max of nq queries over nt tiles in order: mo[u] = m before
+ * tile t, mx[u] = max(m, mx[u]) after it (u = t nq + v). */
+static inline void running_max(float *mo, float *mx, float *m, size_t nq, size_t nt)
+{
+    for (size_t v = 0; v < nq; v++)
+        for (size_t t = 0; t < nt; t++) {
+            const size_t u = t * nq + v;
+            mo[u] = m[v];
+            m[v] = m[v] > mx[u] ? m[v] : mx[u];   /* _mm512_max_ps(m, mx) */
+            mx[u] = m[v];
+        }
+}
+
+#ifdef ATTN_AVX512
+
+/* A vector loaded once and used by several FMAs: without this GCC folds the
+ * load into each FMA's memory operand, and the load ports become the limit. */
+#define KEEP_IN_REG(x) __asm__("" : "+v"(x))
+
+ALWAYS_INLINE void scores_blk(const int NQ, const int NT, float *s, size_t ts, const float *const *q,
+                              const float *const *kt, size_t ld, size_t hd, float scale)
+{
+    __m512 acc[8][8];   /* fixed sizes: a VLA would live in memory */
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 8
+        for (int v = 0; v < NQ; v++) acc[t][v] = _mm512_setzero_ps();
+    for (size_t d = 0; d < hd; d++) {
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            __m512 k = _mm512_loadu_ps(kt[t] + d * ld);
+            KEEP_IN_REG(k);
+#pragma GCC unroll 8
+            for (int v = 0; v < NQ; v++) acc[t][v] = _mm512_fmadd_ps(_mm512_set1_ps(q[v][d]), k, acc[t][v]);
         }
     }
-    for (size_t v = 0; v < nv; v++) {
-        float *dst = c->out + (s->row + rows[v]) * qw + heads[v] * hd;
-        for (size_t d = 0; d < hd; d++) dst[d] = o[v][d] / l[v];
-        if (c->lse) c->lse[(s->row + rows[v]) * sh->H + heads[v]] = m[v] + logf(l[v]);
+    const __m512 sc = _mm512_set1_ps(scale);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 8
+        for (int v = 0; v < NQ; v++) _mm512_storeu_ps(s + t * ts + 16 * v, _mm512_mul_ps(acc[t][v], sc));
+}
+
+/* nt <= NT tiles: tiles past nt repeat the last one (their chains run in
+ * the shadow of the others' latency) and are not stored. */
+ALWAYS_INLINE void scores_multi(const int NQ, const int NT, float *s, size_t ts, const float *const *q,
+                                const float *const *kt, size_t nt, size_t ld, size_t hd, float scale)
+{
+    if ((size_t)NT == nt) {
+        scores_blk(NQ, NT, s, ts, q, kt, ld, hd, scale);
+        return;
+    }
+    const float *tiles[8];
+    float buf[8 * 8 * 16] __attribute__((aligned(64)));
+    nt = nt < (size_t)NT ? nt : (size_t)NT;
+    for (int t = 0; t < NT; t++) tiles[t] = kt[(size_t)t < nt ? (size_t)t : nt - 1];
+    scores_blk(NQ, NT, buf, NQ * 16, q, tiles, ld, hd, scale);
+    for (size_t t = 0; t < nt; t++) memcpy(s + t * ts, buf + t * NQ * 16, NQ * 16 * sizeof(float));
+}
+
+/* s[t ts + 16 v + j], nq <= 8 queries, nt <= tiles_per_block(nq) tiles. */
+static void scores(float *s, size_t ts, const float *const *q, size_t nq, const float *const *kt, size_t nt,
+                   size_t ld, size_t hd, float scale)
+{
+    if (nt == 1) {
+        switch (nq) {
+        case 1:  scores_blk(1, 1, s, ts, q, kt, ld, hd, scale); return;
+        case 2:  scores_blk(2, 1, s, ts, q, kt, ld, hd, scale); return;
+        case 3:  scores_blk(3, 1, s, ts, q, kt, ld, hd, scale); return;
+        case 4:  scores_blk(4, 1, s, ts, q, kt, ld, hd, scale); return;
+        case 5:  scores_blk(5, 1, s, ts, q, kt, ld, hd, scale); return;
+        case 6:  scores_blk(6, 1, s, ts, q, kt, ld, hd, scale); return;
+        case 7:  scores_blk(7, 1, s, ts, q, kt, ld, hd, scale); return;
+        default: scores_blk(8, 1, s, ts, q, kt, ld, hd, scale); return;
+        }
+    }
+    switch (nq) {
+    case 1:  scores_multi(1, 8, s, ts, q, kt, nt, ld, hd, scale); return;
+    case 2:  scores_multi(2, 4, s, ts, q, kt, nt, ld, hd, scale); return;
+    case 3:  scores_multi(3, 3, s, ts, q, kt, nt, ld, hd, scale); return;
+    case 4:  scores_multi(4, 2, s, ts, q, kt, nt, ld, hd, scale); return;
+    case 5:  scores_multi(5, 2, s, ts, q, kt, nt, ld, hd, scale); return;
+    case 6:  scores_multi(6, 2, s, ts, q, kt, nt, ld, hd, scale); return;
+    case 7:  scores_multi(7, 2, s, ts, q, kt, nt, ld, hd, scale); return;
+    default: scores_multi(8, 2, s, ts, q, kt, nt, ld, hd, scale); return;
     }
 }
 
-static void fw_items(void *vc, size_t i0, size_t i1, int tid)
+/* max over the 16 lanes, lanes paired j ^ 8, j ^ 4, j ^ 2, j ^ 1 */
+ALWAYS_INLINE float hmax16(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0x4E));
+    x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xB1));
+    x = _mm512_max_ps(x, _mm512_permute_ps(x, 0x4E));
+    x = _mm512_max_ps(x, _mm512_permute_ps(x, 0xB1));
+    return _mm512_cvtss_f32(x);
+}
+
+static inline __mmask16 lanes_below(size_t n) { return n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1); }
+
+/* Online-softmax steps of nq queries over nt consecutive tiles (u = t nq + v):
+ * s, p (nt nq, 16) scaled scores and probabilities, cf (nt nq) corrections,
+ * m (nq), lv (nq, 16).  nval: keys each query sees (nt = 1), NULL = all 16.
+ * The exps of all tiles are independent: only the max is a chain. */
+static void softmax_step(float *p, float *cf, float *m, float *lv, const float *s,
+                         const size_t *nval, size_t nq, size_t nt)
+{
+    float mx[2 * GQ_MAX], mo[2 * GQ_MAX];
+    const size_t n = nt * nq;
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (size_t u = 0; u < n; u++) {
+        __m512 x = _mm512_loadu_ps(s + 16 * u);
+        if (nval) x = _mm512_mask_mov_ps(ninf, lanes_below(nval[u]), x);
+        mx[u] = hmax16(x);
+    }
+    running_max(mo, mx, m, nq, nt);
+    for (size_t u0 = 0; u0 < n; u0 += 16) {   /* c = exp(m - m'), 16 at once */
+        const __mmask16 k = lanes_below(n - u0);
+        const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, mo + u0), _mm512_maskz_loadu_ps(k, mx + u0));
+        _mm512_mask_storeu_ps(cf + u0, k, vexp16(d));
+    }
+    for (size_t t = 0; t < nt; t++)
+        for (size_t v = 0; v < nq; v++) {
+            const size_t u = t * nq + v;
+            __m512 e = vexp16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * u), _mm512_set1_ps(mx[u])));
+            if (nval) e = _mm512_maskz_mov_ps(lanes_below(nval[u]), e);
+            const __m512 l = _mm512_mul_ps(_mm512_loadu_ps(lv + 16 * v), _mm512_set1_ps(cf[u]));
+            _mm512_storeu_ps(lv + 16 * v, _mm512_add_ps(l, e));
+            _mm512_storeu_ps(p + 16 * u, e);
+        }
+}
+
+/* NQ queries x NC chunks of 16 (the last one masked by ml) at offset off. */
+ALWAYS_INLINE void pv_blk(const int NQ, const int NC, float *const *o, const float *p, const float *cf,
+                          const float *x, size_t ldx, size_t nj, size_t off, __mmask16 ml)
+{
+    __m512 acc[8][4];
+    __mmask16 mk[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; c++) mk[c] = c == NC - 1 ? ml : 0xFFFF;
+#pragma GCC unroll 8
+    for (int v = 0; v < NQ; v++) {
+        const __m512 cv = _mm512_set1_ps(cf[v]);
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++)
+            acc[v][c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[c], o[v] + off + 16 * c), cv);
+    }
+    for (size_t j = 0; j < nj; j++) {
+        __m512 xj[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++) {
+            xj[c] = _mm512_maskz_loadu_ps(mk[c], x + j * ldx + off + 16 * c);
+            KEEP_IN_REG(xj[c]);
+        }
+#pragma GCC unroll 8
+        for (int v = 0; v < NQ; v++) {
+            const __m512 pj = _mm512_set1_ps(p[16 * v + j]);
+#pragma GCC unroll 4
+            for (int c = 0; c < NC; c++) acc[v][c] = _mm512_fmadd_ps(pj, xj[c], acc[v][c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < NQ; v++)
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++) _mm512_mask_storeu_ps(o[v] + off + 16 * c, mk[c], acc[v][c]);
+}
+
+#define PV_CASE(NQ, NC) case (NC) * 16 + (NQ): pv_blk(NQ, NC, o + v0, p + 16 * v0, cf + v0, x, ldx, nj, off, ml); break
+/* o[v] (hd) = o[v] cf[v] + sum_{j < nj} p[16 v + j] x[j ldx + .], v < nq.
+ * Chunk groups of up to 64 floats; up to 8 queries (4 for wide groups). */
+static void pv(float *const *o, const float *p, const float *cf, const float *x, size_t ldx,
+               size_t nq, size_t hd, size_t nj)
+{
+    for (size_t off = 0; off < hd; off += 64) {
+        const size_t w = td_min(64, hd - off), nc = (w + 15) / 16, qmax = nc <= 2 ? 8 : 4;
+        const __mmask16 ml = lanes_below(w - 16 * (nc - 1));
+        for (size_t v0 = 0; v0 < nq; v0 += qmax) {
+            switch (nc * 16 + td_min(qmax, nq - v0)) {
+            PV_CASE(1, 1); PV_CASE(2, 1); PV_CASE(3, 1); PV_CASE(4, 1);
+            PV_CASE(5, 1); PV_CASE(6, 1); PV_CASE(7, 1); PV_CASE(8, 1);
+            PV_CASE(1, 2); PV_CASE(2, 2); PV_CASE(3, 2); PV_CASE(4, 2);
+            PV_CASE(5, 2); PV_CASE(6, 2); PV_CASE(7, 2); PV_CASE(8, 2);
+            PV_CASE(1, 3); PV_CASE(2, 3); PV_CASE(3, 3); PV_CASE(4, 3);
+            PV_CASE(1, 4); PV_CASE(2, 4); PV_CASE(3, 4); PV_CASE(4, 4);
+            }
+        }
+    }
+}
+#undef PV_CASE
+
+/* JK keys x NC chunks: out[j] += sum_i C[16 i + j] x_i, i < nq. */
+ALWAYS_INLINE void acc_blk(const int JK, const int NC, float *const *out, const float *C,
+                           const float *const *x, size_t nq, size_t off, __mmask16 ml)
+{
+    __m512 acc[4][4];
+    __mmask16 mk[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; c++) mk[c] = c == NC - 1 ? ml : 0xFFFF;
+#pragma GCC unroll 4
+    for (int j = 0; j < JK; j++)
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++) acc[j][c] = _mm512_maskz_loadu_ps(mk[c], out[j] + off + 16 * c);
+    for (size_t i = 0; i < nq; i++) {
+        __m512 xi[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++) {
+            xi[c] = _mm512_maskz_loadu_ps(mk[c], x[i] + off + 16 * c);
+            KEEP_IN_REG(xi[c]);
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < JK; j++) {
+            const __m512 cij = _mm512_set1_ps(C[16 * i + j]);
+#pragma GCC unroll 4
+            for (int c = 0; c < NC; c++) acc[j][c] = _mm512_fmadd_ps(cij, xi[c], acc[j][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < JK; j++)
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++) _mm512_mask_storeu_ps(out[j] + off + 16 * c, mk[c], acc[j][c]);
+}
+
+#define ACC_CASE(JK, NC) case (NC) * 16 + (JK): acc_blk(JK, NC, out + j0, C + j0, x, nq, off, ml); break
+/* out[j] (hd) += sum_{i < nq} C[16 i + j] x[i], j < nk. */
+static void acc_keys(float *const *out, size_t nk, const float *C, const float *const *x, size_t nq, size_t hd)
+{
+    for (size_t off = 0; off < hd; off += 64) {
+        const size_t w = td_min(64, hd - off), nc = (w + 15) / 16;
+        const __mmask16 ml = lanes_below(w - 16 * (nc - 1));
+        for (size_t j0 = 0; j0 < nk; j0 += 4) {
+            switch (nc * 16 + td_min(4, nk - j0)) {
+            ACC_CASE(1, 1); ACC_CASE(2, 1); ACC_CASE(3, 1); ACC_CASE(4, 1);
+            ACC_CASE(1, 2); ACC_CASE(2, 2); ACC_CASE(3, 2); ACC_CASE(4, 2);
+            ACC_CASE(1, 3); ACC_CASE(2, 3); ACC_CASE(3, 3); ACC_CASE(4, 3);
+            ACC_CASE(1, 4); ACC_CASE(2, 4); ACC_CASE(3, 4); ACC_CASE(4, 4);
+            }
+        }
+    }
+}
+#undef ACC_CASE
+
+/* dst[d] = o[d] / l, d < hd. */
+static inline void div_row(float *dst, const float *o, float l, size_t hd)
+{
+    const __m512 lv = _mm512_set1_ps(l);
+    for (size_t d = 0; d < hd; d += 16) {
+        const __mmask16 k = lanes_below(hd - d);
+        _mm512_mask_storeu_ps(dst + d, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, o + d), lv));
+    }
+}
+
+/* vec_dot(x, y, hd) of core/vec.h, its 16 lane chains in one vector. */
+static inline float row_dot(const float *x, const float *y, size_t hd)
+{
+    __m512 acc = _mm512_setzero_ps();
+    size_t d = 0;
+    for (; d + 16 <= hd; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + d), _mm512_loadu_ps(y + d), acc);
+    float lanes[16];
+    _mm512_storeu_ps(lanes, acc);
+    float s = vec_lanes_combine(lanes);
+    for (; d < hd; d++) s = fmaf(x[d], y[d], s);
+    return s;
+}
+
+/* One query of a backward block: p and ds (16 lanes) from s and dp. */
+static inline void bw_ds(float *p, float *ds, const float *s, const float *dp, float lse, float D,
+                         size_t nval, float scale)
+{
+    __m512 e = vexp16(_mm512_sub_ps(_mm512_loadu_ps(s), _mm512_set1_ps(lse)));
+    e = _mm512_maskz_mov_ps(lanes_below(nval), e);
+    const __m512 t = _mm512_sub_ps(_mm512_loadu_ps(dp), _mm512_set1_ps(D));
+    _mm512_storeu_ps(p, e);
+    _mm512_storeu_ps(ds, _mm512_mul_ps(_mm512_mul_ps(e, t), _mm512_set1_ps(scale)));
+}
+
+#else /* portable kernels: the same operations, one lane at a time */
+
+static void scores(float *s, size_t ts, const float *const *q, size_t nq, const float *const *kt, size_t nt,
+                   size_t ld, size_t hd, float scale)
+{
+    for (size_t t = 0; t < nt; t++)
+        for (size_t v = 0; v < nq; v++) {
+            float acc[ATTN_TILE] = { 0 };
+            for (size_t d = 0; d < hd; d++)
+                for (int j = 0; j < ATTN_TILE; j++) acc[j] = fmaf(q[v][d], kt[t][d * ld + j], acc[j]);
+            for (int j = 0; j < ATTN_TILE; j++) s[t * ts + 16 * v + j] = acc[j] * scale;
+        }
+}
+
+/* The lane pairing of the AVX-512 hmax16, with _mm512_max_ps(a, b) = a > b ? a : b. */
+static float hmax16(const float *x)
+{
+    float a[16], b[16];
+    memcpy(a, x, sizeof a);
+    for (int w = 8; w >= 1; w /= 2) {
+        for (int j = 0; j < 16; j++) b[j] = a[j] > a[j ^ w] ? a[j] : a[j ^ w];
+        memcpy(a, b, sizeof a);
+    }
+    return a[0];
+}
+
+static void softmax_step(float *p, float *cf, float *m, float *lv, const float *s,
+                         const size_t *nval, size_t nq, size_t nt)
+{
+    float mx[2 * GQ_MAX], mo[2 * GQ_MAX];
+    const size_t n = nt * nq;
+    for (size_t u = 0; u < n; u++) {
+        const size_t nv = nval ? nval[u] : ATTN_TILE;
+        float x[16];
+        for (size_t j = 0; j < 16; j++) x[j] = j < nv ? s[16 * u + j] : -INFINITY;
+        mx[u] = hmax16(x);
+    }
+    running_max(mo, mx, m, nq, nt);
+    for (size_t u = 0; u < n; u++) cf[u] = vexp1(mo[u] - mx[u]);
+    for (size_t t = 0; t < nt; t++)
+        for (size_t v = 0; v < nq; v++) {
+            const size_t u = t * nq + v, nv = nval ? nval[u] : ATTN_TILE;
+            for (size_t j = 0; j < 16; j++) {
+                const float e = j < nv ? vexp1(s[16 * u + j] - mx[u]) : 0.0f;
+                lv[16 * v + j] = lv[16 * v + j] * cf[u] + e;
+                p[16 * u + j] = e;
+            }
+        }
+}
+
+static void pv(float *const *o, const float *p, const float *cf, const float *x, size_t ldx,
+               size_t nq, size_t hd, size_t nj)
+{
+    for (size_t v = 0; v < nq; v++)
+        for (size_t d = 0; d < hd; d++) {
+            float a = o[v][d] * cf[v];
+            for (size_t j = 0; j < nj; j++) a = fmaf(p[16 * v + j], x[j * ldx + d], a);
+            o[v][d] = a;
+        }
+}
+
+static void acc_keys(float *const *out, size_t nk, const float *C, const float *const *x, size_t nq, size_t hd)
+{
+    for (size_t j = 0; j < nk; j++)
+        for (size_t d = 0; d < hd; d++) {
+            float a = out[j][d];
+            for (size_t i = 0; i < nq; i++) a = fmaf(C[16 * i + j], x[i][d], a);
+            out[j][d] = a;
+        }
+}
+
+static inline void div_row(float *dst, const float *o, float l, size_t hd)
+{
+    for (size_t d = 0; d < hd; d++) dst[d] = o[d] / l;
+}
+
+static inline float row_dot(const float *x, const float *y, size_t hd) { return vec_dot(x, y, hd); }
+
+static inline void bw_ds(float *p, float *ds, const float *s, const float *dp, float lse, float D,
+                         size_t nval, float scale)
+{
+    for (size_t j = 0; j < 16; j++) {
+        const float e = j < nval ? vexp1(s[j] - lse) : 0.0f;
+        p[j] = e;
+        ds[j] = e * (dp[j] - D) * scale;
+    }
+}
+
+#endif
+
+/* Scores of nq queries against nt <= tiles_per_block(nq) tiles, in blocks of
+ * up to 8 queries: s[(t nq + v) 16 + j]. */
+static void scores_all(float *s, const float *const *q, size_t nq, const float *const *kt, size_t nt,
+                       size_t ld, size_t hd, float scale)
+{
+    for (size_t v0 = 0; v0 < nq; v0 += 8)
+        scores(s + 16 * v0, nq * 16, q + v0, td_min(8, nq - v0), kt, nt, ld, hd, scale);
+}
+
+/* ================================================================ forward */
+
+struct attn_fw {
+    float *out, *lse; const float *q, *kv; const AttnSeq *seqs; size_t n_seq;
+    const AttnShape *sh; const size_t *item_start; size_t n_items; float scale;
+};
+
+/* nq <= GQ_MAX query vectors (rows r_v of s, heads h_v) of tile qt over key
+ * tiles 0..qt. */
+static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t qt,
+                     const size_t *rows, const size_t *heads, size_t nq)
+{
+    const AttnShape *sh = c->sh;
+    const size_t hd = sh->hd, qw = sh->H * hd;
+    const float *q[GQ_MAX];
+    float *op[GQ_MAX];
+    size_t nval[GQ_MAX];
+    float m[GQ_MAX], cf[2 * GQ_MAX];   /* 2 GQ_MAX >= nq tiles_per_block(nq) */
+    float o[GQ_FLOATS] __attribute__((aligned(64)));
+    float lv[GQ_MAX * 16] __attribute__((aligned(64))), p[2 * GQ_MAX * 16] __attribute__((aligned(64)));
+    float sc[2 * GQ_MAX * 16] __attribute__((aligned(64)));
+    for (size_t v = 0; v < nq; v++) {
+        q[v] = c->q + (s->row + rows[v]) * qw + heads[v] * hd;
+        op[v] = o + v * hd;
+        nval[v] = tile_valid(qt, s->pos + rows[v]);
+        m[v] = -INFINITY;
+    }
+    memset(o, 0, nq * hd * sizeof(float));
+    memset(lv, 0, nq * 16 * sizeof(float));
+    /* full tiles 0..qt-1, several at a time when the group is small */
+    const size_t tpb = tiles_per_block(nq);
+    for (size_t kt0 = 0; kt0 < qt; kt0 += tpb) {
+        const size_t nt = td_min(tpb, qt - kt0);
+        const float *kts[SC_PAIRS];
+        for (size_t t = 0; t < nt; t++) kts[t] = tile_kt(c->kv, s, sh, g, kt0 + t);
+        scores_all(sc, q, nq, kts, nt, sh->bs, hd, c->scale);
+        softmax_step(p, cf, m, lv, sc, NULL, nq, nt);
+        for (size_t t = 0; t < nt; t++)
+            pv(op, p + t * nq * 16, cf + t * nq, tile_v(c->kv, s, sh, g, kt0 + t), hd, nq, hd, ATTN_TILE);
+    }
+    /* the diagonal tile: each query sees its own number of keys */
+    const float *ktd = tile_kt(c->kv, s, sh, g, qt), *vtd = tile_v(c->kv, s, sh, g, qt);
+    scores_all(sc, q, nq, &ktd, 1, sh->bs, hd, c->scale);
+    softmax_step(p, cf, m, lv, sc, nval, nq, 1);
+    for (size_t v = 0; v < nq; v++) pv(op + v, p + 16 * v, cf + v, vtd, hd, 1, hd, nval[v]);
+    for (size_t v = 0; v < nq; v++) {
+        const float l = vec_lanes_combine(lv + 16 * v);
+        float *dst = c->out + (s->row + rows[v]) * qw + heads[v] * hd;
+        div_row(dst, o + v * hd, l, hd);
+        if (c->lse) c->lse[(s->row + rows[v]) * sh->H + heads[v]] = m[v] + logf(l);
+    }
+}
+
+/* Item `local` of sequence si = (kv head g, query tile qt): its rows x heads
+ * in groups of at most gq queries. */
+static void fw_item(const struct attn_fw *c, size_t si, size_t local)
+{
+    const AttnShape *sh = c->sh;
+    const AttnSeq *s = &c->seqs[si];
+    const size_t R = sh->H / sh->Hkv, gq = td_min(GQ_MAX, GQ_FLOATS / sh->hd);
+    const size_t n_qt = (s->pos + s->n - 1) / ATTN_TILE - s->pos / ATTN_TILE + 1;
+    const size_t qt = s->pos / ATTN_TILE + local % n_qt, g = local / n_qt;   /* kv head outer: its keys stay in cache */
+    const size_t p0 = td_max(qt * ATTN_TILE, s->pos), p1 = td_min((qt + 1) * ATTN_TILE, s->pos + s->n);
+    size_t rows[GQ_MAX], heads[GQ_MAX], nq = 0;
+    for (size_t p = p0; p < p1; p++)
+        for (size_t h = g * R; h < (g + 1) * R; h++) {
+            rows[nq] = p - s->pos;
+            heads[nq] = h;
+            if (++nq == gq) {
+                fw_group(c, s, g, qt, rows, heads, nq);
+                nq = 0;
+            }
+        }
+    if (nq) fw_group(c, s, g, qt, rows, heads, nq);
+}
+
+/* Thread of item it in the snake order 0 1 .. n-1 n-1 .. 1 0 0 1 ... */
+static inline size_t snake_owner(size_t it, size_t nt)
+{
+    size_t round = it / nt, k = it % nt;
+    return round % 2 ? nt - 1 - k : k;
+}
+
+static void fw_threads(void *vc, size_t t0, size_t t1, int tid)
 {
     (void)tid;
     const struct attn_fw *c = vc;
-    const AttnShape *sh = c->sh;
-    const size_t R = sh->H / sh->Hkv;
+    const size_t nt = (size_t)pool_threads();
     size_t si = 0;
-    for (size_t it = i0; it < i1; it++) {
+    for (size_t it = 0; it < c->n_items; it++) {
         while (c->item_start[si + 1] <= it) si++;
-        const AttnSeq *s = &c->seqs[si];
-        size_t local = it - c->item_start[si];
-        size_t qt = s->pos / ATTN_TILE + local / sh->Hkv, g = local % sh->Hkv;
-        /* rows of this tile */
-        size_t p0 = qt * ATTN_TILE > s->pos ? qt * ATTN_TILE : s->pos;
-        size_t p1 = (qt + 1) * ATTN_TILE < s->pos + s->n ? (qt + 1) * ATTN_TILE : s->pos + s->n;
-        size_t rows[QV], heads[QV], nv = 0;
-        for (size_t p = p0; p < p1; p++)
-            for (size_t h = g * R; h < (g + 1) * R; h++) {
-                rows[nv] = p - s->pos;
-                heads[nv] = h;
-                if (++nv == QV) {
-                    fw_vectors(c, s, g, qt, rows, heads, nv);
-                    nv = 0;
-                }
-            }
-        if (nv) fw_vectors(c, s, g, qt, rows, heads, nv);
+        const size_t owner = snake_owner(it, nt);
+        if (owner >= t0 && owner < t1) fw_item(c, si, it - c->item_start[si]);
     }
 }
 
@@ -185,62 +619,219 @@ void attention_forward(float *out, float *lse, const float *restrict q, const fl
     size_t start[n_seq + 1];   /* item prefix sums; n_seq is a batch size, small */
     start[0] = 0;
     for (size_t i = 0; i < n_seq; i++) start[i + 1] = start[i] + seq_items(&seqs[i], sh);
-    struct attn_fw c = { out, lse, q, kv, seqs, n_seq, sh, start, 1.0f / sqrtf((float)sh->hd) };
-    pool_for(start[n_seq], 1, fw_items, &c);
+    struct attn_fw c = { out, lse, q, kv, seqs, n_seq, sh, start, start[n_seq],
+                         1.0f / sqrtf((float)sh->hd) };
+    if (c.n_items == 0) return;
+    const size_t nt = td_min((size_t)pool_threads(), c.n_items);
+    if (nt <= 1) fw_threads(&c, 0, 1, 0);
+    else pool_for((size_t)pool_threads(), 1, fw_threads, &c);
 }
 
-/* ---------------------------------------------------------------- backward */
+/* ================================================================ backward */
 
 struct attn_bw {
     float *dq, *dk, *dv; const float *dout, *q, *out, *lse, *kv; const AttnSeq *seqs;
-    const AttnShape *sh; float scale;
+    size_t n_seq; const AttnShape *sh; float scale;
 };
 
-static void bw_item(const struct attn_bw *c, const AttnSeq *s, size_t g)
+/* One key tile of a (sequence, kv head): K^T in the blocks, K and V^T copied
+ * out (zero past the sequence's last key), gradient rows of its keys. */
+typedef struct {
+    const float *kt;
+    float krow[ATTN_TILE * HD_MAX] __attribute__((aligned(64)));   /* [j][d] */
+    float vt[HD_MAX * ATTN_TILE] __attribute__((aligned(64)));     /* [d][j] */
+    float *dk[ATTN_TILE], *dv[ATTN_TILE];
+    size_t nk;   /* keys of the tile in the sequence */
+} BwKeys;
+
+/* Up to GQ_MAX queries of one query tile. */
+typedef struct {
+    size_t nq, qt;
+    const float *q[GQ_MAX], *dout[GQ_MAX];
+    float *dq[GQ_MAX];
+    float lse[GQ_MAX], D[GQ_MAX];
+    size_t pos[GQ_MAX];
+} BwQueries;
+
+static void bw_keys(BwKeys *K, const struct attn_bw *c, const AttnSeq *s, size_t g, size_t kt)
 {
     const AttnShape *sh = c->sh;
-    const size_t hd = sh->hd, H = sh->H, R = H / sh->Hkv, qw = H * hd, kvw = sh->Hkv * hd;
-    const float scale = c->scale;
-    for (size_t r = 0; r < s->n; r++) {
-        const size_t p = s->pos + r, qt = p / ATTN_TILE;
-        for (size_t h = g * R; h < (g + 1) * R; h++) {
-            const float *q = c->q + (s->row + r) * qw + h * hd;
-            const float *dout = c->dout + (s->row + r) * qw + h * hd;
-            const float *o = c->out + (s->row + r) * qw + h * hd;
-            float *dq = c->dq + (s->row + r) * qw + h * hd;
-            const float lse = c->lse[(s->row + r) * H + h];
-            const float D = vec_dot(dout, o, hd);
-            for (size_t kt = 0; kt <= qt; kt++) {
-                const float *ktp = tile_kt(c->kv, s, sh, g, kt), *vt = tile_v(c->kv, s, sh, g, kt);
-                const float *qv[1] = { q };
-                float sc[1][ATTN_TILE];
-                tile_scores(sc, qv, 1, ktp, sh->bs, hd, scale);
-                size_t nvalid = tile_valid(kt, p);
-                for (size_t j = 0; j < nvalid; j++) {
-                    const size_t key = kt * ATTN_TILE + j;   /* row of the key: pos 0 based */
-                    const float pj = expf(sc[0][j] - lse);
-                    const float *vj = vt + j * hd;
-                    const float ds = pj * (vec_dot(dout, vj, hd) - D);
-                    float *dvj = c->dv + (s->row + key) * kvw + g * hd;
-                    float *dkj = c->dk + (s->row + key) * kvw + g * hd;
-                    const float a = scale * ds;
-                    for (size_t d = 0; d < hd; d++) {
-                        dvj[d] += pj * dout[d];
-                        dkj[d] += a * q[d];
-                        dq[d] += a * ktp[d * sh->bs + j];
-                    }
-                }
-            }
+    const size_t hd = sh->hd, kvw = sh->Hkv * hd, bs = sh->bs;
+    const float *vtile = tile_v(c->kv, s, sh, g, kt);
+    K->kt = tile_kt(c->kv, s, sh, g, kt);
+    K->nk = td_min(ATTN_TILE, s->n - kt * ATTN_TILE);
+    for (size_t j = 0; j < ATTN_TILE; j++) {
+        const int in = j < K->nk;
+        for (size_t d = 0; d < hd; d++) {
+            K->krow[j * hd + d] = in ? K->kt[d * bs + j] : 0.0f;
+            K->vt[d * ATTN_TILE + j] = in ? vtile[j * hd + d] : 0.0f;
+        }
+        const size_t r = s->row + kt * ATTN_TILE + (in ? j : 0);
+        K->dk[j] = c->dk + r * kvw + g * hd;
+        K->dv[j] = c->dv + r * kvw + g * hd;
+    }
+}
+
+/* D_i = dout_i . out_i of query v (rows then heads of group g). */
+static inline float bw_D(const struct attn_bw *c, const AttnSeq *s, size_t g, size_t v)
+{
+    const AttnShape *sh = c->sh;
+    const size_t R = sh->H / sh->Hkv, off = (s->row + v / R) * sh->H * sh->hd + (g * R + v % R) * sh->hd;
+    return row_dot(c->dout + off, c->out + off, sh->hd);
+}
+
+/* Queries [v0, v0 + GQ_MAX) of tile qt (rows then heads of group g).  Dc:
+ * D of every query of (s, g) when the caller cached them, or NULL. */
+static void bw_queries(BwQueries *Q, const struct attn_bw *c, const AttnSeq *s, size_t g, size_t qt,
+                       size_t v0, const float *Dc)
+{
+    const AttnShape *sh = c->sh;
+    const size_t hd = sh->hd, H = sh->H, R = H / sh->Hkv, qw = H * hd;
+    const size_t r0 = qt * ATTN_TILE, nr = td_min(ATTN_TILE, s->n - r0);
+    Q->qt = qt;
+    Q->nq = td_min(GQ_MAX, nr * R - v0);
+    for (size_t v = 0; v < Q->nq; v++) {
+        const size_t r = r0 + (v0 + v) / R, h = g * R + (v0 + v) % R, off = (s->row + r) * qw + h * hd;
+        Q->q[v] = c->q + off;
+        Q->dout[v] = c->dout + off;
+        Q->dq[v] = c->dq + off;
+        Q->lse[v] = c->lse[(s->row + r) * H + h];
+        Q->D[v] = Dc ? Dc[r0 * R + v0 + v] : bw_D(c, s, g, r0 * R + v0 + v);
+        Q->pos[v] = r;
+    }
+}
+
+static size_t bw_query_groups(const AttnSeq *s, const AttnShape *sh, size_t qt)
+{
+    const size_t nr = td_min(ATTN_TILE, s->n - qt * ATTN_TILE);
+    return (nr * (sh->H / sh->Hkv) + GQ_MAX - 1) / GQ_MAX;
+}
+
+/* Block (queries Q, keys K at tile kt): dv, dk of the keys when do_kv, dq
+ * of the queries when do_q. */
+static void bw_block(const struct attn_bw *c, const BwQueries *Q, const BwKeys *K, size_t kt,
+                     int do_kv, int do_q)
+{
+    const size_t hd = c->sh->hd, nq = Q->nq;
+    if (nq == 0) return;
+    float s[GQ_MAX * 16] __attribute__((aligned(64))), dp[GQ_MAX * 16] __attribute__((aligned(64)));
+    float p[GQ_MAX * 16] __attribute__((aligned(64))), ds[GQ_MAX * 16] __attribute__((aligned(64)));
+    const float *vt = K->vt;
+    scores_all(s, Q->q, nq, &K->kt, 1, c->sh->bs, hd, c->scale);    /* s = q k^T scale */
+    scores_all(dp, Q->dout, nq, &vt, 1, ATTN_TILE, hd, 1.0f);       /* dp = dout v^T */
+    for (size_t v = 0; v < nq; v++)
+        bw_ds(p + 16 * v, ds + 16 * v, s + 16 * v, dp + 16 * v, Q->lse[v], Q->D[v],
+              tile_valid(kt, Q->pos[v]), c->scale);
+    if (do_kv) {
+        acc_keys(K->dv, K->nk, p, Q->dout, nq, hd);    /* dv_j += p_ij dout_i */
+        acc_keys(K->dk, K->nk, ds, Q->q, nq, hd);      /* dk_j += ds_ij q_i */
+    }
+    if (do_q) {
+        static const float ones[GQ_MAX] = { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1 };
+        pv(Q->dq, ds, ones, K->krow, hd, nq, hd, ATTN_TILE);   /* dq_i += ds_ij k_j */
+    }
+}
+
+static size_t seq_tiles(const AttnSeq *s) { return (s->n + ATTN_TILE - 1) / ATTN_TILE; }
+
+/* Key tile kt of (s, g): dk, dv over query tiles kt.. in order (and dq of
+ * those queries too when do_q: the one-pass schedule). */
+static void bw_key_tile(const struct attn_bw *c, const AttnSeq *s, size_t g, size_t kt, int do_q,
+                        const float *Dc)
+{
+    BwKeys K;
+    BwQueries Q;
+    bw_keys(&K, c, s, g, kt);
+    for (size_t qt = kt; qt < seq_tiles(s); qt++)
+        for (size_t u = 0; u < bw_query_groups(s, c->sh, qt); u++) {
+            bw_queries(&Q, c, s, g, qt, u * GQ_MAX, Dc);
+            bw_block(c, &Q, &K, kt, 1, do_q);
+        }
+}
+
+/* Query tile qt of (s, g): dq over key tiles 0..qt in order. */
+static void bw_query_tile(const struct attn_bw *c, const AttnSeq *s, size_t g, size_t qt)
+{
+    BwKeys K;
+    BwQueries Q;
+    for (size_t u = 0; u < bw_query_groups(s, c->sh, qt); u++) {
+        bw_queries(&Q, c, s, g, qt, u * GQ_MAX, NULL);
+        for (size_t kt = 0; kt <= qt; kt++) {
+            bw_keys(&K, c, s, g, kt);
+            bw_block(c, &Q, &K, kt, 0, 1);
         }
     }
 }
 
-static void bw_items(void *vc, size_t i0, size_t i1, int tid)
+/* Item (s, g) of the one-pass schedule: key tiles in order, D computed once
+ * when it fits the cache (it is the same value either way). */
+static void bw_item(const struct attn_bw *c, const AttnSeq *s, size_t g)
+{
+    float Dc[D_CACHE];
+    const size_t nq = s->n * (c->sh->H / c->sh->Hkv);
+    if (nq <= D_CACHE)
+        for (size_t v = 0; v < nq; v++) Dc[v] = bw_D(c, s, g, v);
+    for (size_t kt = 0; kt < seq_tiles(s); kt++) bw_key_tile(c, s, g, kt, 1, nq <= D_CACHE ? Dc : NULL);
+}
+
+/* Schedules: items (sequence, kv head) with key tiles outer; or pass 1 =
+ * (sequence, kv head, key tile) for dk, dv and pass 2 = (sequence, kv head,
+ * query tile) for dq. */
+enum { BW_ITEMS, BW_KEYS, BW_QUERIES };
+
+struct bw_run { const struct attn_bw *c; int pass; size_t n_items; };
+
+/* Decodes item it of a pass into (sequence, kv head, tile); returns its cost in blocks. */
+static size_t bw_item_at(const struct attn_bw *c, int pass, size_t it, size_t *si, size_t *g, size_t *t)
+{
+    const size_t Hkv = c->sh->Hkv;
+    if (pass == BW_ITEMS) {
+        *si = it / Hkv;
+        *g = it % Hkv;
+        *t = 0;
+        const size_t n = seq_tiles(&c->seqs[*si]);
+        return n * (n + 1) / 2;
+    }
+    for (*si = 0;; (*si)++) {   /* tiles of sequence si x Hkv items */
+        const size_t n = seq_tiles(&c->seqs[*si]) * Hkv;
+        if (it < n) break;
+        it -= n;
+    }
+    const size_t n = seq_tiles(&c->seqs[*si]);
+    *g = it % Hkv;
+    *t = it / Hkv;
+    return pass == BW_KEYS ? n - *t : *t + 1;
+}
+
+static void bw_threads(void *vr, size_t t0, size_t t1, int tid)
 {
     (void)tid;
-    const struct attn_bw *c = vc;
-    for (size_t it = i0; it < i1; it++)
-        bw_item(c, &c->seqs[it / c->sh->Hkv], it % c->sh->Hkv);
+    const struct bw_run *r = vr;
+    const size_t nt = (size_t)pool_threads();
+    for (size_t it = 0; it < r->n_items; it++) {
+        const size_t owner = snake_owner(it, nt);
+        if (owner < t0 || owner >= t1) continue;
+        size_t si, g, t;
+        bw_item_at(r->c, r->pass, it, &si, &g, &t);
+        const AttnSeq *s = &r->c->seqs[si];
+        if (r->pass == BW_ITEMS)
+            bw_item(r->c, s, g);
+        else if (r->pass == BW_KEYS)
+            bw_key_tile(r->c, s, g, t, 0, NULL);
+        else
+            bw_query_tile(r->c, s, g, t);
+    }
+}
+
+static void bw_run(const struct attn_bw *c, int pass, size_t n_items)
+{
+    struct bw_run r = { c, pass, n_items };
+    if (n_items == 0) return;
+    if (pool_threads() <= 1 || n_items == 1) bw_threads(&r, 0, (size_t)pool_threads(), 0);
+    else pool_for((size_t)pool_threads(), 1, bw_threads, &r);
 }
 
 void attention_backward(float *dq, float *dk, float *dv, const float *restrict dout,
@@ -248,9 +839,30 @@ void attention_backward(float *dq, float *dk, float *dv, const float *restrict d
                         const float *restrict lse, const float *kv, const AttnSeq *seqs,
                         size_t n_seq, const AttnShape *sh)
 {
-    for (size_t i = 0; i < n_seq; i++)
+    TD_CHECK(sh->hd <= HD_MAX, "attention: head_dim %zu > %d", sh->hd, HD_MAX);
+    size_t n_tiles = 0;
+    for (size_t i = 0; i < n_seq; i++) {
         TD_CHECK(seqs[i].pos == 0, "attention_backward: sequence %zu starts at %zu, not 0",
                  i, seqs[i].pos);
-    struct attn_bw c = { dq, dk, dv, dout, q, out, lse, kv, seqs, sh, 1.0f / sqrtf((float)sh->hd) };
-    pool_for(n_seq * sh->Hkv, 1, bw_items, &c);
+        n_tiles += seq_tiles(&seqs[i]);
+    }
+    struct attn_bw c = { dq, dk, dv, dout, q, out, lse, kv, seqs, n_seq, sh, 1.0f / sqrtf((float)sh->hd) };
+    /* One pass over (sequence, kv head) items unless its busiest thread
+     * would carry more than 1.3x an even share; the two-pass schedule costs
+     * ~1.4x the work (s, p, dp are computed twice) but splits finely. */
+    const size_t nt = (size_t)pool_threads(), n_items = n_seq * sh->Hkv;
+    double load[64] = { 0 }, total = 0, worst = 0;
+    for (size_t it = 0; it < n_items && nt > 1 && nt <= 64; it++) {
+        size_t si, g, t;
+        const double w = (double)bw_item_at(&c, BW_ITEMS, it, &si, &g, &t);
+        load[snake_owner(it, nt)] += w;
+        total += w;
+    }
+    for (size_t t = 0; t < nt && t < 64; t++) worst = load[t] > worst ? load[t] : worst;
+    if (nt <= 1 || nt > 64 || worst <= 1.3 * total / (double)nt) {
+        bw_run(&c, BW_ITEMS, n_items);
+    } else {
+        bw_run(&c, BW_KEYS, n_tiles * sh->Hkv);
+        bw_run(&c, BW_QUERIES, n_tiles * sh->Hkv);
+    }
 }

@@ -12,13 +12,16 @@
  *
  * The kernel walks keys in tiles of ATTN_TILE positions aligned to absolute
  * positions (tile j = positions [16j, 16j+16)), and for each query keeps a
- * running max m, sum l and output o:
+ * running max m, 16 lane sums l_0..l_15 and an output o:
  *
  *     s_j = (q . k_j) * scale       (q . k_j: FMA chain over d = 0..hd-1)
  *     m' = max(m, max_j s_j);  c = exp(m - m');  p_j = exp(s_j - m')
- *     l = l c + sum_j p_j;     o = o c + sum_j p_j v_j    (j in order)
+ *     l_j = l_j c + p_j  (lane j: keys at positions = j mod 16)
+ *     o = o c + sum_j p_j v_j    (j in order, FMA)
  *
- * finally a = o / l and lse = m + log l.  Memory is O(T), never T x T.  A
+ * with exp the vectorised core/vexp.h (the same bits on every path); at the
+ * end l is the lanes summed by core/vec.h's fixed tree,
+ * a = o / l and lse = m + log l.  Memory is O(T), never T x T.  A
  * query's result depends only on its position, its q and the keys/values at
  * positions <= its own: a decode step at position p gives the bits of row p
  * of a full forward, whatever the batch around it.

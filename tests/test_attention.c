@@ -8,10 +8,29 @@
  * written here, PyTorch (attention.h5 from tests/ref/fixtures_ops.py, float64
  * softmax attention and autograd) and central finite differences of the
  * naive forward; decode steps and chunked prefill bit for bit against the
- * full forward; 1 vs 2 threads bit for bit. */
+ * full forward (also at long contexts, where decode scores several tiles at
+ * once); 1 vs 2 threads bit for bit (both backward schedules); the AVX-512
+ * kernels against the portable ones bit for bit, and the exp of core/vexp.h
+ * against double exp. */
+
+/* The portable path of core/attention.c, compiled into this file under
+ * other names (as tests/test_gemm.c does for the GEMM), so that the
+ * library's kernels (AVX-512 when the build machine has it) can be compared
+ * with it bit for bit in one binary. */
 #include "core/attention.h"
+#define TANDEM_PORTABLE 1
+#define attention_kv_store portable_attention_kv_store
+#define attention_forward portable_attention_forward
+#define attention_backward portable_attention_backward
+#include "core/attention.c"
+#undef attention_kv_store
+#undef attention_forward
+#undef attention_backward
+#undef TANDEM_PORTABLE
+
 #include "core/common.h"
 #include "core/pool.h"
+#include "core/vexp.h"
 #include "tests/fixture.h"
 
 #include <criterion/criterion.h>
@@ -610,6 +629,269 @@ Test(attention, two_threads_bit_identical)
             td_free(dv[t]);
         }
         td_free(dout);
+        qkv_free(&x);
+        layout_free(&L);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+/* ------------------------------------------------------------ exp */
+
+/* |y - e^x| in units of the last place of e^x (as a float; subnormals have
+ * the ulp of the smallest normal binade's neighbours, 2^-149). */
+static double exp_ulp_err(float y, float x)
+{
+    const double ref = exp((double)x);
+    if (ref > 0x1.fffffep127) return isinf(y) ? 0 : INFINITY;
+    int e;
+    frexp(ref, &e);
+    const double ulp = fmax(ldexp(1.0, e - 24), ldexp(1.0, -149));
+    return fabs((double)y - ref) / ulp;
+}
+
+Test(attention, exp_is_within_one_ulp_and_the_same_bits_on_both_paths)
+{
+    /* Every float in [-104, 89] was checked when core/vexp.h was written:
+     * 0.99 ulp at worst, vector = portable everywhere.  Here: 2^20 uniform
+     * points, 2^16 around 0 and near the ends, and the special values. */
+    enum { N = (1 << 20) + 3 * (1 << 16) };
+    float *x = td_malloc(N * sizeof(float));
+    fixture_fill(x, 1 << 20, 200, -104.0f, 89.0f);
+    fixture_fill(x + (1 << 20), 1 << 16, 201, -1e-3f, 1e-3f);
+    fixture_fill(x + (1 << 20) + (1 << 16), 1 << 16, 202, -104.0f, -86.0f);
+    fixture_fill(x + (1 << 20) + 2 * (1 << 16), 1 << 16, 203, 86.0f, 89.0f);
+    double worst = 0;
+    size_t wi = 0, bad_bits = 0;
+    for (size_t i = 0; i < N; i++) {
+        const double e = exp_ulp_err(vexp1(x[i]), x[i]);
+        if (e > worst) {
+            worst = e;
+            wi = i;
+        }
+    }
+    cr_expect(worst <= 1.0, "vexp1: %.3f ulp at x = %a: got %a, want %a", worst, (double)x[wi],
+              (double)vexp1(x[wi]), exp((double)x[wi]));
+#ifdef __AVX512F__
+    for (size_t i = 0; i + 16 <= N; i += 16) {
+        float y[16];
+        _mm512_storeu_ps(y, vexp16(_mm512_loadu_ps(x + i)));
+        for (int j = 0; j < 16; j++) {
+            const float z = vexp1(x[i + j]);
+            bad_bits += memcmp(&y[j], &z, sizeof z) != 0;
+        }
+    }
+#endif
+    cr_expect_eq(bad_bits, 0, "vexp16 and vexp1 differ on %zu inputs", bad_bits);
+    static const float sp[] = { 0.0f, -0.0f, -INFINITY, INFINITY, -104.0f, -200.0f, 88.8f, 1000.0f };
+    static const float want[] = { 1.0f, 1.0f, 0.0f, INFINITY, 0.0f, 0.0f, INFINITY, INFINITY };
+    for (size_t i = 0; i < sizeof sp / sizeof *sp; i++) {
+        const float y = vexp1(sp[i]);
+        cr_expect(memcmp(&y, &want[i], sizeof y) == 0, "exp(%g) = %a, want %a", (double)sp[i], (double)y,
+                  (double)want[i]);
+#ifdef __AVX512F__
+        const float v = _mm512_cvtss_f32(vexp16(_mm512_set1_ps(sp[i])));
+        cr_expect(memcmp(&v, &y, sizeof y) == 0, "vexp16(%g) = %a, vexp1 %a", (double)sp[i], (double)v, (double)y);
+#endif
+    }
+    cr_expect(isnan(vexp1(NAN)), "exp(NaN) should be NaN");
+    td_free(x);
+    EXPECT_NO_LEAKS();
+}
+
+/* ------------------------------------------------------------ long contexts, kernel paths */
+
+/* Shapes that reach every kernel variant: one query per item (R = 1: decode
+ * scores 8 tiles at once), 3 (3 tiles), 8 (R = 8: a prefill tile has 128
+ * queries, two groups), hd not a multiple of 16 and hd with two chunk
+ * groups (80) or four (256). */
+static const size_t LONG_CONFIGS[][3] = { { 2, 2, 16 }, { 6, 2, 24 }, { 8, 1, 8 }, { 2, 1, 80 }, { 1, 1, 256 } };
+#define N_LONG (sizeof LONG_CONFIGS / sizeof *LONG_CONFIGS)
+
+Test(attention, long_context_decode_and_chunks_give_the_bits_of_the_full_forward)
+{
+    const size_t lens[] = { 203 };
+    static const size_t cuts[][3] = { { 77, 150, 203 }, { 128, 129, 203 }, { 5, 200, 203 } };
+    for (size_t c = 0; c < N_LONG; c++) {
+        const size_t H = LONG_CONFIGS[c][0], Hkv = LONG_CONFIGS[c][1], hd = LONG_CONFIGS[c][2], qw = H * hd;
+        const size_t bs = c % 2 ? 32 : 16, T = lens[0];
+        Layout L;
+        layout_init(&L, H, Hkv, hd, bs, lens, 1, 210 + c);
+        Qkv x = qkv_rand(&L, 220 + c);
+        float *out, *lse;
+        full_forward(&out, &lse, &L, &x);
+        char what[112];
+        /* against the naive double attention, as forward_matches_naive_... */
+        double *qd = to_f64(x.q, T * qw), *kd = to_f64(x.k, T * Hkv * hd), *vd = to_f64(x.v, T * Hkv * hd);
+        double *od = td_malloc(T * qw * sizeof(double)), *ld = td_malloc(T * H * sizeof(double));
+        naive_attention(od, ld, qd, kd, vd, lens, 1, H, Hkv, hd);
+        float *o_want = to_f32(od, T * qw), *l_want = to_f32(ld, T * H);
+        /* up to 256 products per score (hd) and 203 keys: a few ulp more
+         * than the short cases; observed < 1e-6 */
+        snprintf(what, sizeof what, "long out vs naive, H=%zu Hkv=%zu hd=%zu", H, Hkv, hd);
+        EXPECT_CLOSE(out, o_want, T * qw, 4e-6, 0, what);
+        snprintf(what, sizeof what, "long lse vs naive, H=%zu Hkv=%zu hd=%zu", H, Hkv, hd);
+        EXPECT_CLOSE(lse, l_want, T * H, 4e-6, 1e-6, what);
+        /* decode at every position */
+        float *o1 = td_malloc(qw * sizeof(float)), *l1 = td_malloc(H * sizeof(float));
+        size_t bad = 0, first = T;
+        for (size_t p = 0; p < T; p++) {
+            AttnSeq s1 = { 0, 1, p, L.table[0] };
+            attention_forward(o1, l1, x.q + p * qw, L.kv, &s1, 1, &L.sh);
+            if (fixture_first_diff(o1, out + p * qw, qw) != qw || fixture_first_diff(l1, lse + p * H, H) != H) {
+                bad++;
+                first = first < p ? first : p;
+            }
+        }
+        cr_expect_eq(bad, 0, "H=%zu Hkv=%zu hd=%zu bs=%zu: %zu decode positions differ from the full "
+                     "forward, first %zu", H, Hkv, hd, bs, bad, first);
+        /* chunked prefill */
+        float *oc = td_malloc(T * qw * sizeof(float)), *lc = td_malloc(T * H * sizeof(float));
+        for (size_t u = 0; u < sizeof cuts / sizeof *cuts; u++) {
+            layout_clear(&L);
+            for (size_t j = 0, p0 = 0; j < 3; p0 = cuts[u][j++]) {
+                AttnSeq sc = { 0, cuts[u][j] - p0, p0, L.table[0] };
+                attention_kv_store(L.kv, &sc, 1, x.k + p0 * Hkv * hd, x.v + p0 * Hkv * hd, &L.sh);
+                attention_forward(oc + p0 * qw, lc + p0 * H, x.q + p0 * qw, L.kv, &sc, 1, &L.sh);
+            }
+            snprintf(what, sizeof what, "chunks ..%zu ..%zu ..%zu, H=%zu Hkv=%zu hd=%zu bs=%zu", cuts[u][0],
+                     cuts[u][1], cuts[u][2], H, Hkv, hd, bs);
+            EXPECT_BITWISE(oc, out, T * qw, what);
+            EXPECT_BITWISE(lc, lse, T * H, what);
+        }
+        td_free(qd);
+        td_free(kd);
+        td_free(vd);
+        td_free(od);
+        td_free(ld);
+        td_free(o_want);
+        td_free(l_want);
+        td_free(o1);
+        td_free(l1);
+        td_free(oc);
+        td_free(lc);
+        td_free(out);
+        td_free(lse);
+        qkv_free(&x);
+        layout_free(&L);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+Test(attention, avx512_and_portable_kernels_give_the_same_bits)
+{
+    /* The library's kernels (AVX-512 on this machine when it has it)
+     * against the portable ones compiled into this file: forward (full,
+     * decode batch) and backward, bit for bit. */
+    const size_t lens[] = { 150, 37, 1 };
+    for (size_t c = 0; c < N_LONG; c++) {
+        const size_t H = LONG_CONFIGS[c][0], Hkv = LONG_CONFIGS[c][1], hd = LONG_CONFIGS[c][2];
+        Layout L;
+        layout_init(&L, H, Hkv, hd, 16, lens, 3, 230 + c);
+        Qkv x = qkv_rand(&L, 240 + c);
+        const size_t rows = L.rows, qn = rows * H * hd, kn = rows * Hkv * hd;
+        float *out[2], *lse[2], *dq[2], *dk[2], *dv[2];
+        float *dout = fixture_rand(qn, 250 + c, -1, 1);
+        for (int t = 0; t < 2; t++) {
+            out[t] = td_malloc(qn * sizeof(float));
+            lse[t] = td_malloc(rows * H * sizeof(float));
+            dq[t] = fixture_rand(qn, 251, -1, 1);
+            dk[t] = fixture_rand(kn, 252, -1, 1);
+            dv[t] = fixture_rand(kn, 253, -1, 1);
+        }
+        attention_kv_store(L.kv, L.seq, 3, x.k, x.v, &L.sh);
+        attention_forward(out[0], lse[0], x.q, L.kv, L.seq, 3, &L.sh);
+        portable_attention_forward(out[1], lse[1], x.q, L.kv, L.seq, 3, &L.sh);
+        attention_backward(dq[0], dk[0], dv[0], dout, x.q, out[0], lse[0], L.kv, L.seq, 3, &L.sh);
+        portable_attention_backward(dq[1], dk[1], dv[1], dout, x.q, out[0], lse[0], L.kv, L.seq, 3, &L.sh);
+        char what[80];
+        snprintf(what, sizeof what, "portable vs library, H=%zu Hkv=%zu hd=%zu: out", H, Hkv, hd);
+        EXPECT_BITWISE(out[1], out[0], qn, what);
+        snprintf(what, sizeof what, "portable vs library, H=%zu Hkv=%zu hd=%zu: lse", H, Hkv, hd);
+        EXPECT_BITWISE(lse[1], lse[0], rows * H, what);
+        snprintf(what, sizeof what, "portable vs library, H=%zu Hkv=%zu hd=%zu: dq", H, Hkv, hd);
+        EXPECT_BITWISE(dq[1], dq[0], qn, what);
+        snprintf(what, sizeof what, "portable vs library, H=%zu Hkv=%zu hd=%zu: dk", H, Hkv, hd);
+        EXPECT_BITWISE(dk[1], dk[0], kn, what);
+        snprintf(what, sizeof what, "portable vs library, H=%zu Hkv=%zu hd=%zu: dv", H, Hkv, hd);
+        EXPECT_BITWISE(dv[1], dv[0], kn, what);
+        /* a decode batch: one row of each sequence at its last position */
+        const size_t qw = H * hd;
+        float *qb = td_malloc(3 * qw * sizeof(float)), *ob[2], *lb[2];
+        AttnSeq sb[3];
+        for (size_t i = 0; i < 3; i++) {
+            memcpy(qb + i * qw, x.q + (L.seq[i].row + lens[i] - 1) * qw, qw * sizeof(float));
+            sb[i] = (AttnSeq){ i, 1, lens[i] - 1, L.table[i] };
+        }
+        for (int t = 0; t < 2; t++) {
+            ob[t] = td_malloc(3 * qw * sizeof(float));
+            lb[t] = td_malloc(3 * H * sizeof(float));
+        }
+        attention_forward(ob[0], lb[0], qb, L.kv, sb, 3, &L.sh);
+        portable_attention_forward(ob[1], lb[1], qb, L.kv, sb, 3, &L.sh);
+        snprintf(what, sizeof what, "portable vs library decode, H=%zu Hkv=%zu hd=%zu", H, Hkv, hd);
+        EXPECT_BITWISE(ob[1], ob[0], 3 * qw, what);
+        EXPECT_BITWISE(lb[1], lb[0], 3 * H, what);
+        for (int t = 0; t < 2; t++) {
+            td_free(out[t]);
+            td_free(lse[t]);
+            td_free(dq[t]);
+            td_free(dk[t]);
+            td_free(dv[t]);
+            td_free(ob[t]);
+            td_free(lb[t]);
+        }
+        td_free(qb);
+        td_free(dout);
+        qkv_free(&x);
+        layout_free(&L);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+Test(attention, backward_schedules_give_the_same_bits)
+{
+    /* One sequence and one kv head is a single (sequence, kv head) item: on
+     * 2 threads the backward switches to its two-pass schedule (dk, dv per
+     * key tile, dq per query tile), which must give the bits of the one-pass
+     * schedule used on 1 thread.  A second case, two sequences of very
+     * different lengths, balances badly too. */
+    static const struct { size_t H, Hkv, hd, n_seq, lens[2]; } cases[] = {
+        { 4, 1, 32, 1, { 150 } },
+        { 2, 1, 80, 2, { 100, 7 } },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const size_t H = cases[c].H, Hkv = cases[c].Hkv, hd = cases[c].hd, n_seq = cases[c].n_seq;
+        Layout L;
+        layout_init(&L, H, Hkv, hd, 16, cases[c].lens, n_seq, 260 + c);
+        Qkv x = qkv_rand(&L, 270 + c);
+        const size_t rows = L.rows, qn = rows * H * hd, kn = rows * Hkv * hd;
+        float *dout = fixture_rand(qn, 280 + c, -1, 1);
+        float *out, *lse;
+        full_forward(&out, &lse, &L, &x);
+        float *dq[2], *dk[2], *dv[2];
+        for (int t = 0; t < 2; t++) {
+            pool_init(t + 1);
+            dq[t] = fixture_rand(qn, 281, -1, 1);
+            dk[t] = fixture_rand(kn, 282, -1, 1);
+            dv[t] = fixture_rand(kn, 283, -1, 1);
+            attention_backward(dq[t], dk[t], dv[t], dout, x.q, out, lse, L.kv, L.seq, n_seq, &L.sh);
+        }
+        pool_init(1);
+        char what[80];
+        snprintf(what, sizeof what, "two-pass vs one-pass, case %zu: dq", c);
+        EXPECT_BITWISE(dq[1], dq[0], qn, what);
+        snprintf(what, sizeof what, "two-pass vs one-pass, case %zu: dk", c);
+        EXPECT_BITWISE(dk[1], dk[0], kn, what);
+        snprintf(what, sizeof what, "two-pass vs one-pass, case %zu: dv", c);
+        EXPECT_BITWISE(dv[1], dv[0], kn, what);
+        for (int t = 0; t < 2; t++) {
+            td_free(dq[t]);
+            td_free(dk[t]);
+            td_free(dv[t]);
+        }
+        td_free(dout);
+        td_free(out);
+        td_free(lse);
         qkv_free(&x);
         layout_free(&L);
     }
