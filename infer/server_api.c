@@ -283,39 +283,13 @@ void api_completion_free(ApiCompletion *q)
 
 /* -------------------------------------------------------------------- text */
 
-/* Length of the valid UTF-8 sequence at b[0..n) (1..4), 0 when invalid, -1
- * when a valid but incomplete prefix: the rule of infer/text.c, which does
- * not export it. */
-static int utf8_len(const int32_t *b, size_t n)
-{
-    unsigned c = (unsigned)b[0] & 0xff;
-    int len;
-    unsigned min;
-    if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) { len = 2; min = 0x80; }
-    else if (c >= 0xe0 && c <= 0xef) { len = 3; min = 0x800; }
-    else if (c >= 0xf0 && c <= 0xf4) { len = 4; min = 0x10000; }
-    else return 0;
-    unsigned cp = c & (0x3fu >> (len - 1));
-    for (int i = 1; i < len; i++) {
-        if ((size_t)i >= n) return -1;
-        unsigned x = (unsigned)b[i] & 0xff;
-        if ((x & 0xc0) != 0x80) return 0;
-        cp = cp << 6 | (x & 0x3f);
-        if (i == 1 && ((len == 3 && c == 0xe0 && x < 0xa0) || (len == 3 && c == 0xed && x > 0x9f) ||
-                       (len == 4 && c == 0xf0 && x < 0x90) || (len == 4 && c == 0xf4 && x > 0x8f)))
-            return 0;
-    }
-    return cp >= min ? len : 0;
-}
-
 size_t api_text(char *out, size_t *offs, const int32_t *ids, size_t n)
 {
     size_t o = 0;
     for (size_t i = 0; i < n;) {
-        int l = utf8_len(ids + i, n - i);
+        int l = text_utf8_len(ids + i, n - i);
         size_t g = l > 0 ? (size_t)l : 1;
-        /* the bytes come from text_from_tokens, the grouping from utf8_len,
+        /* the bytes come from text_from_tokens, the grouping from text_utf8_len,
          * so text and offsets always agree */
         size_t w = text_from_tokens(out + o, ids + i, g);
         if (offs)

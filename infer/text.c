@@ -26,6 +26,14 @@ static int seq_len(const uint8_t *b, size_t n)
     return cp >= min ? len : 0;
 }
 
+int text_utf8_len(const int32_t *ids, size_t n)
+{
+    uint8_t buf[4];
+    size_t m = n < 4 ? n : 4;
+    for (size_t j = 0; j < m; j++) buf[j] = (uint8_t)ids[j];
+    return seq_len(buf, m);
+}
+
 size_t text_from_tokens(char *out, const int32_t *ids, size_t n)
 {
     size_t o = 0, i = 0;

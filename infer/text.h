@@ -14,6 +14,11 @@ size_t text_from_tokens(char *out, const int32_t *ids, size_t n);
 /* Length of the longest prefix of bytes[0..n) that does not end inside an
  * incomplete UTF-8 sequence (what a stream can emit now). */
 size_t text_complete_prefix(const uint8_t *bytes, size_t n);
+/* Length of the valid UTF-8 sequence starting at byte tokens ids[0..n):
+ * 1..4, 0 when ids[0] starts no valid sequence, -1 when the tokens are a
+ * valid but incomplete prefix.  The one definition of the rule that
+ * text_from_tokens and text_complete_prefix follow. */
+int text_utf8_len(const int32_t *ids, size_t n);
 /* Tokens of a text (its bytes); returns n written (<= strlen). */
 size_t text_to_tokens(int32_t *ids, const char *s, size_t len);
 
