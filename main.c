@@ -25,6 +25,7 @@ static const struct {
     { "score", cmd_score, "per-token log-probabilities of windows to HDF5" },
     { "generate", cmd_generate, "sample a completion from a checkpoint" },
     { "serve", cmd_serve, "OpenAI-compatible HTTP server" },
+    { "rollout", cmd_rollout, "RL rollout worker: samples, logprobs, routes, policy version" },
     { "rl", cmd_rl, "GRPO post-training with exact rollout logprobs" },
     { NULL, NULL, NULL },
 };

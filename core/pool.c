@@ -1,4 +1,12 @@
-/* core/pool.c - static-partition thread pool with spin-then-futex waiting. */
+/* core/pool.c - static-partition thread pool with spin-then-futex waiting.
+ *
+ * A region's work is cut into one chunk per thread (range_of: fixed
+ * boundaries).  Chunk t belongs to helper t, but whoever claims it first
+ * runs it: the caller, once its own chunk is done, claims every chunk not
+ * yet taken.  So a helper that is slow to wake (descheduled on a busy
+ * machine, or asleep in futex_wait) never stalls the caller; and since the
+ * boundaries do not move, results are the same whoever runs a chunk.
+ * claim[t] holds the last region (generation) chunk t was claimed for. */
 #include "core/pool.h"
 #include "core/common.h"
 
@@ -6,6 +14,7 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -18,7 +27,8 @@ static struct {
     pthread_t tid[POOL_MAX];
     _Atomic unsigned gen;           /* bumped to start a region */
     unsigned gen0;                  /* gen when the helpers were created */
-    _Atomic int pending;            /* helpers still working on it */
+    _Atomic unsigned claim[POOL_MAX];  /* region each chunk was last claimed for */
+    _Atomic int done;               /* chunks of the current region finished */
     _Atomic int stop;
     _Atomic int sleepers;           /* helpers inside futex_wait */
     PoolFn fn;
@@ -60,6 +70,16 @@ static void run_share(int t)
     size_t b, e;
     range_of(t, g_pool.n, g_pool.n_items, g_pool.grain, &b, &e);
     if (b < e) g_pool.fn(g_pool.ctx, b, e, t);
+    atomic_fetch_add_explicit(&g_pool.done, 1, memory_order_release);
+}
+
+/* Claims chunk t for region g; true when this thread should run it.  The
+ * region's parameters are read only after a successful claim: region g
+ * cannot finish (nor g+1 start) before a claimed chunk of g is done. */
+static bool claim(int t, unsigned g)
+{
+    unsigned c = atomic_load(&g_pool.claim[t]);
+    return c != g && atomic_compare_exchange_strong(&g_pool.claim[t], &c, g);
 }
 
 static void *worker(void *arg)
@@ -84,8 +104,7 @@ static void *worker(void *arg)
         }
         seen = g;
         if (atomic_load(&g_pool.stop)) return NULL;
-        run_share(t);
-        atomic_fetch_sub_explicit(&g_pool.pending, 1, memory_order_release);
+        if (claim(t, g)) run_share(t);
     }
 }
 
@@ -142,14 +161,16 @@ void pool_for(size_t n, size_t grain, PoolFn fn, void *ctx)
     g_pool.ctx = ctx;
     g_pool.n_items = n;
     g_pool.grain = grain;
-    atomic_store(&g_pool.pending, g_pool.n - 1);
-    atomic_fetch_add(&g_pool.gen, 1);
+    atomic_store(&g_pool.done, 0);
+    unsigned g = atomic_fetch_add(&g_pool.gen, 1) + 1;
     /* A helper that bumped sleepers after this load sees the new gen inside
      * futex_wait and does not sleep (both atomics are sequentially
      * consistent), so the wake-up syscall is only paid when one sleeps. */
     if (atomic_load(&g_pool.sleepers) > 0) futex_wake_all(&g_pool.gen);
     t_in_region = 1;
     run_share(0);
+    for (int t = 1; t < g_pool.n; t++)   /* chunks no helper has taken yet */
+        if (claim(t, g)) run_share(t);
     t_in_region = 0;
-    while (atomic_load_explicit(&g_pool.pending, memory_order_acquire) > 0) cpu_relax();
+    while (atomic_load_explicit(&g_pool.done, memory_order_acquire) < g_pool.n) cpu_relax();
 }

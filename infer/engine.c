@@ -184,11 +184,30 @@ static Request *preempt_youngest(Engine *e)
     return r;
 }
 
+void engine_hold(Engine *e, bool hold)
+{
+    pthread_mutex_lock(&e->mu);
+    e->hold = hold;
+    pthread_mutex_unlock(&e->mu);
+}
+
+size_t engine_admitted_live(Engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    size_t n = e->n_running;
+    for (const Request *r = e->q_head; r; r = r->next) n += r->admit_order != 0;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
 static void admit(Engine *e)
 {
     pthread_mutex_lock(&e->mu);
     while (e->q_head && e->n_running < e->o.max_running) {
         Request *r = e->q_head;
+        /* held: only preempted requests (admitted before) come back; they
+         * sit at the front of the queue */
+        if (e->hold && r->admit_order == 0) break;
         e->q_head = r->next;
         if (!e->q_head) e->q_tail = NULL;
         e->st.waiting--;
@@ -452,7 +471,7 @@ size_t engine_step(Engine *e)
         r->t_last = now;
         size_t stop = stop_hit(r);
         if (stop) {
-            r->n_out -= stop;   /* OpenAI: the stop string is not returned */
+            if (!r->gp.keep_stop) r->n_out -= stop;   /* OpenAI: the stop string is not returned */
             finish(e, r, "stop");
             continue;
         }

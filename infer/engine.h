@@ -45,6 +45,7 @@ typedef struct {
     int n_stop;
     char stop[ENGINE_MAX_STOP][ENGINE_STOP_LEN];
     bool want_routes;                     /* record experts per token per MoE layer */
+    bool keep_stop;                       /* keep the stop string in out (RL: every sampled token) */
 } GenParams;
 
 struct Request {
@@ -108,6 +109,7 @@ typedef struct {
     uint64_t admit_counter;
     EngineStats st;
     bool distributed;         /* rank 0 of a tp/ep job: broadcast every step */
+    bool hold;                /* admission held (engine_hold), guarded by mu */
 } Engine;
 
 void engine_opts_default(EngineOpts *o);
@@ -130,6 +132,18 @@ size_t engine_step(Engine *e);
  * thread when idle). */
 void engine_wait(Engine *e, int timeout_ms);
 void engine_stats(Engine *e, EngineStats *out);
+
+/* Admission hold, for swapping the weights between steps (tandem rollout
+ * --follow).  While held, engine_step admits no new request; requests that
+ * were admitted before and then preempted are still readmitted, so every
+ * admitted request runs to its end under the weights it started with.
+ * Any thread. */
+void engine_hold(Engine *e, bool hold);
+/* Requests admitted at least once that have not finished (running, or
+ * preempted and waiting to be readmitted).  0 while held means no request
+ * depends on the current weights or KV cache: the weights may be replaced
+ * (then call engine_hold(e, false)).  Any thread. */
+size_t engine_admitted_live(Engine *e);
 
 /* Tensor / expert parallel serving (all ranks of the world hold a shard of
  * the model, m->topo).  Rank 0 sets e->distributed = true and drives the

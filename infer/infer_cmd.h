@@ -11,6 +11,8 @@
 
 int cmd_generate(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+/* `tandem rollout`: the RL rollout worker (infer/rollout_cmd.c). */
+int cmd_rollout(int argc, char **argv);
 
 /* Sampling options shared by the commands (--max-tokens --temperature
  * --top-k --top-p --seed --stop --logprobs).  0 or -1 with err. */

@@ -810,8 +810,10 @@ static double sync_weights(Rl *r, bool *equal)
     *equal = true;
     if (!r->split) return 0.0;
     bool member = r->rollout_rank || r->all_rank == 0;
-    double t0 = td_now();
+    double t0 = 0;
     if (member) {
+        comm_barrier(COMM_SYNC);   /* time the transfer, not the wait for the trainers */
+        t0 = td_now();
         comm_bcast(COMM_SYNC, r->m.w, r->m.n_w * sizeof(float), 0);
         if (r->rollout_rank) model_pack(&r->m);
         uint64_t h = hash_weights(&r->m);
@@ -819,7 +821,7 @@ static double sync_weights(Rl *r, bool *equal)
         comm_allreduce_max_f64(COMM_SYNC, hv, 4);
         *equal = hv[0] == -hv[2] && hv[1] == -hv[3];
     }
-    double dt = td_now() - t0;
+    double dt = member ? td_now() - t0 : 0.0;
     double v[2] = { dt, *equal ? 0.0 : 1.0 };
     comm_allreduce_max_f64(COMM_ALL, v, 2);
     *equal = v[1] == 0.0;

@@ -7,6 +7,7 @@
 #include "core/backprop.h"
 #include "core/common.h"
 #include "train/data.h"
+#include "train/rlcheck.h"
 #include "train/runcfg.h"
 #include "train/trainer.h"
 
@@ -179,6 +180,8 @@ int cmd_score(int argc, char **argv)
     static const char *const spec[] = { "ckpt=", "data=", "text=", "seq-len=", "output=", "batch=", NULL };
     Args a;
     char err[512];
+    for (int i = 1; i < argc; i++)   /* score --rollout: the check of an RL rollout (train/rlcheck.h) */
+        if (!strncmp(argv[i], "--rollout", 9) && (!argv[i][9] || argv[i][9] == '=')) return rlcheck_cmd(argc, argv);
     if (args_parse(&a, argc, argv, 1, spec, err, sizeof err)) {
         td_error("score: %s", err);
         return 2;
@@ -187,7 +190,9 @@ int cmd_score(int argc, char **argv)
         printf("usage: tandem score --ckpt CKPT (--data DATA.bin | --text FILE) --seq-len T --output OUT.h5 [--batch 8]\n"
                "Scores consecutive whole windows from the start of the token stream: window i\n"
                "has inputs [iT, (i+1)T) and targets [iT+1, (i+1)T+1).  Writes /logprobs [N, T]\n"
-               "float32 and the mean loss as the attribute `loss`.\n");
+               "float32 and the mean loss as the attribute `loss`.\n"
+               "tandem score --rollout OUT.jsonl --ckpt CKPT|RUN_DIR checks a `tandem rollout`\n"
+               "output against the training forward (tandem score --rollout --help).\n");
         return 0;
     }
     const char *ckpt = args_get(&a, "ckpt"), *data = args_get(&a, "data"), *text = args_get(&a, "text");

@@ -756,6 +756,7 @@ int train_run(const RunConfig *rc)
         return 1;
     }
     CkptState st;
+    memset(&st, 0, sizeof st);   /* ckpt_load may allocate into it: freed at out */
     bool resumed;
     int ret = 1;
     if (setup_model(&tr, &st, &resumed)) goto out;
@@ -794,6 +795,7 @@ int train_run(const RunConfig *rc)
         tr.loader.cursor = st.micro_batches;
         memcpy(tr.loader.rng.s, st.data_rng, sizeof st.data_rng);
     }
+
     if (tr.rank0 && mkdir_p(rc->out_dir)) {
         td_error("cannot create out_dir %s: %s", rc->out_dir, strerror(errno));
         goto out;
@@ -851,6 +853,7 @@ int train_run(const RunConfig *rc)
     if ((tr.step > start || !resumed || ret == 130) && save(&tr)) ret = 1;
     summary(&tr);
 out:
+    ckpt_state_free(&st);
     trainer_free(&tr);
     return ret;
 }
