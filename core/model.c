@@ -135,7 +135,7 @@ static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo)
             m->lm_head = m->embed;
         } else {
             /* tied, on a later stage than the embedding: a copy kept in sync
-             * by the pipeline (TODO(issue 7): gradient exchange) */
+             * by the trainer (train/trainer.c, tied_grads / tied_weights) */
             m->lm_head = add(m, "model/embed_tokens", 2, (size_t[]){ V, d }, -1, -1, -1, true, true);
             m->lm_head->tied_copy = true;
         }

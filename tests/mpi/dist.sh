@@ -86,4 +86,20 @@ else
     echo "FAIL bad topology message:"; cat "$W/err"; fail=1
 fi
 
+# a rank that dies mid-run: the job ends non-zero, latest stays readable
+$MPI -np 2 $T train configs/tiny.json data="$DATA" dp=2 steps=100000 save_every=3 keep_last=0 threads=1 \
+    out_dir="$W/kill" >"$W/kill.log" 2>&1 &
+job=$!
+i=0
+until [ -L "$W/kill/latest" ] || [ $i -ge 300 ]; do sleep 0.2; i=$((i + 1)); done
+sleep 1
+victim=$(pgrep -f "^$T train configs/tiny.json data=$DATA dp=2 steps=100000" | tail -1)   # a rank, not mpirun
+[ -n "$victim" ] && kill -9 "$victim"
+rc=0; wait $job || rc=$?
+if [ $rc -ne 0 ] && $T ckpt verify "$W/kill/latest" >/dev/null 2>&1; then
+    echo "ok   a rank killed mid-run: the job exits $rc, latest -> $(readlink "$W/kill/latest") verifies"
+else
+    echo "FAIL rank killed: exit $rc, latest $(readlink "$W/kill/latest" 2>/dev/null)"; tail -5 "$W/kill.log"; fail=1
+fi
+
 [ $fail -eq 0 ] && echo "dist.sh: all passed" || { echo "dist.sh: FAILED"; exit 1; }
