@@ -1,6 +1,7 @@
 /* main.c - the tandem command: sets up MPI (when launched by mpirun) and the
  * thread pool, then dispatches to the command layer of each module.  Only
  * the command layer exits; everything below returns status codes. */
+#include "checkpoint/ckpt_cmd.h"
 #include "comm/comm.h"
 #include "core/common.h"
 #include "core/pool.h"
@@ -26,6 +27,7 @@ static const struct {
     { "generate", cmd_generate, "sample a completion from a checkpoint" },
     { "serve", cmd_serve, "OpenAI-compatible HTTP server" },
     { "rollout", cmd_rollout, "RL rollout worker: samples, logprobs, routes, policy version" },
+    { "ckpt", cmd_ckpt, "inspect, verify, reshard, export, diff checkpoints" },
     { "rl", cmd_rl, "GRPO post-training with exact rollout logprobs" },
     { NULL, NULL, NULL },
 };

@@ -1,0 +1,1283 @@
+/* checkpoint/ckpt.c - saving, loading, verifying and inspecting tandem
+ * checkpoints (ckpt.h; format: docs/checkpoint.md, SPEC section 4).
+ *
+ * The writer works from a plan: every tensor of the model under the
+ * recording topology (all pipeline stages, from model_param_table), with
+ * its global shape, its chunk shape (the shard shape of that topology,
+ * capped) and its partition string.  Every rank walks the same plan in the
+ * same order (dataset creation is collective in parallel HDF5) and supplies
+ * its own hyperslab: the slice its Param owns if it is the one rank that
+ * writes those elements, nothing otherwise.
+ *
+ * The reader validates first and reads second: root attributes, the
+ * config (equal to the model's), then each dataset this rank needs
+ * (presence, shape, dtype); only then the hyperslabs of this rank's
+ * Params are read into the model.  Ranks agree on the outcome.
+ */
+#include "checkpoint/ckpt.h"
+#include "checkpoint/ckpt_h5.h"
+#include "checkpoint/ckpt_io.h"
+#include "comm/comm.h"
+#include "core/common.h"
+
+#include <cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Chunks hold at most this many bytes (float32): big enough for streaming
+ * bandwidth, small enough that a reader of another topology does not
+ * decode much more than it needs. */
+#define CKPT_CHUNK_BYTES (8u << 20)
+#define ERR_MAX 512
+
+/* ---------------------------------------------------------------- 16-bit types */
+
+static uint32_t f32_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static float bits_f32(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+uint16_t ckpt_bf16_from_f32(float x)
+{
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);  /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                          /* nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+float ckpt_f32_from_bf16(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+uint16_t ckpt_f16_from_f32(float x)
+{
+    uint32_t u = f32_bits(x);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) {
+        if (a == 0x7f800000u) return sign | 0x7c00u;
+        uint16_t h = (uint16_t)(0x7c00u + ((a & 0x7fffffu) >> 13));  /* NaN, payload kept (numpy) */
+        return sign | (h == 0x7c00u ? 0x7c01u : h);
+    }
+    if (a >= 0x477ff000u) return sign | 0x7c00u;         /* >= 65520 rounds to infinity */
+    if (a >= 0x38800000u) {                              /* normal: >= 2^-14 */
+        uint32_t h = (a >> 13) - (112u << 10);           /* rebias 127 -> 15 */
+        uint32_t rem = a & 0x1fffu;
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+        return sign | (uint16_t)h;
+    }
+    if (a <= 0x33000000u) return sign;                   /* <= 2^-25: rounds to zero */
+    uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e;                            /* value / 2^-24 = m >> shift */
+    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) h++;
+    return sign | (uint16_t)h;
+}
+
+float ckpt_f32_from_f16(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        float v = (float)m * 0x1p-24f;                   /* subnormal (or zero), exact */
+        return sign ? -v : v;
+    }
+    if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
+    return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+const char *ckpt_dtype_name(CkptDtype t)
+{
+    return t == CKPT_BF16 ? "bfloat16" : t == CKPT_F16 ? "float16" : "float32";
+}
+
+int ckpt_dtype_parse(const char *s, CkptDtype *t)
+{
+    if (!strcmp(s, "f32") || !strcmp(s, "float32")) *t = CKPT_F32;
+    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *t = CKPT_BF16;
+    else if (!strcmp(s, "f16") || !strcmp(s, "float16")) *t = CKPT_F16;
+    else return -1;
+    return 0;
+}
+
+static CkptH5Type h5type_of(CkptDtype t)
+{
+    return t == CKPT_BF16 ? CKPT_H5_BF16 : t == CKPT_F16 ? CKPT_H5_F16 : CKPT_H5_F32;
+}
+
+void ckpt_state_free(CkptState *st)
+{
+    if (!st) return;
+    td_free(st->rank_rng);
+    td_free(st->run_config);
+    st->rank_rng = NULL;
+    st->run_config = NULL;
+    st->n_rank_rng = 0;
+}
+
+/* ---------------------------------------------------------------- the plan */
+
+typedef struct {
+    char name[PARAM_NAME_MAX];
+    int ndim;
+    hsize_t shape[PARAM_MAX_DIMS], chunk[PARAM_MAX_DIMS];
+    char partition[64];
+} Entry;
+
+typedef struct {
+    Entry *e;
+    int n;
+} Plan;
+
+/* Chunk shape for a shard of shape ls: the shard itself while it fits in
+ * CKPT_CHUNK_BYTES, else dims cut from the first one, preferring a divisor
+ * of the shard (chunk boundaries then fall on shard boundaries) unless
+ * that makes chunks tiny. */
+static void chunk_shape(hsize_t *chunk, const size_t *ls, int ndim)
+{
+    const size_t cap = CKPT_CHUNK_BYTES / sizeof(float);
+    for (int i = 0; i < ndim; i++) chunk[i] = ls[i] ? ls[i] : 1;
+    for (int d = 0; d < ndim; d++) {
+        size_t rest = 1;
+        for (int i = d + 1; i < ndim; i++) rest *= (size_t)chunk[i];
+        if ((size_t)chunk[d] * rest <= cap) break;
+        if (rest > cap) {       /* even one index of this dim is too big: cut the next dims */
+            chunk[d] = 1;
+            continue;
+        }
+        size_t n = (size_t)chunk[d], q = cap / rest;
+        while (q > 1 && n % q) q--;
+        if (q * rest < cap / 4) {   /* no good divisor: even split */
+            size_t parts = (n * rest + cap - 1) / cap;
+            q = (n + parts - 1) / parts;
+        }
+        chunk[d] = q;
+        break;
+    }
+}
+
+static void plan_free(Plan *pl)
+{
+    td_free(pl->e);
+    pl->e = NULL;
+    pl->n = 0;
+}
+
+/* Every tensor of cfg under topology t (its dp, tp, pp, ep and stage split),
+ * in checkpoint order (stage by stage: embedding, layers, norm, lm_head). */
+static int plan_build(Plan *pl, const ModelConfig *cfg, const Topology *t, char *err, size_t err_len)
+{
+    int stages[TOPO_MAX_PP];
+    for (int s = 0; s < t->pp; s++) stages[s] = t->stage_begin[s + 1] - t->stage_begin[s];
+    pl->n = 0;
+    pl->e = NULL;
+    int cap = 0;
+    for (int s = 0; s < t->pp; s++) {
+        Topology ts;
+        if (topo_init(&ts, cfg, t->dp, t->tp, t->pp, t->ep, s * t->dp * t->tp, stages, err, err_len))
+            return -1;
+        Param *ps;
+        int np = model_param_table(cfg, &ts, &ps);
+        if (pl->n + np > cap) {
+            cap = 2 * (pl->n + np);
+            Entry *ne = td_malloc((size_t)cap * sizeof(Entry));
+            if (pl->n) memcpy(ne, pl->e, (size_t)pl->n * sizeof(Entry));
+            td_free(pl->e);
+            pl->e = ne;
+        }
+        for (int i = 0; i < np; i++) {
+            const Param *p = &ps[i];
+            if (p->tied_copy) continue;   /* its source, model/embed_tokens on stage 0, is saved */
+            Entry *e = &pl->e[pl->n++];
+            memset(e, 0, sizeof *e);
+            snprintf(e->name, sizeof e->name, "%s", p->name);
+            e->ndim = p->ndim;
+            for (int d = 0; d < p->ndim; d++) e->shape[d] = p->shape[d];
+            chunk_shape(e->chunk, p->lshape, p->ndim);
+            param_partition(p, &ts, e->partition, sizeof e->partition);
+        }
+        td_free(ps);
+    }
+    return 0;
+}
+
+static void fmt_shape(char *out, size_t n, int ndim, const hsize_t *s)
+{
+    size_t k = (size_t)snprintf(out, n, "[");
+    for (int i = 0; i < ndim && k < n; i++)
+        k += (size_t)snprintf(out + k, n - k, "%s%llu", i ? "," : "", (unsigned long long)s[i]);
+    if (k < n) snprintf(out + k, n - k, "]");
+}
+
+/* ---------------------------------------------------------------- ranks agreeing */
+
+/* In a parallel save/load: -1 on every rank if rc < 0 on any. */
+static int agree(bool parallel, int rc)
+{
+    if (!parallel) return rc < 0 ? -1 : 0;
+    int32_t v = rc < 0 ? -1 : 0;
+    comm_allreduce_min_i32(COMM_WORLD, &v, 1);
+    return v;
+}
+
+/* After a failed agree(): every rank gets the message of the lowest failing
+ * rank in err. */
+static void share_error(bool parallel, bool failed_here, char *err, size_t err_len)
+{
+    if (!parallel) return;
+    int32_t who = failed_here ? comm_rank() : INT32_MAX;
+    comm_allreduce_min_i32(COMM_WORLD, &who, 1);
+    char msg[ERR_MAX] = "";
+    if (failed_here && who == comm_rank()) snprintf(msg, sizeof msg, "%s", err);
+    comm_bcast(COMM_WORLD, msg, sizeof msg, who);
+    if (!failed_here || who != comm_rank()) snprintf(err, err_len, "%s", msg);
+}
+
+/* ---------------------------------------------------------------- saving */
+
+static int fsync_path(const char *path, bool dir)
+{
+    int fd = open(path, dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+static void dir_of(const char *path, char *out, size_t n)
+{
+    snprintf(out, n, "%s", path);
+    char *s = strrchr(out, '/');
+    if (!s) snprintf(out, n, ".");
+    else if (s == out) out[1] = 0;
+    else *s = 0;
+}
+
+/* Whether this rank writes the elements of its slice of p: one rank per
+ * element.  Replicas across dp (and across tp for tensors tp does not
+ * split) stay silent; expert tensors are split over the ep ranks of the
+ * first expert group (dp ranks 0 .. ep-1). */
+static bool writes_param(const Param *p, const Topology *t)
+{
+    int holders = p->ep_dim >= 0 ? t->ep : 1;
+    if (t->dp_rank >= holders) return false;
+    if (p->tp_dim < 0 && t->tp_rank != 0) return false;
+    return true;
+}
+
+typedef struct {
+    hid_t f;
+    bool parallel;
+    const char *path;
+    CkptIoScratch scratch;
+    char err[ERR_MAX];
+} Writer;
+
+/* Creates the dataset of pc and writes this rank's box of it, on every
+ * rank; 0 or -1 agreed by all.  A single process holding the whole tensor
+ * writes finished chunks (ckpt_io.h); a parallel job writes hyperslabs
+ * collectively through HDF5's filter pipeline. */
+static int put_piece(Writer *w, const CkptPiece *pc)
+{
+    int rc = -1;
+    hid_t ds = ckpt_h5_create_dataset(w->f, pc, w->err, sizeof w->err);
+    if (ds >= 0) {
+        bool direct = !w->parallel && CKPT_IO_NATIVE;   /* this process holds the whole tensor */
+        for (int i = 0; i < pc->ndim; i++) direct &= pc->off[i] == 0 && pc->cnt[i] == pc->shape[i];
+        rc = direct ? ckpt_io_write_chunks(ds, pc, &w->scratch, w->err, sizeof w->err)
+                    : ckpt_h5_write_box(ds, pc, w->parallel, w->err, sizeof w->err);
+        if (H5Dclose(ds) < 0 && !rc) {
+            ckpt_h5_why(w->err, sizeof w->err);
+            rc = -1;
+        }
+    }
+    if (rc) td_error("%s: %s", w->path, w->err);
+    return agree(w->parallel, rc);
+}
+
+/* The moments / weights of plan entry e for this rank as a piece. */
+static void piece_of(CkptPiece *pc, const Entry *e, const char *name, const Model *m, const float *slab,
+                     bool whole, CkptH5Type type)
+{
+    memset(pc, 0, sizeof *pc);
+    pc->name = name;
+    pc->ndim = e->ndim;
+    for (int d = 0; d < e->ndim; d++) {
+        pc->shape[d] = e->shape[d];
+        pc->chunk[d] = e->chunk[d];
+    }
+    pc->type = type;
+    pc->partition = e->partition;
+    const Param *p = model_param((Model *)m, e->name);
+    TD_CHECK(!whole || p, "checkpoint: the model has no %s", e->name);
+    if (!p || (!whole && !writes_param(p, &m->topo))) return;   /* cnt stays 0 */
+    for (int d = 0; d < e->ndim; d++) {
+        pc->off[d] = whole ? 0 : p->loff[d];
+        pc->cnt[d] = whole ? p->shape[d] : p->lshape[d];
+    }
+    pc->data = slab + p->offset;
+}
+
+static int write_root(Writer *w, const Model *m, const CkptState *st, const Topology *rec)
+{
+    hid_t f = w->f;
+    char *cfg = config_to_json(&m->cfg);
+    int rc = ckpt_h5_put_str(f, "format", CKPT_FORMAT) || ckpt_h5_put_i64(f, "format_version", CKPT_FORMAT_VERSION) ||
+             ckpt_h5_put_str(f, "config", cfg) || ckpt_h5_put_i64(f, "step", st ? st->step : 0) ||
+             ckpt_h5_put_i64(f, "tokens_seen", st ? st->tokens_seen : 0);
+    td_free(cfg);
+    const char *what = "root attributes";
+    if (!rc) {
+        what = "group /topology";
+        hid_t g = ckpt_h5_group(f, "topology");
+        int64_t stages[TOPO_MAX_PP];
+        for (int s = 0; s < rec->pp; s++) stages[s] = rec->stage_begin[s + 1] - rec->stage_begin[s];
+        rc = g < 0 || ckpt_h5_put_i64(g, "world_size", rec->world) || ckpt_h5_put_i64(g, "dp", rec->dp) ||
+             ckpt_h5_put_i64(g, "tp", rec->tp) || ckpt_h5_put_i64(g, "pp", rec->pp) ||
+             ckpt_h5_put_i64(g, "ep", rec->ep) || ckpt_h5_put_i64s(g, "stage_layers", stages, (size_t)rec->pp);
+        if (g >= 0) H5Gclose(g);
+    }
+    if (rc) {
+        ckpt_h5_why(w->err, sizeof w->err);
+        td_error("%s: cannot write the %s: %s", w->path, what, w->err);
+    }
+    return agree(w->parallel, rc ? -1 : 0);
+}
+
+static int write_state(Writer *w, const CkptState *st, const Topology *rec, bool whole)
+{
+    CkptState zero;
+    memset(&zero, 0, sizeof zero);
+    if (!st) st = &zero;
+    hid_t g = ckpt_h5_group(w->f, "optimizer");
+    int rc = g < 0 || ckpt_h5_put_f64(g, "beta1", st->beta1) || ckpt_h5_put_f64(g, "beta2", st->beta2) ||
+             ckpt_h5_put_f64(g, "eps", st->adam_eps) || ckpt_h5_put_f64(g, "weight_decay", st->weight_decay) ||
+             ckpt_h5_put_i64(g, "step", st->adam_step) || ckpt_h5_put_f64(g, "lr", st->lr);
+    if (g >= 0) H5Gclose(g);
+    const char *what = "/optimizer";
+    if (!rc) {
+        what = "/trainer";
+        g = ckpt_h5_group(w->f, "trainer");
+        rc = g < 0 || ckpt_h5_put_i64(g, "step", st->step) || ckpt_h5_put_i64(g, "tokens_seen", st->tokens_seen) ||
+             ckpt_h5_put_i64(g, "micro_batches", st->micro_batches) || ckpt_h5_put_f64(g, "lr", st->lr) ||
+             (st->run_config && ckpt_h5_put_str(g, "run_config", st->run_config));
+        if (g >= 0) H5Gclose(g);
+    }
+    if (rc) {
+        ckpt_h5_why(w->err, sizeof w->err);
+        td_error("%s: cannot write the attributes of %s: %s", w->path, what, w->err);
+    }
+    if (agree(w->parallel, rc ? -1 : 0)) return -1;
+
+    bool root = whole || !w->parallel || comm_rank() == 0;
+    CkptPiece pc;
+    memset(&pc, 0, sizeof pc);
+    pc.name = "trainer/data_rng";
+    pc.ndim = 1;
+    pc.shape[0] = pc.chunk[0] = 4;
+    pc.cnt[0] = root ? 4 : 0;
+    pc.data = st->data_rng;
+    pc.type = CKPT_H5_U64;
+    if (put_piece(w, &pc)) return -1;
+
+    /* rank_rng: each rank its own row, or rank 0 the whole table */
+    bool own_row = st->n_rank_rng == 1 && st->rank_rng && w->parallel && !whole;
+    size_t rows = own_row ? (size_t)rec->world : (size_t)(st->n_rank_rng > 0 && st->rank_rng ? st->n_rank_rng : 1);
+    uint64_t *zeros = NULL;
+    memset(&pc, 0, sizeof pc);
+    pc.name = "trainer/rank_rng";
+    pc.ndim = 2;
+    pc.shape[0] = pc.chunk[0] = rows;
+    pc.shape[1] = pc.chunk[1] = 4;
+    pc.type = CKPT_H5_U64;
+    pc.cnt[1] = 4;
+    if (own_row) {
+        pc.off[0] = (hsize_t)comm_rank();
+        pc.cnt[0] = 1;
+        pc.data = st->rank_rng;
+    } else if (root) {
+        pc.cnt[0] = rows;
+        pc.data = st->rank_rng && st->n_rank_rng > 0 ? (const void *)st->rank_rng
+                                                     : (const void *)(zeros = td_calloc(rows * 4 * sizeof(uint64_t)));
+    } else {
+        pc.cnt[0] = 0;
+    }
+    rc = put_piece(w, &pc);
+    td_free(zeros);
+    return rc;
+}
+
+static int save_impl(const char *path, const Model *m, const float *ea, const float *eas, const CkptState *st,
+                     CkptDtype dtype, const Topology *rec, bool whole)
+{
+    bool parallel = !whole && m->topo.world > 1;
+    if (parallel && (!comm_active() || comm_size() != m->topo.world)) {
+        td_error("%s: the model is split over %d ranks but the job has %d", path, m->topo.world, comm_size());
+        return -1;
+    }
+    TD_CHECK((ea == NULL) == (eas == NULL), "ckpt_save: exp_avg and exp_avg_sq go together");
+    Writer w = { -1, parallel, path, { NULL, 0, -1, 0, 0, 0 }, "" };
+    Plan pl = { NULL, 0 };
+    char err[ERR_MAX];
+    if (plan_build(&pl, &m->cfg, rec, err, sizeof err)) {
+        td_error("%s: %s", path, err);
+        return -1;
+    }
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    bool root = !parallel || comm_rank() == 0;
+    int rc = -1;
+
+    w.f = ckpt_h5_create(tmp, parallel ? comm_mpi_handle(COMM_WORLD) : NULL);
+    if (w.f < 0) {
+        ckpt_h5_why(w.err, sizeof w.err);
+        td_error("%s: cannot create %s: %s (%s)", path, tmp, w.err, strerror(errno));
+    }
+    if (agree(parallel, w.f < 0 ? -1 : 0)) goto out;
+    /* a single writer starts the disk early (ckpt_io_write_chunks), so the
+     * final fsync has little left to do */
+    if (!parallel) w.scratch.fd = open(tmp, O_RDONLY | O_CLOEXEC);
+    if (write_root(&w, m, st, rec)) goto out;
+
+    char name[CKPT_NAME_MAX];
+    for (int i = 0; i < pl.n; i++) {
+        const Entry *e = &pl.e[i];
+        CkptPiece pc;
+        piece_of(&pc, e, e->name, m, m->w, whole, e->ndim >= 2 ? h5type_of(dtype) : CKPT_H5_F32);
+        if (put_piece(&w, &pc)) goto out;
+    }
+    if (ea) {
+        for (int k = 0; k < 2; k++) {
+            for (int i = 0; i < pl.n; i++) {
+                const Entry *e = &pl.e[i];
+                snprintf(name, sizeof name, "optimizer/%s/%s", k ? "exp_avg_sq" : "exp_avg", e->name);
+                CkptPiece pc;
+                piece_of(&pc, e, name, m, k ? eas : ea, whole, CKPT_H5_F32);
+                if (put_piece(&w, &pc)) goto out;
+            }
+        }
+        if (write_state(&w, st, rec, whole)) goto out;
+    }
+
+    /* Flush and close (collective), then make the bytes durable before the
+     * rename publishes them. */
+    int frc = H5Fflush(w.f, H5F_SCOPE_GLOBAL) < 0 ? -1 : 0;
+    frc |= H5Fclose(w.f) < 0 ? -1 : 0;
+    w.f = -1;
+    if (frc) {
+        ckpt_h5_why(w.err, sizeof w.err);
+        td_error("%s: cannot flush %s: %s", path, tmp, w.err);
+    }
+    if (agree(parallel, frc)) goto out;
+    int prc = 0;
+    if (root) {
+        char dir[PATH_MAX];
+        dir_of(path, dir, sizeof dir);
+        if (fsync_path(tmp, false) || rename(tmp, path) || fsync_path(dir, true)) {
+            td_error("%s: cannot publish %s: %s", path, tmp, strerror(errno));
+            prc = -1;
+        }
+    }
+    rc = agree(parallel, prc);
+out:
+    if (w.f >= 0) H5Fclose(w.f);
+    ckpt_io_scratch_free(&w.scratch);
+    if (w.scratch.fd >= 0) close(w.scratch.fd);
+    if (rc && root) unlink(tmp);
+    plan_free(&pl);
+    return rc;
+}
+
+int ckpt_save(const char *path, const Model *m, const float *exp_avg, const float *exp_avg_sq,
+              const CkptState *st, CkptDtype dtype)
+{
+    return save_impl(path, m, exp_avg, exp_avg_sq, st, dtype, &m->topo, m->topo.world == 1);
+}
+
+int ckpt_export(const char *path, const Model *m, const float *exp_avg, const float *exp_avg_sq,
+                const CkptState *st, CkptDtype dtype, const Topology *as)
+{
+    TD_CHECK(m->topo.world == 1, "ckpt_export: the model must hold whole tensors (one rank)");
+    return save_impl(path, m, exp_avg, exp_avg_sq, st, dtype, as ? as : &m->topo, true);
+}
+
+/* ---------------------------------------------------------------- opening and root checks */
+
+/* Opens path read-only with a one-line reason on failure. */
+static hid_t open_checked(const char *path, char *err, size_t err_len)
+{
+    struct stat sb;
+    if (stat(path, &sb)) {
+        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    if (S_ISDIR(sb.st_mode)) {
+        snprintf(err, err_len, "%s: is a directory (give a checkpoint file, or a run directory with latest)", path);
+        return -1;
+    }
+    hid_t f = ckpt_h5_open(path);
+    if (f < 0) {
+        char why[300];
+        ckpt_h5_why(why, sizeof why);
+        if (strstr(why, "truncated"))
+            snprintf(err, err_len, "%s: file is truncated (%lld bytes): refusing to read it", path,
+                     (long long)sb.st_size);
+        else
+            snprintf(err, err_len, "%s: not a readable HDF5 file (truncated or corrupt?): %s", path, why);
+    }
+    return f;
+}
+
+/* format, format_version, config (parsed into cfg, text into *cfg_json if
+ * not NULL). */
+static int check_root(hid_t f, const char *path, ModelConfig *cfg, char **cfg_json, char *err, size_t err_len)
+{
+    char *s = NULL;
+    int r = ckpt_h5_get_str(f, "format", &s);
+    if (r) {
+        snprintf(err, err_len, "%s: attribute format %s: not a tandem checkpoint", path,
+                 r == -1 ? "is missing" : "is not a string");
+        return -1;
+    }
+    if (strcmp(s, CKPT_FORMAT)) {
+        snprintf(err, err_len, "%s: attribute format is \"%.60s\", expected \"%s\"", path, s, CKPT_FORMAT);
+        td_free(s);
+        return -1;
+    }
+    td_free(s);
+    int64_t v;
+    r = ckpt_h5_get_i64(f, "format_version", &v);
+    if (r) {
+        snprintf(err, err_len, "%s: attribute format_version %s", path,
+                 r == -1 ? "is missing" : "is not an integer");
+        return -1;
+    }
+    if (v != CKPT_FORMAT_VERSION) {
+        snprintf(err, err_len, "%s: attribute format_version is %lld; this tandem reads version %d", path,
+                 (long long)v, CKPT_FORMAT_VERSION);
+        return -1;
+    }
+    s = NULL;
+    r = ckpt_h5_get_str(f, "config", &s);
+    if (r) {
+        snprintf(err, err_len, "%s: attribute config %s", path, r == -1 ? "is missing" : "is not a string");
+        return -1;
+    }
+    char why[300];
+    if (config_parse(cfg, s, why, sizeof why)) {
+        snprintf(err, err_len, "%s: attribute config: %s", path, why);
+        td_free(s);
+        return -1;
+    }
+    if (cfg_json) *cfg_json = s;
+    else td_free(s);
+    return 0;
+}
+
+/* First key whose value differs between two configs, NULL when equal. */
+static const char *config_diff(const ModelConfig *a, const ModelConfig *b, char *key, size_t n)
+{
+    char *ja = config_to_json(a), *jb = config_to_json(b);
+    cJSON *oa = cJSON_Parse(ja), *ob = cJSON_Parse(jb);
+    const char *res = NULL;
+    for (cJSON *it = oa ? oa->child : NULL; it && !res; it = it->next) {
+        cJSON *o = cJSON_GetObjectItemCaseSensitive(ob, it->string);
+        if (!o || !cJSON_Compare(it, o, 1)) {
+            snprintf(key, n, "%s", it->string);
+            res = key;
+        }
+    }
+    if (!res && strcmp(ja, jb)) {
+        snprintf(key, n, "?");
+        res = key;
+    }
+    cJSON_Delete(oa);
+    cJSON_Delete(ob);
+    td_free(ja);
+    td_free(jb);
+    return res;
+}
+
+static int read_meta(hid_t f, const char *path, CkptMeta *meta, char *err, size_t err_len)
+{
+    memset(meta, 0, sizeof *meta);
+    meta->format_version = CKPT_FORMAT_VERSION;
+    if (ckpt_h5_get_i64(f, "step", &meta->step) || ckpt_h5_get_i64(f, "tokens_seen", &meta->tokens_seen)) {
+        snprintf(err, err_len, "%s: attribute %s is missing or not an integer", path,
+                 ckpt_h5_get_i64(f, "step", &meta->step) ? "step" : "tokens_seen");
+        return -1;
+    }
+    if (!ckpt_h5_exists(f, "topology")) {
+        snprintf(err, err_len, "%s: group /topology is missing", path);
+        return -1;
+    }
+    hid_t g = H5Gopen2(f, "topology", H5P_DEFAULT);
+    static const char *keys[5] = { "world_size", "dp", "tp", "pp", "ep" };
+    int *dst[5] = { &meta->world, &meta->dp, &meta->tp, &meta->pp, &meta->ep };
+    int rc = 0;
+    for (int i = 0; i < 5 && !rc; i++) {
+        int64_t v;
+        if (g < 0 || ckpt_h5_get_i64(g, keys[i], &v) || v < 1 || v > INT32_MAX) {
+            snprintf(err, err_len, "%s: attribute /topology/%s is missing or invalid", path, keys[i]);
+            rc = -1;
+        } else {
+            *dst[i] = (int)v;
+        }
+    }
+    if (g >= 0) H5Gclose(g);
+    if (rc) return -1;
+    CkptH5Desc d;
+    meta->dtype = CKPT_F32;
+    if (ckpt_h5_describe(f, "model/embed_tokens", &d) == 0)
+        meta->dtype = d.type == CKPT_H5_BF16 ? CKPT_BF16 : d.type == CKPT_H5_F16 ? CKPT_F16 : CKPT_F32;
+    meta->has_optimizer = ckpt_h5_exists(f, "optimizer");
+    meta->has_trainer = ckpt_h5_exists(f, "trainer");
+    return 0;
+}
+
+int ckpt_read_config(const char *path, ModelConfig *cfg, CkptMeta *meta, char *err, size_t err_len)
+{
+    hid_t f = open_checked(path, err, err_len);
+    if (f < 0) return -1;
+    int rc = check_root(f, path, cfg, NULL, err, err_len);
+    CkptMeta tmp;
+    if (!rc) rc = read_meta(f, path, meta ? meta : &tmp, err, err_len);
+    H5Fclose(f);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- dataset checks */
+
+/* Dataset `name` exists, has rank ndim and the given shape, and a float
+ * type tandem reads (float32, float16, bfloat16); fills d. */
+static int check_float_dataset(hid_t f, const char *path, const char *name, int ndim, const size_t *shape,
+                               CkptH5Desc *d, char *err, size_t err_len)
+{
+    if (ckpt_h5_describe(f, name, d)) {
+        snprintf(err, err_len, "%s: dataset /%s is missing", path, name);
+        return -1;
+    }
+    hsize_t want[CKPT_H5_MAX_DIMS];
+    bool same = d->ndim == ndim;
+    for (int i = 0; i < ndim; i++) {
+        want[i] = shape[i];
+        if (same && d->shape[i] != want[i]) same = false;
+    }
+    if (!same) {
+        char got[96], exp[96];
+        fmt_shape(got, sizeof got, d->ndim < 0 ? 0 : d->ndim, d->shape);
+        fmt_shape(exp, sizeof exp, ndim, want);
+        snprintf(err, err_len, "%s: dataset /%s: shape %s does not match the config %s", path, name, got, exp);
+        return -1;
+    }
+    if (d->type != CKPT_H5_F32 && d->type != CKPT_H5_BF16 && d->type != CKPT_H5_F16) {
+        snprintf(err, err_len, "%s: dataset /%s: dtype %s is not float32, float16 or bfloat16", path, name,
+                 d->type_name);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_u64_dataset(hid_t f, const char *path, const char *name, int ndim, const hsize_t *shape,
+                             bool any_rows, CkptH5Desc *d, char *err, size_t err_len)
+{
+    if (ckpt_h5_describe(f, name, d)) {
+        snprintf(err, err_len, "%s: dataset /%s is missing", path, name);
+        return -1;
+    }
+    bool ok = d->ndim == ndim && d->type == CKPT_H5_U64;
+    for (int i = any_rows ? 1 : 0; ok && i < ndim; i++) ok = d->shape[i] == shape[i];
+    if (!ok) {
+        char exp[96];
+        fmt_shape(exp, sizeof exp, ndim, shape);
+        snprintf(err, err_len, "%s: dataset /%s: expected uint64 %s%s, found %s", path, name,
+                 any_rows ? "[*," : "", any_rows ? exp + 3 : exp, d->type_name);
+        return -1;
+    }
+    return 0;
+}
+
+/* Trainer and optimizer attributes into st (datasets are read separately). */
+static int read_state_attrs(hid_t f, const char *path, CkptState *st, char *err, size_t err_len)
+{
+    hid_t g = H5Gopen2(f, "optimizer", H5P_DEFAULT);
+    const char *bad = NULL;
+    if (g < 0) bad = "/optimizer";
+    else {
+        if (ckpt_h5_get_f64(g, "beta1", &st->beta1)) bad = "/optimizer/beta1";
+        else if (ckpt_h5_get_f64(g, "beta2", &st->beta2)) bad = "/optimizer/beta2";
+        else if (ckpt_h5_get_f64(g, "eps", &st->adam_eps)) bad = "/optimizer/eps";
+        else if (ckpt_h5_get_f64(g, "weight_decay", &st->weight_decay)) bad = "/optimizer/weight_decay";
+        else if (ckpt_h5_get_i64(g, "step", &st->adam_step)) bad = "/optimizer/step";
+        H5Gclose(g);
+    }
+    if (!bad) {
+        g = H5Gopen2(f, "trainer", H5P_DEFAULT);
+        if (g < 0) bad = "/trainer";
+        else {
+            if (ckpt_h5_get_i64(g, "step", &st->step)) bad = "/trainer/step";
+            else if (ckpt_h5_get_i64(g, "tokens_seen", &st->tokens_seen)) bad = "/trainer/tokens_seen";
+            else if (ckpt_h5_get_i64(g, "micro_batches", &st->micro_batches)) bad = "/trainer/micro_batches";
+            else if (ckpt_h5_get_f64(g, "lr", &st->lr)) bad = "/trainer/lr";
+            td_free(st->run_config);
+            st->run_config = NULL;
+            if (!bad && ckpt_h5_get_str(g, "run_config", &st->run_config) == -2) bad = "/trainer/run_config";
+            H5Gclose(g);
+        }
+    }
+    if (bad) {
+        snprintf(err, err_len, "%s: attribute or group %s is missing or invalid", path, bad);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- loading */
+
+typedef struct {
+    CkptH5Desc w, ea, eas;
+} ParamDesc;
+
+static int load_validate(hid_t f, const char *path, const Model *m, bool moments, CkptState *st, ParamDesc *pd,
+                         CkptH5Desc *drng, CkptH5Desc *rrng, bool *trainer, char *err, size_t err_len)
+{
+    ModelConfig cfg;
+    if (check_root(f, path, &cfg, NULL, err, err_len)) return -1;
+    char key[64];
+    if (config_diff(&cfg, &m->cfg, key, sizeof key)) {
+        snprintf(err, err_len, "%s: attribute config: \"%s\" differs from the model being loaded", path, key);
+        return -1;
+    }
+    CkptMeta meta;
+    if (read_meta(f, path, &meta, err, err_len)) return -1;
+    char name[CKPT_NAME_MAX];
+    for (int i = 0; i < m->n_params; i++) {
+        const Param *p = &m->params[i];
+        if (check_float_dataset(f, path, p->name, p->ndim, p->shape, &pd[i].w, err, err_len)) return -1;
+        if (!moments) continue;
+        for (int k = 0; k < 2; k++) {
+            snprintf(name, sizeof name, "optimizer/%s/%s", k ? "exp_avg_sq" : "exp_avg", p->name);
+            if (!meta.has_optimizer) {
+                snprintf(err, err_len, "%s: group /optimizer is missing (a weights-only checkpoint cannot resume training)",
+                         path);
+                return -1;
+            }
+            if (check_float_dataset(f, path, name, p->ndim, p->shape, k ? &pd[i].eas : &pd[i].ea, err, err_len))
+                return -1;
+        }
+    }
+    *trainer = meta.has_trainer && meta.has_optimizer;
+    if (moments && !*trainer) {
+        snprintf(err, err_len, "%s: group /%s is missing", path, meta.has_optimizer ? "trainer" : "optimizer");
+        return -1;
+    }
+    if (st && *trainer) {
+        if (read_state_attrs(f, path, st, err, err_len)) return -1;
+        static const hsize_t s4[1] = { 4 }, s24[2] = { 1, 4 };
+        if (check_u64_dataset(f, path, "trainer/data_rng", 1, s4, false, drng, err, err_len)) return -1;
+        if (check_u64_dataset(f, path, "trainer/rank_rng", 2, s24, true, rrng, err, err_len)) return -1;
+    }
+    if (st) {
+        st->step = meta.step;
+        st->tokens_seen = meta.tokens_seen;
+    }
+    return 0;
+}
+
+static int queue_param(CkptIoRead *rd, const char *name, const CkptH5Desc *d, const Param *p, float *dst, char *err,
+                       size_t err_len)
+{
+    hsize_t off[CKPT_H5_MAX_DIMS], cnt[CKPT_H5_MAX_DIMS];
+    for (int i = 0; i < p->ndim; i++) {
+        off[i] = p->loff[i];
+        cnt[i] = p->lshape[i];
+    }
+    return ckpt_io_read_add(rd, name, d, off, cnt, dst, err, err_len);
+}
+
+/* Reads this rank's boxes: every chunk they touch, once, on the pool. */
+static int load_data(hid_t f, const char *path, Model *m, float *ea, float *eas, CkptState *st, const ParamDesc *pd,
+                     const CkptH5Desc *drng, const CkptH5Desc *rrng, bool trainer, char *err, size_t err_len)
+{
+    char name[CKPT_NAME_MAX], why[ERR_MAX];
+    CkptIoRead *rd = ckpt_io_read_new(path, f, err, err_len);
+    if (!rd) return -1;
+    for (int i = 0; i < m->n_params; i++) {
+        const Param *p = &m->params[i];
+        if (queue_param(rd, p->name, &pd[i].w, p, m->w + p->offset, why, sizeof why)) goto fail;
+        for (int k = 0; ea && k < 2; k++) {
+            snprintf(name, sizeof name, "optimizer/%s/%s", k ? "exp_avg_sq" : "exp_avg", p->name);
+            if (queue_param(rd, name, k ? &pd[i].eas : &pd[i].ea, p, (k ? eas : ea) + p->offset, why, sizeof why))
+                goto fail;
+        }
+    }
+    if (st && trainer) {
+        hsize_t off[2] = { 0, 0 }, cnt4[1] = { 4 };
+        td_free(st->rank_rng);
+        st->n_rank_rng = (int)rrng->shape[0];
+        st->rank_rng = td_calloc(rrng->shape[0] * 4 * sizeof(uint64_t));
+        if (ckpt_io_read_add(rd, "trainer/data_rng", drng, off, cnt4, st->data_rng, why, sizeof why) ||
+            ckpt_io_read_add(rd, "trainer/rank_rng", rrng, off, rrng->shape, st->rank_rng, why, sizeof why))
+            goto fail;
+        st->has_trainer = true;
+    }
+    if (ckpt_io_read_run(rd, why, sizeof why)) goto fail;
+    ckpt_io_read_free(rd);
+    return 0;
+fail:
+    ckpt_io_read_free(rd);
+    snprintf(err, err_len, "%s: %s", path, why);
+    return -1;
+}
+
+int ckpt_load(const char *path, Model *m, float *exp_avg, float *exp_avg_sq, CkptState *st, char *err,
+              size_t err_len)
+{
+    TD_CHECK((exp_avg == NULL) == (exp_avg_sq == NULL), "ckpt_load: exp_avg and exp_avg_sq go together");
+    bool parallel = m->topo.world > 1;
+    if (parallel && (!comm_active() || comm_size() != m->topo.world)) {
+        snprintf(err, err_len, "%s: the model is split over %d ranks but the job has %d", path, m->topo.world,
+                 comm_size());
+        return -1;
+    }
+    if (st) memset(st, 0, sizeof *st);
+    ParamDesc *pd = td_calloc((size_t)td_max((size_t)m->n_params, 1) * sizeof(ParamDesc));
+    CkptH5Desc drng, rrng;
+    bool trainer = false;
+    int rc = 0;
+    hid_t f = open_checked(path, err, err_len);
+    if (f < 0) rc = -1;
+    if (!rc)
+        rc = load_validate(f, path, m, exp_avg != NULL, st, pd, &drng, &rrng, &trainer, err, err_len);
+    bool failed_here = rc != 0;
+    rc = agree(parallel, rc);
+    if (rc) {
+        share_error(parallel, failed_here, err, err_len);
+        goto out;
+    }
+    rc = load_data(f, path, m, exp_avg, exp_avg_sq, st, pd, &drng, &rrng, trainer, err, err_len);
+    failed_here = rc != 0;
+    rc = agree(parallel, rc);
+    if (rc) {
+        /* never leave a partial model behind */
+        share_error(parallel, failed_here, err, err_len);
+        memset(m->w, 0, m->n_w * sizeof(float));
+        if (exp_avg) {
+            memset(exp_avg, 0, m->n_w * sizeof(float));
+            memset(exp_avg_sq, 0, m->n_w * sizeof(float));
+        }
+        if (st) {
+            ckpt_state_free(st);
+            memset(st, 0, sizeof *st);
+        }
+    }
+out:
+    if (f >= 0) H5Fclose(f);
+    td_free(pd);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- listing and verifying */
+
+typedef struct {
+    char (*names)[CKPT_NAME_MAX];
+    int n, cap;
+} NameList;
+
+static herr_t visit_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
+{
+    (void)g;
+    (void)info;
+    NameList *l = data;
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 256;
+        char(*nn)[CKPT_NAME_MAX] = td_malloc((size_t)l->cap * CKPT_NAME_MAX);
+        if (l->n) memcpy(nn, l->names, (size_t)l->n * CKPT_NAME_MAX);
+        td_free(l->names);
+        l->names = nn;
+    }
+    snprintf(l->names[l->n++], CKPT_NAME_MAX, "%s", name);
+    return 0;
+}
+
+/* Every dataset of the file (names without '/'), in checkpoint order:
+ * weights as the plan lists them, then exp_avg, exp_avg_sq, the trainer's,
+ * then anything else by name. */
+typedef struct {
+    const char *name;
+    long rank;
+} Ranked;
+
+static int cmp_ranked(const void *a, const void *b)
+{
+    const Ranked *x = a, *y = b;
+    if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static long canonical_rank(const Plan *pl, const char *name)
+{
+    long n = pl->n;
+    const char *base = name;
+    long group = 0;
+    if (!strncmp(name, "optimizer/exp_avg/", 18)) base = name + 18, group = 1;
+    else if (!strncmp(name, "optimizer/exp_avg_sq/", 21)) base = name + 21, group = 2;
+    else if (!strcmp(name, "trainer/data_rng")) return 3 * n;
+    else if (!strcmp(name, "trainer/rank_rng")) return 3 * n + 1;
+    for (long i = 0; i < n; i++)
+        if (!strcmp(pl->e[i].name, base)) return group * n + i;
+    return 3 * n + 2;
+}
+
+static int list_datasets(hid_t f, const ModelConfig *cfg, Ranked **out, NameList *names)
+{
+    memset(names, 0, sizeof *names);
+    H5Lvisit(f, H5_INDEX_NAME, H5_ITER_INC, visit_cb, names);
+    Plan pl;
+    Topology t;
+    topo_single(&t, cfg);
+    char err[256];
+    if (plan_build(&pl, cfg, &t, err, sizeof err)) pl.n = 0;
+    Ranked *r = td_malloc((size_t)td_max((size_t)names->n, 1) * sizeof(Ranked));
+    int n = 0;
+    for (int i = 0; i < names->n; i++) {
+        /* datasets only (groups are skipped) */
+        H5I_type_t ty = H5I_BADID;
+        hid_t o = H5Oopen(f, names->names[i], H5P_DEFAULT);
+        if (o >= 0) {
+            ty = H5Iget_type(o);
+            H5Oclose(o);
+        }
+        if (ty != H5I_DATASET) continue;
+        r[n].name = names->names[i];
+        r[n].rank = canonical_rank(&pl, names->names[i]);
+        n++;
+    }
+    H5Eclear2(H5E_DEFAULT);
+    qsort(r, (size_t)n, sizeof *r, cmp_ranked);
+    plan_free(&pl);
+    *out = r;
+    return n;
+}
+
+int ckpt_info(const char *path, CkptInfo *info, char *err, size_t err_len)
+{
+    memset(info, 0, sizeof *info);
+    hid_t f = open_checked(path, err, err_len);
+    if (f < 0) return -1;
+    int rc = check_root(f, path, &info->cfg, &info->config_json, err, err_len);
+    if (!rc) rc = read_meta(f, path, &info->meta, err, err_len);
+    if (!rc && info->meta.has_optimizer && info->meta.has_trainer) {
+        char why[ERR_MAX];
+        if (read_state_attrs(f, path, &info->st, why, sizeof why) == 0) info->st.has_trainer = true;
+    }
+    if (!rc) {
+        Ranked *r;
+        NameList names;
+        int n = list_datasets(f, &info->cfg, &r, &names);
+        info->tensors = td_calloc((size_t)td_max((size_t)n, 1) * sizeof(CkptTensor));
+        for (int i = 0; i < n; i++) {
+            CkptTensor *t = &info->tensors[info->n_tensors];
+            CkptH5Desc d;
+            if (ckpt_h5_describe(f, r[i].name, &d)) continue;
+            snprintf(t->name, sizeof t->name, "%s", r[i].name);
+            t->ndim = d.ndim < 0 ? 0 : d.ndim;
+            t->numel = 1;
+            for (int k = 0; k < t->ndim; k++) {
+                t->shape[k] = (size_t)d.shape[k];
+                t->chunk[k] = (size_t)d.chunk[k];
+                t->numel *= t->shape[k];
+            }
+            snprintf(t->dtype, sizeof t->dtype, "%s", d.type_name);
+            t->bytes = t->numel * d.elem;
+            t->stored_bytes = d.stored_bytes;
+            hid_t ds = H5Dopen2(f, r[i].name, H5P_DEFAULT);
+            char *part = NULL;
+            if (ds >= 0 && ckpt_h5_get_str(ds, "partition", &part) == 0) {
+                snprintf(t->partition, sizeof t->partition, "%s", part);
+                td_free(part);
+            }
+            if (ds >= 0) H5Dclose(ds);
+            info->n_tensors++;
+        }
+        td_free(r);
+        td_free(names.names);
+        struct stat sb;
+        if (!stat(path, &sb)) info->file_bytes = (size_t)sb.st_size;
+    }
+    H5Fclose(f);
+    if (rc) ckpt_info_free(info);
+    return rc;
+}
+
+void ckpt_info_free(CkptInfo *info)
+{
+    td_free(info->config_json);
+    td_free(info->tensors);
+    ckpt_state_free(&info->st);
+    memset(info, 0, sizeof *info);
+}
+
+/* Reads dataset name in blocks along dim 0 (every byte passes the
+ * checksum); keeps memory to about one block. */
+static int read_all(hid_t f, const char *path, const char *name, const CkptH5Desc *d, char *err, size_t err_len)
+{
+    if (d->type == CKPT_H5_OTHER || d->ndim < 1) return 0;   /* not ours: nothing to check */
+    size_t row = 1;
+    for (int i = 1; i < d->ndim; i++) row *= (size_t)d->shape[i];
+    size_t esize = d->type == CKPT_H5_U64 ? 8 : 4;
+    size_t rows = td_max(1, (64u << 20) / td_max(row * esize, 1));
+    if (d->chunk[0]) rows = td_max(rows / d->chunk[0], 1) * d->chunk[0];
+    rows = td_min(rows, (size_t)d->shape[0]);
+    void *buf = td_malloc(td_max(rows * row * esize, 1));
+    hsize_t off[CKPT_H5_MAX_DIMS] = { 0 }, cnt[CKPT_H5_MAX_DIMS];
+    for (int i = 0; i < d->ndim; i++) cnt[i] = d->shape[i];
+    int rc = 0;
+    char why[ERR_MAX];
+    for (size_t r0 = 0; r0 < d->shape[0] && !rc; r0 += rows) {
+        off[0] = r0;
+        cnt[0] = td_min(rows, (size_t)d->shape[0] - r0);
+        if (ckpt_h5_read_box(f, name, d, off, cnt, buf, why, sizeof why)) {
+            snprintf(err, err_len, "%s: %s", path, why);
+            rc = -1;
+        }
+    }
+    td_free(buf);
+    return rc;
+}
+
+int ckpt_verify(const char *path, char *err, size_t err_len)
+{
+    ModelConfig cfg;
+    hid_t f = open_checked(path, err, err_len);
+    if (f < 0) return -1;
+    CkptMeta meta;
+    int rc = check_root(f, path, &cfg, NULL, err, err_len);
+    if (!rc) rc = read_meta(f, path, &meta, err, err_len);
+    if (!rc && meta.world != meta.dp * meta.tp * meta.pp) {
+        snprintf(err, err_len, "%s: /topology: world_size %d is not dp*tp*pp = %d", path, meta.world,
+                 meta.dp * meta.tp * meta.pp);
+        rc = -1;
+    }
+    Plan pl = { NULL, 0 };
+    Topology t;
+    if (!rc) {
+        topo_single(&t, &cfg);
+        rc = plan_build(&pl, &cfg, &t, err, err_len);
+    }
+    /* structure: every tensor of the config, with the partition attribute;
+     * the optimizer's when /optimizer exists; the trainer's when /trainer does */
+    char name[CKPT_NAME_MAX];
+    for (int i = 0; !rc && i < pl.n; i++) {
+        const Entry *e = &pl.e[i];
+        size_t shape[PARAM_MAX_DIMS];
+        for (int k = 0; k < e->ndim; k++) shape[k] = (size_t)e->shape[k];
+        CkptH5Desc d;
+        rc = check_float_dataset(f, path, e->name, e->ndim, shape, &d, err, err_len);
+        if (!rc) {
+            hid_t ds = H5Dopen2(f, e->name, H5P_DEFAULT);
+            char *part = NULL;
+            if (ckpt_h5_get_str(ds, "partition", &part)) {
+                snprintf(err, err_len, "%s: dataset /%s: attribute partition is missing", path, e->name);
+                rc = -1;
+            }
+            td_free(part);
+            H5Dclose(ds);
+        }
+        for (int k = 0; !rc && meta.has_optimizer && k < 2; k++) {
+            snprintf(name, sizeof name, "optimizer/%s/%s", k ? "exp_avg_sq" : "exp_avg", e->name);
+            rc = check_float_dataset(f, path, name, e->ndim, shape, &d, err, err_len);
+        }
+    }
+    if (!rc && meta.has_trainer) {
+        CkptState st;
+        memset(&st, 0, sizeof st);
+        CkptH5Desc d;
+        static const hsize_t s4[1] = { 4 }, s24[2] = { 1, 4 };
+        rc = read_state_attrs(f, path, &st, err, err_len);
+        if (!rc) rc = check_u64_dataset(f, path, "trainer/data_rng", 1, s4, false, &d, err, err_len);
+        if (!rc) rc = check_u64_dataset(f, path, "trainer/rank_rng", 2, s24, true, &d, err, err_len);
+        ckpt_state_free(&st);
+    }
+    /* data: every dataset in full */
+    if (!rc) {
+        Ranked *r;
+        NameList names;
+        int n = list_datasets(f, &cfg, &r, &names);
+        for (int i = 0; i < n && !rc; i++) {
+            CkptH5Desc d;
+            if (ckpt_h5_describe(f, r[i].name, &d)) continue;
+            rc = read_all(f, path, r[i].name, &d, err, err_len);
+        }
+        td_free(r);
+        td_free(names.names);
+    }
+    plan_free(&pl);
+    H5Fclose(f);
+    return rc;
+}
+
+float *ckpt_read_tensor(const char *path, const char *name, size_t *numel, char *err, size_t err_len)
+{
+    hid_t f = open_checked(path, err, err_len);
+    if (f < 0) return NULL;
+    float *out = NULL;
+    CkptH5Desc d;
+    if (ckpt_h5_describe(f, name, &d)) {
+        snprintf(err, err_len, "%s: dataset /%s is missing", path, name);
+    } else if (d.type != CKPT_H5_F32 && d.type != CKPT_H5_BF16 && d.type != CKPT_H5_F16) {
+        snprintf(err, err_len, "%s: dataset /%s: dtype %s is not float32, float16 or bfloat16", path, name,
+                 d.type_name);
+    } else {
+        size_t n = 1;
+        hsize_t off[CKPT_H5_MAX_DIMS] = { 0 };
+        for (int i = 0; i < d.ndim; i++) n *= (size_t)d.shape[i];
+        out = td_malloc(td_max(n, 1) * sizeof(float));
+        char why[ERR_MAX];
+        if (ckpt_h5_read_box(f, name, &d, off, d.shape, out, why, sizeof why)) {
+            snprintf(err, err_len, "%s: %s", path, why);
+            td_free(out);
+            out = NULL;
+        } else {
+            *numel = n;
+        }
+    }
+    H5Fclose(f);
+    return out;
+}
+
+/* ---------------------------------------------------------------- run directories */
+
+int ckpt_set_latest(const char *dir, const char *file_name)
+{
+    char tmp[PATH_MAX], dst[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s/.latest.tmp.%d", dir, (int)getpid());
+    snprintf(dst, sizeof dst, "%s/latest", dir);
+    unlink(tmp);
+    if (symlink(file_name, tmp) || rename(tmp, dst)) {
+        td_error("%s: cannot point latest at %s: %s", dir, file_name, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    if (fsync_path(dir, true)) {
+        td_error("%s: cannot sync the directory: %s", dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int ckpt_resolve(const char *dir_or_file, char *out, size_t out_len)
+{
+    struct stat sb;
+    if (stat(dir_or_file, &sb)) {
+        td_error("%s: %s", dir_or_file, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        snprintf(out, out_len, "%s", dir_or_file);
+        return 0;
+    }
+    char link[PATH_MAX], target[PATH_MAX];
+    snprintf(link, sizeof link, "%s/latest", dir_or_file);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n < 0) {
+        td_error("%s: no checkpoint: %s: %s", dir_or_file, link, strerror(errno));
+        return -1;
+    }
+    target[n] = 0;
+    if (target[0] == '/') snprintf(out, out_len, "%s", target);
+    else snprintf(out, out_len, "%s/%s", dir_or_file, target);
+    if (stat(out, &sb)) {
+        td_error("%s: latest points at %s: %s", dir_or_file, out, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    long long step;
+    char name[256];
+} StepFile;
+
+static int cmp_step(const void *a, const void *b)
+{
+    long long x = ((const StepFile *)a)->step, y = ((const StepFile *)b)->step;
+    return x < y ? 1 : x > y ? -1 : 0;   /* newest first */
+}
+
+/* step number of "step_<digits>.h5" (or with .tmp when tmp), -1 otherwise */
+static long long step_of(const char *name, bool tmp)
+{
+    if (strncmp(name, "step_", 5)) return -1;
+    const char *p = name + 5;
+    if (*p < '0' || *p > '9') return -1;
+    char *end;
+    long long s = strtoll(p, &end, 10);
+    return !strcmp(end, tmp ? ".h5.tmp" : ".h5") ? s : -1;
+}
+
+int ckpt_prune(const char *dir, int keep_last)
+{
+    if (keep_last <= 0) return 0;
+    char link[PATH_MAX], keep[PATH_MAX] = "";
+    snprintf(link, sizeof link, "%s/latest", dir);
+    ssize_t ln = readlink(link, keep, sizeof keep - 1);
+    keep[ln > 0 ? ln : 0] = 0;
+    const char *keep_base = strrchr(keep, '/') ? strrchr(keep, '/') + 1 : keep;
+    DIR *d = opendir(dir);
+    if (!d) {
+        td_error("%s: cannot list: %s", dir, strerror(errno));
+        return -1;
+    }
+    StepFile *files = NULL;
+    size_t n = 0, cap = 0;
+    int deleted = 0;
+    char path[PATH_MAX];
+    for (struct dirent *de; (de = readdir(d));) {
+        if (strlen(de->d_name) >= sizeof files->name) continue;
+        if (step_of(de->d_name, true) >= 0 || !strncmp(de->d_name, ".latest.tmp.", 12)) {
+            /* a save, or a switch of latest, that never finished */
+            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+            if (!unlink(path)) deleted++;
+            continue;
+        }
+        long long s = step_of(de->d_name, false);
+        if (s < 0) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            StepFile *nf = td_malloc(cap * sizeof *nf);
+            if (n) memcpy(nf, files, n * sizeof *nf);
+            td_free(files);
+            files = nf;
+        }
+        files[n].step = s;
+        snprintf(files[n].name, sizeof files[n].name, "%s", de->d_name);
+        n++;
+    }
+    closedir(d);
+    if (n) qsort(files, n, sizeof *files, cmp_step);
+    for (size_t i = (size_t)keep_last; i < n; i++) {
+        if (!strcmp(files[i].name, keep_base)) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, files[i].name);
+        if (unlink(path) == 0) deleted++;
+    }
+    td_free(files);
+    if (deleted && fsync_path(dir, true)) {
+        td_error("%s: cannot sync the directory: %s", dir, strerror(errno));
+        return -1;
+    }
+    return deleted;
+}

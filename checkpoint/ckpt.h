@@ -1,0 +1,218 @@
+/* checkpoint/ckpt.h - HDF5 checkpoints (SPEC section 4; the on-disk format
+ * is documented field by field in docs/checkpoint.md).
+ *
+ * A checkpoint stores every tensor as the global, unsharded logical tensor
+ * (PyTorch nn.Linear layout, row-major), whatever topology wrote it:
+ *
+ *   /                         attrs format, format_version, config, step, tokens_seen
+ *   /topology                 attrs world_size dp tp pp ep stage_layers
+ *   /model/..., /lm_head      weights, attr partition (+ dtype="bfloat16")
+ *   /optimizer                attrs beta1 beta2 eps weight_decay step lr
+ *   /optimizer/exp_avg/<weight path>, /optimizer/exp_avg_sq/<weight path>
+ *   /trainer                  attrs step tokens_seen micro_batches lr [run_config]
+ *   /trainer/data_rng [4] u64, /trainer/rank_rng [world, 4] u64
+ *
+ * Saving: every rank of the job writes only its own slice of each tensor
+ * through parallel HDF5 (MPI-IO, collective transfers); one rank per
+ * element writes replicated data; nobody gathers the model.  Datasets are
+ * chunked along the saving topology's shards and carry the Fletcher32
+ * filter.  The file is written as PATH.tmp, flushed, fsync'ed and renamed.
+ *
+ * Loading: every rank reads only the hyperslab its Params own under the
+ * *target* topology (Param.loff / Param.lshape), so resharding is a load.
+ * Everything is validated (format, version, config, every dataset's
+ * presence, shape and dtype) before any byte reaches the caller's model;
+ * a checksum or I/O failure during the data pass zeroes what was loaded.
+ * 16-bit checkpoints (bf16 / f16) are upcast to float32 on load: tandem
+ * computes in float32 (the row-invariant kernels are float32 only).
+ *
+ * MPI.  A model whose topology spans several ranks (m->topo.world > 1) is
+ * saved and loaded by every rank of the job together (collective calls, in
+ * the same order; the status is agreed, so every rank returns the same
+ * code).  A single-rank model (world == 1) uses the POSIX driver and may be
+ * saved or loaded by any one process alone.
+ *
+ * Threads.  Bulk data moves on the thread pool (core/pool.h): call these
+ * functions from the main thread, outside pool regions.  HDF5 is used from
+ * the calling thread only.
+ */
+#ifndef TANDEM_CHECKPOINT_CKPT_H
+#define TANDEM_CHECKPOINT_CKPT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/config.h"
+#include "core/model.h"
+#include "core/topology.h"
+
+#define CKPT_FORMAT "tandem-checkpoint"
+#define CKPT_FORMAT_VERSION 1
+#define CKPT_NAME_MAX 160   /* dataset path, e.g. "optimizer/exp_avg/model/layers/3/mlp/experts/down_proj" */
+
+/* Storage type of the weight matrices (tensors with ndim >= 2).  1-D norms
+ * and the optimizer moments are always float32. */
+typedef enum { CKPT_F32, CKPT_BF16, CKPT_F16 } CkptDtype;
+
+/* Optimizer and trainer state beside the weights.
+ * On save the pointers are borrowed.  On load rank_rng and run_config are
+ * allocated (td_malloc) and released by ckpt_state_free. */
+typedef struct {
+    int64_t step;            /* optimizer steps done */
+    int64_t tokens_seen;
+    int64_t micro_batches;   /* data cursor: micro-batches consumed (SPEC section 8) */
+    uint64_t data_rng[4];    /* data-order RNG (xoshiro256** state, core/rng.h) */
+    /* Per-rank RNG states, rows of /trainer/rank_rng [world, 4].  Save:
+     * n_rank_rng == 1 means "this rank's own state" (row = world rank, each
+     * rank passes its own); n_rank_rng == world means the whole table,
+     * identical on every rank; 0 / NULL writes zeros.  Load: the saved table
+     * (n_rank_rng = saved world size). */
+    int n_rank_rng;
+    uint64_t (*rank_rng)[4];
+    double lr;               /* learning rate of the last step (schedule position: step) */
+    double beta1, beta2, adam_eps, weight_decay;
+    int64_t adam_step;       /* AdamW bias-correction step */
+    char *run_config;        /* JSON text of the run config, may be NULL */
+    bool has_trainer;        /* load: the file had /trainer and /optimizer */
+} CkptState;
+
+/* Releases what ckpt_load allocated in st; safe on a zeroed struct and twice. */
+void ckpt_state_free(CkptState *st);
+
+/* What a checkpoint says about itself (root, /topology, which groups). */
+typedef struct {
+    int format_version;
+    int64_t step, tokens_seen;
+    int world, dp, tp, pp, ep;  /* topology that saved it */
+    CkptDtype dtype;            /* of the weight matrices */
+    bool has_optimizer, has_trainer;
+} CkptMeta;
+
+/* ---------------------------------------------------------------- saving */
+
+/* Saves model m (this rank's slices), optionally the AdamW moments and the
+ * trainer state, to `path`.
+ *   exp_avg, exp_avg_sq: slabs laid out exactly like m->w (same
+ *     Param.offset), or both NULL for a weights-only checkpoint (no
+ *     /optimizer, no /trainer).
+ *   st: may be NULL (step = tokens_seen = 0).  /optimizer and /trainer are
+ *     written only together with the moments.
+ *   dtype: storage type of the weight matrices.
+ * Every rank of m->topo calls (collective when m->topo.world > 1; then
+ * m->topo.world must equal comm_size()).  Writes path.tmp, flushes, fsyncs,
+ * renames to path and fsyncs the directory.  Returns 0, or a negative code
+ * after printing one line (td_error) naming the file and dataset; every
+ * rank returns the same code.  Borrows everything; not thread-safe. */
+int ckpt_save(const char *path, const Model *m, const float *exp_avg, const float *exp_avg_sq,
+              const CkptState *st, CkptDtype dtype);
+
+/* Like ckpt_save, for a single-process model holding whole tensors
+ * (m->topo.world == 1), recording topology `as` instead: /topology, the
+ * partition attributes and the chunking are those a job of `as` would
+ * write.  as == NULL means m->topo.  Used by `tandem ckpt reshard|export`.
+ * Called by one process. */
+int ckpt_export(const char *path, const Model *m, const float *exp_avg, const float *exp_avg_sq,
+                const CkptState *st, CkptDtype dtype, const Topology *as);
+
+/* ---------------------------------------------------------------- loading */
+
+/* Opens path, checks format and format_version, parses the config
+ * attribute into *cfg and fills *meta (may be NULL).  Any process may
+ * call.  Returns 0, or -1 with one line in err naming the file and the
+ * attribute. */
+int ckpt_read_config(const char *path, ModelConfig *cfg, CkptMeta *meta, char *err, size_t err_len);
+
+/* Loads this rank's slices into m, which is model_init'ed with the file's
+ * config (ckpt_read_config) and the target topology; the caller then calls
+ * model_pack.  exp_avg / exp_avg_sq (laid out like m->w) may both be NULL
+ * (serving, init_from); when given, the file must hold /optimizer.  st may
+ * be NULL; when given it is overwritten (free a previous load's with
+ * ckpt_state_free first) with step and tokens_seen, and the whole trainer
+ * state when the file has it (st->has_trainer).
+ * Validates everything first (format, version, config equal to m->cfg,
+ * each dataset's presence, shape and dtype); then reads.  On failure
+ * returns -1 with one line in err ("<file>: dataset /x: ..."): nothing was
+ * written into m if the metadata was wrong; after a failed data read
+ * (checksum, I/O) the weights and moments are zeroed, never partial.
+ * When m->topo.world > 1 every rank of the job calls and all return the
+ * same status (err holds the first failing rank's message). */
+int ckpt_load(const char *path, Model *m, float *exp_avg, float *exp_avg_sq, CkptState *st,
+              char *err, size_t err_len);
+
+/* Reads every dataset of the checkpoint in full (checksums), and checks the
+ * structure against the config as ckpt_load does.  One process.  Returns 0,
+ * or -1 with one line in err. */
+int ckpt_verify(const char *path, char *err, size_t err_len);
+
+/* ---------------------------------------------------------------- inspecting */
+
+typedef struct {
+    char name[CKPT_NAME_MAX];  /* without the leading '/' */
+    int ndim;
+    size_t shape[PARAM_MAX_DIMS + 1];
+    size_t chunk[PARAM_MAX_DIMS + 1];
+    char dtype[16];            /* "float32", "float16", "bfloat16", "uint64", ... */
+    char partition[64];        /* "" when the dataset has none */
+    size_t numel;
+    size_t bytes;              /* numel * element size */
+    size_t stored_bytes;       /* on disk (chunks + checksums) */
+} CkptTensor;
+
+typedef struct {
+    ModelConfig cfg;
+    char *config_json;         /* the config attribute as stored (owned) */
+    CkptMeta meta;
+    CkptState st;              /* optimizer / trainer attributes when present (owned parts) */
+    CkptTensor *tensors;       /* owned; weights in model order, then moments, then trainer */
+    int n_tensors;
+    size_t file_bytes;
+} CkptInfo;
+
+/* Lists every dataset of a checkpoint with its attributes.  One process.
+ * Returns 0 or -1 with one line in err.  ckpt_info_free releases *info
+ * (safe on a zeroed struct and twice). */
+int ckpt_info(const char *path, CkptInfo *info, char *err, size_t err_len);
+void ckpt_info_free(CkptInfo *info);
+
+/* Reads the whole dataset `name` (no leading '/') of a float type (float32,
+ * float16, bfloat16) as float32: returns a td_malloc'd array of *numel
+ * elements, or NULL with one line in err.  One process. */
+float *ckpt_read_tensor(const char *path, const char *name, size_t *numel, char *err, size_t err_len);
+
+/* ---------------------------------------------------------------- run directories
+ * Plain filesystem operations: call them from one process (rank 0). */
+
+/* Points DIR/latest at file_name (a name inside dir): a relative symlink
+ * made under a temporary name and rename()d over DIR/latest, then the
+ * directory is fsync'ed.  Readers see the old or the new target, never a
+ * missing or partial one.  Returns 0 or negative after one td_error line. */
+int ckpt_set_latest(const char *dir, const char *file_name);
+
+/* DIR -> the file DIR/latest points at ("DIR/step_00000010.h5"); a file ->
+ * itself.  Returns 0, or -1 after one td_error line (no latest, missing). */
+int ckpt_resolve(const char *dir_or_file, char *out, size_t out_len);
+
+/* Deletes step_*.h5 files of dir beyond the newest keep_last (by step
+ * number), never the one latest points at, and what killed saves left
+ * behind (step_*.h5.tmp, .latest.tmp.*).
+ * keep_last <= 0 keeps everything.  Returns the number deleted, or
+ * negative after one td_error line. */
+int ckpt_prune(const char *dir, int keep_last);
+
+/* ---------------------------------------------------------------- 16-bit types */
+
+/* float32 -> bfloat16: the upper 16 bits rounded to nearest even; NaN stays
+ * a (quiet) NaN, overflow rounds to infinity. */
+uint16_t ckpt_bf16_from_f32(float x);
+float ckpt_f32_from_bf16(uint16_t h);
+/* float32 -> IEEE binary16, round to nearest even (subnormals, infinity,
+ * NaN as numpy's astype(float16)). */
+uint16_t ckpt_f16_from_f32(float x);
+float ckpt_f32_from_f16(uint16_t h);
+
+const char *ckpt_dtype_name(CkptDtype t);   /* "float32", "bfloat16", "float16" */
+/* "f32" / "float32", "bf16" / "bfloat16", "f16" / "float16" -> *t; -1 otherwise. */
+int ckpt_dtype_parse(const char *s, CkptDtype *t);
+
+#endif
