@@ -9,6 +9,7 @@
 #include "core/backprop.h"
 #include "core/common.h"
 #include "core/pool.h"
+#include "train/optim.h"
 #include "tests/fixture.h"
 
 static void setup(void) { pool_init(1); }
@@ -174,3 +175,42 @@ static void check_recompute(const char *file)
 
 Test(model, recompute_modes_bit_identical) { check_recompute("model_base.h5"); }
 Test(model, recompute_modes_bit_identical_variants) { check_recompute("model_variants.h5"); }
+
+/* Two AdamW steps on the fixture's gradients equal torch.optim.AdamW's
+ * (lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices and
+ * embeddings, none on norms). */
+Test(model, adamw_matches_torch)
+{
+    Case c;
+    case_open(&c, "model_variants.h5", RECOMPUTE_NONE);
+    Model *m = &c.m;
+    float *m1 = td_calloc(m->n_w * sizeof(float)), *m2 = td_calloc(m->n_w * sizeof(float));
+    for (int i = 0; i < m->n_params; i++) {
+        Param *p = &m->params[i];
+        char name[160];
+        size_t n;
+        snprintf(name, sizeof name, "g/%s", p->name);
+        float *g = fixture_f32("model_variants.h5", name, &n);
+        memcpy(p->g, g, n * sizeof(float));
+        td_free(g);
+    }
+    AdamHyper h = { 0.9, 0.95, 1e-8, 0.1 };
+    for (int t = 1; t <= 2; t++) {
+        adamw_step(m, m1, m2, &h, t, 1e-3);
+        for (int i = 0; i < m->n_params; i++) {
+            Param *p = &m->params[i];
+            char name[160];
+            size_t n;
+            snprintf(name, sizeof name, "adam%d/%s", t, p->name);
+            float *want = fixture_f32("model_variants.h5", name, &n);
+            /* float32 elementwise arithmetic in another association than
+             * torch's (lerp vs mul/add, fused sqrt/div): a few ulp of w
+             * (|w| ~ 0.05..1) plus ~1e-9 absolute on the update */
+            EXPECT_CLOSE(p->w, want, n, 1e-8, 2e-6, p->name);
+            td_free(want);
+        }
+    }
+    td_free(m1);
+    td_free(m2);
+    case_close(&c);
+}

@@ -61,6 +61,20 @@ def make(name, over, out, B=2, T=19, seed=1):
             f["g/" + k] = v.grad.numpy().astype(np.float32)
         for i, rt in enumerate(r["routes"]):
             f["routes/%d" % i] = rt.numpy().astype(np.int32)
+        # two AdamW steps with these gradients (torch's own optimizer, in
+        # float32 as tandem holds the state): decay on matrices, not norms
+        p32 = {k: v.detach().float().clone().requires_grad_(True) for k, v in w.items()}
+        for k, v in p32.items():
+            v.grad = w[k].grad.float().clone()
+        groups = [dict(params=[v for v in p32.values() if v.dim() >= 2], weight_decay=0.1),
+                  dict(params=[v for v in p32.values() if v.dim() < 2], weight_decay=0.0)]
+        opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+        opt.step()
+        for k, v in p32.items():
+            f["adam1/" + k] = v.detach().numpy()
+        opt.step()   # same gradients again: exercises the bias corrections of step 2
+        for k, v in p32.items():
+            f["adam2/" + k] = v.detach().numpy()
 
 
 def main():
