@@ -11,14 +11,24 @@
  * whether the AVX-512 or the portable path was compiled.  That is what makes
  * a token's logits the same in a training batch of 2048 rows, a prefill
  * chunk and a single-row decode step (SPEC section 8).  OpenBLAS does not
- * promise this (its M=1 and edge-tile paths round differently), so it is
- * used only for the backward products, where no such promise is needed.
+ * promise this (its M=1 and edge-tile paths round differently).
  *
  * Packed layout (GEMM_NR = 32 columns per panel):
  *     P[p][k][j] = W[p*32 + j][k]   for j < 32, zero-padded past N.
  *
- * Backward: through cblas_sgemm, single-threaded BLAS called on disjoint
- * slices from the pool (one owner of the cores).
+ * Backward (gemm_dx_acc, gemm_dw_acc): with AVX-512, the same micro-kernel
+ * in a blocked driver that packs slices of its operands itself (no
+ * pre-packed input).  The reduction runs in blocks of 512 terms with fixed
+ * boundaries; each block's sum is one FMA chain from 0, added to the
+ * output, blocks in order:
+ *
+ *     for each block b:  s = 0;  for r in b:  s = fma(a_r, b_r, s);  out = out + s
+ *
+ * so the results are deterministic and identical for any thread count (and
+ * a row of dx does not depend on the other rows of the call), though not
+ * equal to one chain over the whole reduction.  The portable build calls
+ * cblas_sgemm, single-threaded, on disjoint slices from the pool:
+ * deterministic for a given thread count only.
  */
 #ifndef TANDEM_CORE_GEMM_H
 #define TANDEM_CORE_GEMM_H
@@ -46,14 +56,30 @@ void gemm_xwt_serial(float *y, size_t ldy, const float *x, size_t ldx,
                      const float *P, size_t M, size_t N, size_t K);
 
 /* dx[M, K] += dy[M, N] W[N, K]   (input gradient of y = x W^T).
- * Row strides lddx, lddy; W row stride K.  Threaded over rows of dx. */
+ * Row strides lddx, lddy; W [N, K] unpacked, row stride K.  Accumulates;
+ * any of M, N, K may be 0 (no-op).  Threaded over the pool, rows or column
+ * panels of dx (serial inside a pool region, where helpers may call it
+ * concurrently on disjoint outputs: scratch is per thread, see
+ * gemm_scratch_free). */
 void gemm_dx_acc(float *dx, size_t lddx, const float *dy, size_t lddy,
                  const float *W, size_t M, size_t N, size_t K);
 
 /* dW[N, K] += dy[M, N]^T x[M, K]   (weight gradient of y = x W^T).
- * Row strides lddy, ldx; dW row stride K.  Threaded over rows of dW. */
+ * Row strides lddy, ldx; dW row stride K.  Accumulates; any of M, N, K may
+ * be 0.  Threaded like gemm_dx_acc, over rows or column panels of dW. */
 void gemm_dw_acc(float *dW, const float *dy, size_t lddy, const float *x, size_t ldx,
                  size_t M, size_t N, size_t K);
+
+/* Scratch of the backward products: each thread that runs them keeps one
+ * buffer for packed slices of the operands (64-byte aligned, a few MiB at
+ * most), grown on demand and reused by later calls, so a training step
+ * allocates nothing once its shapes have been seen.  A thread's buffer is
+ * freed when the thread exits; gemm_scratch_free frees all of them (call
+ * it with no GEMM running, e.g. at shutdown; later calls grow them again).
+ * The buffers are the GEMM's own, like OpenBLAS's: not counted by
+ * td_malloc; gemm_scratch_bytes reports their total. */
+void gemm_scratch_free(void);
+size_t gemm_scratch_bytes(void);
 
 /* Floating-point operations of the three products, for MFU accounting. */
 static inline double gemm_flops(size_t M, size_t N, size_t K)

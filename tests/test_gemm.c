@@ -7,9 +7,12 @@
  * chain, over many shapes (odd M, N not a multiple of 32, odd K), with row
  * strides, with M = 1 against the same row inside a big batch, with 1 and 2
  * pool threads, and against the portable (non-AVX-512) path of gemm.c.
- * The backward products go through BLAS and are checked with tolerances:
- * against a naive double product, PyTorch (tests/ref/fixtures_ops.py,
- * linear.h5) and central finite differences of a double forward.
+ * The backward products (tandem's blocked kernels, BLAS on the portable
+ * path) are checked with tolerances against a naive double product over
+ * many shapes, strides and thread splits, against PyTorch
+ * (tests/ref/fixtures_ops.py, linear.h5) and central finite differences of
+ * a double forward; on the AVX-512 path also for bitwise determinism and
+ * bitwise independence of the thread count, which gemm.h promises there.
  */
 
 /* The portable path of core/gemm.c, compiled into this file under other
@@ -25,6 +28,8 @@
 #define gemm_xwt_serial portable_gemm_xwt_serial
 #define gemm_dx_acc portable_gemm_dx_acc
 #define gemm_dw_acc portable_gemm_dw_acc
+#define gemm_scratch_free portable_gemm_scratch_free
+#define gemm_scratch_bytes portable_gemm_scratch_bytes
 #include "core/gemm.c"
 #undef gemm_packed_floats
 #undef gemm_pack
@@ -32,6 +37,8 @@
 #undef gemm_xwt_serial
 #undef gemm_dx_acc
 #undef gemm_dw_acc
+#undef gemm_scratch_free
+#undef gemm_scratch_bytes
 #undef TANDEM_PORTABLE
 
 #include "core/common.h"
@@ -45,7 +52,11 @@
 #include <string.h>
 
 static void setup(void) { pool_init(1); }
-static void teardown(void) { pool_free(); }
+static void teardown(void)
+{
+    pool_free();
+    gemm_scratch_free();
+}
 
 TestSuite(gemm, .init = setup, .fini = teardown);
 TestSuite(linear, .init = setup, .fini = teardown);
@@ -328,6 +339,288 @@ Test(gemm, dx_dw_accumulate_against_double_product)
     EXPECT_NO_LEAKS();
 }
 
+/* dx (M, lddx) += dy (M, lddy) W (N, K) and dW (N, K) += dy^T x (M, ldx) in
+ * double, with the scale of each result: |start value| + sum |terms|.  The
+ * float kernels sum in blocks of up to a few hundred terms; their rounding
+ * error stays far below 1e-5 of that scale, while a missing or doubled term
+ * (about 1 / R of it with these inputs, R <= 1300) is far above. */
+static void ref_dx_dw(double *dx, double *sx, double *dW, double *sw, const float *dx0, const float *dW0,
+                      const float *dy, size_t lddy, const float *x, size_t ldx, const float *W,
+                      size_t M, size_t N, size_t K, size_t lddx)
+{
+    for (size_t m = 0; m < M; m++)
+        for (size_t k = 0; k < K; k++) {
+            double acc = dx0[m * lddx + k], mag = fabs(acc);
+            for (size_t n = 0; n < N; n++) {
+                double t = (double)dy[m * lddy + n] * W[n * K + k];
+                acc += t;
+                mag += fabs(t);
+            }
+            dx[m * lddx + k] = acc;
+            sx[m * lddx + k] = mag;
+        }
+    for (size_t n = 0; n < N; n++)
+        for (size_t k = 0; k < K; k++) {
+            double acc = dW0[n * K + k], mag = fabs(acc);
+            for (size_t m = 0; m < M; m++) {
+                double t = (double)dy[m * lddy + n] * x[m * ldx + k];
+                acc += t;
+                mag += fabs(t);
+            }
+            dW[n * K + k] = acc;
+            sw[n * K + k] = mag;
+        }
+}
+
+/* Worst |got - want| / (tol * scale) over n (scale 0 where the reference
+ * leaves the start value alone: padding must be bit-identical); NaN or Inf
+ * gives +inf.  Writes the worst index. */
+static double scaled_err(const float *got, const double *want, const double *scale, size_t n,
+                         double tol, size_t *worst)
+{
+    double e = 0;
+    *worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double r;
+        if (!isfinite(got[i])) r = INFINITY;
+        else if (scale[i] < 0) r = (double)got[i] == want[i] ? 0 : INFINITY;
+        else r = fabs((double)got[i] - want[i]) / (tol * scale[i] + 1e-30);
+        if (r > e) {
+            e = r;
+            *worst = i;
+        }
+    }
+    return e;
+}
+
+typedef struct {
+    size_t M, N, K, lddx, lddy, ldx;
+    float *dy, *x, *W, *dx0, *dW0;
+} BwCase;
+
+/* Inputs in [-1, 1), start values in [-1, 1) (the products must add). */
+static BwCase bw_case(size_t M, size_t N, size_t K, size_t pad, uint64_t seed)
+{
+    BwCase c = { M, N, K, K + pad, N + 2 * pad, K + pad + 1, NULL, NULL, NULL, NULL, NULL };
+    c.dy = fixture_rand(M * c.lddy, seed, -1, 1);
+    c.x = fixture_rand(M * c.ldx, seed + 1, -1, 1);
+    c.W = fixture_rand(N * K, seed + 2, -1, 1);
+    c.dx0 = fixture_rand(M * c.lddx, seed + 3, -1, 1);
+    c.dW0 = fixture_rand(N * K, seed + 4, -1, 1);
+    return c;
+}
+
+static void bw_case_free(BwCase *c)
+{
+    td_free(c->dy);
+    td_free(c->x);
+    td_free(c->W);
+    td_free(c->dx0);
+    td_free(c->dW0);
+}
+
+/* Runs both products on copies of the start values. */
+static void bw_run_case(const BwCase *c, float **dx, float **dW)
+{
+    *dx = fixture_copy(c->dx0, c->M * c->lddx);
+    *dW = fixture_copy(c->dW0, c->N * c->K);
+    gemm_dx_acc(*dx, c->lddx, c->dy, c->lddy, c->W, c->M, c->N, c->K);
+    gemm_dw_acc(*dW, c->dy, c->lddy, c->x, c->ldx, c->M, c->N, c->K);
+}
+
+Test(gemm, dx_dw_against_double_reference_over_many_shapes)
+{
+    /* Chosen to reach every path of gemm.c's blocked kernels: M, N, K of 0
+     * and 1; partial 12-row tiles and 32-column panels; several reduction
+     * blocks (N or M > 512, with a short last block); several B blocks
+     * (few rows of C, more than 4 panels); B and dy^T read in place
+     * (row stride <= 200, one tile of C) or packed; the router (N = 8).
+     * Row strides are wider than the rows (pad 0 and 3): the padding
+     * must come back untouched. */
+    static const size_t shapes[][3] = {
+        { 0, 5, 7 }, { 4, 0, 6 }, { 3, 5, 0 }, { 1, 1, 1 }, { 1, 300, 333 }, { 2, 1000, 40 },
+        { 3, 7, 600 }, { 5, 33, 257 }, { 12, 64, 17 }, { 13, 8, 192 }, { 13, 257, 300 },
+        { 37, 70, 65 }, { 100, 1, 300 }, { 100, 300, 1 }, { 257, 130, 333 }, { 600, 8, 192 },
+        { 700, 96, 333 }, { 1300, 40, 300 }, { 1300, 257, 66 }, { 97, 1100, 45 }, { 50, 1100, 333 },
+        { 1200, 64, 64 }, { 40, 600, 1030 },
+    };
+    size_t n_fail = 0, n_cases = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (size_t pad = 0; pad <= 3; pad += 3) {
+            const size_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            BwCase c = bw_case(M, N, K, pad, 1000 + 10 * s + pad);
+            const size_t nx = M * c.lddx, nw = N * K;
+            double *wx = td_malloc((nx + 1) * sizeof(double)), *sx = td_malloc((nx + 1) * sizeof(double));
+            double *ww = td_malloc((nw + 1) * sizeof(double)), *sw = td_malloc((nw + 1) * sizeof(double));
+            for (size_t i = 0; i < nx; i++) sx[i] = -1;   /* padding: untouched */
+            ref_dx_dw(wx, sx, ww, sw, c.dx0, c.dW0, c.dy, c.lddy, c.x, c.ldx, c.W, M, N, K, c.lddx);
+            for (size_t i = 0; i < nx; i++)
+                if (sx[i] < 0) wx[i] = c.dx0[i];
+            float *dx, *dW;
+            bw_run_case(&c, &dx, &dW);
+            size_t wi, wj;
+            double ex = scaled_err(dx, wx, sx, nx, 1e-5, &wi), ew = scaled_err(dW, ww, sw, nw, 1e-5, &wj);
+            n_cases++;
+            if (!(ex <= 1 && ew <= 1)) {
+                n_fail++;
+                cr_expect(ex <= 1, "dx += dy W, M=%zu N=%zu K=%zu pad %zu: element (%zu, %zu) is %.9g, "
+                          "double gives %.9g (%.3g of the tolerance)", M, N, K, pad, wi / td_max(c.lddx, 1),
+                          wi % td_max(c.lddx, 1), nx ? (double)dx[wi] : 0.0, nx ? wx[wi] : 0.0, ex);
+                cr_expect(ew <= 1, "dW += dy^T x, M=%zu N=%zu K=%zu pad %zu: element (%zu, %zu) is %.9g, "
+                          "double gives %.9g (%.3g of the tolerance)", M, N, K, pad, wj / td_max(K, 1),
+                          wj % td_max(K, 1), nw ? (double)dW[wj] : 0.0, nw ? ww[wj] : 0.0, ew);
+            }
+            td_free(dx);
+            td_free(dW);
+            td_free(wx);
+            td_free(sx);
+            td_free(ww);
+            td_free(sw);
+            bw_case_free(&c);
+        }
+    cr_expect_eq(n_fail, 0, "%zu of %zu cases outside 1e-5 of the double reference", n_fail, n_cases);
+    EXPECT_NO_LEAKS();
+}
+
+Test(gemm, dx_dw_deterministic_and_independent_of_threads)
+{
+    /* Both splits over 2 threads for both products: with 3 row tiles of C
+     * and 4 panels the pool splits panels, with 22 tiles and 11 panels it
+     * splits rows (core/gemm.c, bw_product).  On the AVX-512 path every
+     * element is computed the same way whatever the split, so the results
+     * are bit-identical to 1 thread; the portable path (BLAS on slices)
+     * only promises closeness. */
+    static const size_t shapes[][3] = {
+        { 30, 300, 100 },    /* dx: 3 tiles x 4 panels; dW: 25 tiles x 4 panels */
+        { 257, 30, 333 },    /* dx: 22 tiles x 11 panels; dW: 3 tiles x 11 panels */
+        { 1300, 257, 66 },   /* several reduction blocks for dW */
+        { 40, 600, 1030 },   /* several reduction blocks for dx */
+    };
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const size_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        BwCase c = bw_case(M, N, K, 3, 2000 + 10 * s);
+        float *dx1, *dW1, *dx1b, *dW1b, *dx2, *dW2;
+        pool_init(1);
+        bw_run_case(&c, &dx1, &dW1);
+        bw_run_case(&c, &dx1b, &dW1b);
+        pool_init(2);
+        bw_run_case(&c, &dx2, &dW2);
+        pool_init(1);
+        char what[96];
+        snprintf(what, sizeof what, "dx, M=%zu N=%zu K=%zu, two runs on 1 thread", M, N, K);
+        EXPECT_BITWISE(dx1b, dx1, M * c.lddx, what);
+        snprintf(what, sizeof what, "dW, M=%zu N=%zu K=%zu, two runs on 1 thread", M, N, K);
+        EXPECT_BITWISE(dW1b, dW1, N * K, what);
+#ifdef __AVX512F__
+        snprintf(what, sizeof what, "dx, M=%zu N=%zu K=%zu, 2 threads vs 1", M, N, K);
+        EXPECT_BITWISE(dx2, dx1, M * c.lddx, what);
+        snprintf(what, sizeof what, "dW, M=%zu N=%zu K=%zu, 2 threads vs 1", M, N, K);
+        EXPECT_BITWISE(dW2, dW1, N * K, what);
+#else
+        /* BLAS slices may use other edge kernels: a few ulps of O(10) sums */
+        snprintf(what, sizeof what, "dx, M=%zu N=%zu K=%zu, 2 threads vs 1", M, N, K);
+        EXPECT_CLOSE(dx2, dx1, M * c.lddx, 1e-4, 1e-5, what);
+        snprintf(what, sizeof what, "dW, M=%zu N=%zu K=%zu, 2 threads vs 1", M, N, K);
+        EXPECT_CLOSE(dW2, dW1, N * K, 1e-4, 1e-5, what);
+#endif
+        td_free(dx1);
+        td_free(dW1);
+        td_free(dx1b);
+        td_free(dW1b);
+        td_free(dx2);
+        td_free(dW2);
+        bw_case_free(&c);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+Test(gemm, dx_row_is_independent_of_batch)
+{
+    /* Not promised by gemm.h for the backward, but a consequence of fixed
+     * block boundaries on the AVX-512 path: a row of dx computed alone or
+     * in a sub-batch keeps its bits.  Checked so that a change which breaks
+     * it is noticed (and the header updated). */
+#ifdef __AVX512F__
+    const size_t M = 200, N = 600, K = 70;
+    BwCase c = bw_case(M, N, K, 0, 3000);
+    float *full = fixture_copy(c.dx0, M * K), *part = fixture_copy(c.dx0, M * K);
+    gemm_dx_acc(full, K, c.dy, N, c.W, M, N, K);
+    for (size_t m0 = 0; m0 < M;) {
+        size_t rows = td_min(1 + m0 % 17, M - m0);   /* batches of 1 .. 17 rows */
+        gemm_dx_acc(part + m0 * K, K, c.dy + m0 * N, N, c.W, rows, N, K);
+        m0 += rows;
+    }
+    EXPECT_BITWISE(part, full, M * K, "dx rows in sub-batches of 1..17 vs one batch of 200");
+    td_free(full);
+    td_free(part);
+    bw_case_free(&c);
+#endif
+    EXPECT_NO_LEAKS();
+}
+
+Test(gemm, dx_dw_portable_path_close_to_compiled_path)
+{
+    /* The portable path (BLAS on pool slices) and the compiled one sum in
+     * other orders: close, not bitwise. */
+    static const size_t shapes[][3] = { { 1, 130, 333 }, { 13, 8, 192 }, { 257, 130, 333 }, { 600, 40, 1030 } };
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const size_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        BwCase c = bw_case(M, N, K, 3, 4000 + 10 * s);
+        float *dx, *dW;
+        bw_run_case(&c, &dx, &dW);
+        float *px = fixture_copy(c.dx0, M * c.lddx), *pw = fixture_copy(c.dW0, N * K);
+        portable_gemm_dx_acc(px, c.lddx, c.dy, c.lddy, c.W, M, N, K);
+        portable_gemm_dw_acc(pw, c.dy, c.lddy, c.x, c.ldx, M, N, K);
+        /* sums of up to 1030 products in [-1, 1]: O(10) results, a few
+         * ulps of difference; 1e-4 absolute is far below a wrong term */
+        char what[80];
+        snprintf(what, sizeof what, "dx portable vs compiled, M=%zu N=%zu K=%zu", M, N, K);
+        EXPECT_CLOSE(dx, px, M * c.lddx, 1e-4, 1e-5, what);
+        snprintf(what, sizeof what, "dW portable vs compiled, M=%zu N=%zu K=%zu", M, N, K);
+        EXPECT_CLOSE(dW, pw, N * K, 1e-4, 1e-5, what);
+        td_free(dx);
+        td_free(dW);
+        td_free(px);
+        td_free(pw);
+        bw_case_free(&c);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+Test(gemm, scratch_is_kept_released_by_exiting_threads_and_freed)
+{
+    /* The per-thread packing scratch of the backward products: grown by a
+     * call, kept for the next, given back when a pool helper exits, freed
+     * by gemm_scratch_free, and grown again by the next call. */
+    const size_t M = 600, N = 600, K = 600;
+    BwCase c = bw_case(M, N, K, 0, 5000);
+    float *dx = fixture_copy(c.dx0, M * K), *dW = fixture_copy(c.dW0, N * K);
+    pool_init(2);
+    gemm_dw_acc(dW, c.dy, N, c.x, K, M, N, K);
+    size_t two = gemm_scratch_bytes();
+    gemm_dw_acc(dW, c.dy, N, c.x, K, M, N, K);
+    cr_expect_eq(gemm_scratch_bytes(), two, "a second call of the same shape keeps the scratch");
+    pool_init(1);   /* joins the helper thread */
+    size_t one = gemm_scratch_bytes();
+#ifdef __AVX512F__
+    cr_expect_gt(two, 0, "2 threads hold scratch after dW of 600^3");
+    cr_expect_lt(one, two, "the helper's scratch is released when it exits (%zu -> %zu bytes)", two, one);
+#endif
+    gemm_scratch_free();
+    cr_expect_eq(gemm_scratch_bytes(), 0, "gemm_scratch_free releases everything");
+    float *ref = fixture_copy(dx, M * K);
+    gemm_dx_acc(dx, K, c.dy, N, c.W, M, N, K);   /* grows it again */
+    gemm_scratch_free();
+    gemm_dx_acc(ref, K, c.dy, N, c.W, M, N, K);
+    EXPECT_BITWISE(ref, dx, M * K, "dx after gemm_scratch_free vs before");
+    gemm_scratch_free();
+    td_free(dx);
+    td_free(dW);
+    td_free(ref);
+    bw_case_free(&c);
+    EXPECT_NO_LEAKS();
+}
+
 /* ------------------------------------------------------------ linear vs PyTorch */
 
 static const char *const LIN = "linear.h5";
@@ -403,7 +696,7 @@ Test(linear, backward_accumulates_torch_gradients)
         for (size_t i = 0; i < M * K; i++) dx_want[i] = (float)((double)dx[i] + L.dx[i]);
         for (size_t i = 0; i < N * K; i++) dW_want[i] = (float)((double)dW[i] + L.dW[i]);
         linear_backward(dx, dW, L.dy, L.x, L.W, M, N, K);
-        /* BLAS float sums of <= 70 (dx) / 37 (dW) products in [-1, 1] plus the
+        /* float sums of <= 70 (dx) / 37 (dW) products in [-1, 1] plus the
          * O(1) start value: ~1e-6 expected, 1e-5 allowed. */
         char what[48];
         snprintf(what, sizeof what, "linear dx, case %d", c);
@@ -511,7 +804,8 @@ Test(linear, two_threads_forward_bitwise_backward_close)
     linear_backward(dx2, dW2, L.dy, L.x, L.W, M, N, K);
     pool_init(1);
     EXPECT_BITWISE(y2, y1, M * N, "forward, 2 threads vs 1");
-    /* BLAS on thread slices may pick other edge kernels: a few ulps of the
+    /* Bitwise on the AVX-512 path (dx_dw_deterministic_and_independent_of_threads); BLAS on thread
+     * slices (portable path) may pick other edge kernels: a few ulps of the
      * O(10) results, nowhere near a missing slice (O(1)). */
     EXPECT_CLOSE(dx2, dx1, M * K, 1e-5, 1e-6, "dx, 2 threads vs 1");
     EXPECT_CLOSE(dW2, dW1, N * K, 1e-5, 1e-6, "dW, 2 threads vs 1");
