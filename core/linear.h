@@ -2,7 +2,8 @@
  *   x: (M, K)  W: (N, K) = [out, in]  y: (M, N)
  *
  * Forward runs tandem's row-invariant kernel on the packed copy of W
- * (core/gemm.h); backward runs cblas_sgemm on the unpacked W:
+ * (core/gemm.h); backward runs the same micro-kernel in a blocked driver
+ * (cblas_sgemm on builds without AVX-512) on the unpacked W:
  *   dx += dy W        dW += dy^T x
  */
 #ifndef TANDEM_CORE_LINEAR_H

@@ -1,4 +1,5 @@
-/* core/pool.h - the project's thread pool for non-BLAS work.
+/* core/pool.h - the project's thread pool: every multi-threaded region of
+ * tandem (GEMMs included) runs on it.
  *
  * One pool per process, owning the cores it is given: the calling thread is
  * worker 0 and n-1 helper threads join it.  pool_for splits [0, n) into one
@@ -9,7 +10,8 @@
  *
  * Helpers spin for a short, bounded time after a region (so back-to-back
  * regions, as in decoding, do not pay a wake-up each) and then sleep on a
- * futex; no other threading runtime runs beside them: OpenBLAS is set to one
+ * futex; no other threading runtime runs beside them: OpenBLAS (used only by
+ * builds without AVX-512, and by benchmarks) is set to one
  * thread and called from inside pool regions on disjoint slices.
  *
  * Not reentrant: a pool_for issued from inside a region runs serially on the

@@ -1,0 +1,9 @@
+#!/bin/sh
+# bench/gemm_bw.sh - the backward products (dx += dy W, dW += dy^T x) beside
+# the forward kernel and OpenBLAS on the training shapes of small/medium
+# (bench/gemm_bw.c prints the table).
+set -eu
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+"$BUILD/bench/gemm_bw" --reps 5 --shape 2048,512,512 --shape 2048,1024,512 --shape 512,2048,1024 \
+    --shape 4096,256,256 --shape 1024,512,256 --shape 4096,8,256
