@@ -4,6 +4,7 @@
 #include "checkpoint/ckpt_cmd.h"
 #include "comm/comm.h"
 #include "core/common.h"
+#include "core/gemm.h"
 #include "core/pool.h"
 #include "infer/infer_cmd.h"
 #include "train/rl.h"
@@ -66,6 +67,7 @@ int main(int argc, char **argv)
     pool_init(default_threads());
     int rc = g_cmds[i].fn(argc - 1, argv + 1);
     pool_free();
+    gemm_scratch_free();   /* the caller's GEMM scratch; helpers free theirs */
     comm_finalize();
     return rc;
 }
