@@ -39,6 +39,8 @@ static struct {
 
 static _Thread_local int t_in_region;
 
+void (*pool_test_hook)(void) = NULL;
+
 static void futex_wait(_Atomic unsigned *addr, unsigned val)
 {
     syscall(SYS_futex, (unsigned *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
@@ -73,13 +75,17 @@ static void run_share(int t)
     atomic_fetch_add_explicit(&g_pool.done, 1, memory_order_release);
 }
 
-/* Claims chunk t for region g; true when this thread should run it.  The
- * region's parameters are read only after a successful claim: region g
- * cannot finish (nor g+1 start) before a claimed chunk of g is done. */
+/* Claims chunk t for region g; true when this thread should run it.  Only
+ * a claim older than g can be replaced: a helper that read g and was then
+ * preempted while the caller ran regions g, g+1, ... must not roll chunk
+ * t's claim back (it would run the chunk twice, with another region's
+ * parameters).  So a claim succeeds only while region g is the current one
+ * and chunk t is not done, and the region's parameters, read after it, are
+ * g's: region g cannot finish before a claimed chunk of g is done. */
 static bool claim(int t, unsigned g)
 {
     unsigned c = atomic_load(&g_pool.claim[t]);
-    return c != g && atomic_compare_exchange_strong(&g_pool.claim[t], &c, g);
+    return (int)(g - c) > 0 && atomic_compare_exchange_strong(&g_pool.claim[t], &c, g);
 }
 
 static void *worker(void *arg)
@@ -104,6 +110,7 @@ static void *worker(void *arg)
         }
         seen = g;
         if (atomic_load(&g_pool.stop)) return NULL;
+        if (pool_test_hook) pool_test_hook();   /* tests: a preemption right here */
         if (claim(t, g)) run_share(t);
     }
 }

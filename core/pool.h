@@ -40,4 +40,8 @@ int pool_cores(void);
  * empty are not called. */
 void pool_for(size_t n, size_t grain, PoolFn fn, void *ctx);
 
+/* Tests only: when set, helpers call it between seeing a region and
+ * claiming their chunk (to simulate preemption there). */
+extern void (*pool_test_hook)(void);
+
 #endif

@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <unistd.h>
 
 static void teardown(void) { pool_free(); }
 
@@ -60,4 +61,40 @@ Test(pool, ranges_are_contiguous_on_grain_multiples)
     pool_for(100, 16, record, &r);
     cr_expect_eq(atomic_load(&r.calls), 1);
     cr_expect_eq(r.end[0], 100);
+}
+
+/* Regression: a helper preempted between seeing region g and claiming its
+ * chunk, while the caller runs g, g+1, ... itself, must not claim a chunk
+ * of an older region afterwards (it ran the chunk twice, with the wrong
+ * region's parameters, and ended the current region early).  The hook
+ * sleeps a random few microseconds right there in the helper. */
+static _Atomic unsigned g_seed = 1;
+static void preempt(void)
+{
+    unsigned s = atomic_fetch_add(&g_seed, 2654435761u);
+    if ((s >> 7) % 3 == 0) usleep((s >> 11) % 60);
+}
+
+struct tagged { _Atomic int hits[64]; int region; _Atomic int bad; };
+
+static void count_region(void *vc, size_t b, size_t e, int tid)
+{
+    (void)tid;
+    struct tagged *c = vc;
+    for (size_t i = b; i < e; i++) atomic_fetch_add(&c->hits[i], 1);
+}
+
+Test(pool, preempted_helper_never_runs_a_chunk_twice)
+{
+    pool_init(2);
+    pool_test_hook = preempt;
+    int bad = 0;
+    for (int region = 0; region < 20000 && !bad; region++) {
+        struct tagged c;   /* on the stack: a late helper would write a dead frame */
+        memset(&c, 0, sizeof c);
+        pool_for(64, 1, count_region, &c);
+        for (int i = 0; i < 64; i++) bad += atomic_load(&c.hits[i]) != 1;
+        cr_expect_eq(bad, 0, "region %d: %d items not run exactly once", region, bad);
+    }
+    pool_test_hook = NULL;
 }
