@@ -258,6 +258,71 @@ void gemm_xwt(float *y, size_t ldy, const float *x, size_t ldx,
         pool_for(n_panels, M <= 3 ? NP_WIDE : 1, xwt_panels, &c);
 }
 
+/* Several forward products in one pool region: units of work are row
+ * blocks (many rows) or panel groups (few rows) of every problem, dealt to
+ * threads by their cost so that each thread gets a contiguous share.  Each
+ * unit is computed by drive() exactly as gemm_xwt would, so the bits are
+ * those of separate calls; only the barriers are fewer. */
+#define GROUP_MAX_UNITS 1024
+
+typedef struct { int prob; size_t m0, m1, p0, p1; double cost; } GemmUnit;
+
+struct group_ctx { const GemmProblem *pr; const GemmUnit *u; size_t n_units; double total; int nt; };
+
+static void run_unit(const GemmProblem *q, const GemmUnit *u)
+{
+    drive(q->y + u->m0 * q->ldy, q->ldy, q->x + u->m0 * q->ldx, q->ldx, q->P, u->m1 - u->m0, q->N, q->K,
+          u->p0, u->p1);
+}
+
+static void group_share(void *vc, size_t t0, size_t t1, int tid)
+{
+    (void)tid;
+    const struct group_ctx *c = vc;
+    for (size_t t = t0; t < t1; t++) {
+        /* units whose cost midpoint falls in this thread's share */
+        double lo = c->total * (double)t / c->nt, hi = c->total * (double)(t + 1) / c->nt, at = 0;
+        for (size_t i = 0; i < c->n_units; i++) {
+            double mid = at + c->u[i].cost / 2;
+            at += c->u[i].cost;
+            if (mid >= lo && mid < hi) run_unit(&c->pr[c->u[i].prob], &c->u[i]);
+        }
+    }
+}
+
+void gemm_xwt_group(const GemmProblem *pr, int n)
+{
+    GemmUnit u[GROUP_MAX_UNITS];
+    size_t nu = 0;
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        const GemmProblem *q = &pr[i];
+        if (q->M == 0 || q->N == 0) continue;
+        const size_t np = td_round_up(q->N, GEMM_NR) / GEMM_NR;
+        const size_t rb = q->M > 48 ? MB : q->M;               /* rows per unit */
+        const size_t pg = q->M > 48 ? np : q->M <= 3 ? NP_WIDE : 1;   /* panels per unit */
+        for (size_t m0 = 0; m0 < q->M; m0 += rb)
+            for (size_t p0 = 0; p0 < np; p0 += pg) {
+                if (nu == GROUP_MAX_UNITS) {   /* too many pieces: one call each */
+                    for (int j = 0; j < n; j++)
+                        gemm_xwt(pr[j].y, pr[j].ldy, pr[j].x, pr[j].ldx, pr[j].P, pr[j].M, pr[j].N, pr[j].K);
+                    return;
+                }
+                size_t m1 = td_min(q->M, m0 + rb), p1 = td_min(np, p0 + pg);
+                /* weights are read once per unit, rows cost FMAs */
+                double cost = (double)(p1 - p0) * (double)q->K * (double)((m1 - m0) + 4);
+                u[nu++] = (GemmUnit){ i, m0, m1, p0, p1, cost };
+                total += cost;
+            }
+    }
+    struct group_ctx c = { pr, u, nu, total, pool_threads() };
+    if (c.nt <= 1 || nu <= 1) {
+        for (size_t i = 0; i < nu; i++) run_unit(&pr[u[i].prob], &u[i]);
+        return;
+    }
+    pool_for((size_t)c.nt, 1, group_share, &c);
+}
+
 /* ---------------------------------------------------------------- backward
  *
  * Both backward products are one accumulating product

@@ -50,6 +50,22 @@ void gemm_pack(float *P, const float *W, size_t N, size_t K);
 void gemm_xwt(float *y, size_t ldy, const float *x, size_t ldx,
               const float *P, size_t M, size_t N, size_t K);
 
+/* One forward product of a group. */
+typedef struct {
+    float *y;          /* (M, N), row stride ldy, overwritten */
+    size_t ldy;
+    const float *x;    /* (M, K), row stride ldx */
+    size_t ldx;
+    const float *P;    /* W packed */
+    size_t M, N, K;
+} GemmProblem;
+
+/* Runs n products (e.g. q, k and v of one input; or gate and up of every
+ * expert) in one pool region instead of n, threads sharing the union of
+ * their work by cost.  Every element is computed exactly as by gemm_xwt
+ * (same bits); problems with M = 0 are skipped. */
+void gemm_xwt_group(const GemmProblem *p, int n);
+
 /* Unthreaded variant of gemm_xwt, for callers that split work themselves.
  * Same arithmetic. */
 void gemm_xwt_serial(float *y, size_t ldy, const float *x, size_t ldx,

@@ -52,17 +52,31 @@ static const float *expert_packed(const Param *p, size_t e)
  * eoe = eh Wd^T.  Each local expert is one GEMM over its contiguous rows. */
 static void experts_forward(const Model *m, const Layer *L, LayerActs *a)
 {
-    const size_t d = m->d, F = m->F;
-    for (size_t e = 0; e < m->E; e++) {
+    const size_t d = m->d, F = m->F, E = m->E;
+    /* gate and up of every expert in one region, then every down: the
+     * grouped GEMM computes each element as its own GEMM would */
+    GemmProblem g[2 * E + 1];
+    memset(g, 0, sizeof g);
+    for (size_t e = 0; e < E; e++) {
         size_t r0 = (size_t)a->e_off[e], M = (size_t)a->e_off[e + 1] - r0;
-        linear_forward(a->eg + r0 * F, a->xe + r0 * d, expert_packed(L->egate, e), M, F, d);
-        linear_forward(a->eu + r0 * F, a->xe + r0 * d, expert_packed(L->eup, e), M, F, d);
+        g[2 * e] = (GemmProblem){ a->eg + r0 * F, F, a->xe + r0 * d, d, expert_packed(L->egate, e), M, F, d };
+        g[2 * e + 1] = (GemmProblem){ a->eu + r0 * F, F, a->xe + r0 * d, d, expert_packed(L->eup, e), M, F, d };
     }
+    gemm_xwt_group(g, 2 * (int)E);
     swiglu_forward(a->eh, a->eg, a->eu, a->n_recv, F);
-    for (size_t e = 0; e < m->E; e++) {
+    for (size_t e = 0; e < E; e++) {
         size_t r0 = (size_t)a->e_off[e], M = (size_t)a->e_off[e + 1] - r0;
-        linear_forward(a->eoe + r0 * d, a->eh + r0 * F, expert_packed(L->edown, e), M, d, F);
+        g[e] = (GemmProblem){ a->eoe + r0 * d, d, a->eh + r0 * F, F, expert_packed(L->edown, e), M, d, F };
     }
+    gemm_xwt_group(g, (int)E);
+}
+
+/* y1 = x W1^T and y2 = x W2^T in one region (gate and up of a SwiGLU). */
+static void pair_forward(float *y1, float *y2, const float *x, const Param *w1, const Param *w2,
+                         size_t N, size_t F, size_t d)
+{
+    GemmProblem g[2] = { { y1, F, x, d, w1->packed, N, F, d }, { y2, F, x, d, w2->packed, N, F, d } };
+    gemm_xwt_group(g, 2);
 }
 
 /* ---------------------------------------------------------------- expert parallelism
@@ -173,16 +187,14 @@ void model_ep_back_to_experts(const Model *m, LayerActs *a, const float *src, fl
 /* ys (N, d) = shared SwiGLU of h2. */
 static void shared_forward(const Model *m, const Layer *L, LayerActs *a, size_t N, float *ys)
 {
-    linear_forward(a->sg, a->h2, L->sgate->packed, N, m->S, m->d);
-    linear_forward(a->su, a->h2, L->sup->packed, N, m->S, m->d);
+    pair_forward(a->sg, a->su, a->h2, L->sgate, L->sup, N, m->S, m->d);
     swiglu_forward(a->sh, a->sg, a->su, N, m->S);
     linear_forward(ys, a->sh, L->sdown->packed, N, m->d, m->S);
 }
 
 static void dense_forward(const Model *m, const Layer *L, LayerActs *a, size_t N)
 {
-    linear_forward(a->fg, a->h2, L->gate->packed, N, m->Fd, m->d);
-    linear_forward(a->fu, a->h2, L->up->packed, N, m->Fd, m->d);
+    pair_forward(a->fg, a->fu, a->h2, L->gate, L->up, N, m->Fd, m->d);
     swiglu_forward(a->fh, a->fg, a->fu, N, m->Fd);
     linear_forward(a->y, a->fh, L->down->packed, N, m->d, m->Fd);
 }
@@ -225,9 +237,10 @@ void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float
     const float eps = (float)m->cfg.rms_norm_eps;
 
     rmsnorm_forward(a->h1, a->rstd1, x_in, L->ln1->w, N, d, eps);
-    linear_forward(a->q, a->h1, L->q->packed, N, H * hd, d);
-    linear_forward(a->k, a->h1, L->k->packed, N, Hkv * hd, d);
-    linear_forward(a->v, a->h1, L->v->packed, N, Hkv * hd, d);
+    GemmProblem qkv[3] = { { a->q, H * hd, a->h1, d, L->q->packed, N, H * hd, d },
+                           { a->k, Hkv * hd, a->h1, d, L->k->packed, N, Hkv * hd, d },
+                           { a->v, Hkv * hd, a->h1, d, L->v->packed, N, Hkv * hd, d } };
+    gemm_xwt_group(qkv, 3);   /* one region for the three projections */
     rope_forward(a->q, b->pos, &m->rope, N, H, hd);
     rope_forward(a->k, b->pos, &m->rope, N, Hkv, hd);
     attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, a->v, &m->attn);
@@ -249,8 +262,7 @@ void model_ffn_recompute(const Model *m, int l, const ModelBatch *b, LayerActs *
     const Layer *L = &m->layers[l];
     const size_t N = b->n;
     if (!L->moe) {
-        linear_forward(a->fg, a->h2, L->gate->packed, N, m->Fd, m->d);
-        linear_forward(a->fu, a->h2, L->up->packed, N, m->Fd, m->d);
+        pair_forward(a->fg, a->fu, a->h2, L->gate, L->up, N, m->Fd, m->d);
         swiglu_forward(a->fh, a->fg, a->fu, N, m->Fd);
         return;
     }
@@ -259,8 +271,7 @@ void model_ffn_recompute(const Model *m, int l, const ModelBatch *b, LayerActs *
     experts_forward(m, L, a);
     model_ep_from_experts(m, a, a->eoe, a->eo, N * m->k);
     if (L->sgate) {
-        linear_forward(a->sg, a->h2, L->sgate->packed, N, m->S, m->d);
-        linear_forward(a->su, a->h2, L->sup->packed, N, m->S, m->d);
+        pair_forward(a->sg, a->su, a->h2, L->sgate, L->sup, N, m->S, m->d);
         swiglu_forward(a->sh, a->sg, a->su, N, m->S);
     }
 }

@@ -26,6 +26,7 @@
 #define gemm_pack portable_gemm_pack
 #define gemm_xwt portable_gemm_xwt
 #define gemm_xwt_serial portable_gemm_xwt_serial
+#define gemm_xwt_group portable_gemm_xwt_group
 #define gemm_dx_acc portable_gemm_dx_acc
 #define gemm_dw_acc portable_gemm_dw_acc
 #define gemm_scratch_free portable_gemm_scratch_free
@@ -35,6 +36,7 @@
 #undef gemm_pack
 #undef gemm_xwt
 #undef gemm_xwt_serial
+#undef gemm_xwt_group
 #undef gemm_dx_acc
 #undef gemm_dw_acc
 #undef gemm_scratch_free
@@ -817,5 +819,44 @@ Test(linear, two_threads_forward_bitwise_backward_close)
     td_free(dx2);
     td_free(dW2);
     lin_free(&L);
+    EXPECT_NO_LEAKS();
+}
+
+/* The grouped GEMM (q/k/v together, gate and up of every expert together)
+ * gives the bits of separate gemm_xwt calls: decode-sized, prefill-sized
+ * and training-sized problems, empty ones, 1 and 2 threads. */
+Test(gemm, group_equals_separate_calls)
+{
+    static const size_t shapes[][3] = { { 1, 256, 128 }, { 3, 100, 64 }, { 0, 64, 64 }, { 7, 33, 70 },
+                                        { 50, 130, 96 }, { 300, 64, 128 }, { 2, 512, 256 } };
+    enum { NS = sizeof shapes / sizeof *shapes };
+    for (int th = 1; th <= 2; th++) {
+        pool_init(th);
+        GemmProblem g[NS];
+        float *want[NS], *W[NS], *x[NS];
+        for (int i = 0; i < NS; i++) {
+            const size_t M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
+            x[i] = fixture_rand(M * K + 1, 100 + i, -1, 1);
+            W[i] = fixture_rand(N * K, 200 + i, -1, 1);
+            float *P = td_malloc(gemm_packed_floats(N, K) * sizeof(float));
+            gemm_pack(P, W[i], N, K);
+            want[i] = td_calloc((M * N + 1) * sizeof(float));
+            gemm_xwt(want[i], N, x[i], K, P, M, N, K);
+            g[i] = (GemmProblem){ td_calloc((M * N + 1) * sizeof(float)), N, x[i], K, P, M, N, K };
+        }
+        gemm_xwt_group(g, NS);
+        for (int i = 0; i < NS; i++) {
+            const size_t n = shapes[i][0] * shapes[i][1];
+            cr_expect(n == 0 || memcmp(g[i].y, want[i], n * sizeof(float)) == 0,
+                      "threads %d, problem %d (%zu x %zu x %zu): grouped result differs", th, i,
+                      shapes[i][0], shapes[i][1], shapes[i][2]);
+            td_free(g[i].y);
+            td_free((void *)g[i].P);
+            td_free(want[i]);
+            td_free(W[i]);
+            td_free(x[i]);
+        }
+        pool_free();
+    }
     EXPECT_NO_LEAKS();
 }
