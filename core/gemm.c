@@ -5,10 +5,13 @@
  * broadcasting x[m][k] and multiplying it into one 32-wide row of the packed
  * panel.  Each accumulator sees exactly the chain of gemm.h, so every tiling
  * below (MR = 1..12 rows, one panel or four side by side) gives the same bits.
+ * With AVX2 (16 ymm registers) the register tile is 6 rows x half a panel,
+ * or 1-3 rows x whole panels; the chains, and so the bits, are the same.
  *
  * The backward products (dx = dy W, dW = dy^T x) run the same micro-kernel
- * in a blocked, accumulating driver (section "backward"); the portable
- * build sends them to BLAS instead.
+ * in a blocked, accumulating driver (section "backward") with AVX-512; the
+ * AVX2 and portable builds send them to BLAS instead (on AVX2 OpenBLAS's
+ * kernels reach the FMA peak: 84-88 GFLOP/s a core here, bench/gemm_bw.sh).
  */
 #include "core/gemm.h"
 #include "core/common.h"
@@ -24,6 +27,9 @@
 #if defined(__AVX512F__) && !defined(TANDEM_PORTABLE)
 #include <immintrin.h>
 #define GEMM_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && !defined(TANDEM_PORTABLE)
+#include <immintrin.h>
+#define GEMM_AVX2 1
 #endif
 
 #define MR_MAX 12   /* rows per register tile: 12 x 2 zmm = 24 accumulators */
@@ -132,7 +138,94 @@ wide_avx512(const int MR, float *y, size_t ldy, const float *x, size_t ldx,
 }
 #endif
 
-#ifndef GEMM_AVX512
+#ifdef GEMM_AVX2
+/* AVX2 + FMA: 16 ymm registers, so a register tile is 6 rows x 16 columns
+ * (half a panel: 12 accumulators, 2 vectors of B, 1 broadcast), or 1..3
+ * rows x 32 columns for few rows.  The chains are those of gemm.h. */
+#define A2_MR 6
+
+/* p[0..n) = the first n <= 8 lanes of v */
+static inline __attribute__((always_inline)) void store8(float *p, __m256 v, size_t n)
+{
+    if (n >= 8) {
+        _mm256_storeu_ps(p, v);
+    } else if (n > 0) {
+        float t[8];
+        _mm256_storeu_ps(t, v);
+        memcpy(p, t, n * sizeof(float));
+    }
+}
+
+/* y[0..MR)[0..ncols) = x[0..MR) . b, b 16 columns of a panel (row stride
+ * 32), MR <= 6, ncols <= 16. */
+static inline __attribute__((always_inline)) void
+half_avx2(const int MR, float *y, size_t ldy, const float *x, size_t ldx,
+          const float *b, size_t K, size_t ncols)
+{
+    __m256 acc[A2_MR][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (size_t k = 0; k < K; k++) {
+        const __m256 b0 = _mm256_loadu_ps(b + k * GEMM_NR);
+        const __m256 b1 = _mm256_loadu_ps(b + k * GEMM_NR + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < MR; r++) {
+            const __m256 a = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
+            acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++) {
+        store8(y + (size_t)r * ldy, acc[r][0], ncols);
+        store8(y + (size_t)r * ldy + 8, acc[r][1], ncols > 8 ? ncols - 8 : 0);
+    }
+}
+
+/* y[0..MR)[0..ncols) = x[0..MR) . NP panels (panel stride ps), MR <= 3,
+ * NP * MR <= 3: up to 12 chains of 8 columns; ncols <= 32 NP. */
+static inline __attribute__((always_inline)) void
+few_avx2(const int MR, const int NP, float *y, size_t ldy, const float *x, size_t ldx,
+         const float *panel, size_t ps, size_t K, size_t ncols)
+{
+    __m256 acc[3][12];
+#pragma GCC unroll 3
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 12
+        for (int c = 0; c < 4 * NP; c++) acc[r][c] = _mm256_setzero_ps();
+    for (size_t k = 0; k < K; k++) {
+#pragma GCC unroll 3
+        for (int r = 0; r < MR; r++) {
+            const __m256 a = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
+#pragma GCC unroll 12
+            for (int c = 0; c < 4 * NP; c++)
+                acc[r][c] = _mm256_fmadd_ps(a, _mm256_loadu_ps(panel + (c / 4) * ps + k * GEMM_NR + (c % 4) * 8),
+                                            acc[r][c]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 12
+        for (int c = 0; c < 4 * NP; c++)
+            store8(y + (size_t)r * ldy + (c / 4) * GEMM_NR + (c % 4) * 8, acc[r][c],
+                   ncols > (size_t)c * 8 ? ncols - (size_t)c * 8 : 0);
+}
+
+static void half_tile(int MR, float *y, size_t ldy, const float *x, size_t ldx,
+                      const float *b, size_t K, size_t ncols)
+{
+    switch (MR) {
+    case 1:  half_avx2(1, y, ldy, x, ldx, b, K, ncols); return;
+    case 2:  half_avx2(2, y, ldy, x, ldx, b, K, ncols); return;
+    case 3:  half_avx2(3, y, ldy, x, ldx, b, K, ncols); return;
+    case 4:  half_avx2(4, y, ldy, x, ldx, b, K, ncols); return;
+    case 5:  half_avx2(5, y, ldy, x, ldx, b, K, ncols); return;
+    default: half_avx2(6, y, ldy, x, ldx, b, K, ncols); return;
+    }
+}
+#endif
+
+#if !defined(GEMM_AVX512) && !defined(GEMM_AVX2)
 /* Portable path: the same chain per element with fmaf. */
 static void tile_generic(int MR, float *y, size_t ldy, const float *x, size_t ldx,
                          const float *panel, size_t K, size_t ncols)
@@ -169,6 +262,18 @@ static void tile(int MR, float *y, size_t ldy, const float *x, size_t ldx,
     case 11: tile_avx512(11, y, ldy, x, ldx, panel, K, ncols); return;
     default: tile_avx512(12, y, ldy, x, ldx, panel, K, ncols); return;
     }
+#elif defined(GEMM_AVX2)
+    /* few rows: whole panel rows (12 chains); else 6-row half-panel tiles */
+    switch (MR) {
+    case 1:  few_avx2(1, 1, y, ldy, x, ldx, panel, 0, K, ncols); return;
+    case 2:  few_avx2(2, 1, y, ldy, x, ldx, panel, 0, K, ncols); return;
+    case 3:  few_avx2(3, 1, y, ldy, x, ldx, panel, 0, K, ncols); return;
+    default: break;
+    }
+    for (int r = 0; r < MR; r += A2_MR)
+        for (size_t h = 0; h < ncols; h += 16)
+            half_tile(MR - r < A2_MR ? MR - r : A2_MR, y + (size_t)r * ldy + h, ldy,
+                      x + (size_t)r * ldx, ldx, panel + h, K, td_min(16, ncols - h));
 #else
     tile_generic(MR, y, ldy, x, ldx, panel, K, ncols);
 #endif
@@ -183,6 +288,17 @@ static void wide(int MR, float *y, size_t ldy, const float *x, size_t ldx,
     case 1:  wide_avx512(1, y, ldy, x, ldx, panel, K); return;
     case 2:  wide_avx512(2, y, ldy, x, ldx, panel, K); return;
     default: wide_avx512(3, y, ldy, x, ldx, panel, K); return;
+    }
+#elif defined(GEMM_AVX2)
+    const size_t ps = K * GEMM_NR;
+    for (int q = 0; q < NP_WIDE; q += MR == 1 ? 2 : 1) {
+        float *yq = y + q * GEMM_NR;
+        const float *pq = panel + q * ps;
+        switch (MR) {
+        case 1:  few_avx2(1, 2, yq, ldy, x, ldx, pq, ps, K, 2 * GEMM_NR); break;
+        case 2:  few_avx2(2, 1, yq, ldy, x, ldx, pq, ps, K, GEMM_NR); break;
+        default: few_avx2(3, 1, yq, ldy, x, ldx, pq, ps, K, GEMM_NR); break;
+        }
     }
 #else
     for (int q = 0; q < NP_WIDE; q++)
@@ -204,8 +320,9 @@ static void drive(float *y, size_t ldy, const float *x, size_t ldx, const float 
                  td_min(GEMM_NR, N - p * GEMM_NR));
         return;
     }
-    for (size_t mb = 0; mb < M; mb += MB) {
-        size_t me = td_min(M, mb + MB);
+    const size_t mbs = MB;
+    for (size_t mb = 0; mb < M; mb += mbs) {
+        size_t me = td_min(M, mb + mbs);
         for (size_t p = p0; p < p1; p++) {
             size_t nc = td_min(GEMM_NR, N - p * GEMM_NR);
             for (size_t m = mb; m < me; m += MR_MAX)

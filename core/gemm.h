@@ -8,7 +8,7 @@
  *
  * so row m of y depends on row m of x and on W only: it is bit-identical
  * whatever M is, however the rows are tiled or split over threads, and
- * whether the AVX-512 or the portable path was compiled.  That is what makes
+ * whichever of the AVX-512, AVX2 or portable paths was compiled.  That is what makes
  * a token's logits the same in a training batch of 2048 rows, a prefill
  * chunk and a single-row decode step (SPEC section 8).  OpenBLAS does not
  * promise this (its M=1 and edge-tile paths round differently).
@@ -26,8 +26,9 @@
  *
  * so the results are deterministic and identical for any thread count (and
  * a row of dx does not depend on the other rows of the call), though not
- * equal to one chain over the whole reduction.  The portable build calls
- * cblas_sgemm, single-threaded, on disjoint slices from the pool:
+ * equal to one chain over the whole reduction.  Other builds (AVX2, where
+ * OpenBLAS's own kernels already run at the FMA units' peak, and portable)
+ * call cblas_sgemm, single-threaded, on disjoint slices from the pool:
  * deterministic for a given thread count only.
  */
 #ifndef TANDEM_CORE_GEMM_H

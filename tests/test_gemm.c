@@ -6,7 +6,7 @@
  * so it is compared BIT FOR BIT with a naive kernel computing exactly that
  * chain, over many shapes (odd M, N not a multiple of 32, odd K), with row
  * strides, with M = 1 against the same row inside a big batch, with 1 and 2
- * pool threads, and against the portable (non-AVX-512) path of gemm.c.
+ * pool threads, and against the portable (scalar fmaf) path of gemm.c.
  * The backward products (tandem's blocked kernels, BLAS on the portable
  * path) are checked with tolerances against a naive double product over
  * many shapes, strides and thread splits, against PyTorch
@@ -16,8 +16,8 @@
  */
 
 /* The portable path of core/gemm.c, compiled into this file under other
- * names so that the library's kernels (AVX-512 when the build machine has
- * it) can be compared with it bit for bit in one binary.  core/gemm.h comes
+ * names so that the library's kernels (AVX-512 or AVX2, whichever the build
+ * machine has) can be compared with it bit for bit in one binary.  core/gemm.h comes
  * first, so its declarations keep the real names; gemm.c's own include of it
  * is then skipped by the guard. */
 #include "core/gemm.h"
@@ -265,8 +265,8 @@ Test(gemm, xwt_row_is_independent_of_batch_and_threads)
 
 Test(gemm, portable_path_bit_identical_to_compiled_path)
 {
-    /* On a machine without AVX-512 both sides are the portable kernel and
-     * this only re-checks it; with AVX-512 it compares the two paths. */
+    /* With AVX-512 or AVX2 this compares that path with the portable one;
+     * on a machine with neither both sides are the portable kernel. */
     static const size_t shapes[][3] = {
         { 1, 1, 1 }, { 1, 130, 333 }, { 2, 300, 64 }, { 3, 257, 7 }, { 5, 33, 333 },
         { 12, 64, 17 }, { 13, 100, 65 }, { 200, 45, 100 },
@@ -607,6 +607,8 @@ Test(gemm, scratch_is_kept_released_by_exiting_threads_and_freed)
 #ifdef __AVX512F__
     cr_expect_gt(two, 0, "2 threads hold scratch after dW of 600^3");
     cr_expect_lt(one, two, "the helper's scratch is released when it exits (%zu -> %zu bytes)", two, one);
+#else
+    (void)one;   /* the portable backward is BLAS: no scratch of ours */
 #endif
     gemm_scratch_free();
     cr_expect_eq(gemm_scratch_bytes(), 0, "gemm_scratch_free releases everything");
