@@ -9,9 +9,10 @@
 #   make demo       train on fortunes, save a checkpoint, sample from it
 #
 # -march=native is deliberate: the forward GEMM and attention kernels use
-# AVX-512 when the build machine has it.  The portable path computes every
-# element with the same sequence of fused multiply-adds, so results are
-# bit-identical whichever path is compiled (tests/test_gemm.c checks this).
+# AVX-512, or AVX2 + FMA, when the build machine has it.  The portable path
+# computes every element with the same sequence of fused multiply-adds, so
+# results are bit-identical whichever path is compiled (tests/test_gemm.c
+# and tests/test_attention.c check this).
 # -ffp-contract=off: the compiler must never fuse a*b+c on its own; every
 # FMA in the numerics is written explicitly, so the arithmetic is the same
 # in every code path that shares a kernel.
@@ -54,7 +55,9 @@ check-features:
 	  if pkg-config --exists $$p; then v=$$(pkg-config --modversion $$p); echo "tandem: found $$p $$v"; \
 	  else echo "tandem: MISSING $$p (run: make deps)"; fi; done
 	@if grep -q avx512f /proc/cpuinfo 2>/dev/null; then echo "tandem: kernels: AVX-512"; \
-	 else echo "tandem: kernels: portable (no AVX-512 on this CPU)"; fi
+	 elif grep -q avx2 /proc/cpuinfo 2>/dev/null && grep -q ' fma' /proc/cpuinfo 2>/dev/null; then \
+	   echo "tandem: kernels: AVX2 + FMA (no AVX-512 on this CPU)"; \
+	 else echo "tandem: kernels: portable (no AVX2 or AVX-512 on this CPU)"; fi
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -19,8 +19,9 @@
  * consecutive items reuse the same keys: the rows of the tile, for the
  * R = H/Hkv heads of g, in groups of up to GQ_MAX queries that walk the key
  * tiles 0..qt together.  Scores are computed for 8 queries x 2 tiles side by
- * side (16 independent FMA chains), or, when a group has fewer than 5
- * queries (decode: one row, R heads), for up to 8 tiles of each query; the
+ * side (16 independent FMA chains with AVX-512; AVX2 splits them into
+ * smaller blocks), or, when a group has fewer than 5 queries (decode: one
+ * row, R heads), for up to 8 tiles of each query; the
  * softmax updates of those tiles then run with only the max as a chain
  * (all their exps are independent), and o is updated tile after tile.  None
  * of this changes a query's own arithmetic, so a decode step gives the bits
@@ -42,8 +43,10 @@
  * tile) that recompute the blocks; both visit every chain in the same order,
  * so the gradients are the same bits for any thread count.
  *
- * The AVX-512 kernels and the portable ones compute the same operations
- * (tests/test_attention.c compares them bit for bit).
+ * Three kernel paths compute the same operations: AVX-512, AVX2 + FMA (a
+ * tile's 16 keys as two 8-lane halves, register blocks of at most 12
+ * chains: 16 ymm registers) and portable C; tests/test_attention.c
+ * compares the compiled vector path with the portable one bit for bit.
  */
 #include "core/attention.h"
 #include "core/common.h"
@@ -54,10 +57,14 @@
 #include <math.h>
 #include <string.h>
 
-/* TANDEM_PORTABLE forces the portable kernels (tests compare the two). */
+/* TANDEM_PORTABLE forces the portable kernels (tests compare them with the
+ * vector ones). */
 #if defined(__AVX512F__) && !defined(TANDEM_PORTABLE)
 #include <immintrin.h>
 #define ATTN_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && !defined(TANDEM_PORTABLE)
+#include <immintrin.h>
+#define ATTN_AVX2 1
 #endif
 
 #define HD_MAX 256
@@ -406,6 +413,331 @@ static inline void bw_ds(float *p, float *ds, const float *s, const float *dp, f
     const __m512 t = _mm512_sub_ps(_mm512_loadu_ps(dp), _mm512_set1_ps(D));
     _mm512_storeu_ps(p, e);
     _mm512_storeu_ps(ds, _mm512_mul_ps(_mm512_mul_ps(e, t), _mm512_set1_ps(scale)));
+}
+
+#elif defined(ATTN_AVX2)
+
+/* AVX2 + FMA: the operations of the AVX-512 kernels, a 16-key tile in two
+ * 8-lane halves (keys 0-7, 8-15) and rows in chunks of 8 floats.  16 ymm
+ * registers: blocks keep at most 12 accumulators. */
+
+/* A vector loaded once and used by several FMAs (see the AVX-512 path). */
+#define KEEP_IN_REG(x) __asm__("" : "+x"(x))
+
+/* All-ones in the lanes of half h (keys 8 h ..) below n. */
+static inline __m256 lanes_below(size_t n, int h)
+{
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)n - 8 * h), idx));
+}
+
+/* NQ queries x NT tiles, 2 NQ NT <= 12 chains.  Per d: one tile, its two
+ * halves kept and q[v][d] broadcast in turn; several tiles, the NQ
+ * broadcasts kept and the halves loaded in turn (registers: 12 + 3 + 1). */
+ALWAYS_INLINE void scores_blk(const int NQ, const int NT, float *s, size_t ts, const float *const *q,
+                              const float *const *kt, size_t ld, size_t hd, float scale)
+{
+    __m256 acc[4][6][2];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 6
+        for (int v = 0; v < NQ; v++) acc[t][v][0] = acc[t][v][1] = _mm256_setzero_ps();
+    for (size_t d = 0; d < hd; d++) {
+        if (NT == 1) {
+            __m256 k0 = _mm256_loadu_ps(kt[0] + d * ld), k1 = _mm256_loadu_ps(kt[0] + d * ld + 8);
+            KEEP_IN_REG(k0);
+            KEEP_IN_REG(k1);
+#pragma GCC unroll 6
+            for (int v = 0; v < NQ; v++) {
+                const __m256 b = _mm256_set1_ps(q[v][d]);
+                acc[0][v][0] = _mm256_fmadd_ps(b, k0, acc[0][v][0]);
+                acc[0][v][1] = _mm256_fmadd_ps(b, k1, acc[0][v][1]);
+            }
+            continue;
+        }
+        __m256 b[6];
+#pragma GCC unroll 6
+        for (int v = 0; v < NQ; v++) b[v] = _mm256_set1_ps(q[v][d]);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m256 k = _mm256_loadu_ps(kt[t] + d * ld + 8 * h);
+                if (NQ > 1) KEEP_IN_REG(k);
+#pragma GCC unroll 6
+                for (int v = 0; v < NQ; v++) acc[t][v][h] = _mm256_fmadd_ps(b[v], k, acc[t][v][h]);
+            }
+    }
+    const __m256 sc = _mm256_set1_ps(scale);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 6
+        for (int v = 0; v < NQ; v++) {
+            _mm256_storeu_ps(s + t * ts + 16 * v, _mm256_mul_ps(acc[t][v][0], sc));
+            _mm256_storeu_ps(s + t * ts + 16 * v + 8, _mm256_mul_ps(acc[t][v][1], sc));
+        }
+}
+
+/* NQ queries over nt tiles, NT <= 4 at a time, the rest in one smaller block. */
+ALWAYS_INLINE void scores_q(const int NQ, const int NT, float *s, size_t ts, const float *const *q,
+                            const float *const *kt, size_t nt, size_t ld, size_t hd, float scale)
+{
+    size_t t = 0;
+    for (; t + NT <= nt; t += NT) scores_blk(NQ, NT, s + t * ts, ts, q, kt + t, ld, hd, scale);
+    switch (nt - t) {
+    case 1: scores_blk(NQ, 1, s + t * ts, ts, q, kt + t, ld, hd, scale); break;
+    case 2: if (NT > 2) scores_blk(NQ, 2, s + t * ts, ts, q, kt + t, ld, hd, scale); break;
+    case 3: if (NT > 3) scores_blk(NQ, 3, s + t * ts, ts, q, kt + t, ld, hd, scale); break;
+    }
+}
+
+/* s[t ts + 16 v + j], nq <= 8 queries, nt <= tiles_per_block(nq) tiles:
+ * 1 query x 4 tiles, 2 or 3 x 2, 4 to 6 x 1 (8 to 12 chains); 7 and 8
+ * queries as 4 + the rest. */
+static void scores(float *s, size_t ts, const float *const *q, size_t nq, const float *const *kt, size_t nt,
+                   size_t ld, size_t hd, float scale)
+{
+    if (nq > 6) {
+        scores(s, ts, q, 4, kt, nt, ld, hd, scale);
+        scores(s + 64, ts, q + 4, nq - 4, kt, nt, ld, hd, scale);
+        return;
+    }
+    switch (nq) {
+    case 1:  scores_q(1, 4, s, ts, q, kt, nt, ld, hd, scale); return;
+    case 2:  scores_q(2, 2, s, ts, q, kt, nt, ld, hd, scale); return;
+    case 3:  scores_q(3, 2, s, ts, q, kt, nt, ld, hd, scale); return;
+    case 4:  scores_q(4, 1, s, ts, q, kt, nt, ld, hd, scale); return;
+    case 5:  scores_q(5, 1, s, ts, q, kt, nt, ld, hd, scale); return;
+    default: scores_q(6, 1, s, ts, q, kt, nt, ld, hd, scale); return;
+    }
+}
+
+/* hmax16 of the AVX-512 path on lo = lanes 0-7, hi = 8-15: lane 0 of its
+ * result only depends on max(lo, hi) (j ^ 8), then j ^ 4, j ^ 2, j ^ 1. */
+ALWAYS_INLINE float hmax16(__m256 lo, __m256 hi)
+{
+    const __m256 x = _mm256_max_ps(lo, hi);
+    __m128 y = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    y = _mm_max_ps(y, _mm_permute_ps(y, 0x4E));
+    y = _mm_max_ps(y, _mm_permute_ps(y, 0xB1));
+    return _mm_cvtss_f32(y);
+}
+
+/* Online-softmax steps of nq queries over nt tiles, as the AVX-512 path. */
+static void softmax_step(float *p, float *cf, float *m, float *lv, const float *s,
+                         const size_t *nval, size_t nq, size_t nt)
+{
+    float mx[2 * GQ_MAX + 8], mo[2 * GQ_MAX + 8];
+    const size_t n = nt * nq;
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    for (size_t u = 0; u < n; u++) {
+        __m256 lo = _mm256_loadu_ps(s + 16 * u), hi = _mm256_loadu_ps(s + 16 * u + 8);
+        if (nval) {
+            lo = _mm256_blendv_ps(ninf, lo, lanes_below(nval[u], 0));
+            hi = _mm256_blendv_ps(ninf, hi, lanes_below(nval[u], 1));
+        }
+        mx[u] = hmax16(lo, hi);
+    }
+    running_max(mo, mx, m, nq, nt);
+    for (size_t u = n; u < n + 8; u++) mo[u] = mx[u] = 0.0f;
+    for (size_t u0 = 0; u0 < n; u0 += 8) {   /* c = exp(m - m'), 8 at once */
+        const __m256 c = vexp8(_mm256_sub_ps(_mm256_loadu_ps(mo + u0), _mm256_loadu_ps(mx + u0)));
+        if (n - u0 >= 8) {
+            _mm256_storeu_ps(cf + u0, c);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, c);
+            memcpy(cf + u0, tmp, (n - u0) * sizeof(float));
+        }
+    }
+    for (size_t t = 0; t < nt; t++)
+        for (size_t v = 0; v < nq; v++) {
+            const size_t u = t * nq + v;
+            const __m256 mu = _mm256_set1_ps(mx[u]), cu = _mm256_set1_ps(cf[u]);
+            for (int h = 0; h < 2; h++) {
+                __m256 e = vexp8(_mm256_sub_ps(_mm256_loadu_ps(s + 16 * u + 8 * h), mu));
+                if (nval) e = _mm256_and_ps(e, lanes_below(nval[u], h));
+                const __m256 l = _mm256_mul_ps(_mm256_loadu_ps(lv + 16 * v + 8 * h), cu);
+                _mm256_storeu_ps(lv + 16 * v + 8 * h, _mm256_add_ps(l, e));
+                _mm256_storeu_ps(p + 16 * u + 8 * h, e);
+            }
+        }
+}
+
+/* One step of rows_blk: acc[r][k] = fma(c[r rs], x chunk k, acc[r][k]).  The
+ * NC chunks of x are kept and c broadcast row by row, or, with fewer rows
+ * than chunks, the NR broadcasts kept and the chunks loaded in turn (3 x 4:
+ * 12 + 3 + 1 registers). */
+ALWAYS_INLINE void rows_step(const int NR, const int NC, __m256 (*acc)[8], const float *c, size_t rs,
+                             const float *x)
+{
+    if (NR < NC) {
+        __m256 cr[6];
+#pragma GCC unroll 6
+        for (int r = 0; r < NR; r++) cr[r] = _mm256_set1_ps(c[r * rs]);
+#pragma GCC unroll 8
+        for (int k = 0; k < NC; k++) {
+            __m256 xk = _mm256_loadu_ps(x + 8 * k);
+            if (NR > 1) KEEP_IN_REG(xk);
+#pragma GCC unroll 6
+            for (int r = 0; r < NR; r++) acc[r][k] = _mm256_fmadd_ps(cr[r], xk, acc[r][k]);
+        }
+        return;
+    }
+    __m256 xk[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < NC; k++) {
+        xk[k] = _mm256_loadu_ps(x + 8 * k);
+        if (NR > 1) KEEP_IN_REG(xk[k]);
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++) {
+        const __m256 cr = _mm256_set1_ps(c[r * rs]);
+#pragma GCC unroll 8
+        for (int k = 0; k < NC; k++) acc[r][k] = _mm256_fmadd_ps(cr, xk[k], acc[r][k]);
+    }
+}
+
+/* The FMA rows of pv and acc_keys: NR rows r x NC chunks of 8 at offset off,
+ *     y_r = y_r cf_r (SC) or y_r,  then  y_r = fma(c[r rs + i is], x_i, y_r), i < n,
+ * the steps unrolled when n is the constant N (> 0). */
+ALWAYS_INLINE void rows_blk(const int NR, const int NC, const int SC, const int N, float *const *y,
+                            const float *cf, const float *c, size_t rs, size_t is, const float *const *x,
+                            size_t n, size_t off)
+{
+    __m256 acc[6][8];
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++) {
+        const __m256 cv = _mm256_set1_ps(SC ? cf[r] : 1.0f);
+#pragma GCC unroll 8
+        for (int k = 0; k < NC; k++) {
+            acc[r][k] = _mm256_loadu_ps(y[r] + off + 8 * k);
+            if (SC) acc[r][k] = _mm256_mul_ps(acc[r][k], cv);
+        }
+    }
+    if (N > 0) {
+#pragma GCC unroll 16
+        for (int i = 0; i < N; i++) rows_step(NR, NC, acc, c + i * is, rs, x[i] + off);
+    } else {
+        for (size_t i = 0; i < n; i++) rows_step(NR, NC, acc, c + i * is, rs, x[i] + off);
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 8
+        for (int k = 0; k < NC; k++) _mm256_storeu_ps(y[r] + off + 8 * k, acc[r][k]);
+}
+
+/* NR rows over all of hd: blocks of NC chunks, the remaining chunks as 4 +
+ * 2 + 1, the last hd mod 8 floats one at a time (the same chains). */
+ALWAYS_INLINE void rows_all(const int NR, const int NC, const int SC, float *const *y, const float *cf,
+                            const float *c, size_t rs, size_t is, const float *const *x, size_t n, size_t hd)
+{
+    size_t off = 0;
+    for (; off + 8 * NC <= hd; off += 8 * NC)
+        if (n == ATTN_TILE) rows_blk(NR, NC, SC, ATTN_TILE, y, cf, c, rs, is, x, n, off);   /* a tile of pv */
+        else rows_blk(NR, NC, SC, 0, y, cf, c, rs, is, x, n, off);
+    if (NC > 4 && off + 32 <= hd) {
+        rows_blk(NR, 4, SC, 0, y, cf, c, rs, is, x, n, off);
+        off += 32;
+    }
+    if (NC > 2 && off + 16 <= hd) {
+        rows_blk(NR, 2, SC, 0, y, cf, c, rs, is, x, n, off);
+        off += 16;
+    }
+    if (NC > 1 && off + 8 <= hd) {
+        rows_blk(NR, 1, SC, 0, y, cf, c, rs, is, x, n, off);
+        off += 8;
+    }
+    for (; off < hd; off++)
+        for (int r = 0; r < NR; r++) {
+            float a = SC ? y[r][off] * cf[r] : y[r][off];
+            for (size_t i = 0; i < n; i++) a = fmaf(c[r * rs + i * is], x[i][off], a);
+            y[r][off] = a;
+        }
+}
+
+/* Rows of one group: 1 row x 8 chunks, 2 or 3 x 4, 4 to 6 x 2. */
+ALWAYS_INLINE void rows_group(const int SC, size_t nr, float *const *y, const float *cf, const float *c,
+                              size_t rs, size_t is, const float *const *x, size_t n, size_t hd)
+{
+    switch (nr) {
+    case 1:  rows_all(1, 8, SC, y, cf, c, rs, is, x, n, hd); return;
+    case 2:  rows_all(2, 4, SC, y, cf, c, rs, is, x, n, hd); return;
+    case 3:  rows_all(3, 4, SC, y, cf, c, rs, is, x, n, hd); return;
+    case 4:  rows_all(4, 2, SC, y, cf, c, rs, is, x, n, hd); return;
+    case 5:  rows_all(5, 2, SC, y, cf, c, rs, is, x, n, hd); return;
+    default: rows_all(6, 2, SC, y, cf, c, rs, is, x, n, hd); return;
+    }
+}
+
+/* nr rows in groups of at most 6, of balanced sizes. */
+ALWAYS_INLINE void rows_fma(const int SC, size_t nr, float *const *y, const float *cf, const float *c,
+                            size_t rs, size_t is, const float *const *x, size_t n, size_t hd)
+{
+    if (nr <= 6) {   /* decode's R rows, a tile's keys: no division */
+        if (nr) rows_group(SC, nr, y, cf, c, rs, is, x, n, hd);
+        return;
+    }
+    const size_t ng = (nr + 5) / 6;
+    for (size_t g = 0, r0 = 0; g < ng; g++) {
+        const size_t k = (nr - r0) / (ng - g);
+        rows_group(SC, k, y + r0, SC ? cf + r0 : NULL, c + r0 * rs, rs, is, x, n, hd);
+        r0 += k;
+    }
+}
+
+/* o[v] (hd) = o[v] cf[v] + sum_{j < nj} p[16 v + j] x[j ldx + .], v < nq. */
+static void pv(float *const *o, const float *p, const float *cf, const float *x, size_t ldx,
+               size_t nq, size_t hd, size_t nj)
+{
+    const float *xj[ATTN_TILE];
+    for (size_t j = 0; j < nj; j++) xj[j] = x + j * ldx;
+    rows_fma(1, nq, o, cf, p, 16, 1, xj, nj, hd);
+}
+
+/* out[j] (hd) += sum_{i < nq} C[16 i + j] x[i], j < nk. */
+static void acc_keys(float *const *out, size_t nk, const float *C, const float *const *x, size_t nq, size_t hd)
+{
+    rows_fma(0, nk, out, NULL, C, 1, 16, x, nq, hd);
+}
+
+/* dst[d] = o[d] / l, d < hd. */
+static inline void div_row(float *dst, const float *o, float l, size_t hd)
+{
+    const __m256 lv = _mm256_set1_ps(l);
+    size_t d = 0;
+    for (; d + 8 <= hd; d += 8) _mm256_storeu_ps(dst + d, _mm256_div_ps(_mm256_loadu_ps(o + d), lv));
+    for (; d < hd; d++) dst[d] = o[d] / l;
+}
+
+/* vec_dot(x, y, hd) of core/vec.h, its 16 lane chains in two vectors. */
+static inline float row_dot(const float *x, const float *y, size_t hd)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    size_t d = 0;
+    for (; d + 16 <= hd; d += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + d), _mm256_loadu_ps(y + d), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + d + 8), _mm256_loadu_ps(y + d + 8), a1);
+    }
+    float lanes[16];
+    _mm256_storeu_ps(lanes, a0);
+    _mm256_storeu_ps(lanes + 8, a1);
+    float s = vec_lanes_combine(lanes);
+    for (; d < hd; d++) s = fmaf(x[d], y[d], s);
+    return s;
+}
+
+/* One query of a backward block: p and ds (16 lanes) from s and dp. */
+static inline void bw_ds(float *p, float *ds, const float *s, const float *dp, float lse, float D,
+                         size_t nval, float scale)
+{
+    for (int h = 0; h < 2; h++) {
+        __m256 e = vexp8(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * h), _mm256_set1_ps(lse)));
+        e = _mm256_and_ps(e, lanes_below(nval, h));
+        const __m256 t = _mm256_sub_ps(_mm256_loadu_ps(dp + 8 * h), _mm256_set1_ps(D));
+        _mm256_storeu_ps(p + 8 * h, e);
+        _mm256_storeu_ps(ds + 8 * h, _mm256_mul_ps(_mm256_mul_ps(e, t), _mm256_set1_ps(scale)));
+    }
 }
 
 #else /* portable kernels: the same operations, one lane at a time */

@@ -1,5 +1,5 @@
-/* core/vexp.h - exp(x) for float, 16 lanes at a time with AVX-512 or one
- * at a time in portable C, with the same bits.
+/* core/vexp.h - exp(x) for float, 16 lanes at a time with AVX-512, 8 with
+ * AVX2 + FMA, or one at a time in portable C, with the same bits.
  *
  * Cody-Waite reduction and a degree-6 polynomial (the coefficients of
  * SLEEF's xexpf, Shibata & Sharma 2020), every step an explicit float
@@ -10,13 +10,14 @@
  *     r  =  fma(q, -L2U, x);  r = fma(q, -L2L, r)          |r| <= ~0.35
  *     u  =  c6;  u = fma(u, r, c_i) for c5 .. c1 = 1/2
  *     u  =  1 + fma(r * r, u, r)
- *     y  =  u 2^q rounded once: (u 2^(q>>1)) 2^(q - (q>>1)) in portable C (the
- *           first product is exact), vscalefps with AVX-512
+ *     y  =  u 2^q rounded once: (u 2^(q>>1)) 2^(q - (q>>1)) in portable C and
+ *           AVX2 (the first product is exact), vscalefps with AVX-512
  *
  * Error < 1 ulp: 0.99 ulp at worst against double exp over every float in
  * [-104, 89] (checked exhaustively when this was written, vector and
- * portable bit for bit; tests/test_attention.c samples both).  exp(0) = 1 exactly, exp(-inf) = +0, exp(+inf) = +inf, NaN
- * stays NaN.  Used by core/attention.c.
+ * portable bit for bit, vexp8 too; tests/test_attention.c samples them).
+ * exp(0) = 1 exactly, exp(-inf) = +0, exp(+inf) = +inf, NaN stays NaN.
+ * Used by core/attention.c.
  */
 #ifndef TANDEM_CORE_VEXP_H
 #define TANDEM_CORE_VEXP_H
@@ -93,6 +94,37 @@ static inline __attribute__((always_inline)) __m512 vexp16(__m512 x)
     u = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(_mm512_mul_ps(r, r), u, r));
     /* u 2^k rounded once, as the two exact-then-rounding products of vexp1 */
     return _mm512_scalef_ps(u, k);
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* exp of 8 lanes; the same operations as vexp1, the same bits (AVX2 has no
+ * vscalefps: the two products of vexp1, exponents built from q). */
+static inline __attribute__((always_inline)) __m256 vexp8(__m256 x)
+{
+    x = _mm256_max_ps(_mm256_set1_ps(VEXP_LO), x);
+    x = _mm256_min_ps(_mm256_set1_ps(VEXP_HI), x);
+    const __m256 rnd = _mm256_set1_ps(VEXP_RND);
+    const __m256 j = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(VEXP_LOG2E)), rnd);
+    const __m256 k = _mm256_sub_ps(j, rnd);
+    __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-VEXP_L2U), x);
+    r = _mm256_fmadd_ps(k, _mm256_set1_ps(-VEXP_L2L), r);
+    __m256 u = _mm256_set1_ps(VEXP_C6);
+    u = _mm256_fmadd_ps(u, r, _mm256_set1_ps(VEXP_C5));
+    u = _mm256_fmadd_ps(u, r, _mm256_set1_ps(VEXP_C4));
+    u = _mm256_fmadd_ps(u, r, _mm256_set1_ps(VEXP_C3));
+    u = _mm256_fmadd_ps(u, r, _mm256_set1_ps(VEXP_C2));
+    u = _mm256_fmadd_ps(u, r, _mm256_set1_ps(VEXP_C1));
+    u = _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(_mm256_mul_ps(r, r), u, r));
+    /* q = k as an integer; n1 = q >> 1 (arithmetic: floor(q / 2), vexp1's
+     * (q - (q & 1)) / 2), n2 = q - n1; u 2^n1 is exact, u 2^n1 2^n2 rounds once */
+    const __m256i q = _mm256_sub_epi32(_mm256_castps_si256(j), _mm256_set1_epi32(0x4B400000));
+    const __m256i n1 = _mm256_srai_epi32(q, 1), n2 = _mm256_sub_epi32(q, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    u = _mm256_mul_ps(u, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23)));
+    return _mm256_mul_ps(u, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23)));
 }
 #endif
 

@@ -9,14 +9,15 @@
  * softmax attention and autograd) and central finite differences of the
  * naive forward; decode steps and chunked prefill bit for bit against the
  * full forward (also at long contexts, where decode scores several tiles at
- * once); 1 vs 2 threads bit for bit (both backward schedules); the AVX-512
- * kernels against the portable ones bit for bit, and the exp of core/vexp.h
- * against double exp. */
+ * once); 1 vs 2 threads bit for bit (both backward schedules); the vector
+ * kernels (AVX-512 or AVX2, whichever the build has) against the portable
+ * ones bit for bit, and the exp of core/vexp.h against double exp (and its
+ * vector forms against the portable one, bit for bit). */
 
 /* The portable path of core/attention.c, compiled into this file under
  * other names (as tests/test_gemm.c does for the GEMM), so that the
- * library's kernels (AVX-512 when the build machine has it) can be compared
- * with it bit for bit in one binary. */
+ * library's kernels (AVX-512 or AVX2 when the build machine has them) can be
+ * compared with it bit for bit in one binary. */
 #include "core/attention.h"
 #define TANDEM_PORTABLE 1
 #define attention_kv_store portable_attention_kv_store
@@ -682,6 +683,18 @@ Test(attention, exp_is_within_one_ulp_and_the_same_bits_on_both_paths)
     }
 #endif
     cr_expect_eq(bad_bits, 0, "vexp16 and vexp1 differ on %zu inputs", bad_bits);
+#if defined(__AVX2__) && defined(__FMA__)
+    bad_bits = 0;
+    for (size_t i = 0; i + 8 <= N; i += 8) {
+        float y[8];
+        _mm256_storeu_ps(y, vexp8(_mm256_loadu_ps(x + i)));
+        for (int j = 0; j < 8; j++) {
+            const float z = vexp1(x[i + j]);
+            bad_bits += memcmp(&y[j], &z, sizeof z) != 0;
+        }
+    }
+    cr_expect_eq(bad_bits, 0, "vexp8 and vexp1 differ on %zu inputs", bad_bits);
+#endif
     static const float sp[] = { 0.0f, -0.0f, -INFINITY, INFINITY, -104.0f, -200.0f, 88.8f, 1000.0f };
     static const float want[] = { 1.0f, 1.0f, 0.0f, INFINITY, 0.0f, 0.0f, INFINITY, INFINITY };
     for (size_t i = 0; i < sizeof sp / sizeof *sp; i++) {
@@ -694,6 +707,26 @@ Test(attention, exp_is_within_one_ulp_and_the_same_bits_on_both_paths)
 #endif
     }
     cr_expect(isnan(vexp1(NAN)), "exp(NaN) should be NaN");
+#if defined(__AVX2__) && defined(__FMA__)
+    /* vexp8 = vexp1 bit for bit at the edges: infinities, NaNs (their
+     * payloads too), the clamps and just inside them, subnormal results
+     * (x < -87.34), overflow, signed zeros and tiny or subnormal x. */
+    static const float edge[] = { 0.0f, -0.0f, -INFINITY, INFINITY, NAN, -NAN, -104.0f, 89.0f,
+                                  -103.99999f, 88.99999f, -104.00001f, 89.00001f, -103.97f, -103.28f,
+                                  -100.0f, -95.5f, -90.0f, -88.0f, -87.5f, -87.33655f, -87.3365f,
+                                  88.72283f, 88.72284f, 88.7f, 1e-30f, -1e-30f, 1e-40f, -1e-40f,
+                                  0x1p-149f, -0x1p-149f, 0x1p-126f, 1.0f, -1.0f, 0.5f, -0.5f,
+                                  0x1.fffffep127f, -0x1.fffffep127f, 1e6f, -1e6f, -150.0f };
+    enum { NE = sizeof edge / sizeof *edge };
+    float ex[NE + 8] = { 0 }, ey[NE + 8];
+    memcpy(ex, edge, sizeof edge);
+    for (size_t i = 0; i < NE; i += 8) _mm256_storeu_ps(ey + i, vexp8(_mm256_loadu_ps(ex + i)));
+    for (size_t i = 0; i < NE; i++) {
+        const float z = vexp1(ex[i]);
+        cr_expect(memcmp(&ey[i], &z, sizeof z) == 0, "vexp8(%a) = %a, vexp1 %a", (double)ex[i], (double)ey[i],
+                  (double)z);
+    }
+#endif
     td_free(x);
     EXPECT_NO_LEAKS();
 }
@@ -702,9 +735,10 @@ Test(attention, exp_is_within_one_ulp_and_the_same_bits_on_both_paths)
 
 /* Shapes that reach every kernel variant: one query per item (R = 1: decode
  * scores 8 tiles at once), 3 (3 tiles), 8 (R = 8: a prefill tile has 128
- * queries, two groups), hd not a multiple of 16 and hd with two chunk
- * groups (80) or four (256). */
-static const size_t LONG_CONFIGS[][3] = { { 2, 2, 16 }, { 6, 2, 24 }, { 8, 1, 8 }, { 2, 1, 80 }, { 1, 1, 256 } };
+ * queries, two groups), hd not a multiple of 16, nor of 8 (20: the AVX2
+ * path's one-float tails), and hd with two chunk groups (80) or four (256). */
+static const size_t LONG_CONFIGS[][3] = { { 2, 2, 16 }, { 6, 2, 24 }, { 8, 1, 8 }, { 2, 1, 80 }, { 1, 1, 256 },
+                                          { 3, 1, 20 } };
 #define N_LONG (sizeof LONG_CONFIGS / sizeof *LONG_CONFIGS)
 
 Test(attention, long_context_decode_and_chunks_give_the_bits_of_the_full_forward)
@@ -777,11 +811,11 @@ Test(attention, long_context_decode_and_chunks_give_the_bits_of_the_full_forward
     EXPECT_NO_LEAKS();
 }
 
-Test(attention, avx512_and_portable_kernels_give_the_same_bits)
+Test(attention, vector_and_portable_kernels_give_the_same_bits)
 {
-    /* The library's kernels (AVX-512 on this machine when it has it)
-     * against the portable ones compiled into this file: forward (full,
-     * decode batch) and backward, bit for bit. */
+    /* The library's kernels (AVX-512 or AVX2 on this machine when it has
+     * them) against the portable ones compiled into this file: forward
+     * (full, decode batch) and backward, bit for bit. */
     const size_t lens[] = { 150, 37, 1 };
     for (size_t c = 0; c < N_LONG; c++) {
         const size_t H = LONG_CONFIGS[c][0], Hkv = LONG_CONFIGS[c][1], hd = LONG_CONFIGS[c][2];
