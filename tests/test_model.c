@@ -196,7 +196,7 @@ Test(model, adamw_matches_torch)
     }
     AdamHyper h = { 0.9, 0.95, 1e-8, 0.1 };
     for (int t = 1; t <= 2; t++) {
-        adamw_step(m, m1, m2, &h, t, 1e-3);
+        adamw_step(m, m1, m2, &h, t, 1e-3, 1.0f);
         for (int i = 0; i < m->n_params; i++) {
             Param *p = &m->params[i];
             char name[160];

@@ -643,8 +643,8 @@ static double ppo_epoch(Rl *r, Sample *s, int n, double total_tokens, double n_s
     double gsq = grad_sq_norm(m);
     comm_allreduce_f64(COMM_DP, &gsq, 1);
     double gnorm = sqrt(gsq);
-    if (rc->grad_clip > 0 && gnorm > rc->grad_clip) grad_scale(m, (float)(rc->grad_clip / gnorm));
-    adamw_step(m, r->m1, r->m2, &r->adam, update, lr);
+    const float gscale = rc->grad_clip > 0 && gnorm > rc->grad_clip ? (float)(rc->grad_clip / gnorm) : 1.0f;
+    adamw_step(m, r->m1, r->m2, &r->adam, update, lr, gscale);
     model_pack(m);
     return gnorm;
 }

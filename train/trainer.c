@@ -628,7 +628,8 @@ static int train_step(Trainer *tr)
         td_error("step %lld: gradient norm is %f (loss %f); stopping", (long long)tr->step + 1, gnorm, loss);
         return -1;
     }
-    if (rc->grad_clip > 0 && gnorm > rc->grad_clip) grad_scale(&tr->m, (float)(rc->grad_clip / gnorm));
+    /* clipping: AdamW takes g * gscale (no separate pass over the gradients) */
+    const float gscale = rc->grad_clip > 0 && gnorm > rc->grad_clip ? (float)(rc->grad_clip / gnorm) : 1.0f;
     double lr = lr_schedule(rc->lr, rc->min_lr, rc->warmup_steps, rc->steps,
                             !strcmp(rc->lr_schedule, "cosine"), tr->step);
     tr->step++;
@@ -636,13 +637,13 @@ static int train_step(Trainer *tr)
         for (int i = 0; i < tr->n_buckets; i++) {
             const Bucket *b = &tr->buckets[i];
             adamw_range(&tr->m, b->lo, b->hi, tr->exp_avg + b->mom, tr->exp_avg_sq + b->mom, &tr->adam,
-                        tr->step, lr);
+                        tr->step, lr, gscale);
             size_t counts[comm_group_size(b->g)];
             bucket_counts(b, counts);
             comm_allgather_v_f32(b->g, tr->m.w + b->off, counts);
         }
     } else {
-        adamw_step(&tr->m, tr->exp_avg, tr->exp_avg_sq, &tr->adam, tr->step, lr);
+        adamw_step(&tr->m, tr->exp_avg, tr->exp_avg_sq, &tr->adam, tr->step, lr, gscale);
     }
     tied_weights(tr);
     model_pack(&tr->m);
