@@ -828,7 +828,7 @@ void gemm_dx_acc(float *dx, size_t lddx, const float *dy, size_t lddy,
 {
     if (M == 0 || N == 0 || K == 0) return;
     struct bw_ctx c = { dx, lddx, dy, lddy, W, K, M, N, K };
-    pool_for(M, 16, dx_rows, &c);
+    pool_for_split(M, 16, 1, dx_rows, &c);   /* one call per thread: each packs W */
 }
 
 static void dw_rows(void *vc, size_t n0, size_t n1, int tid)
@@ -846,6 +846,6 @@ void gemm_dw_acc(float *dW, const float *dy, size_t lddy, const float *x, size_t
 {
     if (M == 0 || N == 0 || K == 0) return;
     struct bw_ctx c = { dW, K, dy, lddy, x, ldx, M, N, K };
-    pool_for(N, 16, dw_rows, &c);
+    pool_for_split(N, 16, 1, dw_rows, &c);   /* one call per thread: each packs x */
 }
 #endif

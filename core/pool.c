@@ -1,12 +1,17 @@
-/* core/pool.c - static-partition thread pool with spin-then-futex waiting.
+/* core/pool.c - thread pool: fixed chunks claimed dynamically,
+ * spin-then-futex waiting.
  *
- * A region's work is cut into one chunk per thread (range_of: fixed
- * boundaries).  Chunk t belongs to helper t, but whoever claims it first
- * runs it: the caller, once its own chunk is done, claims every chunk not
- * yet taken.  So a helper that is slow to wake (descheduled on a busy
- * machine, or asleep in futex_wait) never stalls the caller; and since the
+ * A region's work [0, n) is cut into n_chunks chunks with fixed boundaries
+ * (range_of: a function of n, the grain and the thread count only), about
+ * POOL_SPLIT per thread.  Every thread of the region, the caller included,
+ * claims the next unclaimed chunk until none is left.  So a thread that is
+ * slow (descheduled by a busy host, its vCPU stolen, asleep in futex_wait)
+ * never holds the others up by more than one chunk, and since the
  * boundaries do not move, results are the same whoever runs a chunk.
- * claim[t] holds the last region (generation) chunk t was claimed for. */
+ *
+ * The claim word packs (region, next chunk, chunk count) into 64 bits, so a
+ * claim is one compare-and-swap that can only succeed for the current
+ * region while chunks of it are left. */
 #include "core/pool.h"
 #include "core/common.h"
 
@@ -16,24 +21,27 @@
 #include <sched.h>
 #include <stdbool.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #define POOL_MAX 64
+#define POOL_SPLIT 4        /* chunks per thread of pool_for, at most */
+#define POOL_CHUNKS_MAX 0xFFFF
 
 static struct {
     int n;                          /* threads including the caller */
     pthread_t tid[POOL_MAX];
-    _Atomic unsigned gen;           /* bumped to start a region */
+    _Atomic unsigned gen;           /* bumped to start a region (the futex word) */
     unsigned gen0;                  /* gen when the helpers were created */
-    _Atomic unsigned claim[POOL_MAX];  /* region each chunk was last claimed for */
+    _Atomic uint64_t work;          /* region << 32 | next chunk << 16 | chunk count */
     _Atomic int done;               /* chunks of the current region finished */
     _Atomic int stop;
     _Atomic int sleepers;           /* helpers inside futex_wait */
     PoolFn fn;
     void *ctx;
-    size_t n_items, grain;
+    size_t n_items, grain, n_chunks;
     long spin_ns;                   /* how long a helper spins before sleeping */
 } g_pool = { .n = 1 };
 
@@ -58,34 +66,44 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/* Range of thread t: boundaries on multiples of grain, deterministic. */
-static void range_of(int t, int nt, size_t n, size_t grain, size_t *b, size_t *e)
+/* Range of chunk c of nc: boundaries on multiples of grain, deterministic. */
+static void range_of(size_t c, size_t nc, size_t n, size_t grain, size_t *b, size_t *e)
 {
     size_t units = (n + grain - 1) / grain;
-    size_t ub = units * (size_t)t / (size_t)nt, ue = units * (size_t)(t + 1) / (size_t)nt;
+    size_t ub = units * c / nc, ue = units * (c + 1) / nc;
     *b = td_min(ub * grain, n);
     *e = td_min(ue * grain, n);
 }
 
-static void run_share(int t)
+/* Claims the next chunk of region g; false when region g is over or has no
+ * chunk left.  Only the current region's word can match: a helper that read
+ * g and was then preempted while the caller ran regions g, g+1, ... claims
+ * nothing afterwards.  A claimed chunk is not done, so region g cannot
+ * finish and its parameters, read after the claim, are g's. */
+static bool claim(unsigned g, size_t *c)
 {
-    size_t b, e;
-    range_of(t, g_pool.n, g_pool.n_items, g_pool.grain, &b, &e);
-    if (b < e) g_pool.fn(g_pool.ctx, b, e, t);
-    atomic_fetch_add_explicit(&g_pool.done, 1, memory_order_release);
+    uint64_t w = atomic_load(&g_pool.work);
+    for (;;) {
+        const unsigned next = (unsigned)(w >> 16) & 0xFFFF, count = (unsigned)w & 0xFFFF;
+        if ((unsigned)(w >> 32) != g || next >= count) return false;
+        if (atomic_compare_exchange_weak(&g_pool.work, &w, w + (1u << 16))) {
+            *c = next;
+            return true;
+        }
+    }
 }
 
-/* Claims chunk t for region g; true when this thread should run it.  Only
- * a claim older than g can be replaced: a helper that read g and was then
- * preempted while the caller ran regions g, g+1, ... must not roll chunk
- * t's claim back (it would run the chunk twice, with another region's
- * parameters).  So a claim succeeds only while region g is the current one
- * and chunk t is not done, and the region's parameters, read after it, are
- * g's: region g cannot finish before a claimed chunk of g is done. */
-static bool claim(int t, unsigned g)
+/* Thread t runs chunks of region g until none is left. */
+static void run_chunks(unsigned g, int t)
 {
-    unsigned c = atomic_load(&g_pool.claim[t]);
-    return (int)(g - c) > 0 && atomic_compare_exchange_strong(&g_pool.claim[t], &c, g);
+    size_t c;
+    while (claim(g, &c)) {
+        if (pool_test_hook) pool_test_hook();   /* tests: a preemption inside a region */
+        size_t b, e;
+        range_of(c, g_pool.n_chunks, g_pool.n_items, g_pool.grain, &b, &e);
+        if (b < e) g_pool.fn(g_pool.ctx, b, e, t);
+        atomic_fetch_add_explicit(&g_pool.done, 1, memory_order_release);
+    }
 }
 
 static void *worker(void *arg)
@@ -111,7 +129,7 @@ static void *worker(void *arg)
         seen = g;
         if (atomic_load(&g_pool.stop)) return NULL;
         if (pool_test_hook) pool_test_hook();   /* tests: a preemption right here */
-        if (claim(t, g)) run_share(t);
+        run_chunks(g, t);
     }
 }
 
@@ -158,26 +176,33 @@ int pool_threads(void) { return g_pool.n; }
 
 void pool_for(size_t n, size_t grain, PoolFn fn, void *ctx)
 {
+    pool_for_split(n, grain, POOL_SPLIT, fn, ctx);
+}
+
+void pool_for_split(size_t n, size_t grain, size_t split, PoolFn fn, void *ctx)
+{
     if (n == 0) return;
     if (grain == 0) grain = 1;
     if (g_pool.n <= 1 || t_in_region || n <= grain) {
         fn(ctx, 0, n, 0);
         return;
     }
+    const size_t units = (n + grain - 1) / grain;
     g_pool.fn = fn;
     g_pool.ctx = ctx;
     g_pool.n_items = n;
     g_pool.grain = grain;
+    g_pool.n_chunks = td_min(td_min(units, (size_t)g_pool.n * td_max(split, 1)), POOL_CHUNKS_MAX);
     atomic_store(&g_pool.done, 0);
-    unsigned g = atomic_fetch_add(&g_pool.gen, 1) + 1;
+    const unsigned g = atomic_load(&g_pool.gen) + 1;
+    atomic_store(&g_pool.work, (uint64_t)g << 32 | g_pool.n_chunks);
+    atomic_store(&g_pool.gen, g);
     /* A helper that bumped sleepers after this load sees the new gen inside
      * futex_wait and does not sleep (both atomics are sequentially
      * consistent), so the wake-up syscall is only paid when one sleeps. */
     if (atomic_load(&g_pool.sleepers) > 0) futex_wake_all(&g_pool.gen);
     t_in_region = 1;
-    run_share(0);
-    for (int t = 1; t < g_pool.n; t++)   /* chunks no helper has taken yet */
-        if (claim(t, g)) run_share(t);
+    run_chunks(g, 0);
     t_in_region = 0;
-    while (atomic_load_explicit(&g_pool.done, memory_order_acquire) < g_pool.n) cpu_relax();
+    while (atomic_load_explicit(&g_pool.done, memory_order_acquire) < (int)g_pool.n_chunks) cpu_relax();
 }

@@ -2,17 +2,19 @@
  * tandem (GEMMs included) runs on it.
  *
  * One pool per process, owning the cores it is given: the calling thread is
- * worker 0 and n-1 helper threads join it.  pool_for splits [0, n) into one
- * contiguous range per thread (static, so which thread computes what depends
- * only on n and the thread count).  Every kernel in tandem computes each
- * output element in a fixed order whatever the split, so results do not
- * depend on the thread count either.
+ * worker 0 and n-1 helper threads join it.  pool_for cuts [0, n) into
+ * contiguous chunks, a few per thread, whose boundaries depend only on n,
+ * the grain and the thread count; the threads claim chunks as they get to
+ * them, so a thread slowed by the host does not hold the region up.  Every
+ * kernel in tandem computes each output element in a fixed order whatever
+ * the split, so results depend neither on who ran a chunk nor (except for
+ * the BLAS backward of non-AVX-512 builds, core/gemm.h) on the thread count.
  *
  * Helpers spin for a short, bounded time after a region (so back-to-back
  * regions, as in decoding, do not pay a wake-up each) and then sleep on a
- * futex; no other threading runtime runs beside them: OpenBLAS (used only by
- * builds without AVX-512, and by benchmarks) is set to one
- * thread and called from inside pool regions on disjoint slices.
+ * futex; no other threading runtime runs beside them: OpenBLAS (the
+ * backward of builds without AVX-512, and benchmarks) is set to one thread
+ * and called from inside pool regions on disjoint slices.
  *
  * Not reentrant: a pool_for issued from inside a region runs serially on the
  * calling thread.  Call from one thread (the main thread) only.
@@ -34,11 +36,19 @@ int pool_threads(void);
 /* Cores this process may use (sched_getaffinity), at least 1. */
 int pool_cores(void);
 
-/* Run fn(ctx, begin, end, tid) over [0, n) split into pool_threads()
- * contiguous ranges whose boundaries are multiples of grain (the last range
- * takes the rest).  Returns when every range is done.  Ranges that would be
- * empty are not called. */
+/* Run fn(ctx, begin, end, tid) over [0, n) cut into
+ * min(units, 4 pool_threads()) contiguous ranges of whole units of grain
+ * items (units = ceil(n / grain); the last range ends at n), each called
+ * once, by whichever thread claims it (tid: 0 the caller, 1.. a helper;
+ * a thread runs one range at a time).  Returns when every range is done.
+ * Serial (one call over [0, n)) with one thread, inside a region, or when
+ * n <= grain. */
 void pool_for(size_t n, size_t grain, PoolFn fn, void *ctx);
+
+/* pool_for with at most split ranges per thread (split >= 1): for work
+ * whose every call has a fixed cost, such as a BLAS call that packs its
+ * operands, where fewer, larger ranges are cheaper. */
+void pool_for_split(size_t n, size_t grain, size_t split, PoolFn fn, void *ctx);
 
 /* Tests only: when set, helpers call it between seeing a region and
  * claiming their chunk (to simulate preemption there). */

@@ -1,11 +1,14 @@
-/* tests/test_pool.c - the thread pool (core/pool.h): static contiguous
- * ranges on multiples of the grain, every item exactly once, and a region
+/* tests/test_pool.c - the thread pool (core/pool.h): fixed contiguous
+ * ranges on multiples of the grain, every item exactly once, a region
  * started right after pool_init (regression: a helper that had not started
- * running yet missed that region and pool_for waited for it forever). */
+ * running yet missed that region and pool_for waited for it forever), a
+ * slow helper leaving its share to the caller, and a preempted helper that
+ * never claims a range of a region that is over. */
 #include "core/common.h"
 #include "core/pool.h"
 
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
@@ -14,15 +17,45 @@ static void teardown(void) { pool_free(); }
 
 TestSuite(pool, .fini = teardown, .timeout = 30);
 
-struct rec { _Atomic int hits[1000]; size_t begin[8], end[8]; _Atomic int calls; };
+#define MAX_RANGES 64
+
+struct rec {
+    _Atomic int hits[1000];
+    _Atomic int calls;
+    size_t begin[MAX_RANGES], end[MAX_RANGES];
+    int tid[MAX_RANGES];
+};
 
 static void record(void *vc, size_t b, size_t e, int tid)
 {
     struct rec *r = vc;
     for (size_t i = b; i < e; i++) atomic_fetch_add(&r->hits[i], 1);
-    r->begin[tid] = b;
-    r->end[tid] = e;
-    atomic_fetch_add(&r->calls, 1);
+    int k = atomic_fetch_add(&r->calls, 1);
+    if (k < MAX_RANGES) {
+        r->begin[k] = b;
+        r->end[k] = e;
+        r->tid[k] = tid;
+    }
+}
+
+/* The recorded ranges, sorted by begin, tile [0, n) exactly as expected[]. */
+static void expect_ranges(struct rec *r, size_t n, const size_t *bounds, int n_ranges)
+{
+    int calls = atomic_load(&r->calls);
+    cr_assert_eq(calls, n_ranges, "%d ranges, expected %d", calls, n_ranges);
+    for (int i = 0; i < calls; i++)   /* insertion sort by begin */
+        for (int j = i; j > 0 && r->begin[j] < r->begin[j - 1]; j--) {
+            size_t b = r->begin[j], e = r->end[j];
+            r->begin[j] = r->begin[j - 1];
+            r->end[j] = r->end[j - 1];
+            r->begin[j - 1] = b;
+            r->end[j - 1] = e;
+        }
+    for (int i = 0; i < calls; i++) {
+        cr_expect_eq(r->begin[i], bounds[i], "range %d begins at %zu, expected %zu", i, r->begin[i], bounds[i]);
+        cr_expect_eq(r->end[i], bounds[i + 1], "range %d ends at %zu, expected %zu", i, r->end[i], bounds[i + 1]);
+    }
+    cr_expect_eq(r->end[calls - 1], n);
 }
 
 Test(pool, region_right_after_init_runs_every_item_once)
@@ -35,7 +68,8 @@ Test(pool, region_right_after_init_runs_every_item_once)
         int bad = 0;
         for (size_t i = 0; i < 1000; i++) bad += atomic_load(&r.hits[i]) != 1;
         cr_assert_eq(bad, 0, "iteration %d: %d items not run exactly once", it, bad);
-        cr_assert_eq(atomic_load(&r.calls), 2, "iteration %d: %d ranges", it, atomic_load(&r.calls));
+        cr_assert_eq(atomic_load(&r.calls), 8, "iteration %d: %d ranges (4 per thread)", it,
+                     atomic_load(&r.calls));
         pool_free();
     }
 }
@@ -46,11 +80,15 @@ Test(pool, ranges_are_contiguous_on_grain_multiples)
     pool_init(2);
     cr_expect_eq(pool_threads(), 2);
     memset(&r, 0, sizeof r);
-    pool_for(100, 16, record, &r);   /* 7 units of 16: thread 0 takes 3, thread 1 takes 4 */
-    cr_expect_eq(r.begin[0], 0);
-    cr_expect_eq(r.end[0], 48);
-    cr_expect_eq(r.begin[1], 48);
-    cr_expect_eq(r.end[1], 100);
+    /* 7 units of 16 < 8 ranges: one unit each, the last one short */
+    pool_for(100, 16, record, &r);
+    static const size_t b7[] = { 0, 16, 32, 48, 64, 80, 96, 100 };
+    expect_ranges(&r, 100, b7, 7);
+    memset(&r, 0, sizeof r);
+    /* 25 units of 4 over 8 ranges: 3 or 4 units each, at units 25 c / 8 */
+    pool_for(100, 4, record, &r);
+    static const size_t b8[] = { 0, 12, 24, 36, 48, 60, 72, 84, 100 };
+    expect_ranges(&r, 100, b8, 8);
     memset(&r, 0, sizeof r);
     pool_for(10, 16, record, &r);    /* fewer items than the grain: one call, serial */
     cr_expect_eq(atomic_load(&r.calls), 1);
@@ -61,6 +99,32 @@ Test(pool, ranges_are_contiguous_on_grain_multiples)
     pool_for(100, 16, record, &r);
     cr_expect_eq(atomic_load(&r.calls), 1);
     cr_expect_eq(r.end[0], 100);
+}
+
+/* A helper that stalls 50 ms after claiming a range (a vCPU taken by the
+ * host): the caller runs every other range meanwhile, not just its own
+ * static share. */
+static pthread_t g_main;
+static void stall_helpers(void)
+{
+    if (!pthread_equal(pthread_self(), g_main)) usleep(50000);
+}
+
+Test(pool, a_stalled_helper_leaves_its_share_to_the_caller)
+{
+    static struct rec r;
+    pool_init(2);
+    g_main = pthread_self();
+    memset(&r, 0, sizeof r);
+    pool_test_hook = stall_helpers;
+    pool_for(1000, 1, record, &r);
+    pool_test_hook = NULL;
+    int bad = 0, by_caller = 0, calls = atomic_load(&r.calls);
+    for (size_t i = 0; i < 1000; i++) bad += atomic_load(&r.hits[i]) != 1;
+    for (int i = 0; i < calls; i++) by_caller += r.tid[i] == 0;
+    cr_expect_eq(bad, 0, "%d items not run exactly once", bad);
+    cr_expect_eq(calls, 8);
+    cr_expect_geq(by_caller, 7, "the caller ran %d of %d ranges while the helper stalled", by_caller, calls);
 }
 
 /* Regression: a helper preempted between seeing region g and claiming its
