@@ -2,6 +2,7 @@
 #include "core/softmax.h"
 #include "core/pool.h"
 #include "core/vec.h"
+#include "core/vexp.h"
 
 #include <math.h>
 
@@ -10,7 +11,8 @@
 static float row_lse(float *tmp, const float *x, size_t n)
 {
     float m = vec_max(x, n);
-    for (size_t j = 0; j < n; j++) tmp[j] = expf(x[j] - m);
+    for (size_t j = 0; j < n; j++) tmp[j] = x[j] - m;
+    vexp_array(tmp, tmp, n);
     return m + logf(vec_sum(tmp, n));
 }
 
@@ -26,7 +28,8 @@ static void sm_fw_rows(void *vc, size_t t0, size_t t1, int tid)
         const float *x = c->x + t * c->n;
         float *y = c->y + t * c->n;
         float m = vec_max(x, c->n);
-        for (size_t j = 0; j < c->n; j++) y[j] = expf(x[j] - m);
+        for (size_t j = 0; j < c->n; j++) y[j] = x[j] - m;
+        vexp_array(y, y, c->n);
         float s = vec_sum(y, c->n);
         if (c->lse) c->lse[t] = m + logf(s);
         float inv = 1.0f / s;
@@ -72,7 +75,8 @@ static void xent_fw_rows(void *vc, size_t t0, size_t t1, int tid)
             float m = vec_max(x, c->n), s = 0.0f;
             for (size_t j0 = 0; j0 < c->n; j0 += 4096) {
                 size_t nb = c->n - j0 < 4096 ? c->n - j0 : 4096;
-                for (size_t j = 0; j < nb; j++) tmp[j] = expf(x[j0 + j] - m);
+                for (size_t j = 0; j < nb; j++) tmp[j] = x[j0 + j] - m;
+                vexp_array(tmp, tmp, nb);
                 s += vec_sum(tmp, nb);
             }
             l = m + logf(s);
@@ -93,12 +97,18 @@ static void xent_bw_rows(void *vc, size_t t0, size_t t1, int tid)
 {
     (void)tid;
     struct sm_ctx *c = vc;  /* y = dlogits, lse = lse, x = logits, dy = dlogp */
+    float tmp[4096];
     for (size_t t = t0; t < t1; t++) {
         const float *x = c->x + t * c->n;
         float *dx = c->y + t * c->n;
         const float g = c->dy[t], l = c->lse[t];
         if (g == 0.0f) continue;
-        for (size_t j = 0; j < c->n; j++) dx[j] -= g * expf(x[j] - l);
+        for (size_t j0 = 0; j0 < c->n; j0 += 4096) {   /* dx -= g softmax(x), in pieces */
+            const size_t nb = c->n - j0 < 4096 ? c->n - j0 : 4096;
+            for (size_t j = 0; j < nb; j++) tmp[j] = x[j0 + j] - l;
+            vexp_array(tmp, tmp, nb);
+            for (size_t j = 0; j < nb; j++) dx[j0 + j] -= g * tmp[j];
+        }
         dx[c->tg[t]] += g;
     }
 }

@@ -7,6 +7,8 @@
  * The loss of a batch is -sum_t logp_t / N; the backward takes the gradient
  * with respect to each logp_t, so the same op serves cross-entropy
  * (dlogp_t = -1/N), masked losses and RL policy gradients.
+ * exp is core/vexp.h's (the same bits on every kernel path), log libm's logf;
+ * sums run in core/vec.h's fixed order.
  */
 #ifndef TANDEM_CORE_SOFTMAX_H
 #define TANDEM_CORE_SOFTMAX_H

@@ -1,6 +1,7 @@
 /* core/swiglu.h - SiLU and the SwiGLU product of the feed-forward blocks.
- *   silu(g) = g * sigmoid(g) = g / (1 + exp(-g))
+ *   silu(g) = g * sigmoid(g),  sigmoid(g) = 1 / (1 + exp(-g))
  *   h = silu(g) * u                g, u, h: (N, F)
+ * exp is core/vexp.h's (the same bits on every kernel path).
  */
 #ifndef TANDEM_CORE_SWIGLU_H
 #define TANDEM_CORE_SWIGLU_H

@@ -17,12 +17,14 @@
  * [-104, 89] (checked exhaustively when this was written, vector and
  * portable bit for bit, vexp8 too; tests/test_attention.c samples them).
  * exp(0) = 1 exactly, exp(-inf) = +0, exp(+inf) = +inf, NaN stays NaN.
- * Used by core/attention.c.
+ * Used by core/attention.c, and through vexp_array by swiglu.c and
+ * softmax.c.
  */
 #ifndef TANDEM_CORE_VEXP_H
 #define TANDEM_CORE_VEXP_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -127,5 +129,20 @@ static inline __attribute__((always_inline)) __m256 vexp8(__m256 x)
     return _mm256_mul_ps(u, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23)));
 }
 #endif
+
+/* y[i] = exp(x[i]) for i < n (y may be x): vexp16 or vexp8 over whole
+ * vectors, vexp1 for the rest: the same bits for every element whichever
+ * path is compiled.  The exp of every op of the model (attention, SiLU,
+ * softmax, log-softmax), so that no result depends on libm's expf. */
+static inline void vexp_array(float *y, const float *x, size_t n)
+{
+    size_t i = 0;
+#if defined(__AVX512F__) && !defined(TANDEM_PORTABLE)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, vexp16(_mm512_loadu_ps(x + i)));
+#elif defined(__AVX2__) && defined(__FMA__) && !defined(TANDEM_PORTABLE)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, vexp8(_mm256_loadu_ps(x + i)));
+#endif
+    for (; i < n; i++) y[i] = vexp1(x[i]);
+}
 
 #endif
