@@ -192,6 +192,7 @@ int cmd_generate(int argc, char **argv)
         cJSON_Delete(o);
     } else {
         printf("\n");
+        fflush(stdout);   /* the text before the summary, also when both go to one file */
         fprintf(stderr, "tandem: generate: %zu tokens, time to first token %.1f ms, %.1f tokens/s, finish: %s\n",
                 r->n_out, ttft, tps, r->finish_reason);
     }
