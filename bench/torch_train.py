@@ -76,28 +76,21 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as Fn  # noqa: E402
 
-DEFAULTS = dict(vocab_size=256, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                num_key_value_heads=0, head_dim=0, intermediate_size=0, moe_intermediate_size=0,
-                num_local_experts=8, num_experts_per_tok=2, n_shared_experts=0,
-                first_k_dense_replace=0, rope_theta=10000.0, rms_norm_eps=1e-5,
-                max_position_embeddings=4096, tie_word_embeddings=False, norm_topk_prob=True,
-                router_aux_loss_coef=0.01, router_z_loss_coef=0.001)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ref"))
+import tandem_ref as R  # noqa: E402
+
 RUN_DEFAULTS = dict(seq_len=256, micro_batch=8, lr=3e-4, min_lr=3e-5, warmup_steps=0, weight_decay=0.1,
                     beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0, seed=1234, steps=1000,
                     lr_schedule="cosine")
 
 
 def full_config(cfg):
-    unknown = set(cfg) - set(DEFAULTS)
+    """The model config with tandem's defaults (tests/ref/tandem_ref.py's, the
+    reference's: one table of them); unknown keys are an error."""
+    unknown = set(cfg) - set(R.DEFAULTS)
     if unknown:
         raise SystemExit("torch_train.py: unknown model config key(s): %s" % ", ".join(sorted(unknown)))
-    c = dict(DEFAULTS)
-    c.update(cfg)
-    c["num_key_value_heads"] = c["num_key_value_heads"] or c["num_attention_heads"]
-    c["head_dim"] = c["head_dim"] or c["hidden_size"] // c["num_attention_heads"]
-    c["intermediate_size"] = c["intermediate_size"] or 4 * c["hidden_size"]
-    c["moe_intermediate_size"] = c["moe_intermediate_size"] or 2 * c["hidden_size"]
-    return c
+    return R.full_config(cfg)
 
 
 def active_params(c):
@@ -298,8 +291,6 @@ def load_tokens(path):
 
 def check_ref():
     """This model against tests/ref/tandem_ref.py (float64): loss and gradients."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ref"))
-    import tandem_ref as R
     cfgs = [dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                  moe_intermediate_size=32, num_local_experts=4, first_k_dense_replace=1, intermediate_size=96,
                  n_shared_experts=1, tie_word_embeddings=True),
