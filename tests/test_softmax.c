@@ -3,15 +3,18 @@
  * (softmax.h5 from tests/ref/fixtures_ops.py: softmax, logsumexp,
  * cross_entropy and their autograd gradients) and central finite
  * differences; large shifts, V > 4096 (the chunked path), in-place use, and
- * 1 vs 2 threads bit for bit. */
+ * 1 vs 2 threads bit for bit; and their exp, vexp_array, against vexp1 bit
+ * for bit. */
 #include "core/common.h"
 #include "core/pool.h"
 #include "core/softmax.h"
+#include "core/vexp.h"
 #include "tests/fixture.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <math.h>
+#include <string.h>
 
 static void setup(void) { pool_init(1); }
 static void teardown(void) { pool_free(); }
@@ -398,5 +401,42 @@ Test(softmax, two_threads_bit_identical)
     td_free(dy);
     td_free(lg);
     td_free(dlogp);
+    EXPECT_NO_LEAKS();
+}
+
+/* vexp_array (core/vexp.h), the exp of softmax, log-softmax and SiLU: the
+ * vector path over whole vectors and vexp1 over the tail give every element
+ * the bits of vexp1, for every length (tails of 0..15 past 8- and 16-lane
+ * vectors), in place too; edge inputs included. */
+Test(softmax, vexp_array_gives_vexp1_bits_for_every_length)
+{
+    static const float edge[] = { 0.0f, -0.0f, 1.0f, -1.0f, -104.0f, 89.0f, -104.5f, 89.5f, 88.7f, -87.3f,
+                                  -100.0f, 1e-30f, -1e-30f, INFINITY, -INFINITY, NAN };
+    const size_t nmax = 300;
+    float *x = fixture_rand(nmax, 77, -110, 95), *y = td_malloc(nmax * sizeof(float));
+    for (size_t i = 0; i < sizeof edge / sizeof *edge; i++) x[3 + 7 * i] = edge[i];
+    size_t bad = 0;
+    for (size_t n = 0; n <= nmax; n += n < 40 ? 1 : 37) {
+        for (size_t i = 0; i < nmax; i++) y[i] = -7.0f;
+        vexp_array(y, x, n);
+        for (size_t i = 0; i < n; i++) {
+            const float want = vexp1(x[i]);
+            if (memcmp(&want, &y[i], sizeof want)) {
+                if (!bad) cr_expect(0, "n=%zu: exp(%a) = %a, vexp1 gives %a", n, (double)x[i], (double)y[i], (double)want);
+                bad++;
+            }
+        }
+        cr_expect(n == nmax || y[n] == -7.0f, "n=%zu: wrote past the end", n);
+    }
+    cr_expect_eq(bad, 0, "%zu elements differ from vexp1", bad);
+    float *z = fixture_copy(x, nmax);
+    vexp_array(z, z, nmax);   /* in place */
+    for (size_t i = 0; i < nmax; i++) {
+        const float want = vexp1(x[i]);
+        cr_expect(memcmp(&want, &z[i], sizeof want) == 0, "in place, element %zu", i);
+    }
+    td_free(x);
+    td_free(y);
+    td_free(z);
     EXPECT_NO_LEAKS();
 }
