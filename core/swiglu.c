@@ -35,7 +35,7 @@ static void swiglu_fw_range(void *vc, size_t i0, size_t i1, int tid)
     }
 }
 
-void swiglu_forward(float *h, const float *restrict g, const float *restrict u, size_t N, size_t F)
+void swiglu_forward(float *restrict h, const float *restrict g, const float *restrict u, size_t N, size_t F)
 {
     struct sw_ctx c = { h, NULL, g, u, NULL };
     pool_for(N * F, 1024, swiglu_fw_range, &c);
@@ -58,7 +58,7 @@ static void swiglu_bw_range(void *vc, size_t i0, size_t i1, int tid)
     }
 }
 
-void swiglu_backward(float *dg, float *du, const float *restrict dh, const float *restrict g,
+void swiglu_backward(float *restrict dg, float *restrict du, const float *restrict dh, const float *restrict g,
                      const float *restrict u, size_t N, size_t F)
 {
     struct sw_ctx c = { dg, du, dh, g, u };
@@ -79,7 +79,7 @@ static void silu_fw_range(void *vc, size_t i0, size_t i1, int tid)
     }
 }
 
-void silu_forward(float *y, const float *restrict x, size_t n)
+void silu_forward(float *restrict y, const float *restrict x, size_t n)
 {
     struct sw_ctx c = { y, NULL, x, NULL, NULL };
     pool_for(n, 1024, silu_fw_range, &c);
@@ -99,7 +99,7 @@ static void silu_bw_range(void *vc, size_t i0, size_t i1, int tid)
     }
 }
 
-void silu_backward(float *dx, const float *restrict dy, const float *restrict x, size_t n)
+void silu_backward(float *restrict dx, const float *restrict dy, const float *restrict x, size_t n)
 {
     struct sw_ctx c = { dx, NULL, dy, x, NULL };
     pool_for(n, 1024, silu_bw_range, &c);

@@ -8,17 +8,18 @@
 
 #include <stddef.h>
 
-/* Overwrites h. */
-void swiglu_forward(float *h, const float *restrict g, const float *restrict u, size_t N, size_t F);
+/* Overwrites h.  No output overlaps an input or another output (not in
+ * place). */
+void swiglu_forward(float *restrict h, const float *restrict g, const float *restrict u, size_t N, size_t F);
 /* Adds into dg and du (N, F):
  *   du += dh * silu(g)
  *   dg += dh * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))) */
-void swiglu_backward(float *dg, float *du, const float *restrict dh, const float *restrict g,
+void swiglu_backward(float *restrict dg, float *restrict du, const float *restrict dh, const float *restrict g,
                      const float *restrict u, size_t N, size_t F);
 
 /* Elementwise SiLU alone, y = silu(x) (n elements), and its backward
  * dx += dy * silu'(x). */
-void silu_forward(float *y, const float *restrict x, size_t n);
-void silu_backward(float *dx, const float *restrict dy, const float *restrict x, size_t n);
+void silu_forward(float *restrict y, const float *restrict x, size_t n);
+void silu_backward(float *restrict dx, const float *restrict dy, const float *restrict x, size_t n);
 
 #endif
