@@ -120,6 +120,24 @@ static int is_identity(const Layout *L)
 
 /* ------------------------------------------------------------ naive reference */
 
+/* The attention probabilities of one query qv (head offset goff in the
+ * kv rows) of position t over the keys at rows row .. row + t, in double:
+ * p[j] = softmax_j(q . k_j scale).  Returns the log-sum-exp of the scores. */
+static double naive_probs(double *p, const double *qv, const double *k, size_t row, size_t t, size_t kw,
+                          size_t goff, size_t hd, double scale)
+{
+    double m = -INFINITY, l = 0;
+    for (size_t j = 0; j <= t; j++) {
+        double dot = 0;
+        for (size_t d = 0; d < hd; d++) dot += qv[d] * k[(row + j) * kw + goff + d];
+        p[j] = dot * scale;
+        m = p[j] > m ? p[j] : m;
+    }
+    for (size_t j = 0; j <= t; j++) l += exp(p[j] - m);
+    for (size_t j = 0; j <= t; j++) p[j] = exp(p[j] - m) / l;
+    return m + log(l);
+}
+
 /* Causal GQA softmax attention of sequences starting at position 0 (rows
  * concatenated), full T x T scores in double.  out (rows, H*hd), lse (rows, H)
  * (may be NULL). */
@@ -129,35 +147,26 @@ static void naive_attention(double *out, double *lse, const double *q, const dou
 {
     const size_t R = H / Hkv, qw = H * hd, kw = Hkv * hd;
     const double scale = 1.0 / sqrt((double)hd);
-    size_t T_max = 0;
+    size_t T_max = 1;
     for (size_t i = 0; i < n_seq; i++) T_max = lens[i] > T_max ? lens[i] : T_max;
-    double *s = td_malloc((T_max ? T_max : 1) * sizeof(double));
+    double *p = td_malloc(T_max * sizeof(double));
     size_t row = 0;
     for (size_t i = 0; i < n_seq; i++) {
         for (size_t t = 0; t < lens[i]; t++)
             for (size_t h = 0; h < H; h++) {
-                const size_t g = h / R;
-                const double *qv = q + (row + t) * qw + h * hd;
-                double m = -INFINITY;
-                for (size_t j = 0; j <= t; j++) {
-                    double dot = 0;
-                    for (size_t d = 0; d < hd; d++) dot += qv[d] * k[(row + j) * kw + g * hd + d];
-                    s[j] = dot * scale;
-                    m = s[j] > m ? s[j] : m;
-                }
-                double l = 0;
-                for (size_t j = 0; j <= t; j++) l += exp(s[j] - m);
-                if (lse) lse[(row + t) * H + h] = m + log(l);
+                const size_t goff = h / R * hd;
+                const double l = naive_probs(p, q + (row + t) * qw + h * hd, k, row, t, kw, goff, hd, scale);
+                if (lse) lse[(row + t) * H + h] = l;
                 double *o = out + (row + t) * qw + h * hd;
                 for (size_t d = 0; d < hd; d++) {
                     double a = 0;
-                    for (size_t j = 0; j <= t; j++) a += exp(s[j] - m) * v[(row + j) * kw + g * hd + d];
-                    o[d] = a / l;
+                    for (size_t j = 0; j <= t; j++) a += p[j] * v[(row + j) * kw + goff + d];
+                    o[d] = a;
                 }
             }
         row += lens[i];
     }
-    td_free(s);
+    td_free(p);
 }
 
 /* Gradients of sum(dout * attention) in double, for naive_attention's
@@ -177,25 +186,18 @@ static void naive_attention_backward(double *dq, double *dk, double *dv, const d
     for (size_t i = 0; i < n_seq; i++) {
         for (size_t t = 0; t < lens[i]; t++)
             for (size_t h = 0; h < H; h++) {
-                const size_t g = h / R, qo = (row + t) * qw + h * hd;
-                double m = -INFINITY, l = 0, D = 0;
+                const size_t goff = h / R * hd, qo = (row + t) * qw + h * hd;
+                naive_probs(p, q + qo, k, row, t, kw, goff, hd, scale);
+                double D = 0;
                 for (size_t j = 0; j <= t; j++) {
-                    double dot = 0;
-                    for (size_t d = 0; d < hd; d++) dot += q[qo + d] * k[(row + j) * kw + g * hd + d];
-                    p[j] = dot * scale;
-                    m = p[j] > m ? p[j] : m;
-                }
-                for (size_t j = 0; j <= t; j++) l += exp(p[j] - m);
-                for (size_t j = 0; j <= t; j++) {
-                    const double *vj = v + (row + j) * kw + g * hd;
-                    p[j] = exp(p[j] - m) / l;
+                    const double *vj = v + (row + j) * kw + goff;
                     dp[j] = 0;
                     for (size_t d = 0; d < hd; d++) dp[j] += dout[qo + d] * vj[d];
                     D += p[j] * dp[j];
                 }
                 for (size_t j = 0; j <= t; j++) {
                     const double ds = p[j] * (dp[j] - D) * scale;
-                    const size_t ko = (row + j) * kw + g * hd;
+                    const size_t ko = (row + j) * kw + goff;
                     for (size_t d = 0; d < hd; d++) {
                         dq[qo + d] += ds * k[ko + d];
                         dk[ko + d] += ds * q[qo + d];
