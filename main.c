@@ -4,10 +4,11 @@
 #include "checkpoint/ckpt_cmd.h"
 #include "comm/comm.h"
 #include "core/common.h"
-#include "core/gemm.h"
+#include "core/ops/gemm.h"
 #include "core/pool.h"
 #include "infer/infer_cmd.h"
-#include "train/rl.h"
+#include "rl/rl.h"
+#include "rl/rlcheck.h"
 #include "train/train_cmd.h"
 
 #include <stdio.h>
@@ -15,6 +16,15 @@
 #include <string.h>
 
 typedef int (*CmdFn)(int argc, char **argv);
+
+/* score --rollout is the trainer's check of an RL rollout (rl/rlcheck.h);
+ * plain score is train/'s.  Routed here so that train/ never includes rl/. */
+static int cmd_score_any(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], "--rollout", 9) && (!argv[i][9] || argv[i][9] == '=')) return rlcheck_cmd(argc, argv);
+    return cmd_score(argc, argv);
+}
 
 static const struct {
     const char *name;
@@ -24,7 +34,7 @@ static const struct {
     { "data", cmd_data, "prepare token files (data prepare --input ... --output DATA.bin)" },
     { "train", cmd_train, "train a model: train RUN.json [key=value ...]" },
     { "eval", cmd_eval, "validation loss and perplexity of a checkpoint" },
-    { "score", cmd_score, "per-token log-probabilities of windows to HDF5" },
+    { "score", cmd_score_any, "per-token log-probabilities of windows to HDF5" },
     { "generate", cmd_generate, "sample a completion from a checkpoint" },
     { "serve", cmd_serve, "OpenAI-compatible HTTP server" },
     { "rollout", cmd_rollout, "RL rollout worker: samples, logprobs, routes, policy version" },

@@ -1,4 +1,4 @@
-/* bench/gemm_bw.c - GFLOP/s of the backward GEMM products (core/gemm.h)
+/* bench/gemm_bw.c - GFLOP/s of the backward GEMM products (core/ops/gemm.h)
  * beside the forward kernel and OpenBLAS.
  *
  *   gemm_bw [--full] [--single] [--reps R] [--sample-ms T] [--shape M,N,K]...
@@ -24,7 +24,7 @@
  * {64, 128, 192, 256, 384, 512, 1024, 2048}.
  */
 #include "core/common.h"
-#include "core/gemm.h"
+#include "core/ops/gemm.h"
 #include "core/pool.h"
 
 #include <cblas.h>

@@ -34,7 +34,7 @@
  * Prints one JSON line starting with {"bench":"membw".
  */
 #include "core/common.h"
-#include "core/gemm.h"
+#include "core/ops/gemm.h"
 #include "core/pool.h"
 
 #include <cblas.h>

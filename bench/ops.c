@@ -3,17 +3,17 @@
  *
  *   ops [--threads N] [--reps R] [--quick] [--no-linear] [--no-attention]
  *
- * Linear layer y = x W^T (core/linear.h), M x N x K =
+ * Linear layer y = x W^T (core/ops/linear.h), M x N x K =
  * 2048x512x512, 2048x1024x512, 512x2048x1024:
  *   fw   tandem's row-invariant gemm_xwt (linear_forward) against
  *        cblas_sgemm on the same product, split over the pool's threads with
- *        single-threaded OpenBLAS (as core/gemm.c runs the backward), and
+ *        single-threaded OpenBLAS (as core/ops/gemm.c runs the backward), and
  *        against OpenBLAS running its own threads (openblas_set_num_threads);
  *   bw   linear_backward (dx += dy W and dW += dy^T x) against the same two
  *        references.
  *   FLOPs 2 M N K per product.
  *
- * Attention (core/attention.h), B = 1, H = 8, Hkv = 4, hd = 64, bs = 16,
+ * Attention (core/ops/attention.h), B = 1, H = 8, Hkv = 4, hd = 64, bs = 16,
  * T = 256, 1024, 4096: forward and backward time, GFLOP/s with the causal
  * count 4 * T*T/2 * hd * H (forward) and 2.5x that (backward).  Decode: one
  * query row at position T-1 (keys 0..T-1 stored), time per call on one
@@ -26,10 +26,10 @@
  * measured side by side in one run).  Prints a table and, last, one JSON line
  * starting with {"bench":"ops".
  */
-#include "core/attention.h"
+#include "core/ops/attention.h"
 #include "core/common.h"
-#include "core/gemm.h"
-#include "core/linear.h"
+#include "core/ops/gemm.h"
+#include "core/ops/linear.h"
 #include "core/pool.h"
 #include "core/rng.h"
 
@@ -252,7 +252,7 @@ int main(int argc, char **argv)
     openblas_set_num_threads(1);
     if (n_lin)
         printf("linear y = x W^T: GFLOP/s, %d threads, best of %d (blas(pool): single-threaded OpenBLAS on\n"
-               "the pool's row slices, as core/gemm.c; blas(own): OpenBLAS's own %d threads)\n",
+               "the pool's row slices, as core/ops/gemm.c; blas(own): OpenBLAS's own %d threads)\n",
                threads, g_reps, blas_threads);
     if (n_lin) printf("  %-16s %-3s %9s %11s %6s %11s %6s\n", "M x N x K", "", "tandem", "blas(pool)", "ratio",
            "blas(own)", "ratio");

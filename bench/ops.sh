@@ -7,7 +7,7 @@
 # warm-up:
 #   - the linear layer, forward (tandem's row-invariant gemm_xwt) and
 #     backward (linear_backward: dx and dW), in GFLOP/s next to cblas_sgemm
-#     on the same shapes, both as core/gemm.c runs it (single-threaded
+#     on the same shapes, both as core/ops/gemm.c runs it (single-threaded
 #     OpenBLAS on the pool's slices) and with OpenBLAS's own threads;
 #   - attention forward and backward at T = 256, 1024, 4096 (B=1, H=8,
 #     Hkv=4, hd=64; causal FLOPs), and one decode step's attention.

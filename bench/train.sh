@@ -299,7 +299,7 @@ if os.path.exists(perf_txt) and os.path.getsize(perf_txt) > 0:
 
     ATT_BW = re.compile(r"^(bw_|attention_backward)")
     NAMES = {
-        "core/gemm.c": None, "attention.c": None,
+        "core/ops/gemm.c": None, "attention.c": None,
         "rmsnorm.c": "rmsnorm fw/bw", "swiglu.c": "swiglu / silu fw/bw", "rope.c": "rope",
         "softmax.c": "softmax / cross-entropy", "embedding.c": "embedding fw/bw",
         "optim.c": "adamw + grad norm/clip", "pool.c": "pool spin / wait",

@@ -43,9 +43,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/config.h"
-#include "core/model.h"
-#include "core/topology.h"
+#include "core/model/config.h"
+#include "core/model/model.h"
+#include "core/model/topology.h"
 
 #define CKPT_FORMAT "tandem-checkpoint"
 #define CKPT_FORMAT_VERSION 1

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/model.h"
+#include "core/model/model.h"
 
 /* path: a checkpoint file or a run directory (its latest).  topo: the
  * layout to load under, NULL for a single process (it is initialised from

@@ -1,6 +1,6 @@
 /* comm/comm.h - the only place tandem talks to MPI.
  *
- * Process groups come from the topology (core/topology.h) with
+ * Process groups come from the topology (core/model/topology.h) with
  * MPI_Comm_split: world, dp, tp, pp, ep (the expert-parallel group, carved
  * from dp) and edp (ranks that hold the same experts: same tp and pp rank,
  * same ep_rank, across expert groups; expert gradients are reduced there).
@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/topology.h"
+#include "core/model/topology.h"
 
 /* COMM_WORLD is the job: every rank, unless comm_split_world divided them
  * (tandem rl with separate rollout ranks), then the ranks of this rank's

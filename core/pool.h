@@ -8,7 +8,7 @@
  * them, so a thread slowed by the host does not hold the region up.  Every
  * kernel in tandem computes each output element in a fixed order whatever
  * the split, so results depend neither on who ran a chunk nor (except for
- * the BLAS backward of non-AVX-512 builds, core/gemm.h) on the thread count.
+ * the BLAS backward of non-AVX-512 builds, core/ops/gemm.h) on the thread count.
  *
  * Helpers spin for a short, bounded time after a region (so back-to-back
  * regions, as in decoding, do not pay a wake-up each) and then sleep on a

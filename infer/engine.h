@@ -1,5 +1,5 @@
 /* infer/engine.h - the inference engine: continuous batching over a paged
- * KV cache, with the model forward of core/layer.h (the trainer's own).
+ * KV cache, with the model forward of core/model/layer.h (the trainer's own).
  *
  * Each engine_step builds one batch of token rows: one row for every
  * request that is decoding, then chunks of prompts being prefilled, up to
@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/layer.h"
+#include "core/model/layer.h"
 #include "infer/kvcache.h"
 #include "infer/sampler.h"
 

@@ -2,7 +2,7 @@
  * Kwon et al. 2023).
  *
  * Every layer has a pool of n_blocks blocks of bs positions in the layout of
- * core/attention.h (K^T then V, all local kv heads).  A sequence owns a block
+ * core/ops/attention.h (K^T then V, all local kv heads).  A sequence owns a block
  * table: block j of the table holds its positions [j bs, (j+1) bs) in every
  * layer (the same id indexes each layer's pool).  Blocks come from one free
  * list and return to it when the sequence ends, so memory is bounded by the
@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/model.h"
+#include "core/model/model.h"
 
 typedef struct {
     int n_layers;              /* local layers */

@@ -5,7 +5,7 @@
  * JSON line per sample as it finishes, with everything a trainer needs to
  * score it again: the token ids, the model's log-probability of each
  * generated token, the policy version (checkpoint step) and the experts
- * each token was routed to.  `tandem score --rollout` (train/rlcheck.h)
+ * each token was routed to.  `tandem score --rollout` (rl/rlcheck.h)
  * recomputes both with the training forward; they agree bit for bit.
  *
  * Unlike generate and serve, a stop string that ends a sample stays in its
@@ -32,7 +32,7 @@
 #include "checkpoint/ckpt.h"
 #include "core/args.h"
 #include "core/common.h"
-#include "core/config.h"
+#include "core/model/config.h"
 #include "core/pool.h"
 #include "infer/engine.h"
 #include "infer/text.h"

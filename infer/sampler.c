@@ -1,6 +1,6 @@
 /* infer/sampler.c - next-token choice and log-probabilities (sampler.h). */
 #include "infer/sampler.h"
-#include "core/softmax.h"
+#include "core/ops/softmax.h"
 
 #include <math.h>
 #include <stdbool.h>

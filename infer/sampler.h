@@ -8,7 +8,7 @@
  *
  * The reported log-probability is always the model's own,
  * log_softmax(logits)[id] at temperature 1, computed by the same op as the
- * trainer's cross-entropy (core/softmax.h), so generate, serve, score and
+ * trainer's cross-entropy (core/ops/softmax.h), so generate, serve, score and
  * training agree bit for bit.
  */
 #ifndef TANDEM_INFER_SAMPLER_H

@@ -9,7 +9,7 @@
 #include "comm/comm.h"
 #include "core/pool.h"
 #include "infer/engine.h"
-#include "infer/server.h"
+#include "infer/server/server.h"
 
 #include <signal.h>
 #include <stdio.h>

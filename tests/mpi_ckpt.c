@@ -26,7 +26,7 @@
  */
 #include "checkpoint/ckpt.h"
 #include "comm/comm.h"
-#include "core/backprop.h"
+#include "core/model/backprop.h"
 #include "core/common.h"
 #include "core/pool.h"
 #include "core/rng.h"

@@ -15,7 +15,7 @@
  */
 #include "comm/comm.h"
 #include "core/common.h"
-#include "core/layer.h"
+#include "core/model/layer.h"
 #include "core/pool.h"
 
 #include <math.h>

@@ -1,4 +1,4 @@
-/* tests/test_attention.c - blocked causal GQA attention (core/attention.h).
+/* tests/test_attention.c - blocked causal GQA attention (core/ops/attention.h).
  *
  * Keys and values go through the paged layout of the header: a pool of
  * blocks, per-sequence block tables with shuffled (non-identity) ids and a
@@ -11,19 +11,19 @@
  * full forward (also at long contexts, where decode scores several tiles at
  * once); 1 vs 2 threads bit for bit (both backward schedules); the vector
  * kernels (AVX-512 or AVX2, whichever the build has) against the portable
- * ones bit for bit, and the exp of core/vexp.h against double exp (and its
+ * ones bit for bit, and the exp of core/ops/vexp.h against double exp (and its
  * vector forms against the portable one, bit for bit). */
 
-/* The portable path of core/attention.c, compiled into this file under
+/* The portable path of core/ops/attention.c, compiled into this file under
  * other names (as tests/test_gemm.c does for the GEMM), so that the
  * library's kernels (AVX-512 or AVX2 when the build machine has them) can be
  * compared with it bit for bit in one binary. */
-#include "core/attention.h"
+#include "core/ops/attention.h"
 #define TANDEM_PORTABLE 1
 #define attention_kv_store portable_attention_kv_store
 #define attention_forward portable_attention_forward
 #define attention_backward portable_attention_backward
-#include "core/attention.c"
+#include "core/ops/attention.c"
 #undef attention_kv_store
 #undef attention_forward
 #undef attention_backward
@@ -31,7 +31,7 @@
 
 #include "core/common.h"
 #include "core/pool.h"
-#include "core/vexp.h"
+#include "core/ops/vexp.h"
 #include "tests/fixture.h"
 
 #include <criterion/criterion.h>
@@ -752,7 +752,7 @@ static double exp_ulp_err(float y, float x)
 
 Test(attention, exp_is_within_one_ulp_and_the_same_bits_on_both_paths)
 {
-    /* Every float in [-104, 89] was checked when core/vexp.h was written:
+    /* Every float in [-104, 89] was checked when core/ops/vexp.h was written:
      * 0.99 ulp at worst, vector = portable everywhere.  Here: 2^20 uniform
      * points, 2^16 around 0 and near the ends, and the special values. */
     enum { N = (1 << 20) + 3 * (1 << 16) };

@@ -1,8 +1,8 @@
-/* tests/test_embedding.c - token embedding lookup (core/embedding.h) against
+/* tests/test_embedding.c - token embedding lookup (core/ops/embedding.h) against
  * PyTorch (embedding.h5 from tests/ref/fixtures_ops.py), a naive in-order
  * float accumulation, and central finite differences; repeated ids. */
 #include "core/common.h"
-#include "core/embedding.h"
+#include "core/ops/embedding.h"
 #include "core/pool.h"
 #include "tests/fixture.h"
 

@@ -1,5 +1,5 @@
-/* tests/test_gemm.c - the forward GEMM (core/gemm.h) and the linear layer
- * built on it (core/linear.h).
+/* tests/test_gemm.c - the forward GEMM (core/ops/gemm.h) and the linear layer
+ * built on it (core/ops/linear.h).
  *
  * gemm_xwt promises more than closeness: every output element is the chain
  *     c = 0;  for k: c = fmaf(x[m][k], W[n][k], c)
@@ -15,12 +15,12 @@
  * bitwise independence of the thread count, which gemm.h promises there.
  */
 
-/* The portable path of core/gemm.c, compiled into this file under other
+/* The portable path of core/ops/gemm.c, compiled into this file under other
  * names so that the library's kernels (AVX-512 or AVX2, whichever the build
- * machine has) can be compared with it bit for bit in one binary.  core/gemm.h comes
+ * machine has) can be compared with it bit for bit in one binary.  core/ops/gemm.h comes
  * first, so its declarations keep the real names; gemm.c's own include of it
  * is then skipped by the guard. */
-#include "core/gemm.h"
+#include "core/ops/gemm.h"
 #define TANDEM_PORTABLE 1
 #define gemm_packed_floats portable_gemm_packed_floats
 #define gemm_pack portable_gemm_pack
@@ -31,7 +31,7 @@
 #define gemm_dw_acc portable_gemm_dw_acc
 #define gemm_scratch_free portable_gemm_scratch_free
 #define gemm_scratch_bytes portable_gemm_scratch_bytes
-#include "core/gemm.c"
+#include "core/ops/gemm.c"
 #undef gemm_packed_floats
 #undef gemm_pack
 #undef gemm_xwt
@@ -44,7 +44,7 @@
 #undef TANDEM_PORTABLE
 
 #include "core/common.h"
-#include "core/linear.h"
+#include "core/ops/linear.h"
 #include "core/pool.h"
 #include "tests/fixture.h"
 
@@ -488,7 +488,7 @@ Test(gemm, dx_dw_deterministic_and_independent_of_threads)
 {
     /* Both splits over 2 threads for both products: with 3 row tiles of C
      * and 4 panels the pool splits panels, with 22 tiles and 11 panels it
-     * splits rows (core/gemm.c, bw_product).  On the AVX-512 path every
+     * splits rows (core/ops/gemm.c, bw_product).  On the AVX-512 path every
      * element is computed the same way whatever the split, so the results
      * are bit-identical to 1 thread; the portable path (BLAS on slices)
      * only promises closeness. */

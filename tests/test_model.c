@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/backprop.h"
+#include "core/model/backprop.h"
 #include "core/common.h"
 #include "core/pool.h"
 #include "train/optim.h"

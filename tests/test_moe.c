@@ -1,5 +1,5 @@
 /* tests/test_moe.c - MoE routing, dispatch/combine and router losses
- * (core/moe.h).
+ * (core/ops/moe.h).
  *
  * Router: softmax then top-k with exact ties (equal logits) going to the
  * lower index, k = 1, 2, E, norm_topk_prob on and off.  Plan/dispatch/
@@ -11,11 +11,11 @@
  * router + top-k + aux + z chain (moe_router.h5 and moe_layer.h5 from
  * tests/ref/fixtures_ops.py). */
 #include "core/common.h"
-#include "core/gemm.h"
-#include "core/linear.h"
-#include "core/moe.h"
+#include "core/ops/gemm.h"
+#include "core/ops/linear.h"
+#include "core/ops/moe.h"
 #include "core/pool.h"
-#include "core/softmax.h"
+#include "core/ops/softmax.h"
 #include "tests/fixture.h"
 
 #include <criterion/criterion.h>

@@ -1,10 +1,10 @@
-/* tests/test_rmsnorm.c - RMSNorm (core/rmsnorm.h) against a naive double
+/* tests/test_rmsnorm.c - RMSNorm (core/ops/rmsnorm.h) against a naive double
  * forward, PyTorch (rmsnorm.h5 from tests/ref/fixtures_ops.py) and central
  * finite differences of the double forward; in-place use and 1 vs 2 threads
  * bit for bit. */
 #include "core/common.h"
 #include "core/pool.h"
-#include "core/rmsnorm.h"
+#include "core/ops/rmsnorm.h"
 #include "tests/fixture.h"
 
 #include <criterion/criterion.h>

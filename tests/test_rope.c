@@ -1,4 +1,4 @@
-/* tests/test_rope.c - rotary position embedding (core/rope.h) against
+/* tests/test_rope.c - rotary position embedding (core/ops/rope.h) against
  * PyTorch running HF Llama's rotate-half formula (rope.h5 from
  * tests/ref/fixtures_ops.py, cos/sin tables computed in float32 as HF does),
  * a naive double rotation and central finite differences; arbitrary and
@@ -10,7 +10,7 @@
  * position 4000, which is what HF itself computes too. */
 #include "core/common.h"
 #include "core/pool.h"
-#include "core/rope.h"
+#include "core/ops/rope.h"
 #include "tests/fixture.h"
 
 #include <criterion/criterion.h>

@@ -1,5 +1,5 @@
 /* tests/test_softmax.c - row softmax and the fused log-softmax +
- * cross-entropy (core/softmax.h) against a naive double forward, PyTorch
+ * cross-entropy (core/ops/softmax.h) against a naive double forward, PyTorch
  * (softmax.h5 from tests/ref/fixtures_ops.py: softmax, logsumexp,
  * cross_entropy and their autograd gradients) and central finite
  * differences; large shifts, V > 4096 (the chunked path), in-place use, and
@@ -7,8 +7,8 @@
  * for bit. */
 #include "core/common.h"
 #include "core/pool.h"
-#include "core/softmax.h"
-#include "core/vexp.h"
+#include "core/ops/softmax.h"
+#include "core/ops/vexp.h"
 #include "tests/fixture.h"
 
 #include <criterion/criterion.h>
@@ -404,7 +404,7 @@ Test(softmax, two_threads_bit_identical)
     EXPECT_NO_LEAKS();
 }
 
-/* vexp_array (core/vexp.h), the exp of softmax, log-softmax and SiLU: the
+/* vexp_array (core/ops/vexp.h), the exp of softmax, log-softmax and SiLU: the
  * vector path over whole vectors and vexp1 over the tail give every element
  * the bits of vexp1, for every length (tails of 0..15 past 8- and 16-lane
  * vectors), in place too; edge inputs included. */

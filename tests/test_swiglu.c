@@ -1,10 +1,10 @@
-/* tests/test_swiglu.c - SiLU and SwiGLU (core/swiglu.h) against a naive
+/* tests/test_swiglu.c - SiLU and SwiGLU (core/ops/swiglu.h) against a naive
  * double forward, PyTorch (swiglu.h5 from tests/ref/fixtures_ops.py) and
  * central finite differences, saturated sigmoids included; 1 vs 2 threads
  * bit for bit. */
 #include "core/common.h"
 #include "core/pool.h"
-#include "core/swiglu.h"
+#include "core/ops/swiglu.h"
 #include "tests/fixture.h"
 
 #include <criterion/criterion.h>

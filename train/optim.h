@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/model.h"
+#include "core/model/model.h"
 
 typedef struct {
     double beta1, beta2, eps, weight_decay;

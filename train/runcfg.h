@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/config.h"
+#include "core/model/config.h"
 
 typedef struct {
     ModelConfig model;

@@ -4,10 +4,9 @@
 #include "checkpoint/ckpt_model.h"
 #include "comm/comm.h"
 #include "core/args.h"
-#include "core/backprop.h"
+#include "core/model/backprop.h"
 #include "core/common.h"
 #include "train/data.h"
-#include "train/rlcheck.h"
 #include "train/runcfg.h"
 #include "train/trainer.h"
 
@@ -180,8 +179,6 @@ int cmd_score(int argc, char **argv)
     static const char *const spec[] = { "ckpt=", "data=", "text=", "seq-len=", "output=", "batch=", NULL };
     Args a;
     char err[512];
-    for (int i = 1; i < argc; i++)   /* score --rollout: the check of an RL rollout (train/rlcheck.h) */
-        if (!strncmp(argv[i], "--rollout", 9) && (!argv[i][9] || argv[i][9] == '=')) return rlcheck_cmd(argc, argv);
     if (args_parse(&a, argc, argv, 1, spec, err, sizeof err)) {
         td_error("score: %s", err);
         return 2;

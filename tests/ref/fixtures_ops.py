@@ -14,7 +14,7 @@ and gradients.  Precision: inputs are drawn in float32; references are
 computed by PyTorch in float64 from exactly those float32 values (autograd for
 the gradients) and stored rounded to float32.  The one exception is RoPE,
 whose cos/sin tables are computed in float32 exactly as HF Llama does (that is
-the contract of core/rope.h: the table must match HF's float32 bits); the
+the contract of core/ops/rope.h: the table must match HF's float32 bits); the
 rotation itself is then done in float64.
 
 Backward references are the gradients of L = sum(out * dout) with a random

@@ -1,0 +1,385 @@
+/* core/model/backprop.c - training forward/backward of a micro-batch (backprop.h).
+ *
+ * Backward of one layer, in reverse order of layer.c (dx is the gradient of
+ * the layer output on entry and of its input on exit):
+ *   FFN:   y = ffn(h2), h2 = rmsnorm(x_mid):   dh2 = ffn^T dx;  dx += rmsnorm^T dh2
+ *   attn:  x_mid = x_in + att Wo^T:            datt = dx Wo;   dq, dk, dv = attn^T datt
+ *          q, k = rope(h1 Wq^T, h1 Wk^T):      dh1 = (rope^T dq) Wq + (rope^T dk) Wk + dv Wv
+ *          h1 = rmsnorm(x_in):                 dx += rmsnorm^T dh1
+ */
+#include "core/model/backprop.h"
+#include "core/common.h"
+#include "core/ops/embedding.h"
+#include "core/ops/gemm.h"
+#include "core/ops/linear.h"
+#include "core/ops/rmsnorm.h"
+#include "core/ops/softmax.h"
+#include "core/ops/swiglu.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { KEEP_NONE = 1, KEEP_SEL = 2, KEEP_FULL = 4 };
+
+static unsigned mode_bit(Recompute m)
+{
+    return m == RECOMPUTE_NONE ? KEEP_NONE : m == RECOMPUTE_SELECTIVE ? KEEP_SEL : KEEP_FULL;
+}
+
+/* A buffer of the layer: its own when the mode keeps it, else the scratch one. */
+#define SLOT(field, n, keep)                                                   \
+    do {                                                                       \
+        if ((keep) & mb) la->field = arena_floats(ar, (n));                    \
+        else la->field = a->scratch.field;                                     \
+    } while (0)
+
+static void carve(TrainActs *a, const Model *m, Arena *ar)
+{
+    const size_t N = a->N, d = m->d, Hq = m->H * m->hd, Hk = m->Hkv * m->hd;
+    const size_t E = m->E_global, k = m->k, Nk = N * k, V = m->V;
+    const size_t nb = (a->T + m->attn.bs - 1) / m->attn.bs;
+    const size_t kvf = a->B * nb * attn_block_floats(&m->attn);
+    const int nl = m->topo.layer_end - m->topo.layer_begin;
+    bool any_moe = false, any_dense = false, any_shared = false;
+    for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {
+        any_moe |= m->layers[l].moe;
+        any_dense |= !m->layers[l].moe;
+        any_shared |= m->layers[l].sgate != NULL;
+    }
+    const size_t ep = (size_t)m->topo.ep, R = ep * Nk;   /* expert-side rows, worst case */
+    const size_t fmax = td_max(td_max(any_moe ? R * m->F : 0, any_dense ? N * m->Fd : 0),
+                               any_shared ? N * m->S : 0);
+
+    /* shared scratch: one of everything */
+    LayerActs *s = &a->scratch;
+    memset(s, 0, sizeof *s);
+    s->h1 = arena_floats(ar, N * d); s->rstd1 = arena_floats(ar, N);
+    s->q = arena_floats(ar, N * Hq); s->k = arena_floats(ar, N * Hk); s->v = arena_floats(ar, N * Hk);
+    s->att = arena_floats(ar, N * Hq); s->lse = arena_floats(ar, N * m->H);
+    s->x_mid = arena_floats(ar, N * d); s->h2 = arena_floats(ar, N * d); s->rstd2 = arena_floats(ar, N);
+    s->y = arena_floats(ar, N * d);
+    s->kv = arena_floats(ar, kvf);
+    if (any_dense) {
+        s->fg = arena_floats(ar, N * m->Fd); s->fu = arena_floats(ar, N * m->Fd); s->fh = arena_floats(ar, N * m->Fd);
+    }
+    if (any_moe) {
+        s->rlogits = arena_floats(ar, N * E); s->probs = arena_floats(ar, N * E);
+        s->rlse = arena_floats(ar, N); s->topk_w = arena_floats(ar, Nk);
+        s->topk_idx = (int32_t *)arena_floats(ar, Nk);
+        s->plan.offsets = (int32_t *)arena_floats(ar, E + 1);
+        s->plan.src = (int32_t *)arena_floats(ar, Nk);
+        s->plan.slot_row = (int32_t *)arena_floats(ar, Nk);
+        s->xd = arena_floats(ar, Nk * d); s->eo = arena_floats(ar, Nk * d);
+        s->xe = ep > 1 ? arena_floats(ar, R * d) : s->xd;
+        s->eoe = ep > 1 ? arena_floats(ar, R * d) : s->eo;
+        s->ep_stage = ep > 1 ? arena_floats(ar, R * d) : NULL;
+        s->eg = arena_floats(ar, R * m->F); s->eu = arena_floats(ar, R * m->F); s->eh = arena_floats(ar, R * m->F);
+        if (any_shared) {
+            s->sg = arena_floats(ar, N * m->S); s->su = arena_floats(ar, N * m->S); s->sh = arena_floats(ar, N * m->S);
+        }
+    }
+
+    a->x = ar->base ? td_malloc((size_t)(nl + 1) * sizeof(float *)) : NULL;
+    for (int i = 0; i <= nl; i++) {
+        float *x = arena_floats(ar, N * d);
+        if (a->x) a->x[i] = x;
+    }
+    const unsigned mb = mode_bit(a->mode);
+    for (int i = 0; i < nl; i++) {
+        LayerActs tmp, *la = a->la ? &a->la[i] : &tmp;
+        const Layer *L = &m->layers[m->topo.layer_begin + i];
+        *la = *s;  /* start from scratch pointers; kept buffers replace them */
+        SLOT(h1, N * d, KEEP_NONE | KEEP_SEL);
+        SLOT(rstd1, N, KEEP_NONE | KEEP_SEL);
+        SLOT(q, N * Hq, KEEP_NONE | KEEP_SEL);
+        SLOT(att, N * Hq, KEEP_NONE);
+        SLOT(lse, N * m->H, KEEP_NONE);
+        SLOT(x_mid, N * d, KEEP_NONE | KEEP_SEL);
+        SLOT(h2, N * d, KEEP_NONE | KEEP_SEL);
+        SLOT(rstd2, N, KEEP_NONE | KEEP_SEL);
+        SLOT(kv, kvf, KEEP_NONE | KEEP_SEL);
+        if (!L->moe) {
+            SLOT(fg, N * m->Fd, KEEP_NONE);
+            SLOT(fu, N * m->Fd, KEEP_NONE);
+            SLOT(fh, N * m->Fd, KEEP_NONE);
+        } else {
+            SLOT(probs, N * E, KEEP_NONE | KEEP_SEL);
+            SLOT(rlse, N, KEEP_NONE | KEEP_SEL);
+            SLOT(topk_w, Nk, KEEP_NONE | KEEP_SEL);
+            if (mb & (KEEP_NONE | KEEP_SEL)) {
+                la->topk_idx = (int32_t *)arena_floats(ar, Nk);
+                la->plan.offsets = (int32_t *)arena_floats(ar, E + 1);
+                la->plan.src = (int32_t *)arena_floats(ar, Nk);
+                la->plan.slot_row = (int32_t *)arena_floats(ar, Nk);
+            }
+            SLOT(xd, Nk * d, KEEP_NONE);
+            SLOT(eo, Nk * d, KEEP_NONE);
+            if (ep > 1) SLOT(xe, R * d, KEEP_NONE);
+            else la->xe = la->xd, la->eoe = la->eo;
+            SLOT(eg, R * m->F, KEEP_NONE);
+            SLOT(eu, R * m->F, KEEP_NONE);
+            SLOT(eh, R * m->F, KEEP_NONE);
+            /* routes of the exchange, needed by backward: small, always kept */
+            la->e_off = (int32_t *)arena_floats(ar, m->E + 1);
+            la->ep_send = (int32_t *)arena_floats(ar, ep * m->E);
+            la->ep_recv = (int32_t *)arena_floats(ar, ep * m->E);
+            if (L->sgate) {
+                SLOT(sg, N * m->S, KEEP_NONE);
+                SLOT(su, N * m->S, KEEP_NONE);
+                SLOT(sh, N * m->S, KEEP_NONE);
+            }
+        }
+        /* router statistics: 2E doubles, always kept */
+        double *st = (double *)arena_bytes(ar, 2 * E * sizeof(double) + 8);
+        la->count = st;
+        la->psum = st ? st + E : NULL;
+    }
+
+    a->hn = arena_floats(ar, N * d); a->rstdf = arena_floats(ar, N);
+    a->logits = arena_floats(ar, N * V); a->logp = arena_floats(ar, N); a->lse_v = arena_floats(ar, N);
+    a->dx = arena_floats(ar, N * d); a->dtmp = arena_floats(ar, N * d); a->dh = arena_floats(ar, N * d);
+    a->dq = arena_floats(ar, N * Hq); a->dk = arena_floats(ar, N * Hk); a->dv = arena_floats(ar, N * Hk);
+    a->datt = arena_floats(ar, N * Hq);
+    a->dfa = arena_floats(ar, fmax); a->dfb = arena_floats(ar, fmax); a->dfc = arena_floats(ar, fmax);
+    if (any_moe) {
+        a->dxd = arena_floats(ar, Nk * d); a->deo = arena_floats(ar, Nk * d);
+        a->dxe = ep > 1 ? arena_floats(ar, R * d) : a->dxd;
+        a->deoe = ep > 1 ? arena_floats(ar, R * d) : a->deo;
+        a->dprobs = arena_floats(ar, N * E); a->dlogits_r = arena_floats(ar, N * E);
+        a->dtopk_w = arena_floats(ar, Nk);
+    }
+    a->dlogits = arena_floats(ar, N * V);
+    a->dlogp = arena_floats(ar, N);
+}
+#undef SLOT
+
+void model_train_acts_init(TrainActs *a, const Model *m, size_t B, size_t T, Recompute mode)
+{
+    memset(a, 0, sizeof *a);
+    a->B = B;
+    a->T = T;
+    a->N = B * T;
+    a->mode = mode;
+    const int nl = m->topo.layer_end - m->topo.layer_begin;
+    Arena dry;
+    arena_init_dry(&dry);
+    carve(a, m, &dry);
+    arena_init(&a->arena, dry.used);
+    a->la = td_calloc((size_t)nl * sizeof(LayerActs));
+    carve(a, m, &a->arena);   /* every activation is carved here: arena.size is the peak */
+
+    const size_t nb = (T + m->attn.bs - 1) / m->attn.bs;
+    a->seq_blocks = td_malloc(B * nb * sizeof(int32_t));
+    a->seqs = td_malloc(B * sizeof(AttnSeq));
+    a->pos = td_malloc(a->N * sizeof(int32_t));
+    for (size_t b = 0; b < B; b++) {
+        for (size_t j = 0; j < nb; j++) a->seq_blocks[b * nb + j] = (int32_t)(b * nb + j);
+        a->seqs[b] = (AttnSeq){ b * T, T, 0, a->seq_blocks + b * nb };
+        for (size_t t = 0; t < T; t++) a->pos[b * T + t] = (int32_t)t;
+    }
+}
+
+void model_train_acts_free(TrainActs *a)
+{
+    arena_free(&a->arena);
+    td_free(a->x);
+    td_free(a->la);
+    td_free(a->seq_blocks);
+    td_free(a->seqs);
+    td_free(a->pos);
+    memset(a, 0, sizeof *a);
+}
+
+static ModelBatch batch_of(const TrainActs *a, const int32_t *ids, size_t n_tot)
+{
+    return (ModelBatch){ a->N, ids, a->pos, a->seqs, a->B, n_tot };
+}
+
+void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const int32_t *targets,
+                         size_t n_tot, LossParts *lp)
+{
+    const int nl = m->topo.layer_end - m->topo.layer_begin;
+    ModelBatch b = batch_of(a, ids, n_tot);
+    a->ids = ids;
+    a->n_tot_last = n_tot;
+    /* pipeline: later stages get x[0] from the previous stage (the caller) */
+    if (topo_is_first_stage(&m->topo)) model_embed(m, a->x[0], ids, a->N);
+    double aux = 0, z = 0;
+    int n_moe = 0;
+    for (int i = 0; i < nl; i++) {
+        int l = m->topo.layer_begin + i;
+        model_layer_forward(m, l, &b, a->x[i], a->x[i + 1], &a->la[i]);
+        if (m->layers[l].moe) {
+            aux += a->la[i].aux;
+            z += a->la[i].z;
+            n_moe++;
+            if (lp && lp->expert_share_min) {
+                double mn = INFINITY, mx = 0, tot = (double)n_tot * (double)m->k;
+                for (size_t e = 0; e < m->E_global; e++) {
+                    double s = a->la[i].count[e] / tot;
+                    mn = s < mn ? s : mn;
+                    mx = s > mx ? s : mx;
+                }
+                lp->expert_share_min[i] = mn;
+                lp->expert_share_max[i] = mx;
+            }
+        } else if (lp && lp->expert_share_min) {
+            lp->expert_share_min[i] = lp->expert_share_max[i] = NAN;
+        }
+    }
+    double ce = 0;
+    if (topo_is_last_stage(&m->topo)) {
+        model_head(m, a->logits, a->hn, a->rstdf, a->x[nl], a->N);
+        logsoftmax_xent_forward(a->logp, a->lse_v, a->logits, targets, a->N, m->V);
+        for (size_t t = 0; t < a->N; t++) ce -= (double)a->logp[t];
+    }
+    if (!lp) return;
+    lp->ce_sum = ce;
+    lp->n_moe = n_moe;
+    lp->aux = n_moe ? aux / n_moe : 0.0;
+    lp->z = n_moe ? z / n_moe : 0.0;
+}
+
+static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
+
+/* Sum over the tensor-parallel group (column-parallel input gradients are
+ * partial sums over the shards). */
+static void tp_sum(const Model *m, float *buf, size_t n)
+{
+    if (m->comm.tp_allreduce && m->topo.tp > 1) m->comm.tp_allreduce(m->comm.ctx, buf, n);
+}
+
+static const float *expert_w(const Param *p, size_t e) { return p->w + e * p->lshape[1] * p->lshape[2]; }
+static float *expert_g(const Param *p, size_t e) { return p->g + e * p->lshape[1] * p->lshape[2]; }
+
+/* FFN backward: adds into a->dh (= dh2, zeroed by the caller) and the
+ * parameter gradients; dy = gradient of the FFN output (N, d). */
+static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, const float *dy,
+                         float daux, float dz)
+{
+    const size_t N = a->N, d = m->d;
+    float *dh2 = a->dh;
+    if (!L->moe) {
+        const size_t Fd = m->Fd;
+        float *dfh = a->dfa, *dfg = a->dfb, *dfu = a->dfc;
+        zero(dfh, N * Fd); zero(dfg, N * Fd); zero(dfu, N * Fd);
+        linear_backward(dfh, L->down->g, dy, la->fh, L->down->w, N, d, Fd);
+        swiglu_backward(dfg, dfu, dfh, la->fg, la->fu, N, Fd);
+        linear_backward(dh2, L->gate->g, dfg, la->h2, L->gate->w, N, Fd, d);
+        linear_backward(dh2, L->up->g, dfu, la->h2, L->up->w, N, Fd, d);
+        tp_sum(m, dh2, N * d);
+        return;
+    }
+    const size_t E = m->E_global, k = m->k, Nk = N * k, F = m->F;
+    if (L->sgate) {
+        const size_t S = m->S;
+        float *dsh = a->dfa, *dsg = a->dfb, *dsu = a->dfc;
+        zero(dsh, N * S); zero(dsg, N * S); zero(dsu, N * S);
+        linear_backward(dsh, L->sdown->g, dy, la->sh, L->sdown->w, N, d, S);
+        swiglu_backward(dsg, dsu, dsh, la->sg, la->su, N, S);
+        linear_backward(dh2, L->sgate->g, dsg, la->h2, L->sgate->w, N, S, d);
+        linear_backward(dh2, L->sup->g, dsu, la->h2, L->sup->w, N, S, d);
+    }
+    /* combine: y_t = sum_j w_tj eo_row(t,j) */
+    zero(a->deo, Nk * d);
+    zero(a->dtopk_w, Nk);
+    moe_combine_backward(a->deo, a->dtopk_w, dy, la->eo, la->topk_w, &la->plan, N, k, d);
+    tp_sum(m, a->dtopk_w, Nk);   /* eo is this shard's partial expert output */
+    /* to the ranks owning the experts (identity without ep) */
+    model_ep_back_to_experts(m, la, a->deo, a->deoe, Nk);
+    /* experts: eoe = eh Wd^T, eh = swiglu(eg, eu), eg/eu = xe Wg^T / xe Wu^T */
+    const size_t R = la->n_recv;
+    float *deh = a->dfa, *deg = a->dfb, *deu = a->dfc;
+    zero(deh, R * F); zero(deg, R * F); zero(deu, R * F);
+    zero(a->dxe, R * d);
+    for (size_t e = 0; e < m->E; e++) {
+        size_t r0 = (size_t)la->e_off[e], M = (size_t)la->e_off[e + 1] - r0;
+        linear_backward(deh + r0 * F, expert_g(L->edown, e), a->deoe + r0 * d, la->eh + r0 * F,
+                        expert_w(L->edown, e), M, d, F);
+    }
+    swiglu_backward(deg, deu, deh, la->eg, la->eu, R, F);
+    for (size_t e = 0; e < m->E; e++) {
+        size_t r0 = (size_t)la->e_off[e], M = (size_t)la->e_off[e + 1] - r0;
+        linear_backward(a->dxe + r0 * d, expert_g(L->egate, e), deg + r0 * F, la->xe + r0 * d,
+                        expert_w(L->egate, e), M, F, d);
+        linear_backward(a->dxe + r0 * d, expert_g(L->eup, e), deu + r0 * F, la->xe + r0 * d,
+                        expert_w(L->eup, e), M, F, d);
+    }
+    /* back to the ranks owning the tokens */
+    model_ep_from_experts(m, la, a->dxe, a->dxd, Nk);
+    moe_dispatch_backward(dh2, a->dxd, &la->plan, N, k, d);
+    /* experts and shared experts are column-parallel: sum their input
+     * gradients; the router is replicated, its part is added once, below */
+    tp_sum(m, dh2, N * d);
+    /* router: w = topk(softmax(logits)), plus aux (through P_e) and z */
+    zero(a->dprobs, N * E);
+    moe_topk_backward(a->dprobs, a->dtopk_w, la->probs, la->topk_idx, N, E, k, m->cfg.norm_topk_prob);
+    if (daux != 0.0f) moe_aux_backward(a->dprobs, daux, la->count, N, a->n_tot_last, E, k);
+    zero(a->dlogits_r, N * E);
+    softmax_backward(a->dlogits_r, a->dprobs, la->probs, N, E);
+    if (dz != 0.0f) moe_z_backward(a->dlogits_r, dz, la->rlse, la->probs, N, a->n_tot_last, E);
+    linear_backward(dh2, L->router->g, a->dlogits_r, la->h2, L->router->w, N, E, d);
+}
+
+/* Backward of local layer i; a->dx holds the gradient of its output and
+ * receives the gradient of its input. */
+static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
+{
+    const int l = m->topo.layer_begin + i;
+    const Layer *L = &m->layers[l];
+    LayerActs *la = &a->la[i];
+    const size_t N = a->N, d = m->d, hd = m->hd, Hq = m->H * hd, Hk = m->Hkv * hd;
+    ModelBatch b = batch_of(a, a->ids, a->n_tot_last);
+
+    if (a->mode == RECOMPUTE_FULL) {
+        model_layer_forward(m, l, &b, a->x[i], a->dtmp, la);
+    } else if (a->mode == RECOMPUTE_SELECTIVE) {
+        attention_forward(la->att, la->lse, la->q, la->kv, b.seqs, b.n_seq, &m->attn);
+        model_ffn_recompute(m, l, &b, la);
+    }
+
+    /* FFN block */
+    zero(a->dh, N * d);
+    ffn_backward(m, L, a, la, a->dx, daux, dz);
+    rmsnorm_backward(a->dx, L->ln2->g, a->dh, la->x_mid, L->ln2->w, la->rstd2, N, d);
+
+    /* attention block */
+    zero(a->datt, N * Hq);
+    linear_backward(a->datt, L->o->g, a->dx, la->att, L->o->w, N, d, Hq);
+    zero(a->dq, N * Hq); zero(a->dk, N * Hk); zero(a->dv, N * Hk);
+    attention_backward(a->dq, a->dk, a->dv, a->datt, la->q, la->att, la->lse, la->kv,
+                       b.seqs, b.n_seq, &m->attn);
+    rope_backward(a->dq, b.pos, &m->rope, N, m->H, hd);
+    rope_backward(a->dk, b.pos, &m->rope, N, m->Hkv, hd);
+    zero(a->dh, N * d);
+    linear_backward(a->dh, L->q->g, a->dq, la->h1, L->q->w, N, Hq, d);
+    linear_backward(a->dh, L->k->g, a->dk, la->h1, L->k->w, N, Hk, d);
+    linear_backward(a->dh, L->v->g, a->dv, la->h1, L->v->w, N, Hk, d);
+    tp_sum(m, a->dh, N * d);   /* q/k/v are column-parallel */
+    rmsnorm_backward(a->dx, L->ln1->g, a->dh, a->x[i], L->ln1->w, la->rstd1, N, d);
+}
+
+void model_train_backward(Model *m, TrainActs *a, const int32_t *targets, const float *dlogp,
+                          float daux, float dz)
+{
+    const size_t N = a->N, d = m->d, V = m->V;
+    const int nl = m->topo.layer_end - m->topo.layer_begin;
+    if (topo_is_last_stage(&m->topo)) {
+        /* head: logp = logsoftmax(hn lm_head^T)[target], hn = rmsnorm(x_L) */
+        zero(a->dlogits, N * V);
+        logsoftmax_xent_backward(a->dlogits, dlogp, a->logits, a->lse_v, targets, N, V);
+        zero(a->dh, N * d);
+        linear_backward(a->dh, m->lm_head->g, a->dlogits, a->hn, m->lm_head->w, N, V, d);
+        zero(a->dx, N * d);
+        rmsnorm_backward(a->dx, m->norm->g, a->dh, a->x[nl], m->norm->w, a->rstdf, N, d);
+        if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, m->cfg.num_hidden_layers);
+    }   /* else the caller put the next stage's gradient of x[nl] into a->dx */
+    for (int i = nl - 1; i >= 0; i--) {
+        layer_backward(m, a, i, daux, dz);
+        if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, m->topo.layer_begin + i);
+    }
+    if (topo_is_first_stage(&m->topo)) {
+        embedding_backward(m->embed->g, a->dx, a->ids, N, d);
+        if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, -1);
+    }   /* else a->dx is the gradient of x[0], for the previous stage */
+}

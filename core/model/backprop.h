@@ -1,0 +1,76 @@
+/* core/model/backprop.h - training forward and backward of a micro-batch:
+ * activations kept or recomputed (recompute = none | full | selective), the
+ * loss (cross-entropy + router aux and z losses, SPEC section 2) and the
+ * gradients of every parameter.
+ *
+ *   none:      every layer keeps all its activations;
+ *   full:      only each layer's input is kept, the layer is re-run in
+ *              backward;
+ *   selective: attention outputs and FFN/expert intermediates are recomputed
+ *              in backward, the rest (norms, q, KV blocks, routing) kept.
+ * All three give bit-identical gradients: recomputation runs the same
+ * deterministic kernels on the same inputs.
+ */
+#ifndef TANDEM_CORE_MODEL_BACKPROP_H
+#define TANDEM_CORE_MODEL_BACKPROP_H
+
+#include "core/model/layer.h"
+
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE } Recompute;
+
+/* Activations of a training micro-batch of B sequences of T tokens. */
+typedef struct {
+    size_t B, T, N;
+    Recompute mode;
+    Arena arena;                 /* owned */
+    float **x;                   /* residual stream: x[i] input of local layer i, x[n_local] output */
+    LayerActs *la;               /* per local layer (pointers into the arena / scratch) */
+    LayerActs scratch;           /* shared buffers for recomputation and backward */
+    float *hn, *rstdf, *logits, *logp, *lse_v;   /* head (N, d) (N) (N, V) (N) (N) */
+    float *dx, *dtmp;            /* backward: (N, d) residual gradient, (N, d) temp */
+    float *dq, *dk, *dv, *datt, *dh; /* backward scratch */
+    float *dfa, *dfb, *dfc;      /* (N*k or N, max(F, Fd, S)) */
+    float *dxd, *deo;            /* (N*k, d), dispatch side */
+    float *dxe, *deoe;           /* expert side (ep*N*k, d); alias dxd/deo without ep */
+    float *dprobs, *dlogits_r, *dtopk_w;  /* (N, E) (N, E) (N, k) */
+    float *dlogits;              /* (N, V) */
+    float *dlogp;                /* (N) */
+    int32_t *seq_blocks;         /* block tables of the B sequences */
+    AttnSeq *seqs;
+    int32_t *pos;                /* (N) positions 0..T-1 per sequence */
+    const int32_t *ids;          /* borrowed: ids of the last forward */
+    size_t n_tot_last;           /* its n_tot */
+} TrainActs;
+
+/* Sizes and carves the arena for micro-batches of B x T. */
+void model_train_acts_init(TrainActs *a, const Model *m, size_t B, size_t T, Recompute mode);
+void model_train_acts_free(TrainActs *a);
+
+/* Loss pieces of one micro-batch.  Sums are local (this dp rank); the
+ * trainer combines them. */
+typedef struct {
+    double ce_sum;      /* -sum_t logp_t over local rows */
+    double aux;         /* mean over MoE layers of aux (global statistics) */
+    double z;           /* mean over MoE layers of z */
+    int n_moe;          /* MoE layers in this stage */
+    double *expert_share_min, *expert_share_max;  /* per local layer (tokens share of the busiest/idlest expert) */
+} LossParts;
+
+/* Forward of a micro-batch: ids, targets (N = B*T rows; sequence b is rows
+ * [bT, bT+T)).  Pipeline stages: the first stage embeds ids, a later one
+ * expects its input in a->x[0]; only the last stage computes the head and
+ * the loss (ce_sum is 0 elsewhere); a->x[n_local] is the stage's output.  n_tot: tokens of the micro-batch over all dp ranks.  Fills
+ * a->logp and returns the loss pieces (share arrays: caller-owned, n_local
+ * entries, may be NULL). */
+void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const int32_t *targets,
+                         size_t n_tot, LossParts *lp);
+/* Backward of the same micro-batch; adds into m->g.  Pipeline stages: a
+ * stage other than the last expects the gradient of its output in a->dx;
+ * a stage other than the first leaves the gradient of its input there.  dlogp (N): gradient of
+ * the objective with respect to each target log-probability (cross-entropy:
+ * -scale / n_tot); daux, dz: gradient with respect to each layer's aux and z
+ * (coef * scale / n_moe_layers). */
+void model_train_backward(Model *m, TrainActs *a, const int32_t *targets, const float *dlogp,
+                          float daux, float dz);
+
+#endif

@@ -1,0 +1,248 @@
+/* core/model/config.c - model configuration parsing and validation (config.h). */
+#include "core/model/config.h"
+#include "core/common.h"
+
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void config_defaults(ModelConfig *c)
+{
+    memset(c, 0, sizeof *c);
+    c->vocab_size = 256;
+    c->hidden_size = 256;
+    c->num_hidden_layers = 4;
+    c->num_attention_heads = 4;
+    c->num_key_value_heads = 0;       /* 0: = num_attention_heads */
+    c->head_dim = 0;                  /* 0: = hidden_size / num_attention_heads */
+    c->intermediate_size = 0;         /* 0: = 4 * hidden_size */
+    c->moe_intermediate_size = 0;     /* 0: = 2 * hidden_size */
+    c->num_local_experts = 8;
+    c->num_experts_per_tok = 2;
+    c->n_shared_experts = 0;
+    c->first_k_dense_replace = 0;
+    c->rope_theta = 10000.0;
+    c->rms_norm_eps = 1e-5;
+    c->max_position_embeddings = 4096;
+    c->tie_word_embeddings = false;
+    c->norm_topk_prob = true;
+    c->router_aux_loss_coef = 0.01;
+    c->router_z_loss_coef = 0.001;
+}
+
+enum kind { K_INT, K_NUM, K_BOOL };
+struct key { const char *name; enum kind kind; size_t off; };
+
+#define KEY(n, k) { #n, k, offsetof(ModelConfig, n) }
+static const struct key g_keys[] = {
+    KEY(vocab_size, K_INT), KEY(hidden_size, K_INT), KEY(num_hidden_layers, K_INT),
+    KEY(num_attention_heads, K_INT), KEY(num_key_value_heads, K_INT), KEY(head_dim, K_INT),
+    KEY(intermediate_size, K_INT), KEY(moe_intermediate_size, K_INT),
+    KEY(num_local_experts, K_INT), KEY(num_experts_per_tok, K_INT),
+    KEY(n_shared_experts, K_INT), KEY(first_k_dense_replace, K_INT),
+    KEY(rope_theta, K_NUM), KEY(rms_norm_eps, K_NUM), KEY(max_position_embeddings, K_INT),
+    KEY(tie_word_embeddings, K_BOOL), KEY(norm_topk_prob, K_BOOL),
+    KEY(router_aux_loss_coef, K_NUM), KEY(router_z_loss_coef, K_NUM),
+};
+#undef KEY
+#define N_KEYS (sizeof g_keys / sizeof g_keys[0])
+
+static void derive(ModelConfig *c, const bool *given)
+{
+    (void)given;
+    if (c->num_key_value_heads == 0) c->num_key_value_heads = c->num_attention_heads;
+    if (c->head_dim == 0 && c->num_attention_heads > 0)
+        c->head_dim = c->hidden_size / c->num_attention_heads;
+    if (c->intermediate_size == 0) c->intermediate_size = 4 * c->hidden_size;
+    if (c->moe_intermediate_size == 0) c->moe_intermediate_size = 2 * c->hidden_size;
+}
+
+int config_from_cjson(ModelConfig *cfg, const void *obj, char *err, size_t err_len)
+{
+    const cJSON *root = obj;
+    config_defaults(cfg);
+    if (!cJSON_IsObject(root)) {
+        snprintf(err, err_len, "model config: expected a JSON object");
+        return -1;
+    }
+    bool given[N_KEYS] = { 0 };
+    for (const cJSON *it = root->child; it; it = it->next) {
+        size_t i = 0;
+        while (i < N_KEYS && strcmp(g_keys[i].name, it->string)) i++;
+        if (i == N_KEYS) {
+            snprintf(err, err_len, "model config: unknown key \"%s\"", it->string);
+            return -1;
+        }
+        given[i] = true;
+        void *dst = (char *)cfg + g_keys[i].off;
+        switch (g_keys[i].kind) {
+        case K_INT:
+            if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) ||
+                fabs(it->valuedouble) > 1e9) {
+                snprintf(err, err_len, "model config: \"%s\" must be an integer", it->string);
+                return -1;
+            }
+            *(int *)dst = (int)it->valuedouble;
+            break;
+        case K_NUM:
+            if (!cJSON_IsNumber(it)) {
+                snprintf(err, err_len, "model config: \"%s\" must be a number", it->string);
+                return -1;
+            }
+            *(double *)dst = it->valuedouble;
+            break;
+        case K_BOOL:
+            if (!cJSON_IsBool(it)) {
+                snprintf(err, err_len, "model config: \"%s\" must be true or false", it->string);
+                return -1;
+            }
+            *(bool *)dst = cJSON_IsTrue(it);
+            break;
+        }
+    }
+    derive(cfg, given);
+    return config_validate(cfg, err, err_len);
+}
+
+int config_parse(ModelConfig *cfg, const char *text, char *err, size_t err_len)
+{
+    cJSON *root = cJSON_Parse(text);
+    if (!root) {
+        snprintf(err, err_len, "model config: invalid JSON near \"%.20s\"",
+                 cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() : "");
+        return -1;
+    }
+    int rc = config_from_cjson(cfg, root, err, err_len);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int config_load(ModelConfig *cfg, const char *path, char *err, size_t err_len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, err_len, "model config: cannot open %s", path);
+        return -1;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (n < 0 || n > (1 << 24)) {
+        fclose(f);
+        snprintf(err, err_len, "model config: %s is not a config file", path);
+        return -1;
+    }
+    char *buf = td_malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    buf[got] = 0;
+    int rc = config_parse(cfg, buf, err, err_len);
+    td_free(buf);
+    return rc;
+}
+
+#define REQUIRE(cond, ...)                                   \
+    do {                                                     \
+        if (!(cond)) {                                       \
+            snprintf(err, err_len, "model config: " __VA_ARGS__); \
+            return -1;                                       \
+        }                                                    \
+    } while (0)
+
+int config_validate(const ModelConfig *c, char *err, size_t err_len)
+{
+    REQUIRE(c->vocab_size >= 1, "\"vocab_size\" must be >= 1 (got %d)", c->vocab_size);
+    REQUIRE(c->hidden_size >= 1, "\"hidden_size\" must be >= 1 (got %d)", c->hidden_size);
+    REQUIRE(c->num_hidden_layers >= 1, "\"num_hidden_layers\" must be >= 1 (got %d)", c->num_hidden_layers);
+    REQUIRE(c->num_attention_heads >= 1, "\"num_attention_heads\" must be >= 1 (got %d)", c->num_attention_heads);
+    REQUIRE(c->num_key_value_heads >= 1, "\"num_key_value_heads\" must be >= 1 (got %d)", c->num_key_value_heads);
+    REQUIRE(c->num_attention_heads % c->num_key_value_heads == 0,
+            "\"num_attention_heads\" (%d) must be a multiple of \"num_key_value_heads\" (%d)",
+            c->num_attention_heads, c->num_key_value_heads);
+    REQUIRE(c->head_dim >= 2 && c->head_dim % 2 == 0 && c->head_dim <= 256,
+            "\"head_dim\" must be even and in [2, 256] (got %d)", c->head_dim);
+    REQUIRE(c->first_k_dense_replace >= 0 && c->first_k_dense_replace <= c->num_hidden_layers,
+            "\"first_k_dense_replace\" must be in [0, num_hidden_layers] (got %d)", c->first_k_dense_replace);
+    REQUIRE(c->first_k_dense_replace == 0 || c->intermediate_size >= 1,
+            "\"intermediate_size\" must be >= 1 when there are dense layers (got %d)", c->intermediate_size);
+    bool any_moe = c->first_k_dense_replace < c->num_hidden_layers;
+    if (any_moe) {
+        REQUIRE(c->num_local_experts >= 1, "\"num_local_experts\" must be >= 1 (got %d)", c->num_local_experts);
+        REQUIRE(c->num_experts_per_tok >= 1 && c->num_experts_per_tok <= c->num_local_experts,
+                "\"num_experts_per_tok\" (%d) must be in [1, num_local_experts = %d]",
+                c->num_experts_per_tok, c->num_local_experts);
+        REQUIRE(c->moe_intermediate_size >= 1, "\"moe_intermediate_size\" must be >= 1 (got %d)",
+                c->moe_intermediate_size);
+        REQUIRE(c->n_shared_experts >= 0, "\"n_shared_experts\" must be >= 0 (got %d)", c->n_shared_experts);
+    }
+    REQUIRE(c->rope_theta > 0, "\"rope_theta\" must be > 0");
+    REQUIRE(c->rms_norm_eps > 0 && c->rms_norm_eps < 1, "\"rms_norm_eps\" must be in (0, 1)");
+    REQUIRE(c->max_position_embeddings >= 1 && c->max_position_embeddings <= (1 << 20),
+            "\"max_position_embeddings\" must be in [1, 1048576] (got %d)", c->max_position_embeddings);
+    REQUIRE(c->router_aux_loss_coef >= 0, "\"router_aux_loss_coef\" must be >= 0");
+    REQUIRE(c->router_z_loss_coef >= 0, "\"router_z_loss_coef\" must be >= 0");
+    /* keep every tensor's element count within int range of BLAS calls */
+    double big = (double)c->num_local_experts * c->moe_intermediate_size * c->hidden_size;
+    REQUIRE(big < 2e9 && (double)c->vocab_size * c->hidden_size < 2e9, "model too large for this build");
+    return 0;
+}
+
+char *config_to_json(const ModelConfig *c)
+{
+    cJSON *o = cJSON_CreateObject();
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const void *src = (const char *)c + g_keys[i].off;
+        switch (g_keys[i].kind) {
+        case K_INT: cJSON_AddNumberToObject(o, g_keys[i].name, *(const int *)src); break;
+        case K_NUM: cJSON_AddNumberToObject(o, g_keys[i].name, *(const double *)src); break;
+        case K_BOOL: cJSON_AddBoolToObject(o, g_keys[i].name, *(const bool *)src); break;
+        }
+    }
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    char *out = td_strdup(s);
+    cJSON_free(s);
+    return out;
+}
+
+static size_t layer_attn_params(const ModelConfig *c)
+{
+    size_t d = (size_t)c->hidden_size, hd = (size_t)c->head_dim;
+    size_t qo = (size_t)c->num_attention_heads * hd, kv = (size_t)c->num_key_value_heads * hd;
+    return 2 * d + 2 * qo * d + 2 * kv * d;
+}
+
+size_t config_param_count(const ModelConfig *c)
+{
+    size_t d = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
+    size_t n = V * d * (c->tie_word_embeddings ? 1 : 2) + d;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        n += layer_attn_params(c);
+        if (!config_layer_is_moe(c, l)) {
+            n += 3 * (size_t)c->intermediate_size * d;
+        } else {
+            size_t F = (size_t)c->moe_intermediate_size, E = (size_t)c->num_local_experts;
+            n += E * d + E * 3 * F * d + 3 * F * (size_t)c->n_shared_experts * d;
+        }
+    }
+    return n;
+}
+
+size_t config_active_param_count(const ModelConfig *c)
+{
+    size_t d = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
+    size_t n = V * d;  /* lm_head product; the embedding lookup is not a product */
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        n += layer_attn_params(c) - 2 * d;
+        if (!config_layer_is_moe(c, l)) {
+            n += 3 * (size_t)c->intermediate_size * d;
+        } else {
+            size_t F = (size_t)c->moe_intermediate_size;
+            n += (size_t)c->num_local_experts * d +
+                 3 * F * d * ((size_t)c->num_experts_per_tok + (size_t)c->n_shared_experts);
+        }
+    }
+    return n;
+}

@@ -1,0 +1,320 @@
+/* core/model/layer.c - forward of a layer, the embedding and the head (layer.h). */
+#include "core/model/layer.h"
+#include "core/common.h"
+#include "core/ops/embedding.h"
+#include "core/ops/linear.h"
+#include "core/ops/gemm.h"
+#include "core/pool.h"
+#include "core/ops/rmsnorm.h"
+#include "core/ops/swiglu.h"
+
+#include <string.h>
+
+struct add_ctx { float *out; const float *a, *b; };
+
+static void add_range(void *vc, size_t i0, size_t i1, int tid)
+{
+    (void)tid;
+    const struct add_ctx *c = vc;
+    for (size_t i = i0; i < i1; i++) c->out[i] = c->a[i] + c->b[i];
+}
+
+/* out = a + b, elementwise (the residual add); out may alias a or b. */
+static void residual_add(float *out, const float *a, const float *b, size_t n)
+{
+    struct add_ctx c = { out, a, b };
+    pool_for(n, 4096, add_range, &c);
+}
+
+static void tp_sum(const Model *m, float *buf, size_t n)
+{
+    if (m->comm.tp_allreduce && m->topo.tp > 1) m->comm.tp_allreduce(m->comm.ctx, buf, n);
+}
+
+void model_embed(const Model *m, float *x, const int32_t *ids, size_t n)
+{
+    embedding_forward(x, ids, m->embed->w, n, m->d);
+}
+
+void model_head(const Model *m, float *logits, float *hn, float *rstd, const float *x, size_t n)
+{
+    rmsnorm_forward(hn, rstd, x, m->norm->w, n, m->d, (float)m->cfg.rms_norm_eps);
+    linear_forward(logits, hn, m->lm_head->packed, n, m->V, m->d);
+}
+
+/* Packed matrix e of an expert tensor. */
+static const float *expert_packed(const Param *p, size_t e)
+{
+    return p->packed + e * gemm_packed_floats(p->lshape[1], p->lshape[2]);
+}
+
+/* Expert GEMMs over the expert-side rows: eg, eu = xe W^T; eh = swiglu;
+ * eoe = eh Wd^T.  Each local expert is one GEMM over its contiguous rows. */
+static void experts_forward(const Model *m, const Layer *L, LayerActs *a)
+{
+    const size_t d = m->d, F = m->F, E = m->E;
+    /* gate and up of every expert in one region, then every down: the
+     * grouped GEMM computes each element as its own GEMM would */
+    GemmProblem g[2 * E + 1];
+    memset(g, 0, sizeof g);
+    for (size_t e = 0; e < E; e++) {
+        size_t r0 = (size_t)a->e_off[e], M = (size_t)a->e_off[e + 1] - r0;
+        g[2 * e] = (GemmProblem){ a->eg + r0 * F, F, a->xe + r0 * d, d, expert_packed(L->egate, e), M, F, d };
+        g[2 * e + 1] = (GemmProblem){ a->eu + r0 * F, F, a->xe + r0 * d, d, expert_packed(L->eup, e), M, F, d };
+    }
+    gemm_xwt_group(g, 2 * (int)E);
+    swiglu_forward(a->eh, a->eg, a->eu, a->n_recv, F);
+    for (size_t e = 0; e < E; e++) {
+        size_t r0 = (size_t)a->e_off[e], M = (size_t)a->e_off[e + 1] - r0;
+        g[e] = (GemmProblem){ a->eoe + r0 * d, d, a->eh + r0 * F, F, expert_packed(L->edown, e), M, d, F };
+    }
+    gemm_xwt_group(g, (int)E);
+}
+
+/* y1 = x W1^T and y2 = x W2^T in one region (gate and up of a SwiGLU). */
+static void pair_forward(float *y1, float *y2, const float *x, const Param *w1, const Param *w2,
+                         size_t N, size_t F, size_t d)
+{
+    GemmProblem g[2] = { { y1, F, x, d, w1->packed, N, F, d }, { y2, F, x, d, w2->packed, N, F, d } };
+    gemm_xwt_group(g, 2);
+}
+
+/* ---------------------------------------------------------------- expert parallelism
+ * Dispatch order groups rows by global expert e = r * El + e', so the rows
+ * for ep rank r are contiguous.  Received rows arrive source-major (for
+ * each source rank, its rows for local expert 0, 1, ...); experts want them
+ * expert-major.  cnt[src * El + e'] counts rows. */
+
+static bool ep_on(const Model *m) { return m->topo.ep > 1 && m->comm.ep_alltoallv; }
+
+static void ep_permute(float *out, const float *in, const int32_t *cnt, size_t ep, size_t El,
+                       size_t d, bool to_expert_major)
+{
+    size_t src_off[ep * El], exp_off[ep * El], o = 0;
+    for (size_t i = 0; i < ep * El; i++) {
+        src_off[i] = o;
+        o += (size_t)cnt[i];
+    }
+    o = 0;
+    for (size_t e = 0; e < El; e++)
+        for (size_t r = 0; r < ep; r++) {
+            exp_off[r * El + e] = o;
+            o += (size_t)cnt[r * El + e];
+        }
+    for (size_t i = 0; i < ep * El; i++) {
+        size_t n = (size_t)cnt[i] * d * sizeof(float);
+        if (to_expert_major) memcpy(out + exp_off[i] * d, in + src_off[i] * d, n);
+        else memcpy(out + src_off[i] * d, in + exp_off[i] * d, n);
+    }
+}
+
+/* Byte counts and displacements of the payload: dispatch side (this rank's
+ * rows by destination) and expert side (rows by source). */
+static void ep_counts(const Model *m, const LayerActs *a, size_t *disp_c, size_t *disp_d,
+                      size_t *exp_c, size_t *exp_d)
+{
+    const size_t ep = (size_t)m->topo.ep, El = m->E, row = m->d * sizeof(float);
+    size_t o = 0;
+    for (size_t r = 0; r < ep; r++) {
+        size_t ns = 0, nr = 0;
+        for (size_t e = 0; e < El; e++) {
+            ns += (size_t)a->ep_send[r * El + e];
+            nr += (size_t)a->ep_recv[r * El + e];
+        }
+        disp_c[r] = ns * row;
+        disp_d[r] = (size_t)a->plan.offsets[r * El] * row;
+        exp_c[r] = nr * row;
+        exp_d[r] = o * row;
+        o += nr;
+    }
+}
+
+void model_ep_to_experts(const Model *m, LayerActs *a, size_t n_rows)
+{
+    const size_t El = m->E;
+    if (!ep_on(m)) {
+        memcpy(a->e_off, a->plan.offsets, (El + 1) * sizeof(int32_t));
+        a->n_recv = n_rows;
+        if (a->xe != a->xd) memcpy(a->xe, a->xd, n_rows * m->d * sizeof(float));
+        return;
+    }
+    const size_t ep = (size_t)m->topo.ep;
+    for (size_t i = 0; i < ep * El; i++) a->ep_send[i] = a->plan.offsets[i + 1] - a->plan.offsets[i];
+    size_t sc[ep], sd[ep], rc[ep], rd[ep];
+    for (size_t r = 0; r < ep; r++) {
+        sc[r] = rc[r] = El * sizeof(int32_t);
+        sd[r] = rd[r] = r * El * sizeof(int32_t);
+    }
+    m->comm.ep_alltoallv(m->comm.ctx, a->ep_send, sc, sd, a->ep_recv, rc, rd);
+    ep_counts(m, a, sc, sd, rc, rd);
+    m->comm.ep_alltoallv(m->comm.ctx, a->xd, sc, sd, a->ep_stage, rc, rd);
+    ep_permute(a->xe, a->ep_stage, a->ep_recv, ep, El, m->d, true);
+    a->e_off[0] = 0;
+    for (size_t e = 0; e < El; e++) {
+        int32_t n = 0;
+        for (size_t r = 0; r < ep; r++) n += a->ep_recv[r * El + e];
+        a->e_off[e + 1] = a->e_off[e] + n;
+    }
+    a->n_recv = (size_t)a->e_off[El];
+}
+
+void model_ep_from_experts(const Model *m, LayerActs *a, const float *src, float *dst, size_t n_rows)
+{
+    if (!ep_on(m)) {
+        if (src != dst) memcpy(dst, src, n_rows * m->d * sizeof(float));
+        return;
+    }
+    const size_t ep = (size_t)m->topo.ep;
+    size_t dc[ep], dd[ep], ec[ep], ed[ep];
+    ep_counts(m, a, dc, dd, ec, ed);
+    ep_permute(a->ep_stage, src, a->ep_recv, ep, m->E, m->d, false);
+    m->comm.ep_alltoallv(m->comm.ctx, a->ep_stage, ec, ed, dst, dc, dd);
+}
+
+void model_ep_back_to_experts(const Model *m, LayerActs *a, const float *src, float *dst, size_t n_rows)
+{
+    if (!ep_on(m)) {
+        if (src != dst) memcpy(dst, src, n_rows * m->d * sizeof(float));
+        return;
+    }
+    const size_t ep = (size_t)m->topo.ep;
+    size_t dc[ep], dd[ep], ec[ep], ed[ep];
+    ep_counts(m, a, dc, dd, ec, ed);
+    m->comm.ep_alltoallv(m->comm.ctx, src, dc, dd, a->ep_stage, ec, ed);
+    ep_permute(dst, a->ep_stage, a->ep_recv, ep, m->E, m->d, true);
+}
+
+/* ys (N, d) = shared SwiGLU of h2. */
+static void shared_forward(const Model *m, const Layer *L, LayerActs *a, size_t N, float *ys)
+{
+    pair_forward(a->sg, a->su, a->h2, L->sgate, L->sup, N, m->S, m->d);
+    swiglu_forward(a->sh, a->sg, a->su, N, m->S);
+    linear_forward(ys, a->sh, L->sdown->packed, N, m->d, m->S);
+}
+
+static void dense_forward(const Model *m, const Layer *L, LayerActs *a, size_t N)
+{
+    pair_forward(a->fg, a->fu, a->h2, L->gate, L->up, N, m->Fd, m->d);
+    swiglu_forward(a->fh, a->fg, a->fu, N, m->Fd);
+    linear_forward(a->y, a->fh, L->down->packed, N, m->d, m->Fd);
+}
+
+/* Router, statistics and losses, dispatch, experts, combine: a->y.  tmp
+ * (N, d) is free scratch for the shared experts' output. */
+static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, LayerActs *a, float *tmp)
+{
+    const size_t N = b->n, d = m->d, E = m->E_global, k = m->k;
+    linear_forward(a->rlogits, a->h2, L->router->packed, N, E, d);
+    moe_router_forward(a->probs, a->rlse, a->topk_idx, a->topk_w, a->rlogits, N, E, k,
+                       m->cfg.norm_topk_prob);
+    /* statistics over the whole micro-batch: count (E), psum (E), z sum (1) */
+    double st[2 * E + 1];
+    moe_aux_stats(st, st + E, a->probs, a->topk_idx, N, E, k);
+    st[2 * E] = (double)moe_z_sum(a->rlse, N);
+    if (m->comm.dp_allreduce_f64 && m->topo.dp > 1) m->comm.dp_allreduce_f64(m->comm.ctx, st, 2 * E + 1);
+    memcpy(a->count, st, E * sizeof(double));
+    memcpy(a->psum, st + E, E * sizeof(double));
+    a->aux = moe_aux_loss(a->count, a->psum, b->n_tot, E, k);
+    a->z = (float)(st[2 * E] / (double)b->n_tot);
+
+    moe_plan_build(&a->plan, a->topk_idx, N, E, k);
+    moe_dispatch_forward(a->xd, a->h2, &a->plan, N, k, d);
+    model_ep_to_experts(m, a, N * k);
+    experts_forward(m, L, a);
+    model_ep_from_experts(m, a, a->eoe, a->eo, N * k);
+    moe_combine_forward(a->y, a->eo, a->topk_w, &a->plan, N, k, d);
+    if (L->sgate) {
+        shared_forward(m, L, a, N, tmp);
+        residual_add(a->y, a->y, tmp, N * d);
+    }
+}
+
+void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float *x_in,
+                         float *x_out, LayerActs *a)
+{
+    const Layer *L = &m->layers[l];
+    const size_t N = b->n, d = m->d, hd = m->hd, H = m->H, Hkv = m->Hkv;
+    const float eps = (float)m->cfg.rms_norm_eps;
+
+    rmsnorm_forward(a->h1, a->rstd1, x_in, L->ln1->w, N, d, eps);
+    GemmProblem qkv[3] = { { a->q, H * hd, a->h1, d, L->q->packed, N, H * hd, d },
+                           { a->k, Hkv * hd, a->h1, d, L->k->packed, N, Hkv * hd, d },
+                           { a->v, Hkv * hd, a->h1, d, L->v->packed, N, Hkv * hd, d } };
+    gemm_xwt_group(qkv, 3);   /* one region for the three projections */
+    rope_forward(a->q, b->pos, &m->rope, N, H, hd);
+    rope_forward(a->k, b->pos, &m->rope, N, Hkv, hd);
+    attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, a->v, &m->attn);
+    attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &m->attn);
+    linear_forward(a->x_mid, a->att, L->o->packed, N, d, H * hd);
+    tp_sum(m, a->x_mid, N * d);
+    residual_add(a->x_mid, x_in, a->x_mid, N * d);
+
+    rmsnorm_forward(a->h2, a->rstd2, a->x_mid, L->ln2->w, N, d, eps);
+    /* x_in is not read again: x_out (which may alias it) is scratch here */
+    if (L->moe) moe_forward(m, L, b, a, x_out);
+    else dense_forward(m, L, a, N);
+    tp_sum(m, a->y, N * d);
+    residual_add(x_out, a->x_mid, a->y, N * d);
+}
+
+void model_ffn_recompute(const Model *m, int l, const ModelBatch *b, LayerActs *a)
+{
+    const Layer *L = &m->layers[l];
+    const size_t N = b->n;
+    if (!L->moe) {
+        pair_forward(a->fg, a->fu, a->h2, L->gate, L->up, N, m->Fd, m->d);
+        swiglu_forward(a->fh, a->fg, a->fu, N, m->Fd);
+        return;
+    }
+    moe_dispatch_forward(a->xd, a->h2, &a->plan, N, m->k, m->d);
+    model_ep_to_experts(m, a, N * m->k);
+    experts_forward(m, L, a);
+    model_ep_from_experts(m, a, a->eoe, a->eo, N * m->k);
+    if (L->sgate) {
+        pair_forward(a->sg, a->su, a->h2, L->sgate, L->sup, N, m->S, m->d);
+        swiglu_forward(a->sh, a->sg, a->su, N, m->S);
+    }
+}
+
+void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N)
+{
+    bool any_dense = false, any_moe = false;
+    for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {
+        any_dense |= !m->layers[l].moe;
+        any_moe |= m->layers[l].moe;
+    }
+    const size_t d = m->d, Hq = m->H * m->hd, Hk = m->Hkv * m->hd;
+    const size_t E = any_moe ? m->E_global : 0, Nk = N * m->k;
+    memset(a, 0, sizeof *a);
+    a->h1 = arena_floats(ar, N * d); a->rstd1 = arena_floats(ar, N);
+    a->q = arena_floats(ar, N * Hq); a->k = arena_floats(ar, N * Hk); a->v = arena_floats(ar, N * Hk);
+    a->att = arena_floats(ar, N * Hq); a->lse = arena_floats(ar, N * m->H);
+    a->x_mid = arena_floats(ar, N * d); a->h2 = arena_floats(ar, N * d); a->rstd2 = arena_floats(ar, N);
+    a->y = arena_floats(ar, N * d);
+    if (any_dense) {
+        a->fg = arena_floats(ar, N * m->Fd); a->fu = arena_floats(ar, N * m->Fd); a->fh = arena_floats(ar, N * m->Fd);
+    }
+    if (E) {
+        a->rlogits = arena_floats(ar, N * E); a->probs = arena_floats(ar, N * E);
+        a->rlse = arena_floats(ar, N); a->topk_w = arena_floats(ar, Nk);
+        a->topk_idx = (int32_t *)arena_floats(ar, Nk);
+        a->plan.offsets = (int32_t *)arena_floats(ar, E + 1);
+        a->plan.src = (int32_t *)arena_floats(ar, Nk);
+        a->plan.slot_row = (int32_t *)arena_floats(ar, Nk);
+        const size_t ep = (size_t)m->topo.ep, R = ep * Nk;
+        a->xd = arena_floats(ar, Nk * d); a->eo = arena_floats(ar, Nk * d);
+        a->xe = ep > 1 ? arena_floats(ar, R * d) : a->xd;
+        a->eoe = ep > 1 ? arena_floats(ar, R * d) : a->eo;
+        a->ep_stage = ep > 1 ? arena_floats(ar, R * d) : NULL;
+        a->eg = arena_floats(ar, R * m->F); a->eu = arena_floats(ar, R * m->F); a->eh = arena_floats(ar, R * m->F);
+        a->e_off = (int32_t *)arena_floats(ar, m->E + 1);
+        a->ep_send = (int32_t *)arena_floats(ar, ep * m->E);
+        a->ep_recv = (int32_t *)arena_floats(ar, ep * m->E);
+        if (m->S) {
+            a->sg = arena_floats(ar, N * m->S); a->su = arena_floats(ar, N * m->S); a->sh = arena_floats(ar, N * m->S);
+        }
+        double *st = (double *)arena_bytes(ar, 2 * E * sizeof(double) + 8);
+        a->count = st;
+        a->psum = st ? st + E : NULL;
+    }
+}

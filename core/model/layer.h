@@ -1,0 +1,80 @@
+/* core/model/layer.h - the forward of one transformer layer and of the model's
+ * embedding and head, shared by training, scoring and serving (one copy of
+ * the math, see core/model/model.h).
+ *
+ *   h1 = rmsnorm(x, ln1);  q, k, v = h1 Wq^T, h1 Wk^T, h1 Wv^T;  rope(q, k)
+ *   store k, v into the sequence's KV blocks;  att = attention(q, blocks)
+ *   x_mid = x + att Wo^T
+ *   h2 = rmsnorm(x_mid, ln2)
+ *   y = dense SwiGLU(h2)  or  MoE(h2) (+ shared experts)
+ *   x_out = x_mid + y
+ */
+#ifndef TANDEM_CORE_MODEL_LAYER_H
+#define TANDEM_CORE_MODEL_LAYER_H
+
+#include "core/model/model.h"
+
+typedef struct {
+    size_t n;                  /* token rows N */
+    const int32_t *ids;        /* (N) */
+    const int32_t *pos;        /* (N) */
+    const AttnSeq *seqs;       /* attention view of the rows */
+    size_t n_seq;
+    size_t n_tot;              /* tokens of the micro-batch over all dp ranks (loss means) */
+} ModelBatch;
+
+/* Buffers of one layer's forward; which are kept for backward and which are
+ * shared scratch depends on the recompute mode (model_acts_*). */
+typedef struct {
+    float *h1, *rstd1, *q, *k, *v, *att, *lse, *x_mid, *h2, *rstd2;
+    float *fg, *fu, *fh;                       /* dense FFN (N, Fd) */
+    float *rlogits, *probs, *rlse, *topk_w;    /* router (N,E) (N,E) (N) (N,k) */
+    int32_t *topk_idx;                         /* (N, k) */
+    MoePlan plan;
+    float *xd, *eo;                            /* dispatched rows (N*k, d), in plan order */
+    /* expert side: the rows this rank's experts compute, grouped by local
+     * expert; with ep == 1 xe/eoe alias xd/eo and e_off the plan's offsets */
+    float *xe, *eoe;                           /* (R, d), R <= ep*N*k */
+    float *eg, *eu, *eh;                       /* (R, F) */
+    int32_t *e_off;                            /* (E_local + 1) */
+    int32_t *ep_send, *ep_recv;                /* rows per (ep rank, local expert), ep*E_local each */
+    size_t n_recv;                             /* R */
+    float *ep_stage;                           /* (ep*N*k, d) exchange staging, ep > 1 */
+    float *sg, *su, *sh;                       /* shared experts (N, S) */
+    float *y;                                  /* FFN output (N, d) */
+    double *count, *psum;                      /* router statistics (E), global after the hook */
+    float aux, z;                              /* this layer's router losses */
+    float *kv;                                 /* this layer's KV block pool */
+} LayerActs;
+
+/* x_out = layer l applied to x_in (N, d) for batch b; a holds every buffer
+ * (a->kv the KV pool of this layer).  x_out may alias x_in. */
+void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float *x_in,
+                         float *x_out, LayerActs *a);
+/* Embedding rows for the batch: x (N, d). */
+void model_embed(const Model *m, float *x, const int32_t *ids, size_t n);
+/* logits (n, V) = rmsnorm(x, norm) lm_head^T for n rows of x; hn (n, d)
+ * and rstd (n) receive the normed rows (saved for backward). */
+void model_head(const Model *m, float *logits, float *hn, float *rstd, const float *x, size_t n);
+
+/* Carves every buffer of a LayerActs for up to N rows from ar (a->kv is
+ * left NULL: the caller points it at a layer's KV pool).  With a dry arena
+ * it only measures. */
+void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N);
+
+/* Expert-parallel exchange (identity when ep == 1).
+ * to_experts: a->xd (dispatch order) -> a->xe grouped by local expert,
+ * filling e_off, ep_send, ep_recv, n_recv.  from_experts: src (expert side,
+ * R rows) -> dst (dispatch order, N*k rows), reversing the routes.
+ * back_to_experts: src (dispatch order) -> dst (expert side), the routes
+ * of the last to_experts (backward). */
+void model_ep_to_experts(const Model *m, LayerActs *a, size_t n_rows);
+void model_ep_from_experts(const Model *m, LayerActs *a, const float *src, float *dst, size_t n_rows);
+void model_ep_back_to_experts(const Model *m, LayerActs *a, const float *src, float *dst, size_t n_rows);
+
+/* Recomputes, from the saved h2 and routing of a forward, the FFN
+ * intermediates (dense fg/fu/fh, or xd/eg/eu/eh/eo and shared sg/su/sh) into
+ * the buffers of a.  Bit-identical to the forward's values. */
+void model_ffn_recompute(const Model *m, int l, const ModelBatch *b, LayerActs *a);
+
+#endif

@@ -1,0 +1,240 @@
+/* core/model/model.c - parameter table, slabs, initialisation and packing
+ * (model.h).  The table follows SPEC section 4 path by path. */
+#include "core/model/model.h"
+#include "core/common.h"
+#include "core/ops/gemm.h"
+#include "core/pool.h"
+#include "core/rng.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define MAX_PARAMS_PER_LAYER 16
+
+/* Appends a Param and computes its local slice.  shape: global. */
+static Param *add(Model *m, const char *name, int ndim, const size_t *shape, int tp_dim,
+                  int ep_dim, int layer, bool decay, bool packed)
+{
+    const Topology *t = &m->topo;
+    Param *p = &m->params[m->n_params++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = ndim;
+    p->tp_dim = tp_dim;
+    p->ep_dim = ep_dim;
+    p->layer = layer;
+    p->decay = decay;
+    p->numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        p->shape[i] = shape[i];
+        p->lshape[i] = shape[i];
+        p->loff[i] = 0;
+        if (i == tp_dim) {
+            p->lshape[i] = shape[i] / (size_t)t->tp;
+            p->loff[i] = p->lshape[i] * (size_t)t->tp_rank;
+        }
+        if (i == ep_dim) {
+            p->lshape[i] = shape[i] / (size_t)t->ep;
+            p->loff[i] = p->lshape[i] * (size_t)t->ep_rank;
+        }
+        p->numel *= p->lshape[i];
+    }
+    p->offset = m->n_w;
+    m->n_w += td_round_up(p->numel, 16);   /* keep every view 64-byte aligned */
+    p->n_mats = 1;
+    if (packed) {
+        /* rows x cols of each packed matrix: the last two dims */
+        size_t rows = p->lshape[ndim - 2], cols = p->lshape[ndim - 1];
+        p->n_mats = ndim == 3 ? p->lshape[0] : 1;
+        p->packed = (float *)(uintptr_t)(m->n_packed + 1);  /* offset + 1, fixed up later */
+        m->n_packed += p->n_mats * gemm_packed_floats(rows, cols);
+    }
+    return p;
+}
+
+void param_partition(const Param *p, const Topology *t, char *out, size_t out_len)
+{
+    char buf[64] = "";
+    if (t->pp > 1) strcat(buf, "pp");   /* every tensor lives on one stage */
+    if (p->ep_dim >= 0 && t->ep > 1)
+        snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%sep:%d", buf[0] ? "," : "", p->ep_dim);
+    if (p->tp_dim >= 0 && t->tp > 1)
+        snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%stp:%d", buf[0] ? "," : "", p->tp_dim);
+    snprintf(out, out_len, "%s", buf[0] ? buf : "replicated");
+}
+
+static void layer_params(Model *m, int l)
+{
+    const ModelConfig *c = &m->cfg;
+    const size_t d = (size_t)c->hidden_size, hd = (size_t)c->head_dim;
+    const size_t H = (size_t)c->num_attention_heads, Hkv = (size_t)c->num_key_value_heads;
+    Layer *L = &m->layers[l];
+    char n[PARAM_NAME_MAX];
+#define NAME(s) (snprintf(n, sizeof n, "model/layers/%d/%s", l, s), n)
+    L->ln1 = add(m, NAME("input_layernorm"), 1, (size_t[]){ d }, -1, -1, l, false, false);
+    L->q = add(m, NAME("self_attn/q_proj"), 2, (size_t[]){ H * hd, d }, 0, -1, l, true, true);
+    L->k = add(m, NAME("self_attn/k_proj"), 2, (size_t[]){ Hkv * hd, d }, 0, -1, l, true, true);
+    L->v = add(m, NAME("self_attn/v_proj"), 2, (size_t[]){ Hkv * hd, d }, 0, -1, l, true, true);
+    L->o = add(m, NAME("self_attn/o_proj"), 2, (size_t[]){ d, H * hd }, 1, -1, l, true, true);
+    L->ln2 = add(m, NAME("post_attention_layernorm"), 1, (size_t[]){ d }, -1, -1, l, false, false);
+    L->moe = config_layer_is_moe(c, l);
+    if (!L->moe) {
+        const size_t Fd = (size_t)c->intermediate_size;
+        L->gate = add(m, NAME("mlp/gate_proj"), 2, (size_t[]){ Fd, d }, 0, -1, l, true, true);
+        L->up = add(m, NAME("mlp/up_proj"), 2, (size_t[]){ Fd, d }, 0, -1, l, true, true);
+        L->down = add(m, NAME("mlp/down_proj"), 2, (size_t[]){ d, Fd }, 1, -1, l, true, true);
+    } else {
+        const size_t E = (size_t)c->num_local_experts, F = (size_t)c->moe_intermediate_size;
+        L->router = add(m, NAME("mlp/gate"), 2, (size_t[]){ E, d }, -1, -1, l, true, true);
+        L->egate = add(m, NAME("mlp/experts/gate_proj"), 3, (size_t[]){ E, F, d }, 1, 0, l, true, true);
+        L->eup = add(m, NAME("mlp/experts/up_proj"), 3, (size_t[]){ E, F, d }, 1, 0, l, true, true);
+        L->edown = add(m, NAME("mlp/experts/down_proj"), 3, (size_t[]){ E, d, F }, 2, 0, l, true, true);
+        if (c->n_shared_experts > 0) {
+            const size_t S = F * (size_t)c->n_shared_experts;
+            L->sgate = add(m, NAME("mlp/shared_experts/gate_proj"), 2, (size_t[]){ S, d }, 0, -1, l, true, true);
+            L->sup = add(m, NAME("mlp/shared_experts/up_proj"), 2, (size_t[]){ S, d }, 0, -1, l, true, true);
+            L->sdown = add(m, NAME("mlp/shared_experts/down_proj"), 2, (size_t[]){ d, S }, 1, -1, l, true, true);
+        }
+    }
+#undef NAME
+}
+
+/* Table and local sizes, no slabs: params' w/g/packed hold offsets. */
+static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo)
+{
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->topo = *topo;
+    const ModelConfig *c = cfg;
+    const Topology *t = topo;
+    m->d = (size_t)c->hidden_size;
+    m->hd = (size_t)c->head_dim;
+    m->H = (size_t)(c->num_attention_heads / t->tp);
+    m->Hkv = (size_t)(c->num_key_value_heads / t->tp);
+    m->V = (size_t)c->vocab_size;
+    m->E_global = (size_t)c->num_local_experts;
+    m->E = (size_t)(c->num_local_experts / t->ep);
+    m->k = (size_t)c->num_experts_per_tok;
+    m->F = (size_t)(c->moe_intermediate_size / t->tp);
+    m->Fd = (size_t)(c->intermediate_size / t->tp);
+    m->S = m->F * (size_t)c->n_shared_experts;
+
+    const int L = c->num_hidden_layers;
+    m->params = td_calloc((size_t)(3 + L * MAX_PARAMS_PER_LAYER) * sizeof(Param));
+    m->layers = td_calloc((size_t)L * sizeof(Layer));
+    const size_t d = m->d, V = m->V;
+    bool first = topo_is_first_stage(t), last = topo_is_last_stage(t);
+    if (first) m->embed = add(m, "model/embed_tokens", 2, (size_t[]){ V, d }, -1, -1, -1, true, c->tie_word_embeddings && last);
+    for (int l = t->layer_begin; l < t->layer_end; l++) layer_params(m, l);
+    if (last) {
+        m->norm = add(m, "model/norm", 1, (size_t[]){ d }, -1, -1, -1, false, false);
+        if (!c->tie_word_embeddings) {
+            m->lm_head = add(m, "lm_head", 2, (size_t[]){ V, d }, -1, -1, -1, true, true);
+        } else if (first) {
+            m->lm_head = m->embed;
+        } else {
+            /* tied, on a later stage than the embedding: a copy kept in sync
+             * by the trainer (train/trainer.c, tied_grads / tied_weights) */
+            m->lm_head = add(m, "model/embed_tokens", 2, (size_t[]){ V, d }, -1, -1, -1, true, true);
+            m->lm_head->tied_copy = true;
+        }
+    }
+}
+
+void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads,
+                size_t kv_block)
+{
+    build_table(m, cfg, topo);
+    m->w = td_calloc(td_max(m->n_w, 1) * sizeof(float));
+    if (with_grads) m->g = td_calloc(td_max(m->n_w, 1) * sizeof(float));
+    m->packed = td_calloc(td_max(m->n_packed, 1) * sizeof(float));
+    for (int i = 0; i < m->n_params; i++) {
+        Param *p = &m->params[i];
+        p->w = m->w + p->offset;
+        p->g = m->g ? m->g + p->offset : NULL;
+        if (p->packed) p->packed = m->packed + ((size_t)(uintptr_t)p->packed - 1);
+    }
+    rope_table_init(&m->rope, (size_t)cfg->max_position_embeddings, m->hd, cfg->rope_theta);
+    m->attn = (AttnShape){ m->H, m->Hkv, m->hd, kv_block ? kv_block : 16 };
+}
+
+int model_param_table(const ModelConfig *cfg, const Topology *topo, Param **out)
+{
+    Model m;
+    build_table(&m, cfg, topo);
+    for (int i = 0; i < m.n_params; i++) m.params[i].w = m.params[i].g = m.params[i].packed = NULL;
+    td_free(m.layers);
+    *out = m.params;
+    return m.n_params;
+}
+
+void model_free(Model *m)
+{
+    td_free(m->params);
+    td_free(m->layers);
+    td_free(m->w);
+    td_free(m->g);
+    td_free(m->packed);
+    rope_table_free(&m->rope);
+    memset(m, 0, sizeof *m);
+}
+
+Param *model_param(Model *m, const char *name)
+{
+    for (int i = 0; i < m->n_params; i++)
+        if (!strcmp(m->params[i].name, name) && !m->params[i].tied_copy) return &m->params[i];
+    return NULL;
+}
+
+static bool is_output_proj(const char *name)
+{
+    size_t n = strlen(name);
+    return (n >= 6 && !strcmp(name + n - 6, "o_proj")) || (n >= 9 && !strcmp(name + n - 9, "down_proj"));
+}
+
+struct init_ctx { const Param *p; uint64_t key; double std; };
+
+static void init_range(void *vc, size_t i0, size_t i1, int tid)
+{
+    (void)tid;
+    const struct init_ctx *c = vc;
+    const Param *p = c->p;
+    size_t ls1 = p->ndim > 1 ? p->lshape[1] : 1, ls2 = p->ndim > 2 ? p->lshape[2] : 1;
+    size_t gs1 = p->ndim > 1 ? p->shape[1] : 1, gs2 = p->ndim > 2 ? p->shape[2] : 1;
+    size_t o1 = p->ndim > 1 ? p->loff[1] : 0, o2 = p->ndim > 2 ? p->loff[2] : 0;
+    for (size_t i = i0; i < i1; i++) {
+        /* local (a, b, c) -> global flat index */
+        size_t a = i / (ls1 * ls2), b = (i / ls2) % ls1, cc = i % ls2;
+        size_t g = ((a + p->loff[0]) * gs1 + (b + o1)) * gs2 + (cc + o2);
+        p->w[i] = (float)(c->std * rng_normal_at(c->key, g));
+    }
+}
+
+void model_init_weights(Model *m, uint64_t seed)
+{
+    const double L = (double)m->cfg.num_hidden_layers;
+    for (int i = 0; i < m->n_params; i++) {
+        Param *p = &m->params[i];
+        if (p->ndim == 1) {
+            for (size_t j = 0; j < p->numel; j++) p->w[j] = 1.0f;
+            continue;
+        }
+        struct init_ctx c = { p, rng_mix64(seed) ^ rng_hash_str(p->name),
+                              0.02 / (is_output_proj(p->name) ? sqrt(2.0 * L) : 1.0) };
+        pool_for(p->numel, 4096, init_range, &c);
+    }
+    model_pack(m);
+}
+
+void model_pack(Model *m)
+{
+    for (int i = 0; i < m->n_params; i++) {
+        Param *p = &m->params[i];
+        if (!p->packed) continue;
+        size_t rows = p->lshape[p->ndim - 2], cols = p->lshape[p->ndim - 1];
+        size_t pk = gemm_packed_floats(rows, cols);
+        for (size_t e = 0; e < p->n_mats; e++)
+            gemm_pack(p->packed + e * pk, p->w + e * rows * cols, rows, cols);
+    }
+}

@@ -1,0 +1,132 @@
+/* core/model/model.h - the MoE transformer of SPEC section 2, built from the core
+ * ops only, shared by the trainer, the scorer and the inference engine.
+ *
+ * Parameters.  Every tensor of the checkpoint schema (SPEC section 4) is a
+ * Param: its HDF5 path, its global shape, and the slice [loff, loff+lshape)
+ * this rank owns under the topology (tensor parallelism splits one dim,
+ * expert parallelism splits the expert dim, pipeline stages own whole
+ * layers).  Weights, gradients and the packed copies used by the forward
+ * GEMM live in three slabs owned by the Model; Params are views.
+ *
+ * Forward.  A batch is N token rows from one or more sequences; sequence i
+ * has rows [row, row + n) at positions [pos, pos + n) and its keys/values in
+ * blocks of a per-layer pool (core/ops/attention.h).  Training passes B
+ * sequences of T rows starting at position 0 with blocks in the activation
+ * arena; the inference engine passes prefill chunks and decode rows with
+ * blocks in its paged cache.  Both run model_layer_forward and model_head:
+ * one copy of the math.  Every op is row-invariant (core/ops/gemm.h,
+ * core/ops/attention.h), so a token's logits do not depend on the batch.
+ *
+ * Parallel hooks.  core/ does not call MPI: the trainer installs ModelComm
+ * callbacks (comm/) for the tensor-parallel all-reduces and data-parallel
+ * statistics; NULL callbacks mean a single process.
+ */
+#ifndef TANDEM_CORE_MODEL_MODEL_H
+#define TANDEM_CORE_MODEL_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/ops/attention.h"
+#include "core/model/config.h"
+#include "core/ops/moe.h"
+#include "core/ops/rope.h"
+#include "core/tensor.h"
+#include "core/model/topology.h"
+
+#define PARAM_NAME_MAX 96
+#define PARAM_MAX_DIMS 3
+
+typedef struct {
+    char name[PARAM_NAME_MAX];     /* HDF5 path without the leading '/' */
+    int ndim;
+    size_t shape[PARAM_MAX_DIMS];  /* global (logical) shape */
+    size_t lshape[PARAM_MAX_DIMS]; /* this rank's slice ... */
+    size_t loff[PARAM_MAX_DIMS];   /* ... and where it starts in the global tensor */
+    int tp_dim, ep_dim;            /* dim split over tp / ep, -1 when not split */
+    int layer;                     /* -1 for embeddings, final norm, lm_head */
+    bool decay;                    /* AdamW weight decay applies (not norms) */
+    bool tied_copy;                /* lm_head copy of a tied embedding on a later stage */
+    size_t numel;                  /* local elements */
+    size_t offset;                 /* into the weight / gradient slabs, floats */
+    float *w, *g;                  /* views (g NULL without gradients) */
+    float *packed;                 /* packed for gemm_xwt, NULL for vectors */
+    size_t n_mats;                 /* matrices packed (experts: E local), 1 otherwise */
+} Param;
+
+/* The partition attribute of SPEC section 4 for a Param under topology t:
+ * "replicated", or components joined by ',' ("pp", "tp:0", "ep:0,tp:1"). */
+void param_partition(const Param *p, const Topology *t, char *out, size_t out_len);
+
+typedef struct {
+    bool moe;
+    Param *ln1, *ln2;
+    Param *q, *k, *v, *o;
+    Param *gate, *up, *down;              /* dense FFN */
+    Param *router;                        /* [E, d] */
+    Param *egate, *eup, *edown;           /* [E, F, d] [E, F, d] [E, d, F] */
+    Param *sgate, *sup, *sdown;           /* shared experts, NULL when none */
+} Layer;
+
+/* Collective callbacks into comm/ (all NULL in a single process). */
+typedef struct {
+    void *ctx;
+    /* in-place sum over the tensor-parallel group */
+    void (*tp_allreduce)(void *ctx, float *buf, size_t n);
+    /* in-place sum over the data-parallel group (router statistics, token counts) */
+    void (*dp_allreduce_f64)(void *ctx, double *buf, size_t n);
+    /* all-to-all(v) of bytes over the expert-parallel group: counts and
+     * displacements in bytes, one per ep rank */
+    void (*ep_alltoallv)(void *ctx, const void *send, const size_t *sc, const size_t *sd,
+                         void *recv, const size_t *rc, const size_t *rd);
+    /* backward has finished the gradients of layer l (-1: the embedding,
+     * L: the final norm and lm_head); the trainer may start reducing them */
+    void (*grad_ready)(void *ctx, int layer);
+} ModelComm;
+
+typedef struct {
+    ModelConfig cfg;
+    Topology topo;
+    ModelComm comm;
+    /* local sizes under the topology */
+    size_t d, hd, H, Hkv, V, E, k, F, Fd, S;  /* H, Hkv, F, Fd, S, E are local (per tp / ep) */
+    size_t E_global;
+    Param *params;          /* owned, n_params entries */
+    int n_params;
+    Layer *layers;          /* owned, indexed by global layer id; only this stage's are set */
+    Param *embed, *norm, *lm_head;  /* lm_head == embed when tied on a single stage */
+    float *w, *g, *packed;  /* owned slabs */
+    size_t n_w, n_packed;   /* floats */
+    RopeTable rope;
+    AttnShape attn;         /* local heads, block size */
+} Model;
+
+/* Builds the parameter table and slabs for this rank.  with_grads: also a
+ * zeroed gradient slab (training).  kv_block: positions per KV block (a
+ * multiple of 16) used by the attention of this model.  Weights are zero:
+ * call model_init_weights or load a checkpoint, then model_pack. */
+void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads,
+                size_t kv_block);
+/* Frees everything; safe on a zeroed struct and twice. */
+void model_free(Model *m);
+/* The parameter table alone (names, global shapes, slices) of the rank
+ * described by topo, without allocating weights: *out (owned by the caller,
+ * td_free) gets the entries, their w/g/packed NULL.  Returns the count.
+ * Used to enumerate the tensors held by other pipeline stages. */
+int model_param_table(const ModelConfig *cfg, const Topology *topo, Param **out);
+
+/* Documented initialisation (docs/model.md): N(0, 0.02) for matrices and
+ * embeddings, output projections (o_proj and every down_proj) scaled by
+ * 1/sqrt(2L), norms 1.  Element i of a global tensor is drawn from
+ * (seed, tensor name, i), so every topology gets the same model.  Also
+ * packs. */
+void model_init_weights(Model *m, uint64_t seed);
+/* Refreshes the packed copies from the weights (after load or update). */
+void model_pack(Model *m);
+/* Looks a parameter up by HDF5 path; NULL when absent on this rank. */
+Param *model_param(Model *m, const char *name);
+/* Bytes of weights held by this rank. */
+static inline size_t model_weight_bytes(const Model *m) { return m->n_w * sizeof(float); }
+
+#endif

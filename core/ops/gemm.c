@@ -1,0 +1,851 @@
+/* core/ops/gemm.c - packed, row-invariant forward GEMM and the backward products.
+ *
+ * The forward kernel is the classic outer-product micro-kernel: a tile of MR
+ * rows x 32 columns lives in registers while k runs from 0 to K-1, each step
+ * broadcasting x[m][k] and multiplying it into one 32-wide row of the packed
+ * panel.  Each accumulator sees exactly the chain of gemm.h, so every tiling
+ * below (MR = 1..12 rows, one panel or four side by side) gives the same bits.
+ * With AVX2 (16 ymm registers) the register tile is 6 rows x half a panel,
+ * or 1-3 rows x whole panels; the chains, and so the bits, are the same.
+ *
+ * The backward products (dx = dy W, dW = dy^T x) run the same micro-kernel
+ * in a blocked, accumulating driver (section "backward") with AVX-512; the
+ * AVX2 and portable builds send them to BLAS instead (on AVX2 OpenBLAS's
+ * kernels reach the FMA peak: 84-88 GFLOP/s a core here, bench/gemm_bw.sh).
+ */
+#include "core/ops/gemm.h"
+#include "core/common.h"
+#include "core/pool.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* TANDEM_PORTABLE forces the portable path (tests compare the two). */
+#if defined(__AVX512F__) && !defined(TANDEM_PORTABLE)
+#include <immintrin.h>
+#define GEMM_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && !defined(TANDEM_PORTABLE)
+#include <immintrin.h>
+#define GEMM_AVX2 1
+#endif
+
+#define MR_MAX 12   /* rows per register tile: 12 x 2 zmm = 24 accumulators */
+#define MB     96   /* rows per cache block: MB * K floats of x stay in L2 */
+#define NP_WIDE 4   /* panels side by side in the few-rows kernel */
+
+size_t gemm_packed_floats(size_t N, size_t K)
+{
+    return td_round_up(N, GEMM_NR) * K;
+}
+
+struct pack_ctx { float *P; const float *W; size_t N, K; };
+
+static void pack_range(void *vctx, size_t p0, size_t p1, int tid)
+{
+    (void)tid;
+    struct pack_ctx *c = vctx;
+    for (size_t p = p0; p < p1; p++) {
+        float *dst = c->P + p * c->K * GEMM_NR;
+        for (size_t j = 0; j < GEMM_NR; j++) {
+            size_t n = p * GEMM_NR + j;
+            if (n < c->N) {
+                const float *src = c->W + n * c->K;
+                for (size_t k = 0; k < c->K; k++) dst[k * GEMM_NR + j] = src[k];
+            } else {
+                for (size_t k = 0; k < c->K; k++) dst[k * GEMM_NR + j] = 0.0f;
+            }
+        }
+    }
+}
+
+void gemm_pack(float *P, const float *W, size_t N, size_t K)
+{
+    struct pack_ctx c = { P, W, N, K };
+    pool_for(td_round_up(N, GEMM_NR) / GEMM_NR, 1, pack_range, &c);
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+#ifdef GEMM_AVX512
+/* y[0..MR)[0..ncols) = x[0..MR) . panel, ncols <= 32. */
+static inline __attribute__((always_inline)) void
+tile_avx512(const int MR, float *y, size_t ldy, const float *x, size_t ldx,
+            const float *panel, size_t K, size_t ncols)
+{
+    __m512 acc[MR_MAX][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (size_t k = 0; k < K; k++) {
+        const __m512 b0 = _mm512_loadu_ps(panel + k * GEMM_NR);
+        const __m512 b1 = _mm512_loadu_ps(panel + k * GEMM_NR + 16);
+#pragma GCC unroll 12
+        for (int r = 0; r < MR; r++) {
+            const __m512 a = _mm512_set1_ps(x[(size_t)r * ldx + k]);
+            acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
+        }
+    }
+    if (ncols == GEMM_NR) {
+#pragma GCC unroll 12
+        for (int r = 0; r < MR; r++) {
+            _mm512_storeu_ps(y + (size_t)r * ldy, acc[r][0]);
+            _mm512_storeu_ps(y + (size_t)r * ldy + 16, acc[r][1]);
+        }
+    } else {
+        __mmask16 m0 = ncols >= 16 ? 0xffff : (__mmask16)((1u << ncols) - 1);
+        __mmask16 m1 = ncols <= 16 ? 0 : (__mmask16)((1u << (ncols - 16)) - 1);
+        for (int r = 0; r < MR; r++) {
+            _mm512_mask_storeu_ps(y + (size_t)r * ldy, m0, acc[r][0]);
+            _mm512_mask_storeu_ps(y + (size_t)r * ldy + 16, m1, acc[r][1]);
+        }
+    }
+}
+
+/* Few rows (MR <= 3), four full panels (128 columns) at once: enough
+ * independent chains to hide FMA latency when streaming weights for decode. */
+static inline __attribute__((always_inline)) void
+wide_avx512(const int MR, float *y, size_t ldy, const float *x, size_t ldx,
+            const float *panel, size_t K)
+{
+    const size_t ps = K * GEMM_NR;  /* panel stride */
+    __m512 acc[3][2 * NP_WIDE];
+#pragma GCC unroll 3
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 8
+        for (int q = 0; q < 2 * NP_WIDE; q++) acc[r][q] = _mm512_setzero_ps();
+    for (size_t k = 0; k < K; k++) {
+        __m512 b[2 * NP_WIDE];
+#pragma GCC unroll 4
+        for (int q = 0; q < NP_WIDE; q++) {
+            b[2 * q] = _mm512_loadu_ps(panel + q * ps + k * GEMM_NR);
+            b[2 * q + 1] = _mm512_loadu_ps(panel + q * ps + k * GEMM_NR + 16);
+        }
+#pragma GCC unroll 3
+        for (int r = 0; r < MR; r++) {
+            const __m512 a = _mm512_set1_ps(x[(size_t)r * ldx + k]);
+#pragma GCC unroll 8
+            for (int q = 0; q < 2 * NP_WIDE; q++) acc[r][q] = _mm512_fmadd_ps(a, b[q], acc[r][q]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 8
+        for (int q = 0; q < 2 * NP_WIDE; q++)
+            _mm512_storeu_ps(y + (size_t)r * ldy + q * 16, acc[r][q]);
+}
+#endif
+
+#ifdef GEMM_AVX2
+/* AVX2 + FMA: 16 ymm registers, so a register tile is 6 rows x 16 columns
+ * (half a panel: 12 accumulators, 2 vectors of B, 1 broadcast), or 1..3
+ * rows x 32 columns for few rows.  The chains are those of gemm.h. */
+#define A2_MR 6
+
+/* p[0..n) = the first n <= 8 lanes of v */
+static inline __attribute__((always_inline)) void store8(float *p, __m256 v, size_t n)
+{
+    if (n >= 8) {
+        _mm256_storeu_ps(p, v);
+    } else if (n > 0) {
+        float t[8];
+        _mm256_storeu_ps(t, v);
+        memcpy(p, t, n * sizeof(float));
+    }
+}
+
+/* y[0..MR)[0..ncols) = x[0..MR) . b, b 16 columns of a panel (row stride
+ * 32), MR <= 6, ncols <= 16. */
+static inline __attribute__((always_inline)) void
+half_avx2(const int MR, float *y, size_t ldy, const float *x, size_t ldx,
+          const float *b, size_t K, size_t ncols)
+{
+    __m256 acc[A2_MR][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (size_t k = 0; k < K; k++) {
+        const __m256 b0 = _mm256_loadu_ps(b + k * GEMM_NR);
+        const __m256 b1 = _mm256_loadu_ps(b + k * GEMM_NR + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < MR; r++) {
+            const __m256 a = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
+            acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++) {
+        store8(y + (size_t)r * ldy, acc[r][0], ncols);
+        store8(y + (size_t)r * ldy + 8, acc[r][1], ncols > 8 ? ncols - 8 : 0);
+    }
+}
+
+/* y[0..MR)[0..ncols) = x[0..MR) . NP panels (panel stride ps), MR <= 3,
+ * NP * MR <= 3: up to 12 chains of 8 columns; ncols <= 32 NP. */
+static inline __attribute__((always_inline)) void
+few_avx2(const int MR, const int NP, float *y, size_t ldy, const float *x, size_t ldx,
+         const float *panel, size_t ps, size_t K, size_t ncols)
+{
+    __m256 acc[3][12];
+#pragma GCC unroll 3
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 12
+        for (int c = 0; c < 4 * NP; c++) acc[r][c] = _mm256_setzero_ps();
+    for (size_t k = 0; k < K; k++) {
+#pragma GCC unroll 3
+        for (int r = 0; r < MR; r++) {
+            const __m256 a = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
+#pragma GCC unroll 12
+            for (int c = 0; c < 4 * NP; c++)
+                acc[r][c] = _mm256_fmadd_ps(a, _mm256_loadu_ps(panel + (c / 4) * ps + k * GEMM_NR + (c % 4) * 8),
+                                            acc[r][c]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 12
+        for (int c = 0; c < 4 * NP; c++)
+            store8(y + (size_t)r * ldy + (c / 4) * GEMM_NR + (c % 4) * 8, acc[r][c],
+                   ncols > (size_t)c * 8 ? ncols - (size_t)c * 8 : 0);
+}
+
+static void half_tile(int MR, float *y, size_t ldy, const float *x, size_t ldx,
+                      const float *b, size_t K, size_t ncols)
+{
+    switch (MR) {
+    case 1:  half_avx2(1, y, ldy, x, ldx, b, K, ncols); return;
+    case 2:  half_avx2(2, y, ldy, x, ldx, b, K, ncols); return;
+    case 3:  half_avx2(3, y, ldy, x, ldx, b, K, ncols); return;
+    case 4:  half_avx2(4, y, ldy, x, ldx, b, K, ncols); return;
+    case 5:  half_avx2(5, y, ldy, x, ldx, b, K, ncols); return;
+    default: half_avx2(6, y, ldy, x, ldx, b, K, ncols); return;
+    }
+}
+#endif
+
+#if !defined(GEMM_AVX512) && !defined(GEMM_AVX2)
+/* Portable path: the same chain per element with fmaf. */
+static void tile_generic(int MR, float *y, size_t ldy, const float *x, size_t ldx,
+                         const float *panel, size_t K, size_t ncols)
+{
+    float acc[MR_MAX][GEMM_NR];
+    memset(acc, 0, sizeof acc);
+    for (size_t k = 0; k < K; k++) {
+        const float *b = panel + k * GEMM_NR;
+        for (int r = 0; r < MR; r++) {
+            const float a = x[(size_t)r * ldx + k];
+            for (int j = 0; j < GEMM_NR; j++) acc[r][j] = fmaf(a, b[j], acc[r][j]);
+        }
+    }
+    for (int r = 0; r < MR; r++) memcpy(y + (size_t)r * ldy, acc[r], ncols * sizeof(float));
+}
+#endif
+
+static void tile(int MR, float *y, size_t ldy, const float *x, size_t ldx,
+                 const float *panel, size_t K, size_t ncols)
+{
+#ifdef GEMM_AVX512
+    /* One specialisation per MR, so the accumulators stay in registers. */
+    switch (MR) {
+    case 1:  tile_avx512(1, y, ldy, x, ldx, panel, K, ncols); return;
+    case 2:  tile_avx512(2, y, ldy, x, ldx, panel, K, ncols); return;
+    case 3:  tile_avx512(3, y, ldy, x, ldx, panel, K, ncols); return;
+    case 4:  tile_avx512(4, y, ldy, x, ldx, panel, K, ncols); return;
+    case 5:  tile_avx512(5, y, ldy, x, ldx, panel, K, ncols); return;
+    case 6:  tile_avx512(6, y, ldy, x, ldx, panel, K, ncols); return;
+    case 7:  tile_avx512(7, y, ldy, x, ldx, panel, K, ncols); return;
+    case 8:  tile_avx512(8, y, ldy, x, ldx, panel, K, ncols); return;
+    case 9:  tile_avx512(9, y, ldy, x, ldx, panel, K, ncols); return;
+    case 10: tile_avx512(10, y, ldy, x, ldx, panel, K, ncols); return;
+    case 11: tile_avx512(11, y, ldy, x, ldx, panel, K, ncols); return;
+    default: tile_avx512(12, y, ldy, x, ldx, panel, K, ncols); return;
+    }
+#elif defined(GEMM_AVX2)
+    /* few rows: whole panel rows (12 chains); else 6-row half-panel tiles */
+    switch (MR) {
+    case 1:  few_avx2(1, 1, y, ldy, x, ldx, panel, 0, K, ncols); return;
+    case 2:  few_avx2(2, 1, y, ldy, x, ldx, panel, 0, K, ncols); return;
+    case 3:  few_avx2(3, 1, y, ldy, x, ldx, panel, 0, K, ncols); return;
+    default: break;
+    }
+    for (int r = 0; r < MR; r += A2_MR)
+        for (size_t h = 0; h < ncols; h += 16)
+            half_tile(MR - r < A2_MR ? MR - r : A2_MR, y + (size_t)r * ldy + h, ldy,
+                      x + (size_t)r * ldx, ldx, panel + h, K, td_min(16, ncols - h));
+#else
+    tile_generic(MR, y, ldy, x, ldx, panel, K, ncols);
+#endif
+}
+
+/* Four full panels for MR <= 3 rows. */
+static void wide(int MR, float *y, size_t ldy, const float *x, size_t ldx,
+                 const float *panel, size_t K)
+{
+#ifdef GEMM_AVX512
+    switch (MR) {
+    case 1:  wide_avx512(1, y, ldy, x, ldx, panel, K); return;
+    case 2:  wide_avx512(2, y, ldy, x, ldx, panel, K); return;
+    default: wide_avx512(3, y, ldy, x, ldx, panel, K); return;
+    }
+#elif defined(GEMM_AVX2)
+    const size_t ps = K * GEMM_NR;
+    for (int q = 0; q < NP_WIDE; q += MR == 1 ? 2 : 1) {
+        float *yq = y + q * GEMM_NR;
+        const float *pq = panel + q * ps;
+        switch (MR) {
+        case 1:  few_avx2(1, 2, yq, ldy, x, ldx, pq, ps, K, 2 * GEMM_NR); break;
+        case 2:  few_avx2(2, 1, yq, ldy, x, ldx, pq, ps, K, GEMM_NR); break;
+        default: few_avx2(3, 1, yq, ldy, x, ldx, pq, ps, K, GEMM_NR); break;
+        }
+    }
+#else
+    for (int q = 0; q < NP_WIDE; q++)
+        tile_generic(MR, y + q * GEMM_NR, ldy, x, ldx, panel + q * K * GEMM_NR, K, GEMM_NR);
+#endif
+}
+
+/* Rows [0, M) x panels [p0, p1). */
+static void drive(float *y, size_t ldy, const float *x, size_t ldx, const float *P,
+                  size_t M, size_t N, size_t K, size_t p0, size_t p1)
+{
+    const size_t ps = K * GEMM_NR;
+    if (M <= 3) {
+        size_t p = p0;
+        for (; p + NP_WIDE <= p1 && (p + NP_WIDE) * GEMM_NR <= N; p += NP_WIDE)
+            wide((int)M, y + p * GEMM_NR, ldy, x, ldx, P + p * ps, K);
+        for (; p < p1; p++)
+            tile((int)M, y + p * GEMM_NR, ldy, x, ldx, P + p * ps, K,
+                 td_min(GEMM_NR, N - p * GEMM_NR));
+        return;
+    }
+    const size_t mbs = MB;
+    for (size_t mb = 0; mb < M; mb += mbs) {
+        size_t me = td_min(M, mb + mbs);
+        for (size_t p = p0; p < p1; p++) {
+            size_t nc = td_min(GEMM_NR, N - p * GEMM_NR);
+            for (size_t m = mb; m < me; m += MR_MAX)
+                tile((int)td_min(MR_MAX, me - m), y + m * ldy + p * GEMM_NR, ldy,
+                     x + m * ldx, ldx, P + p * ps, K, nc);
+        }
+    }
+}
+
+void gemm_xwt_serial(float *y, size_t ldy, const float *x, size_t ldx,
+                     const float *P, size_t M, size_t N, size_t K)
+{
+    if (M == 0 || N == 0) return;
+    drive(y, ldy, x, ldx, P, M, N, K, 0, td_round_up(N, GEMM_NR) / GEMM_NR);
+}
+
+struct xwt_ctx {
+    float *y; size_t ldy; const float *x; size_t ldx; const float *P;
+    size_t M, N, K;
+};
+
+static void xwt_rows(void *vc, size_t m0, size_t m1, int tid)
+{
+    (void)tid;
+    struct xwt_ctx *c = vc;
+    drive(c->y + m0 * c->ldy, c->ldy, c->x + m0 * c->ldx, c->ldx, c->P, m1 - m0, c->N, c->K,
+          0, td_round_up(c->N, GEMM_NR) / GEMM_NR);
+}
+
+static void xwt_panels(void *vc, size_t p0, size_t p1, int tid)
+{
+    (void)tid;
+    struct xwt_ctx *c = vc;
+    drive(c->y, c->ldy, c->x, c->ldx, c->P, c->M, c->N, c->K, p0, p1);
+}
+
+void gemm_xwt(float *y, size_t ldy, const float *x, size_t ldx,
+              const float *P, size_t M, size_t N, size_t K)
+{
+    if (M == 0 || N == 0) return;
+    struct xwt_ctx c = { y, ldy, x, ldx, P, M, N, K };
+    size_t n_panels = td_round_up(N, GEMM_NR) / GEMM_NR;
+    size_t nt = (size_t)pool_threads();
+    /* Split rows when there are enough for every thread to get whole cache
+     * blocks, otherwise split panels (decode, small batches).  Either split
+     * gives the same bits. */
+    if (M >= 2 * MB * nt || n_panels < nt)
+        pool_for(M, MR_MAX, xwt_rows, &c);
+    else
+        pool_for(n_panels, M <= 3 ? NP_WIDE : 1, xwt_panels, &c);
+}
+
+/* Several forward products in one pool region: units of work are row
+ * blocks (many rows) or panel groups (few rows) of every problem, dealt to
+ * threads by their cost so that each thread gets a contiguous share.  Each
+ * unit is computed by drive() exactly as gemm_xwt would, so the bits are
+ * those of separate calls; only the barriers are fewer. */
+#define GROUP_MAX_UNITS 1024
+
+typedef struct { int prob; size_t m0, m1, p0, p1; double cost; } GemmUnit;
+
+struct group_ctx { const GemmProblem *pr; const GemmUnit *u; size_t n_units; double total; int nt; };
+
+static void run_unit(const GemmProblem *q, const GemmUnit *u)
+{
+    drive(q->y + u->m0 * q->ldy, q->ldy, q->x + u->m0 * q->ldx, q->ldx, q->P, u->m1 - u->m0, q->N, q->K,
+          u->p0, u->p1);
+}
+
+static void group_share(void *vc, size_t t0, size_t t1, int tid)
+{
+    (void)tid;
+    const struct group_ctx *c = vc;
+    for (size_t t = t0; t < t1; t++) {
+        /* units whose cost midpoint falls in this thread's share */
+        double lo = c->total * (double)t / c->nt, hi = c->total * (double)(t + 1) / c->nt, at = 0;
+        for (size_t i = 0; i < c->n_units; i++) {
+            double mid = at + c->u[i].cost / 2;
+            at += c->u[i].cost;
+            if (mid >= lo && mid < hi) run_unit(&c->pr[c->u[i].prob], &c->u[i]);
+        }
+    }
+}
+
+void gemm_xwt_group(const GemmProblem *pr, int n)
+{
+    GemmUnit u[GROUP_MAX_UNITS];
+    size_t nu = 0;
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        const GemmProblem *q = &pr[i];
+        if (q->M == 0 || q->N == 0) continue;
+        const size_t np = td_round_up(q->N, GEMM_NR) / GEMM_NR;
+        const size_t rb = q->M > 48 ? MB : q->M;               /* rows per unit */
+        const size_t pg = q->M > 48 ? np : q->M <= 3 ? NP_WIDE : 1;   /* panels per unit */
+        for (size_t m0 = 0; m0 < q->M; m0 += rb)
+            for (size_t p0 = 0; p0 < np; p0 += pg) {
+                if (nu == GROUP_MAX_UNITS) {   /* too many pieces: one call each */
+                    for (int j = 0; j < n; j++)
+                        gemm_xwt(pr[j].y, pr[j].ldy, pr[j].x, pr[j].ldx, pr[j].P, pr[j].M, pr[j].N, pr[j].K);
+                    return;
+                }
+                size_t m1 = td_min(q->M, m0 + rb), p1 = td_min(np, p0 + pg);
+                /* weights are read once per unit, rows cost FMAs */
+                double cost = (double)(p1 - p0) * (double)q->K * (double)((m1 - m0) + 4);
+                u[nu++] = (GemmUnit){ i, m0, m1, p0, p1, cost };
+                total += cost;
+            }
+    }
+    struct group_ctx c = { pr, u, nu, total, pool_threads() };
+    if (c.nt <= 1 || nu <= 1) {
+        for (size_t i = 0; i < nu; i++) run_unit(&pr[u[i].prob], &u[i]);
+        return;
+    }
+    pool_for((size_t)c.nt, 1, group_share, &c);
+}
+
+/* ---------------------------------------------------------------- backward
+ *
+ * Both backward products are one accumulating product
+ *
+ *     C[I, J] += A[I, R] B[R, J],   A(i, r) = a[i * a_rs + r * a_ks],  B(r, j) = b[r * ldb + j]
+ *
+ *   dx += dy W:    C = dx [M, K] (lddx),  A = dy   (a_rs = lddy, a_ks = 1),  B = W [N, K], R = N
+ *   dW += dy^T x:  C = dW [N, K] (K),     A = dy^T (a_rs = 1, a_ks = lddy),  B = x [M, K] (ldx), R = M
+ *
+ * computed in reduction blocks of BW_KC rows with fixed boundaries
+ * r = 0, KC, 2 KC, ...: for each block (in order) and each element,
+ *
+ *     s = 0;  for r in the block:  s = fma(A(i, r), B(r, j), s);   C[i][j] = C[i][j] + s
+ *
+ * so an element's arithmetic does not depend on the tiling, on how the
+ * work is split over threads (1 and 2 threads give the same bits) or, for
+ * dx, on which other rows are in the call.  The micro-kernel is the
+ * forward's: 12 rows x 32 columns of C in 24 registers, one broadcast of A
+ * and two vectors of B per step.  The loops, per reduction block:
+ *
+ *   for each B block (up to BW_B_FLOATS floats of 32-column panels)
+ *     for each block of BW_MC rows of A
+ *       for each 12-row tile:  for each panel of the B block:  kernel
+ *
+ * The A tile stays in L1 while it meets every panel (streamed from L2), and
+ * C is walked along its rows, which the hardware prefetchers follow; each
+ * kernel prefetches its C tile, read only at its end.  B is packed into
+ * panels [r][32] when more than one tile uses it (by the first tile, as it
+ * reads B in place: its reads from memory overlap its FMAs), and dy^T into
+ * tiles [r][16] (broadcasts from contiguous floats) when more than one
+ * panel uses it -- unless their row stride is at most BW_LD_INPLACE floats:
+ * then they are read in place, which is cheaper than packing and has no
+ * cache-set conflicts (those of power-of-two strides are what packing
+ * avoids).  dy itself (dx) is read in place, rows as x in the forward.
+ *
+ * Scratch: each thread keeps one buffer for its packed blocks, grown on
+ * demand and kept for the next call: at most BW_B_FLOATS + 8 * 16 * (KC + 1)
+ * floats (~4.3 MiB), kc x J floats for J <= 2048.  See gemm_scratch_free.
+ */
+
+#ifdef GEMM_AVX512
+#define BW_KC         512           /* reduction block (rows of B per panel) */
+#define BW_MC         96            /* rows of A per block: 8 tiles */
+#define BW_B_FLOATS   (1024 * 1024) /* a packed B block: 4 MiB, kc x J for J <= 2048 */
+#define BW_B_SMALL    (64 * 1024)   /* the same when I is a single A block (see bw_run) */
+#define BW_LD_INPLACE 200           /* operands with shorter rows are not packed */
+#define BW_PF_B       32            /* rows ahead, B read in place */
+#define BW_PF_AT      8             /* rows ahead, packing dy^T */
+#define AP_LD         16            /* floats per row of a packed dy^T tile */
+
+/* ------------------------------------------------ per-thread scratch */
+
+typedef struct GemmScratch {
+    float *buf;
+    size_t cap;                  /* floats */
+    int in_use;                  /* owned by a live thread */
+    struct GemmScratch *next;
+} GemmScratch;
+
+static pthread_mutex_t g_scr_mu = PTHREAD_MUTEX_INITIALIZER;
+static GemmScratch *g_scr_head;  /* every slot ever made; freed buffers stay listed */
+static pthread_key_t g_scr_key;
+static pthread_once_t g_scr_once = PTHREAD_ONCE_INIT;
+
+/* Thread exit: give the slot and its memory back. */
+static void scratch_release(void *v)
+{
+    GemmScratch *s = v;
+    pthread_mutex_lock(&g_scr_mu);
+    free(s->buf);
+    s->buf = NULL;
+    s->cap = 0;
+    s->in_use = 0;
+    pthread_mutex_unlock(&g_scr_mu);
+}
+
+static void scratch_key_init(void)
+{
+    int rc = pthread_key_create(&g_scr_key, scratch_release);
+    TD_CHECK(rc == 0, "pthread_key_create failed (%d)", rc);
+}
+
+/* This thread's buffer of at least n floats, 64-byte aligned.  The memory
+ * is the GEMM's own cache, like OpenBLAS's internal buffers: plain
+ * posix_memalign, not counted by td_malloc (gemm_scratch_bytes reports it). */
+static float *scratch_get(size_t n)
+{
+    pthread_once(&g_scr_once, scratch_key_init);
+    GemmScratch *s = pthread_getspecific(g_scr_key);
+    if (!s) {
+        pthread_mutex_lock(&g_scr_mu);
+        for (s = g_scr_head; s && s->in_use; s = s->next) {}
+        if (!s) {
+            s = calloc(1, sizeof *s);
+            TD_CHECK(s != NULL, "out of memory allocating %zu bytes", sizeof *s);
+            s->next = g_scr_head;
+            g_scr_head = s;
+        }
+        s->in_use = 1;
+        pthread_mutex_unlock(&g_scr_mu);
+        pthread_setspecific(g_scr_key, s);
+    }
+    if (s->cap < n) {
+        void *p = NULL;
+        pthread_mutex_lock(&g_scr_mu);
+        free(s->buf);
+        s->buf = NULL;
+        s->cap = 0;
+        int rc = posix_memalign(&p, TD_ALIGN, n * sizeof(float));
+        TD_CHECK(rc == 0 && p, "out of memory allocating %zu bytes of GEMM scratch", n * sizeof(float));
+        s->buf = p;
+        s->cap = n;
+        pthread_mutex_unlock(&g_scr_mu);
+    }
+    return s->buf;
+}
+
+void gemm_scratch_free(void)
+{
+    pthread_mutex_lock(&g_scr_mu);
+    for (GemmScratch *s = g_scr_head; s; s = s->next) {
+        free(s->buf);
+        s->buf = NULL;
+        s->cap = 0;
+    }
+    pthread_mutex_unlock(&g_scr_mu);
+}
+
+size_t gemm_scratch_bytes(void)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&g_scr_mu);
+    for (GemmScratch *s = g_scr_head; s; s = s->next) n += s->cap * sizeof(float);
+    pthread_mutex_unlock(&g_scr_mu);
+    return n;
+}
+
+/* ------------------------------------------------ kernel */
+
+/* C[0..MR)[0..ncols) += the block's sums over kc steps, ncols <= 32.
+ * COLA: A(i, r) = a[r * as + i] (dy^T in place, or a packed [r][16] tile),
+ * else  A(i, r) = a[i * as + r] (dy rows).  B(r, j) = b[r * bs + j]; MASKB:
+ * B read in place, only the ncols real columns loaded; else a packed,
+ * zero-padded panel.  bpack != NULL (MASKB): also write the panel packed
+ * (kc x 32, zero-padded) for the tiles after this one -- packing fused with
+ * the arithmetic, so that B's reads from memory overlap the FMAs. */
+static inline __attribute__((always_inline)) void
+acc_tile_avx512(const int MR, const int COLA, const int MASKB, float *c, size_t ldc,
+                const float *a, size_t as, const float *b, size_t bs, size_t kc, size_t ncols,
+                float *bpack)
+{
+    const __mmask16 m0 = ncols >= 16 ? 0xffff : (__mmask16)((1u << ncols) - 1);
+    const __mmask16 m1 = ncols >= 32 ? 0xffff : ncols <= 16 ? 0 : (__mmask16)((1u << (ncols - 16)) - 1);
+    __m512 acc[MR_MAX][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; r++) {
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        /* C is read at the end: start fetching it now (it is often out of
+         * cache since the last reduction block passed over all of C) */
+        _mm_prefetch((const char *)(c + (size_t)r * ldc), _MM_HINT_T1);
+        _mm_prefetch((const char *)(c + (size_t)r * ldc + ncols - 1), _MM_HINT_T1);
+    }
+    for (size_t k = 0; k < kc; k++) {
+        const float *bk = b + k * bs;
+        if (MASKB) {
+            /* B read in place, one short piece per row: fetch ahead */
+            _mm_prefetch((const char *)(bk + BW_PF_B * bs), _MM_HINT_T0);
+            _mm_prefetch((const char *)(bk + BW_PF_B * bs + ncols - 1), _MM_HINT_T0);
+        }
+        const __m512 b0 = MASKB ? _mm512_maskz_loadu_ps(m0, bk) : _mm512_loadu_ps(bk);
+        const __m512 b1 = MASKB ? _mm512_maskz_loadu_ps(m1, bk + 16) : _mm512_loadu_ps(bk + 16);
+        if (bpack) {
+            _mm512_storeu_ps(bpack + k * GEMM_NR, b0);
+            _mm512_storeu_ps(bpack + k * GEMM_NR + 16, b1);
+        }
+#pragma GCC unroll 12
+        for (int r = 0; r < MR; r++) {
+            const __m512 av = _mm512_set1_ps(COLA ? a[k * as + (size_t)r] : a[(size_t)r * as + k]);
+            acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+        }
+    }
+    /* C += s (the block's partial sums, added once) */
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; r++) {
+        float *cr = c + (size_t)r * ldc;
+        if (ncols == GEMM_NR) {
+            _mm512_storeu_ps(cr, _mm512_add_ps(_mm512_loadu_ps(cr), acc[r][0]));
+            _mm512_storeu_ps(cr + 16, _mm512_add_ps(_mm512_loadu_ps(cr + 16), acc[r][1]));
+        } else {
+            _mm512_mask_storeu_ps(cr, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, cr), acc[r][0]));
+            _mm512_mask_storeu_ps(cr + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, cr + 16), acc[r][1]));
+        }
+    }
+}
+
+#define ACC_TILE_CASES(COLA, MASKB)                                                           \
+    switch (MR) {                                                                             \
+    case 1:  acc_tile_avx512(1, COLA, MASKB, c, ldc, a, as, b, bs, kc, ncols, NULL); return;        \
+    case 2:  acc_tile_avx512(2, COLA, MASKB, c, ldc, a, as, b, bs, kc, ncols, NULL); return;        \
+    case 3:  acc_tile_avx512(3, COLA, MASKB, c, ldc, a, as, b, bs, kc, ncols, NULL); return;        \
+    case 4:  acc_tile_avx512(4, COLA, MASKB, c, ldc, a, as, b, bs, kc, ncols, NULL); return;        \
+    case 5:  acc_tile_avx512(5, COLA, MASKB, c, ldc, a, as, b, bs, kc, ncols, NULL); return;        \
+    case 6:  acc_tile_avx512(6, COLA, MASKB, c, ldc, a, as, b, bs, kc, ncols, NULL); return;        \
+    case 7:  acc_tile_avx512(7, COLA, MASKB, c, ldc, a, as, b, bs, kc, ncols, NULL); return;        \
+    case 8:  acc_tile_avx512(8, COLA, MASKB, c, ldc, a, as, b, bs, kc, ncols, NULL); return;        \
+    case 9:  acc_tile_avx512(9, COLA, MASKB, c, ldc, a, as, b, bs, kc, ncols, NULL); return;        \
+    case 10: acc_tile_avx512(10, COLA, MASKB, c, ldc, a, as, b, bs, kc, ncols, NULL); return;       \
+    case 11: acc_tile_avx512(11, COLA, MASKB, c, ldc, a, as, b, bs, kc, ncols, NULL); return;       \
+    default: acc_tile_avx512(12, COLA, MASKB, c, ldc, a, as, b, bs, kc, ncols, NULL); return;       \
+    }
+
+/* One specialisation per (MR, A layout, B packed or in place): the
+ * accumulators stay in registers. */
+static void acc_tile(int MR, int cola, int maskb, float *c, size_t ldc, const float *a, size_t as,
+                     const float *b, size_t bs, size_t kc, size_t ncols)
+{
+    if (cola) {
+        if (maskb) ACC_TILE_CASES(1, 1) else ACC_TILE_CASES(1, 0)
+    } else {
+        if (maskb) ACC_TILE_CASES(0, 1) else ACC_TILE_CASES(0, 0)
+    }
+}
+#undef ACC_TILE_CASES
+
+/* A full 12-row tile with B read in place that also writes the packed
+ * panel bpack (kc x 32) for the tiles after it. */
+static void acc_tile_packb(int cola, float *c, size_t ldc, const float *a, size_t as, const float *b,
+                           size_t bs, size_t kc, size_t ncols, float *bpack)
+{
+    if (cola) acc_tile_avx512(MR_MAX, 1, 1, c, ldc, a, as, b, bs, kc, ncols, bpack);
+    else acc_tile_avx512(MR_MAX, 0, 1, c, ldc, a, as, b, bs, kc, ncols, bpack);
+}
+
+/* ------------------------------------------------ packing */
+
+/* Transposed A (dy^T): Ap[t][r][i] = dy[r][i0 + 12 t + i] for the tiles of
+ * rows [i0, i1), i < 12, tile stride ld rows (kc + 1: the spare row keeps
+ * successive tiles off one cache set), rows of AP_LD = 16 floats so that
+ * every store is one whole, unmasked vector; lanes past 12 or past i1 are
+ * zero and never used. */
+static void pack_at(float *Ap, const float *a, size_t ks, size_t i0, size_t i1, size_t kc, size_t ld)
+{
+    for (size_t r = 0; r < kc; r++) {
+        const float *ar = a + r * ks;
+        /* dy is read in short pieces of rows far apart: fetch a few rows
+         * ahead, the hardware prefetchers do not follow this pattern */
+        if (r + BW_PF_AT < kc)
+            for (size_t i = i0; i < i1 + 16; i += 16) _mm_prefetch((const char *)(ar + BW_PF_AT * ks + i), _MM_HINT_T0);
+        for (size_t i = i0, t = 0; i < i1; i += MR_MAX, t++) {
+            size_t n = td_min(MR_MAX, i1 - i);
+            __mmask16 m = (__mmask16)((1u << n) - 1);
+            _mm512_storeu_ps(Ap + (t * ld + r) * AP_LD, _mm512_maskz_loadu_ps(m, ar + i));
+        }
+    }
+}
+
+/* ------------------------------------------------ driver */
+
+typedef struct {
+    float *c; size_t ldc;
+    const float *a; size_t a_rs, a_ks;
+    const float *b; size_t ldb;
+    size_t ni, nj, nr;   /* I, J, R */
+    int cola;          /* A is dy^T (a_rs == 1) */
+    int split_j;       /* the pool splits panels of J, else rows of I */
+} BwJob;
+
+/* C[i0..i1, panels p0..p1) += A B over all of R, block by block (see the
+ * section comment). */
+static void bw_run(const BwJob *jb, size_t i0, size_t i1, size_t p0, size_t p1)
+{
+    const size_t ni = i1 - i0, kc_max = td_min(BW_KC, jb->nr), ap_ld = kc_max + 1;
+    const int pack_b_ = ni > MR_MAX && jb->ldb > BW_LD_INPLACE;                /* panels reused by tiles */
+    const int pack_a_ = jb->cola && p1 - p0 > 1 && jb->a_ks > BW_LD_INPLACE;  /* tiles reused by panels */
+    /* Panels per B block: all of J <= 2048, so that A is read (and dy^T
+     * packed) once per reduction block; 256 KiB when I is one A block, as
+     * A is then cheap to re-read and a B block that stays in L2 is worth
+     * more (dW with N = 64, K = 1024: ~10% faster). */
+    const size_t ncp = td_max(1, (ni <= BW_MC ? BW_B_SMALL : BW_B_FLOATS) / (kc_max * GEMM_NR));
+    const size_t nb = pack_b_ ? kc_max * GEMM_NR * td_min(ncp, p1 - p0) : 0;
+    const size_t na = pack_a_ ? ap_ld * AP_LD * ((td_min(BW_MC, ni) + MR_MAX - 1) / MR_MAX) : 0;
+    float *Bp = nb + na ? scratch_get(nb + na) : NULL, *Ap = pack_a_ ? Bp + nb : NULL;
+    for (size_t pc = 0; pc < jb->nr; pc += BW_KC) {
+        const size_t kc = td_min(BW_KC, jb->nr - pc);
+        const float *b = jb->b + pc * jb->ldb;   /* rows pc.. of B and of dy^T */
+        const float *a = jb->a + pc * jb->a_ks;
+        for (size_t jc = p0; jc < p1; jc += ncp) {
+            const size_t je = td_min(p1, jc + ncp);
+            for (size_t ic = i0; ic < i1; ic += BW_MC) {
+                const size_t ie = td_min(i1, ic + BW_MC);
+                if (pack_a_) pack_at(Ap, a, jb->a_ks, ic, ie, kc, ap_ld);
+                for (size_t i = ic; i < ie; i += MR_MAX)
+                    for (size_t p = jc; p < je; p++) {
+                        const int mr = (int)td_min(MR_MAX, ie - i);
+                        const size_t nc = td_min(GEMM_NR, jb->nj - p * GEMM_NR);
+                        float *c = jb->c + i * jb->ldc + p * GEMM_NR;
+                        float *bp = pack_b_ ? Bp + (p - jc) * kc * GEMM_NR : NULL;
+                        const float *at = pack_a_ ? Ap + (i - ic) / MR_MAX * ap_ld * AP_LD
+                                        : jb->cola ? a + i : a + i * jb->a_rs;
+                        const size_t as = pack_a_ ? AP_LD : jb->cola ? jb->a_ks : jb->a_rs;
+                        if (pack_b_ && i == i0)   /* the first tile packs the panels as it goes */
+                            acc_tile_packb(jb->cola, c, jb->ldc, at, as, b + p * GEMM_NR, jb->ldb, kc, nc, bp);
+                        else if (pack_b_)
+                            acc_tile(mr, jb->cola, 0, c, jb->ldc, at, as, bp, GEMM_NR, kc, nc);
+                        else
+                            acc_tile(mr, jb->cola, 1, c, jb->ldc, at, as, b + p * GEMM_NR, jb->ldb, kc, nc);
+                    }
+            }
+        }
+    }
+}
+
+static void bw_range(void *vc, size_t u0, size_t u1, int tid)
+{
+    (void)tid;
+    const BwJob *jb = vc;
+    const size_t n_panels = td_round_up(jb->nj, GEMM_NR) / GEMM_NR;
+    if (jb->split_j) bw_run(jb, 0, jb->ni, u0, u1);
+    else bw_run(jb, u0, u1, 0, n_panels);
+}
+
+/* max share / mean share of n units over nt threads (1 = balanced) */
+static double imbalance(size_t n, size_t nt)
+{
+    return (double)((n + nt - 1) / nt * nt) / (double)n;
+}
+
+/* Threads own disjoint blocks of C (whole 12-row tiles or whole panels),
+ * so there is nothing to reduce between them and no write is shared. */
+static void bw_product(BwJob *jb)
+{
+    if (jb->ni == 0 || jb->nj == 0 || jb->nr == 0) return;
+    const size_t n_tiles = (jb->ni + MR_MAX - 1) / MR_MAX, n_panels = td_round_up(jb->nj, GEMM_NR) / GEMM_NR;
+    const size_t nt = (size_t)pool_threads();
+    /* Split whichever of rows and panels divides more evenly over the
+     * threads; on a tie the more numerous (each thread then reads all of
+     * the other operand: the smaller one).  Below ~1 MFLOP (a few us) the
+     * pool's start-up is not worth it.  Results do not depend on either. */
+    double ii = imbalance(n_tiles, nt), ij = imbalance(n_panels, nt);
+    jb->split_j = ij < ii || (ij == ii && n_panels > n_tiles);
+    if (nt == 1 || gemm_flops(jb->ni, jb->nj, jb->nr) < 1e6)
+        bw_run(jb, 0, jb->ni, 0, n_panels);
+    else if (jb->split_j)
+        pool_for(n_panels, 1, bw_range, jb);
+    else
+        pool_for(jb->ni, MR_MAX, bw_range, jb);
+}
+
+void gemm_dx_acc(float *dx, size_t lddx, const float *dy, size_t lddy,
+                 const float *W, size_t M, size_t N, size_t K)
+{
+    BwJob jb = { dx, lddx, dy, lddy, 1, W, K, M, K, N, 0, 0 };
+    bw_product(&jb);
+}
+
+void gemm_dw_acc(float *dW, const float *dy, size_t lddy, const float *x, size_t ldx,
+                 size_t M, size_t N, size_t K)
+{
+    BwJob jb = { dW, K, dy, 1, lddy, x, ldx, N, K, M, 1, 0 };
+    bw_product(&jb);
+}
+
+#else  /* portable: single-threaded BLAS on disjoint slices from the pool */
+
+void gemm_scratch_free(void) {}
+size_t gemm_scratch_bytes(void) { return 0; }
+
+struct bw_ctx {
+    float *out; size_t ldo; const float *a; size_t lda; const float *b; size_t ldb;
+    size_t M, N, K;
+};
+
+static void dx_rows(void *vc, size_t m0, size_t m1, int tid)
+{
+    (void)tid;
+    struct bw_ctx *c = vc;
+    /* dx[m0:m1, :] += dy[m0:m1, :] W */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(m1 - m0), (int)c->K, (int)c->N,
+                1.0f, c->a + m0 * c->lda, (int)c->lda, c->b, (int)c->ldb,
+                1.0f, c->out + m0 * c->ldo, (int)c->ldo);
+}
+
+void gemm_dx_acc(float *dx, size_t lddx, const float *dy, size_t lddy,
+                 const float *W, size_t M, size_t N, size_t K)
+{
+    if (M == 0 || N == 0 || K == 0) return;
+    struct bw_ctx c = { dx, lddx, dy, lddy, W, K, M, N, K };
+    pool_for_split(M, 16, 1, dx_rows, &c);   /* one call per thread: each packs W */
+}
+
+static void dw_rows(void *vc, size_t n0, size_t n1, int tid)
+{
+    (void)tid;
+    struct bw_ctx *c = vc;
+    /* dW[n0:n1, :] += dy[:, n0:n1]^T x */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(n1 - n0), (int)c->K, (int)c->M,
+                1.0f, c->a + n0, (int)c->lda, c->b, (int)c->ldb,
+                1.0f, c->out + n0 * c->ldo, (int)c->ldo);
+}
+
+void gemm_dw_acc(float *dW, const float *dy, size_t lddy, const float *x, size_t ldx,
+                 size_t M, size_t N, size_t K)
+{
+    if (M == 0 || N == 0 || K == 0) return;
+    struct bw_ctx c = { dW, K, dy, lddy, x, ldx, M, N, K };
+    pool_for_split(N, 16, 1, dw_rows, &c);   /* one call per thread: each packs x */
+}
+#endif

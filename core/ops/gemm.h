@@ -1,0 +1,107 @@
+/* core/ops/gemm.h - matrix products for the linear layers.
+ *
+ * Forward: tandem's own kernel, y = x W^T with W in nn.Linear layout [N, K],
+ * computed from a packed copy of W.  Every output element is one fixed chain
+ * of fused multiply-adds,
+ *
+ *     c = 0;  for k = 0 .. K-1:  c = fma(x[m][k], W[n][k], c);  y[m][n] = c
+ *
+ * so row m of y depends on row m of x and on W only: it is bit-identical
+ * whatever M is, however the rows are tiled or split over threads, and
+ * whichever of the AVX-512, AVX2 or portable paths was compiled.  That is what makes
+ * a token's logits the same in a training batch of 2048 rows, a prefill
+ * chunk and a single-row decode step (SPEC section 8).  OpenBLAS does not
+ * promise this (its M=1 and edge-tile paths round differently).
+ *
+ * Packed layout (GEMM_NR = 32 columns per panel):
+ *     P[p][k][j] = W[p*32 + j][k]   for j < 32, zero-padded past N.
+ *
+ * Backward (gemm_dx_acc, gemm_dw_acc): with AVX-512, the same micro-kernel
+ * in a blocked driver that packs slices of its operands itself (no
+ * pre-packed input).  The reduction runs in blocks of 512 terms with fixed
+ * boundaries; each block's sum is one FMA chain from 0, added to the
+ * output, blocks in order:
+ *
+ *     for each block b:  s = 0;  for r in b:  s = fma(a_r, b_r, s);  out = out + s
+ *
+ * so the results are deterministic and identical for any thread count (and
+ * a row of dx does not depend on the other rows of the call), though not
+ * equal to one chain over the whole reduction.  Other builds (AVX2, where
+ * OpenBLAS's own kernels already run at the FMA units' peak, and portable)
+ * call cblas_sgemm, single-threaded, on disjoint slices from the pool:
+ * deterministic for a given thread count only.
+ */
+#ifndef TANDEM_CORE_OPS_GEMM_H
+#define TANDEM_CORE_OPS_GEMM_H
+
+#include <stddef.h>
+
+#define GEMM_NR 32
+
+/* Floats needed to pack an [N, K] weight. */
+size_t gemm_packed_floats(size_t N, size_t K);
+
+/* Pack W [N, K] (row stride K) into P (gemm_packed_floats(N, K) floats,
+ * overwritten).  Threaded over panels. */
+void gemm_pack(float *P, const float *W, size_t N, size_t K);
+
+/* y[M, N] (row stride ldy, overwritten) = x[M, K] (row stride ldx) W^T,
+ * W packed in P.  Threaded over the pool (serial inside a pool region).
+ * Row-invariant, see the file comment. */
+void gemm_xwt(float *y, size_t ldy, const float *x, size_t ldx,
+              const float *P, size_t M, size_t N, size_t K);
+
+/* One forward product of a group. */
+typedef struct {
+    float *y;          /* (M, N), row stride ldy, overwritten */
+    size_t ldy;
+    const float *x;    /* (M, K), row stride ldx */
+    size_t ldx;
+    const float *P;    /* W packed */
+    size_t M, N, K;
+} GemmProblem;
+
+/* Runs n products (e.g. q, k and v of one input; or gate and up of every
+ * expert) in one pool region instead of n, threads sharing the union of
+ * their work by cost.  Every element is computed exactly as by gemm_xwt
+ * (same bits); problems with M = 0 are skipped. */
+void gemm_xwt_group(const GemmProblem *p, int n);
+
+/* Unthreaded variant of gemm_xwt, for callers that split work themselves.
+ * Same arithmetic. */
+void gemm_xwt_serial(float *y, size_t ldy, const float *x, size_t ldx,
+                     const float *P, size_t M, size_t N, size_t K);
+
+/* dx[M, K] += dy[M, N] W[N, K]   (input gradient of y = x W^T).
+ * Row strides lddx, lddy; W [N, K] unpacked, row stride K.  Accumulates;
+ * any of M, N, K may be 0 (no-op).  Threaded over the pool, rows or column
+ * panels of dx (serial inside a pool region, where helpers may call it
+ * concurrently on disjoint outputs: scratch is per thread, see
+ * gemm_scratch_free). */
+void gemm_dx_acc(float *dx, size_t lddx, const float *dy, size_t lddy,
+                 const float *W, size_t M, size_t N, size_t K);
+
+/* dW[N, K] += dy[M, N]^T x[M, K]   (weight gradient of y = x W^T).
+ * Row strides lddy, ldx; dW row stride K.  Accumulates; any of M, N, K may
+ * be 0.  Threaded like gemm_dx_acc, over rows or column panels of dW. */
+void gemm_dw_acc(float *dW, const float *dy, size_t lddy, const float *x, size_t ldx,
+                 size_t M, size_t N, size_t K);
+
+/* Scratch of the backward products: each thread that runs them keeps one
+ * buffer for packed slices of the operands (64-byte aligned, a few MiB at
+ * most), grown on demand and reused by later calls, so a training step
+ * allocates nothing once its shapes have been seen.  A thread's buffer is
+ * freed when the thread exits; gemm_scratch_free frees all of them (call
+ * it with no GEMM running, e.g. at shutdown; later calls grow them again).
+ * The buffers are the GEMM's own, like OpenBLAS's: not counted by
+ * td_malloc; gemm_scratch_bytes reports their total. */
+void gemm_scratch_free(void);
+size_t gemm_scratch_bytes(void);
+
+/* Floating-point operations of the three products, for MFU accounting. */
+static inline double gemm_flops(size_t M, size_t N, size_t K)
+{
+    return 2.0 * (double)M * (double)N * (double)K;
+}
+
+#endif

@@ -1,0 +1,16 @@
+/* core/ops/linear.c - linear layer forward and backward (linear.h). */
+#include "core/ops/linear.h"
+#include "core/ops/gemm.h"
+
+void linear_forward(float *y, const float *restrict x, const float *restrict Wp,
+                    size_t M, size_t N, size_t K)
+{
+    gemm_xwt(y, N, x, K, Wp, M, N, K);
+}
+
+void linear_backward(float *dx, float *dW, const float *restrict dy, const float *restrict x,
+                     const float *restrict W, size_t M, size_t N, size_t K)
+{
+    if (dx) gemm_dx_acc(dx, K, dy, N, W, M, N, K);
+    if (dW) gemm_dw_acc(dW, dy, N, x, K, M, N, K);
+}

@@ -1,0 +1,202 @@
+/* core/ops/moe.c - MoE routing, dispatch/combine and router losses (moe.h). */
+#include "core/ops/moe.h"
+#include "core/common.h"
+#include "core/pool.h"
+#include "core/ops/softmax.h"
+#include "core/ops/vec.h"
+
+#include <math.h>
+#include <string.h>
+
+void moe_router_forward(float *probs, float *lse, int32_t *topk_idx, float *topk_w,
+                        const float *restrict logits, size_t N, size_t E, size_t k,
+                        bool norm_topk)
+{
+    softmax_forward(probs, lse, logits, N, E);
+    for (size_t t = 0; t < N; t++) {
+        const float *p = probs + t * E;
+        int32_t *idx = topk_idx + t * k;
+        float *w = topk_w + t * k;
+        /* selection: strict > keeps the lower index on ties */
+        for (size_t j = 0; j < k; j++) {
+            int32_t best = -1;
+            for (size_t e = 0; e < E; e++) {
+                bool taken = false;
+                for (size_t i = 0; i < j; i++) taken |= idx[i] == (int32_t)e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = (int32_t)e;
+            }
+            idx[j] = best;
+            w[j] = p[best];
+        }
+        if (norm_topk) {
+            float s = 0.0f;
+            for (size_t j = 0; j < k; j++) s += w[j];
+            for (size_t j = 0; j < k; j++) w[j] /= s;
+        }
+    }
+}
+
+void moe_topk_backward(float *dprobs, const float *restrict dtopk_w, const float *restrict probs,
+                       const int32_t *restrict topk_idx, size_t N, size_t E, size_t k,
+                       bool norm_topk)
+{
+    for (size_t t = 0; t < N; t++) {
+        const float *dw = dtopk_w + t * k, *p = probs + t * E;
+        const int32_t *idx = topk_idx + t * k;
+        float *dp = dprobs + t * E;
+        if (!norm_topk) {
+            for (size_t j = 0; j < k; j++) dp[idx[j]] += dw[j];
+            continue;
+        }
+        /* w_j = p_j / S, S = sum_i p_i:  dp_j += (dw_j - sum_i dw_i w_i) / S */
+        float S = 0.0f, dot = 0.0f;
+        for (size_t j = 0; j < k; j++) S += p[idx[j]];
+        for (size_t j = 0; j < k; j++) dot += dw[j] * (p[idx[j]] / S);
+        for (size_t j = 0; j < k; j++) dp[idx[j]] += (dw[j] - dot) / S;
+    }
+}
+
+void moe_plan_build(MoePlan *p, const int32_t *restrict topk_idx, size_t N, size_t E, size_t k)
+{
+    memset(p->offsets, 0, (E + 1) * sizeof(int32_t));
+    for (size_t i = 0; i < N * k; i++) p->offsets[topk_idx[i] + 1]++;
+    for (size_t e = 0; e < E; e++) p->offsets[e + 1] += p->offsets[e];
+    /* fill in token order: stable within each expert */
+    int32_t fill[E > 0 ? E : 1];
+    for (size_t e = 0; e < E; e++) fill[e] = p->offsets[e];
+    for (size_t t = 0; t < N; t++)
+        for (size_t j = 0; j < k; j++) {
+            int32_t row = fill[topk_idx[t * k + j]]++;
+            p->src[row] = (int32_t)t;
+            p->slot_row[t * k + j] = row;
+        }
+}
+
+struct moe_ctx {
+    float *out, *out2; const float *a, *b, *w; const MoePlan *p; size_t k, d;
+};
+
+static void dispatch_rows(void *vc, size_t i0, size_t i1, int tid)
+{
+    (void)tid;
+    struct moe_ctx *c = vc;
+    for (size_t i = i0; i < i1; i++)
+        memcpy(c->out + i * c->d, c->a + (size_t)c->p->src[i] * c->d, c->d * sizeof(float));
+}
+
+void moe_dispatch_forward(float *xd, const float *restrict x, const MoePlan *p,
+                          size_t N, size_t k, size_t d)
+{
+    struct moe_ctx c = { xd, NULL, x, NULL, NULL, p, k, d };
+    pool_for(N * k, 16, dispatch_rows, &c);
+}
+
+static void dispatch_bw_rows(void *vc, size_t t0, size_t t1, int tid)
+{
+    (void)tid;
+    struct moe_ctx *c = vc;
+    for (size_t t = t0; t < t1; t++) {
+        float *dx = c->out + t * c->d;
+        for (size_t j = 0; j < c->k; j++) {
+            const float *src = c->a + (size_t)c->p->slot_row[t * c->k + j] * c->d;
+            for (size_t i = 0; i < c->d; i++) dx[i] += src[i];
+        }
+    }
+}
+
+void moe_dispatch_backward(float *dx, const float *restrict dxd, const MoePlan *p,
+                           size_t N, size_t k, size_t d)
+{
+    struct moe_ctx c = { dx, NULL, dxd, NULL, NULL, p, k, d };
+    pool_for(N, 8, dispatch_bw_rows, &c);
+}
+
+static void combine_rows(void *vc, size_t t0, size_t t1, int tid)
+{
+    (void)tid;
+    struct moe_ctx *c = vc;
+    for (size_t t = t0; t < t1; t++) {
+        float *y = c->out + t * c->d;
+        memset(y, 0, c->d * sizeof(float));
+        for (size_t j = 0; j < c->k; j++) {
+            const float w = c->w[t * c->k + j];
+            const float *e = c->a + (size_t)c->p->slot_row[t * c->k + j] * c->d;
+            for (size_t i = 0; i < c->d; i++) y[i] = fmaf(w, e[i], y[i]);
+        }
+    }
+}
+
+void moe_combine_forward(float *y, const float *restrict eo, const float *restrict topk_w,
+                         const MoePlan *p, size_t N, size_t k, size_t d)
+{
+    struct moe_ctx c = { y, NULL, eo, NULL, topk_w, p, k, d };
+    pool_for(N, 8, combine_rows, &c);
+}
+
+static void combine_bw_rows(void *vc, size_t t0, size_t t1, int tid)
+{
+    (void)tid;
+    struct moe_ctx *c = vc;  /* out = deo, out2 = dw, a = dy, b = eo */
+    for (size_t t = t0; t < t1; t++) {
+        const float *dy = c->a + t * c->d;
+        for (size_t j = 0; j < c->k; j++) {
+            size_t row = (size_t)c->p->slot_row[t * c->k + j];
+            const float w = c->w[t * c->k + j];
+            float *deo = c->out + row * c->d;
+            for (size_t i = 0; i < c->d; i++) deo[i] += w * dy[i];
+            c->out2[t * c->k + j] += vec_dot(dy, c->b + row * c->d, c->d);
+        }
+    }
+}
+
+void moe_combine_backward(float *deo, float *dtopk_w, const float *restrict dy,
+                          const float *restrict eo, const float *restrict topk_w,
+                          const MoePlan *p, size_t N, size_t k, size_t d)
+{
+    struct moe_ctx c = { deo, dtopk_w, dy, eo, topk_w, p, k, d };
+    pool_for(N, 8, combine_bw_rows, &c);
+}
+
+void moe_aux_stats(double *count, double *psum, const float *restrict probs,
+                   const int32_t *restrict topk_idx, size_t N, size_t E, size_t k)
+{
+    memset(count, 0, E * sizeof(double));
+    memset(psum, 0, E * sizeof(double));
+    for (size_t i = 0; i < N * k; i++) count[topk_idx[i]] += 1.0;
+    for (size_t t = 0; t < N; t++)
+        for (size_t e = 0; e < E; e++) psum[e] += (double)probs[t * E + e];
+}
+
+float moe_aux_loss(const double *count, const double *psum, size_t N_tot, size_t E, size_t k)
+{
+    double s = 0.0;
+    for (size_t e = 0; e < E; e++) s += count[e] * (psum[e] / (double)N_tot);
+    return (float)((double)E / ((double)N_tot * (double)k) * s);
+}
+
+void moe_aux_backward(float *dprobs, float daux, const double *restrict count,
+                      size_t N, size_t N_tot, size_t E, size_t k)
+{
+    float g[E > 0 ? E : 1];
+    for (size_t e = 0; e < E; e++)
+        g[e] = (float)((double)daux * (double)E / ((double)N_tot * (double)k) *
+                       count[e] / (double)N_tot);
+    for (size_t t = 0; t < N; t++)
+        for (size_t e = 0; e < E; e++) dprobs[t * E + e] += g[e];
+}
+
+float moe_z_sum(const float *restrict lse, size_t N)
+{
+    double s = 0.0;
+    for (size_t t = 0; t < N; t++) s += (double)lse[t] * (double)lse[t];
+    return (float)s;
+}
+
+void moe_z_backward(float *dlogits, float dz, const float *restrict lse,
+                    const float *restrict probs, size_t N, size_t N_tot, size_t E)
+{
+    for (size_t t = 0; t < N; t++) {
+        float g = dz * 2.0f * lse[t] / (float)N_tot;
+        for (size_t e = 0; e < E; e++) dlogits[t * E + e] += g * probs[t * E + e];
+    }
+}

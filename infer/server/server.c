@@ -1,0 +1,866 @@
+/* infer/server/server.c - `tandem serve` over libmicrohttpd (server.h): routing,
+ * request bodies, completions (whole or streamed as server-sent events),
+ * the engine loop and draining.  The only file that includes <microhttpd.h>.
+ */
+#include "infer/server/server.h"
+#include "core/common.h"
+#include "infer/server/server_api.h"
+#include "infer/server/server_metrics.h"
+
+#include <microhttpd.h>
+
+#include <errno.h>
+#include <math.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+
+/* Bodies declared (Content-Length) above this many times --max-body are
+ * refused before they are read; smaller excess is read and dropped, so the
+ * client sees the 400 instead of a reset connection. */
+#define SERVER_BODY_DISCARD_FACTOR 16
+#define SERVER_POLL_MS 25    /* how often a waiting handler checks for a hang-up */
+
+typedef struct Completion Completion;
+
+/* One choice: one engine request and what the engine callback copied out
+ * of it (under c->mu; entries [0, n) never change once written). */
+typedef struct {
+    Completion *c;
+    Request *r;              /* owned; NULL if never submitted */
+    uint64_t seed;
+    int32_t *ids;            /* (cap) owned */
+    float *logp;             /* (cap) owned */
+    Sampled *top;            /* (cap) owned, only when logprobs were asked */
+    size_t n, cap;
+    bool done;
+    char finish[16];
+    double t_submit, t_first, t_last;
+    /* stream progress: the HTTP thread only */
+    size_t sent, sent_bytes;
+    bool final_sent;
+} Choice;
+
+struct Completion {
+    Server *s;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;       /* signalled by the engine callback */
+    int refs;                /* HTTP side + choices still in the engine (mu) */
+    int n_choices, n_submitted, n_done;
+    uint64_t version;        /* bumped on every callback (mu) */
+    Choice *ch;              /* (n_choices) owned */
+    ApiCompletion q;
+    char id[48];
+    long created;
+    int fd;                  /* the client's socket, polled for hang-ups */
+    /* stream output: bytes of SSE events not yet handed to MHD */
+    char *out;
+    size_t out_len, out_off, out_cap;
+    bool done_queued;        /* "data: [DONE]" is in out */
+    double last_out;         /* when the stream last handed MHD bytes */
+    Completion *prev, *next; /* the server's live list (s->mu) */
+    Completion *grave_next;  /* the server's graveyard (s->mu) */
+};
+
+struct Server {
+    Engine *e;               /* borrowed */
+    ServerOpts o;
+    ApiLimits lim;
+    char model[128];
+    long started;
+    struct MHD_Daemon *d;
+    int port;
+    Metrics m;
+    pthread_mutex_t mu;      /* live list, graveyard */
+    Completion *live, *grave;
+    int n_live;
+    atomic_bool draining, stopping;
+    atomic_bool log_on;      /* libmicrohttpd's messages are printed */
+    atomic_uint_fast64_t counter;
+    double keepalive;        /* seconds of stream silence before a comment line */
+    uint32_t salt;           /* random part of completion ids */
+};
+
+/* Upload state of one HTTP request (MHD's con_cls). */
+typedef struct {
+    char *body;
+    size_t len, cap;
+    bool too_big;
+} Upload;
+
+void server_opts_default(ServerOpts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->max_body = (size_t)1 << 20;
+    o->max_n = 16;
+    o->max_connections = 512;
+    o->idle_timeout = 60;
+    o->drain_timeout = 30.0;
+    o->model_name = "tandem";
+}
+
+int server_port(const Server *s) { return s->port; }
+
+static uint64_t random_u64(void)
+{
+    uint64_t x;
+    if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x) {
+        /* splitmix64 of the clock: not secret, only distinct */
+        x = (uint64_t)(td_now() * 1e9) + 0x9e3779b97f4a7c15ull;
+        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+        x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+        x ^= x >> 31;
+    }
+    return x;
+}
+
+/* Deadline SERVER_POLL_MS from now on the condition variables' clock. */
+static struct timespec poll_deadline(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += SERVER_POLL_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+/* Has the client closed its end?  (A half-closed client counts as gone.) */
+static bool client_gone(int fd)
+{
+    if (fd < 0) return false;
+    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* ------------------------------------------------------------- completions */
+
+static Completion *completion_new(Server *s, ApiCompletion *q, int fd)
+{
+    Completion *c = td_calloc(sizeof *c);
+    c->s = s;
+    c->q = *q;   /* takes ownership of the prompts */
+    memset(q, 0, sizeof *q);
+    c->refs = 1;
+    c->fd = fd;
+    c->created = (long)time(NULL);
+    snprintf(c->id, sizeof c->id, "cmpl-%08x%016llx", s->salt, (unsigned long long)atomic_fetch_add(&s->counter, 1));
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    c->n_choices = c->q.n * c->q.n_prompts;
+    c->ch = td_calloc((size_t)c->n_choices * sizeof(Choice));
+    for (int k = 0; k < c->n_choices; k++) {
+        Choice *ch = &c->ch[k];
+        ch->c = c;
+        ch->cap = (size_t)c->q.gp.max_tokens;   /* the engine never returns more */
+        ch->ids = td_malloc(ch->cap * sizeof(int32_t));
+        ch->logp = td_malloc(ch->cap * sizeof(float));
+        if (c->q.gp.n_top > 0) ch->top = td_malloc(ch->cap * sizeof(Sampled));
+    }
+    pthread_mutex_lock(&s->mu);
+    c->next = s->live;
+    if (s->live) s->live->prev = c;
+    s->live = c;
+    s->n_live++;
+    pthread_mutex_unlock(&s->mu);
+    return c;
+}
+
+static void completion_free(Completion *c)
+{
+    Server *s = c->s;
+    pthread_mutex_lock(&s->mu);
+    if (c->prev) c->prev->next = c->next;
+    else s->live = c->next;
+    if (c->next) c->next->prev = c->prev;
+    s->n_live--;
+    pthread_mutex_unlock(&s->mu);
+    for (int k = 0; k < c->n_choices; k++) {
+        request_free(c->ch[k].r);
+        td_free(c->ch[k].ids);
+        td_free(c->ch[k].logp);
+        td_free(c->ch[k].top);
+    }
+    td_free(c->ch);
+    td_free(c->out);
+    api_completion_free(&c->q);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    td_free(c);
+}
+
+/* Drops one reference.  The engine thread never frees inside its callback
+ * (the engine is still in engine_step): the last engine reference moves the
+ * completion to the graveyard, which server_run empties after the step. */
+static void completion_release(Completion *c, bool engine_side)
+{
+    pthread_mutex_lock(&c->mu);
+    bool last = --c->refs == 0;
+    pthread_mutex_unlock(&c->mu);
+    if (!last) return;
+    if (!engine_side) {
+        completion_free(c);
+        return;
+    }
+    Server *s = c->s;
+    pthread_mutex_lock(&s->mu);
+    c->grave_next = s->grave;
+    s->grave = c;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Engine thread. */
+static void free_graveyard(Server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    Completion *g = s->grave;
+    s->grave = NULL;
+    pthread_mutex_unlock(&s->mu);
+    while (g) {
+        Completion *next = g->grave_next;
+        completion_free(g);
+        g = next;
+    }
+}
+
+/* Cancels every choice still in the engine.  Caller holds a reference. */
+static void completion_cancel(Completion *c)
+{
+    pthread_mutex_lock(&c->mu);
+    for (int k = 0; k < c->n_choices; k++)
+        if (c->ch[k].r && !c->ch[k].done) engine_cancel(c->ch[k].r);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* The engine callback (engine thread): copy the new tokens, record
+ * latencies, wake the HTTP thread.  Never blocks beyond c->mu, which the
+ * HTTP side only holds for a few loads. */
+static void on_token(Request *r, bool done, void *user)
+{
+    Choice *ch = user;
+    Completion *c = ch->c;
+    Server *s = c->s;
+    double ttft = -1, gap = -1;
+    pthread_mutex_lock(&c->mu);
+    size_t n = td_min(r->n_out, ch->cap);
+    for (size_t i = ch->n; i < n; i++) {
+        ch->ids[i] = r->out[i];
+        ch->logp[i] = r->out_logp[i];
+        if (ch->top) ch->top[i] = r->out_top[i];
+    }
+    ch->n = n;   /* shrinks when a stop string is dropped at the end */
+    if (r->t_first > 0 && ch->t_first == 0) {
+        ch->t_first = ch->t_last = r->t_first;
+        ttft = r->t_first - r->t_submit;
+    }
+    if (r->t_last > ch->t_last && ch->t_first > 0) {
+        gap = r->t_last - ch->t_last;
+        ch->t_last = r->t_last;
+    }
+    if (done) {
+        ch->done = true;
+        snprintf(ch->finish, sizeof ch->finish, "%s", r->finish_reason);
+        c->n_done++;
+    }
+    c->version++;
+    if (done || c->q.stream) pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (ttft >= 0) metrics_ttft(&s->m, ttft);
+    if (gap >= 0) metrics_itl(&s->m, gap);
+    if (done) {
+        metrics_finished(&s->m, r->finish_reason);
+        completion_release(c, true);
+    }
+}
+
+/* Submits every choice.  Returns 0, or the HTTP status of the refusal
+ * (429: queue full) with what was submitted cancelled. */
+static int completion_submit(Completion *c, ApiError *err)
+{
+    Server *s = c->s;
+    const ApiCompletion *q = &c->q;
+    for (int p = 0, k = 0; p < q->n_prompts; p++) {
+        for (int i = 0; i < q->n; i++, k++) {
+            Choice *ch = &c->ch[k];
+            GenParams gp = q->gp;
+            /* a random seed is kept below 2^53 so that JSON reports it exactly */
+            gp.seed = q->has_seed ? q->seed + (uint64_t)i : random_u64() >> 11;
+            ch->seed = gp.seed;
+            Request *r = request_new(q->tokens + q->offs[p], q->offs[p + 1] - q->offs[p], &gp);
+            r->cb = on_token;
+            r->user = ch;
+            r->id = atomic_fetch_add(&s->counter, 1);
+            pthread_mutex_lock(&c->mu);
+            ch->r = r;
+            c->refs++;
+            pthread_mutex_unlock(&c->mu);
+            int rc = engine_submit(s->e, r);
+            if (rc == 0) {
+                ch->t_submit = r->t_submit;
+                c->n_submitted++;
+                continue;
+            }
+            pthread_mutex_lock(&c->mu);
+            ch->r = NULL;
+            c->refs--;
+            pthread_mutex_unlock(&c->mu);
+            request_free(r);
+            completion_cancel(c);
+            if (rc == -1)
+                return api_error(err, 429, NULL, "the server is overloaded (its queue of %zu is full); retry later",
+                                 s->e->o.max_queue), 429;
+            return api_error(err, 400, "prompt", "the prompt does not fit the model's context or the KV cache"), 400;
+        }
+    }
+    return 0;
+}
+
+static size_t prompt_tokens(const Completion *c) { return c->q.offs[c->q.n_prompts]; }
+
+static void log_completion(Completion *c, int status, const char *how)
+{
+    if (c->s->o.quiet) return;
+    size_t gen = 0;
+    double ttft = 0, tps = 0;
+    char reasons[64] = "";
+    pthread_mutex_lock(&c->mu);   /* choices may still be finishing (cancelled) */
+    for (int k = 0; k < c->n_choices; k++) {
+        const Choice *ch = &c->ch[k];
+        gen += ch->n;
+        if (k == 0 && ch->t_first > 0) {
+            ttft = (ch->t_first - ch->t_submit) * 1e3;
+            if (ch->n > 1 && ch->t_last > ch->t_first) tps = (double)(ch->n - 1) / (ch->t_last - ch->t_first);
+        }
+        if (k < 4) {
+            size_t l = strlen(reasons);
+            snprintf(reasons + l, sizeof reasons - l, "%s%s", k ? "," : "", ch->finish[0] ? ch->finish : "-");
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    fprintf(stderr,
+            "tandem: serve: %s %d%s%s prompt %zu completion %zu choices %d ttft %.1f ms %.0f tokens/s finish %s\n",
+            c->id, status, how ? " " : "", how ? how : "", prompt_tokens(c), gen, c->n_choices, ttft, tps, reasons);
+}
+
+/* ------------------------------------------------------------------ replies */
+
+static enum MHD_Result reply(Server *s, struct MHD_Connection *con, int status, const char *type, const char *body,
+                             size_t len, const char *allow)
+{
+    struct MHD_Response *rsp = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!rsp) return MHD_NO;
+    MHD_add_response_header(rsp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (allow) MHD_add_response_header(rsp, MHD_HTTP_HEADER_ALLOW, allow);
+    enum MHD_Result rc = MHD_queue_response(con, (unsigned)status, rsp);
+    MHD_destroy_response(rsp);
+    metrics_http(&s->m, status);
+    return rc;
+}
+
+static enum MHD_Result reply_json(Server *s, struct MHD_Connection *con, int status, cJSON *o)
+{
+    char *body = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!body) return MHD_NO;
+    enum MHD_Result rc = reply(s, con, status, "application/json", body, strlen(body), NULL);
+    cJSON_free(body);
+    return rc;
+}
+
+static enum MHD_Result reply_api_error(Server *s, struct MHD_Connection *con, const ApiError *err,
+                                       const char *allow)
+{
+    char *body = api_error_body(err);
+    if (!body) return MHD_NO;
+    enum MHD_Result rc = reply(s, con, err->status, "application/json", body, strlen(body), allow);
+    cJSON_free(body);
+    return rc;
+}
+
+static enum MHD_Result reply_error(Server *s, struct MHD_Connection *con, int status, const char *param,
+                                   const char *allow, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static enum MHD_Result reply_error(Server *s, struct MHD_Connection *con, int status, const char *param,
+                                   const char *allow, const char *fmt, ...)
+{
+    ApiError err = { .status = status };
+    snprintf(err.param, sizeof err.param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err.message, sizeof err.message, fmt, ap);
+    va_end(ap);
+    return reply_api_error(s, con, &err, allow);
+}
+
+/* --------------------------------------------------------- whole responses */
+
+/* Waits (on the handler's thread) until every choice is done.  -1 when the
+ * client hung up, -2 when the server is stopping: the choices are cancelled. */
+static int wait_done(Completion *c)
+{
+    pthread_mutex_lock(&c->mu);
+    while (c->n_done < c->n_submitted) {
+        struct timespec ts = poll_deadline();
+        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        if (c->n_done == c->n_submitted) break;
+        pthread_mutex_unlock(&c->mu);
+        int gone = client_gone(c->fd) ? -1 : atomic_load(&c->s->stopping) ? -2 : 0;
+        if (gone) {
+            completion_cancel(c);
+            return gone;
+        }
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+static enum MHD_Result reply_completion(Server *s, struct MHD_Connection *con, Completion *c)
+{
+    /* every choice is done: the engine no longer writes to them */
+    cJSON *o = api_response_new(c->id, c->created, s->model);
+    size_t gen = 0;
+    for (int k = 0; k < c->n_choices; k++) {
+        const Choice *ch = &c->ch[k];
+        ApiChoice ac = { ch->ids, ch->logp, ch->top, ch->n, ch->seed };
+        api_add_choice(o, &c->q, &ac, k, 0, ch->n, 0, ch->finish);
+        gen += ch->n;
+    }
+    api_add_usage(o, prompt_tokens(c), gen);
+    return reply_json(s, con, 200, o);
+}
+
+/* ---------------------------------------------------------------- streaming */
+
+static void out_append(Completion *c, const char *a, size_t na, const char *b, size_t nb, const char *z, size_t nz)
+{
+    size_t need = c->out_len + na + nb + nz;
+    if (need > c->out_cap) {
+        size_t cap = td_max(need, 2 * c->out_cap + 4096);
+        char *o = td_malloc(cap);
+        if (c->out_len) memcpy(o, c->out, c->out_len);
+        td_free(c->out);
+        c->out = o;
+        c->out_cap = cap;
+    }
+    memcpy(c->out + c->out_len, a, na);
+    memcpy(c->out + c->out_len + na, b, nb);
+    memcpy(c->out + c->out_len + na + nb, z, nz);
+    c->out_len = need;
+}
+
+static void out_event(Completion *c, cJSON *o)
+{
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!s) return;
+    out_append(c, "data: ", 6, s, strlen(s), "\n\n", 2);
+    cJSON_free(s);
+}
+
+/* Queues the events that the choices' progress allows: a chunk per choice
+ * with new whole characters, its last chunk (with finish_reason) once it is
+ * done, then the usage chunk if asked and "data: [DONE]".  Returns whether
+ * anything was queued; *seen gets the version it looked at. */
+static bool stream_fill(Completion *c, uint64_t *seen)
+{
+    Server *s = c->s;
+    int nc = c->n_choices;
+    size_t n[nc];
+    bool done[nc];
+    pthread_mutex_lock(&c->mu);
+    *seen = c->version;
+    for (int k = 0; k < nc; k++) {
+        n[k] = c->ch[k].n;
+        done[k] = c->ch[k].done || !c->ch[k].r;
+    }
+    pthread_mutex_unlock(&c->mu);
+    bool any = false, all = true;
+    for (int k = 0; k < nc; k++) {
+        Choice *ch = &c->ch[k];
+        if (ch->final_sent) continue;
+        size_t end = done[k] ? n[k] : api_stream_ready(&c->q.gp, ch->ids, ch->sent, n[k]);
+        if (end > ch->sent || done[k]) {
+            cJSON *o = api_response_new(c->id, c->created, s->model);
+            ApiChoice ac = { ch->ids, ch->logp, ch->top, end, ch->seed };
+            ch->sent_bytes += api_add_choice(o, &c->q, &ac, k, ch->sent, end, ch->sent_bytes,
+                                             done[k] ? (ch->finish[0] ? ch->finish : "cancelled") : NULL);
+            out_event(c, o);
+            ch->sent = end;
+            ch->final_sent = done[k];
+            any = true;
+        }
+        all = all && ch->final_sent;
+    }
+    if (all && !c->done_queued) {
+        if (c->q.include_usage) {
+            cJSON *o = api_response_new(c->id, c->created, s->model);
+            size_t gen = 0;
+            for (int k = 0; k < nc; k++) gen += c->ch[k].sent;
+            api_add_usage(o, prompt_tokens(c), gen);
+            out_event(c, o);
+        }
+        out_append(c, "data: [DONE]\n\n", 14, "", 0, "", 0);
+        c->done_queued = true;
+        any = true;
+    }
+    return any;
+}
+
+/* MHD's content reader (the connection's thread): hands out queued events,
+ * waiting for the engine when there are none. */
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    Completion *c = cls;
+    (void)pos;
+    for (;;) {
+        if (c->out_off < c->out_len) {
+            size_t k = td_min(max, c->out_len - c->out_off);
+            memcpy(buf, c->out + c->out_off, k);
+            c->out_off += k;
+            c->last_out = td_now();
+            return (ssize_t)k;
+        }
+        if (c->done_queued) return MHD_CONTENT_READER_END_OF_STREAM;
+        c->out_len = c->out_off = 0;
+        uint64_t seen;
+        if (stream_fill(c, &seen)) continue;
+        /* a comment line while the request waits (queued behind others):
+         * libmicrohttpd closes a connection that sends nothing for
+         * idle_timeout seconds, and proxies do the same */
+        if (td_now() - c->last_out > c->s->keepalive) {
+            out_append(c, ": keep-alive\n\n", 14, "", 0, "", 0);
+            continue;
+        }
+        pthread_mutex_lock(&c->mu);
+        if (c->version == seen) {
+            struct timespec ts = poll_deadline();
+            pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (client_gone(c->fd) || atomic_load(&c->s->stopping)) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+}
+
+/* MHD is done with the stream (finished, or the client went away). */
+static void stream_free(void *cls)
+{
+    Completion *c = cls;
+    bool complete = c->done_queued && c->out_off == c->out_len;
+    if (!complete) completion_cancel(c);
+    log_completion(c, 200, complete ? "stream" : "stream disconnected");
+    completion_release(c, false);
+}
+
+/* ----------------------------------------------------------------- handlers */
+
+static enum MHD_Result handle_completion(Server *s, struct MHD_Connection *con, Upload *u)
+{
+    if (u->too_big)
+        return reply_error(s, con, 400, NULL, NULL, "the request body exceeds the server's limit of %zu bytes",
+                           s->o.max_body);
+    if (atomic_load(&s->draining))
+        return reply_error(s, con, 503, NULL, NULL, "the server is shutting down");
+    ApiCompletion q;
+    ApiError err;
+    if (api_parse_completion(&q, u->body ? u->body : "", u->len, &s->lim, &err))
+        return reply_api_error(s, con, &err, NULL);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_CONNECTION_FD);
+    Completion *c = completion_new(s, &q, ci ? (int)ci->connect_fd : -1);
+    int status = completion_submit(c, &err);
+    if (status) {
+        enum MHD_Result rc = reply_api_error(s, con, &err, NULL);
+        log_completion(c, status, "refused");
+        completion_release(c, false);
+        return rc;
+    }
+    if (!c->q.stream) {
+        int w = wait_done(c);
+        if (w) {
+            log_completion(c, 499, w == -1 ? "client disconnected" : "server stopped");
+            completion_release(c, false);
+            return MHD_NO;   /* closes the connection */
+        }
+        enum MHD_Result rc = reply_completion(s, con, c);
+        log_completion(c, 200, NULL);
+        completion_release(c, false);
+        return rc;
+    }
+    /* the stream owns the HTTP reference from here; stream_free drops it */
+    c->last_out = td_now();
+    struct MHD_Response *rsp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, c, stream_free);
+    if (!rsp) {
+        completion_cancel(c);
+        completion_release(c, false);
+        return MHD_NO;
+    }
+    MHD_add_response_header(rsp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(rsp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result rc = MHD_queue_response(con, MHD_HTTP_OK, rsp);
+    MHD_destroy_response(rsp);   /* stream_free runs when MHD lets go of it */
+    metrics_http(&s->m, 200);
+    return rc;
+}
+
+static cJSON *model_json(const Server *s)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", s->model);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)s->started);
+    cJSON_AddStringToObject(m, "owned_by", "tandem");
+    cJSON_AddNumberToObject(m, "max_model_len", (double)s->lim.context);
+    return m;
+}
+
+/* The path for messages: printable ASCII only, cut to 80 bytes. */
+static void safe_path(char *out, size_t n, const char *url)
+{
+    size_t o = 0;
+    for (size_t i = 0; url[i] && o + 1 < n && i < 80; i++)
+        out[o++] = (url[i] >= 0x20 && url[i] < 0x7f) ? url[i] : '?';
+    out[o] = 0;
+}
+
+static enum MHD_Result route(Server *s, struct MHD_Connection *con, const char *url, const char *method, Upload *u)
+{
+    bool get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
+    bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
+    char path[96];
+    safe_path(path, sizeof path, url);
+    if (!strcmp(url, "/v1/completions")) {
+        if (!post) return reply_error(s, con, 405, NULL, "POST", "%s is not allowed on %s; use POST", method, path);
+        return handle_completion(s, con, u);
+    }
+    bool known = !strcmp(url, "/health") || !strcmp(url, "/metrics") || !strcmp(url, "/v1/models") ||
+                 !strncmp(url, "/v1/models/", 11);
+    if (!known) return reply_error(s, con, 404, NULL, NULL, "unknown path %s", path);
+    if (!get) return reply_error(s, con, 405, NULL, "GET, HEAD", "%s is not allowed on %s; use GET", method, path);
+    if (!strcmp(url, "/health")) {
+        bool draining = atomic_load(&s->draining);
+        const char *b = draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}";
+        return reply(s, con, draining ? 503 : 200, "application/json", b, strlen(b), NULL);
+    }
+    if (!strcmp(url, "/metrics")) {
+        size_t len;
+        char *text = metrics_render(&s->m, &len);
+        enum MHD_Result rc = reply(s, con, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, NULL);
+        td_free(text);
+        return rc;
+    }
+    if (!strcmp(url, "/v1/models")) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "object", "list");
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), model_json(s));
+        return reply_json(s, con, 200, o);
+    }
+    if (strcmp(url + 11, s->model)) return reply_error(s, con, 404, "model", NULL, "unknown model %s", path + 11);
+    return reply_json(s, con, 200, model_json(s));
+}
+
+/* MHD's access handler: called once with the headers, then with each piece
+ * of the body, then once more with nothing left (where we answer). */
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const char *url, const char *method,
+                                  const char *version, const char *data, size_t *data_size, void **con_cls)
+{
+    Server *s = cls;
+    Upload *u = *con_cls;
+    (void)version;
+    if (!u) {
+        u = td_calloc(sizeof *u);
+        *con_cls = u;
+        const char *cl = MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtod(cl, NULL) > (double)s->o.max_body * SERVER_BODY_DISCARD_FACTOR) {
+            u->too_big = true;
+            return reply_error(s, con, 400, NULL, NULL, "the request body exceeds the server's limit of %zu bytes",
+                               s->o.max_body);
+        }
+        return MHD_YES;
+    }
+    if (*data_size) {
+        if (!u->too_big && u->len + *data_size > s->o.max_body) {
+            u->too_big = true;   /* keep reading, drop the rest */
+            td_free(u->body);
+            u->body = NULL;
+            u->len = u->cap = 0;
+        }
+        if (!u->too_big) {
+            if (u->len + *data_size > u->cap) {
+                size_t cap = td_min(s->o.max_body, td_max(u->len + *data_size, 2 * u->cap + 4096));
+                char *b = td_malloc(cap);
+                if (u->len) memcpy(b, u->body, u->len);
+                td_free(u->body);
+                u->body = b;
+                u->cap = cap;
+            }
+            memcpy(u->body + u->len, data, *data_size);
+            u->len += *data_size;
+        }
+        *data_size = 0;
+        return MHD_YES;
+    }
+    return route(s, con, url, method, u);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    Upload *u = *con_cls;
+    (void)cls;
+    (void)con;
+    (void)toe;
+    if (!u) return;
+    td_free(u->body);
+    td_free(u);
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    Server *s = cls;
+    /* before the daemon runs, server_start reports failures in one line */
+    if (s->o.quiet || !atomic_load(&s->log_on)) return;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t l = strlen(msg);
+    while (l && (msg[l - 1] == '\n' || msg[l - 1] == '\r')) msg[--l] = 0;
+    fprintf(stderr, "tandem: serve: http: %s\n", msg);
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+int server_start(Server **out, Engine *e, const ServerOpts *o, char *err, size_t n)
+{
+    *out = NULL;
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE };
+    struct addrinfo *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", o->port);
+    int g = getaddrinfo(o->host, port, &hints, &ai);
+    if (g || !ai) {
+        snprintf(err, n, "cannot resolve --host %s: %s", o->host, gai_strerror(g));
+        return -1;
+    }
+    Server *s = td_calloc(sizeof *s);
+    s->e = e;
+    s->o = *o;
+    snprintf(s->model, sizeof s->model, "%s", o->model_name);
+    s->lim.vocab = e->m->cfg.vocab_size;
+    s->lim.context = (size_t)e->m->cfg.max_position_embeddings;
+    s->lim.kv_positions = (size_t)e->kv.n_blocks * e->kv.bs;
+    s->lim.max_n = o->max_n;
+    s->started = (long)time(NULL);
+    s->keepalive = o->idle_timeout ? fmin(15.0, o->idle_timeout / 3.0) : 15.0;
+    s->salt = (uint32_t)random_u64();
+    metrics_init(&s->m);
+    pthread_mutex_init(&s->mu, NULL);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO |
+                     MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,   /* first, or MHD warns */
+                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
+                            MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout,
+                            MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->d) {
+        snprintf(err, n, "cannot listen on %s:%d (%s)", o->host, o->port,
+                 errno ? strerror(errno) : "libmicrohttpd refused the options");
+        server_free(s);
+        return -1;
+    }
+    atomic_store(&s->log_on, true);
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : o->port;
+    *out = s;
+    return 0;
+}
+
+static int live_count(Server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_live;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* Cancels the choices of every live completion (engine thread). */
+static void cancel_all(Server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    for (Completion *c = s->live; c; c = c->next) completion_cancel(c);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static size_t step(Server *s)
+{
+    size_t left = engine_step(s->e);
+    EngineStats st;
+    engine_stats(s->e, &st);
+    metrics_engine(&s->m, &st);
+    free_graveyard(s);
+    return left;
+}
+
+void server_run(Server *s, volatile sig_atomic_t *stop)
+{
+    double drain_start = 0, cancel_at = 0;
+    for (;;) {
+        if (*stop && !atomic_load(&s->draining)) {
+            atomic_store(&s->draining, true);
+            drain_start = td_now();
+            fprintf(stderr, "tandem: serve: draining (%d requests in flight, up to %.0f s)\n", live_count(s),
+                    s->o.drain_timeout);
+        }
+        size_t left = step(s);
+        if (atomic_load(&s->draining)) {
+            double now = td_now();
+            if (left == 0 && live_count(s) == 0) break;
+            if (!cancel_at && now - drain_start > s->o.drain_timeout) {
+                fprintf(stderr, "tandem: serve: drain timeout: cancelling %d requests\n", live_count(s));
+                cancel_all(s);
+                cancel_at = now;
+            }
+            /* the clients of cancelled requests get a few seconds to read
+             * their answers; then the listener stops regardless */
+            if (cancel_at && now - cancel_at > 5.0) break;
+        }
+        if (left == 0) engine_wait(s->e, atomic_load(&s->draining) ? 10 : 50);
+    }
+    /* handlers still waiting see `stopping`, cancel and return; stopping
+     * the daemon joins their threads */
+    atomic_store(&s->stopping, true);
+    MHD_stop_daemon(s->d);
+    s->d = NULL;
+    cancel_all(s);
+    for (int i = 0; i < 1000 && (step(s) > 0 || live_count(s) > 0); i++) {}
+    free_graveyard(s);
+}
+
+void server_free(Server *s)
+{
+    if (!s) return;
+    if (s->d) {
+        atomic_store(&s->stopping, true);
+        MHD_stop_daemon(s->d);
+    }
+    free_graveyard(s);
+    if (s->n_live)
+        td_error("serve: %d requests were still alive at exit", s->n_live);
+    metrics_free(&s->m);
+    pthread_mutex_destroy(&s->mu);
+    td_free(s);
+}

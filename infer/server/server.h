@@ -1,0 +1,62 @@
+/* infer/server/server.h - the HTTP side of `tandem serve`: an OpenAI-compatible
+ * server (POST /v1/completions with server-sent-event streaming, GET
+ * /v1/models, /health, /metrics) on libmicrohttpd over the inference
+ * engine (engine.h).  API details: docs/serving.md.
+ *
+ * Threads.  The thread that calls server_run is the engine thread: it alone
+ * calls engine_step (and so owns the thread pool).  libmicrohttpd runs one
+ * thread per connection; those threads only parse, validate, engine_submit
+ * and wait on the request's own mutex and condition variable, which the
+ * engine's callback signals after copying each new token (the engine's
+ * arrays may be reallocated between tokens, so nothing else reads them).
+ * The engine thread never waits for HTTP I/O.
+ *
+ * Lifetime of one completion: one reference for the HTTP side and one per
+ * choice still in the engine; it is freed when the last is dropped (by the
+ * engine thread after engine_step returns, or by the HTTP thread).  A client
+ * that disconnects cancels its choices (engine_cancel), which frees their
+ * cache blocks at the next step.
+ */
+#ifndef TANDEM_INFER_SERVER_SERVER_H
+#define TANDEM_INFER_SERVER_SERVER_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "infer/engine.h"
+
+typedef struct {
+    const char *host;        /* address to bind (numeric or a name), default 127.0.0.1 */
+    int port;                /* 0: any free port (server_port tells which) */
+    size_t max_body;         /* request bodies above this get 400 (default 1 MiB) */
+    int max_n;               /* choices per request (n x prompts), default 16 */
+    int max_connections;     /* concurrent connections (threads), default 512 */
+    unsigned idle_timeout;   /* seconds a connection may stay silent (0: forever), default 60 */
+    double drain_timeout;    /* seconds running requests get after SIGTERM, default 30 */
+    const char *model_name;  /* "model" in responses and /v1/models (borrowed) */
+    bool quiet;              /* no per-request log lines */
+} ServerOpts;
+
+typedef struct Server Server;
+
+void server_opts_default(ServerOpts *o);
+
+/* Starts listening (libmicrohttpd threads) over e, which must be
+ * initialised and is borrowed until server_free.  Returns 0 with *out set,
+ * or -1 with one line in err (address in use, bad host). */
+int server_start(Server **out, Engine *e, const ServerOpts *o, char *err, size_t n);
+/* The port actually bound (useful with port 0). */
+int server_port(const Server *s);
+
+/* The engine loop, on the calling thread: steps the engine while there is
+ * work and waits for submissions otherwise.  Once *stop becomes non-zero
+ * (a signal handler sets it) the server drains: new completions get 503,
+ * running ones finish (up to drain_timeout, then they are cancelled), then
+ * the listener stops and every request is released.  Returns when done. */
+void server_run(Server *s, volatile sig_atomic_t *stop);
+
+/* Stops the listener if still running and frees the server (not the engine). */
+void server_free(Server *s);
+
+#endif

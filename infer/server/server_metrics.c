@@ -1,0 +1,192 @@
+/* infer/server/server_metrics.c - counters and histograms of `tandem serve` in the
+ * Prometheus text format (server_metrics.h). */
+#include "infer/server/server_metrics.h"
+#include "core/common.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Upper bounds (seconds) of the latency buckets; the last is +Inf. */
+static const double g_bounds[METRICS_N_BUCKETS - 1] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                        0.25,  0.5,    1.0,   2.5,  5.0,   10.0 };
+
+void metrics_init(Metrics *m)
+{
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+    m->d.start = td_now();
+}
+
+void metrics_free(Metrics *m)
+{
+    if (!m->d.start) return;
+    pthread_mutex_destroy(&m->mu);
+    memset(m, 0, sizeof *m);
+}
+
+static void observe(Histogram *h, double x)
+{
+    int b = 0;
+    while (b < METRICS_N_BUCKETS - 1 && x > g_bounds[b]) b++;
+    h->count[b]++;
+    h->sum += x;
+    h->n++;
+}
+
+void metrics_ttft(Metrics *m, double seconds)
+{
+    pthread_mutex_lock(&m->mu);
+    observe(&m->d.ttft, seconds);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_itl(Metrics *m, double seconds)
+{
+    pthread_mutex_lock(&m->mu);
+    observe(&m->d.itl, seconds);
+    pthread_mutex_unlock(&m->mu);
+}
+
+static const char *const g_reasons[4] = { "length", "stop", "cancelled", "error" };
+
+void metrics_finished(Metrics *m, const char *finish_reason)
+{
+    int i = 0;
+    while (i < 3 && strcmp(g_reasons[i], finish_reason)) i++;
+    pthread_mutex_lock(&m->mu);
+    m->d.finished[i]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_http(Metrics *m, int status)
+{
+    pthread_mutex_lock(&m->mu);
+    int i = 0;
+    MetricsData *d = &m->d;
+    while (i < METRICS_N_CODES && d->codes[i] && d->codes[i] != status) i++;
+    if (i == METRICS_N_CODES) i--;   /* table full: the last slot takes the latest new code */
+    d->codes[i] = status;
+    d->code_count[i]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_engine(Metrics *m, const EngineStats *st)
+{
+    double now = td_now();
+    pthread_mutex_lock(&m->mu);
+    MetricsData *d = &m->d;
+    d->st = *st;
+    int last = (d->rate_head + METRICS_RATE_WINDOW - 1) % METRICS_RATE_WINDOW;
+    if (!d->rate_n || now - d->rate_t[last] >= 1.0) {
+        d->rate_t[d->rate_head] = now;
+        d->rate_tok[d->rate_head] = st->tokens_generated;
+        d->rate_head = (d->rate_head + 1) % METRICS_RATE_WINDOW;
+        if (d->rate_n < METRICS_RATE_WINDOW) d->rate_n++;
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* Rate from the oldest sample in the window to the
+ * latest snapshot. */
+static double rate_of(const MetricsData *d)
+{
+    if (!d->rate_n) return 0.0;
+    int oldest = (d->rate_head + METRICS_RATE_WINDOW - d->rate_n) % METRICS_RATE_WINDOW;
+    double dt = td_now() - d->rate_t[oldest];
+    return dt > 0.5 ? (double)(d->st.tokens_generated - d->rate_tok[oldest]) / dt : 0.0;
+}
+
+double metrics_rate(Metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    double r = rate_of(&m->d);
+    pthread_mutex_unlock(&m->mu);
+    return r;
+}
+
+/* ------------------------------------------------------------------ render */
+
+typedef struct {
+    char *s;
+    size_t len, cap;
+} Buf;
+
+static void put(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(Buf *b, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n >= 0 && (size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = 2 * b->cap + (n > 0 ? (size_t)n : 0);
+        char *s = td_malloc(cap);
+        memcpy(s, b->s, b->len);
+        td_free(b->s);
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+static void header(Buf *b, const char *name, const char *type, const char *help)
+{
+    put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void histogram(Buf *b, const char *name, const char *help, const Histogram *h)
+{
+    header(b, name, "histogram", help);
+    uint64_t cum = 0;
+    for (int i = 0; i < METRICS_N_BUCKETS; i++) {
+        cum += h->count[i];
+        if (i < METRICS_N_BUCKETS - 1) put(b, "%s_bucket{le=\"%g\"} %llu\n", name, g_bounds[i], (unsigned long long)cum);
+        else put(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    }
+    put(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->n);
+}
+
+static void gauge(Buf *b, const char *name, const char *type, const char *help, double v)
+{
+    header(b, name, type, help);
+    put(b, "%s %.17g\n", name, v);
+}
+
+char *metrics_render(Metrics *m, size_t *len)
+{
+    pthread_mutex_lock(&m->mu);
+    MetricsData c = m->d;   /* a consistent copy; format without the lock */
+    pthread_mutex_unlock(&m->mu);
+    Buf b = { td_malloc(8192), 0, 8192 };
+    histogram(&b, "tandem_time_to_first_token_seconds", "Time from submission to the first generated token.",
+              &c.ttft);
+    histogram(&b, "tandem_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.",
+              &c.itl);
+    gauge(&b, "tandem_generation_tokens_total", "counter", "Tokens generated.", (double)c.st.tokens_generated);
+    gauge(&b, "tandem_prompt_tokens_total", "counter", "Prompt tokens prefilled (recomputation included).",
+          (double)c.st.prompt_tokens);
+    header(&b, "tandem_requests_total", "counter", "Finished generations (one per choice) by finish reason.");
+    for (int i = 0; i < 4; i++)
+        put(&b, "tandem_requests_total{finish_reason=\"%s\"} %llu\n", g_reasons[i],
+            (unsigned long long)c.finished[i]);
+    header(&b, "tandem_http_responses_total", "counter", "HTTP responses by status code.");
+    for (int i = 0; i < METRICS_N_CODES && c.codes[i]; i++)
+        put(&b, "tandem_http_responses_total{code=\"%d\"} %llu\n", c.codes[i], (unsigned long long)c.code_count[i]);
+    gauge(&b, "tandem_requests_running", "gauge", "Generations in the running batch.", (double)c.st.running);
+    gauge(&b, "tandem_requests_waiting", "gauge", "Generations queued for admission.", (double)c.st.waiting);
+    gauge(&b, "tandem_kv_blocks_used", "gauge", "KV-cache blocks in use.", (double)c.st.kv_used);
+    gauge(&b, "tandem_kv_blocks_free", "gauge", "KV-cache blocks free.", (double)(c.st.kv_total - c.st.kv_used));
+    gauge(&b, "tandem_kv_blocks_total", "gauge", "KV-cache blocks in the pool.", (double)c.st.kv_total);
+    gauge(&b, "tandem_tokens_per_second", "gauge", "Generated tokens per second over the last 10 seconds.",
+          rate_of(&c));
+    gauge(&b, "tandem_preemptions_total", "counter", "Requests preempted for cache space (and recomputed).",
+          (double)c.st.preemptions);
+    gauge(&b, "tandem_engine_steps_total", "counter", "Engine steps (batched forwards).", (double)c.st.steps);
+    gauge(&b, "tandem_uptime_seconds", "gauge", "Seconds since the server started.", td_now() - c.start);
+    *len = b.len;
+    return b.s;
+}

@@ -1,0 +1,61 @@
+/* infer/server/server_metrics.h - the counters and latency histograms of
+ * `tandem serve`, rendered in the Prometheus text format 0.0.4
+ * (prometheus.io/docs/instrumenting/exposition_formats).
+ *
+ * Writers: the engine thread (token timings, engine snapshots, finished
+ * requests) and the HTTP threads (responses by status).  Readers: GET
+ * /metrics.  Every access takes the one mutex; each is a few adds.
+ */
+#ifndef TANDEM_INFER_SERVER_SERVER_METRICS_H
+#define TANDEM_INFER_SERVER_SERVER_METRICS_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "infer/engine.h"
+
+#define METRICS_N_BUCKETS 14   /* 1 ms .. 10 s, then +Inf */
+#define METRICS_N_CODES 10
+#define METRICS_RATE_WINDOW 11 /* one-second samples: the rate spans up to 10 s */
+
+typedef struct {
+    uint64_t count[METRICS_N_BUCKETS];   /* per bucket (not cumulative); the last is +Inf */
+    double sum;
+    uint64_t n;
+} Histogram;
+
+typedef struct {
+    Histogram ttft, itl;                  /* seconds */
+    uint64_t finished[4];                 /* length, stop, cancelled, error (anything else) */
+    int codes[METRICS_N_CODES];           /* HTTP status codes seen ... */
+    uint64_t code_count[METRICS_N_CODES]; /* ... and how often */
+    EngineStats st;                       /* last snapshot from the engine thread */
+    double rate_t[METRICS_RATE_WINDOW];   /* (time, tokens generated) ring for tokens/s */
+    long rate_tok[METRICS_RATE_WINDOW];
+    int rate_n, rate_head;
+    double start;                         /* td_now() at init */
+} MetricsData;
+
+typedef struct {
+    pthread_mutex_t mu;
+    MetricsData d;                        /* guarded by mu */
+} Metrics;
+
+void metrics_init(Metrics *m);
+void metrics_free(Metrics *m);
+/* One request's first token (seconds after submission) / one inter-token gap. */
+void metrics_ttft(Metrics *m, double seconds);
+void metrics_itl(Metrics *m, double seconds);
+/* A choice finished with the engine's finish_reason. */
+void metrics_finished(Metrics *m, const char *finish_reason);
+/* An HTTP response was queued with this status. */
+void metrics_http(Metrics *m, int status);
+/* Engine thread, after each step: the engine's counters and gauges. */
+void metrics_engine(Metrics *m, const EngineStats *st);
+/* Generated tokens per second over the last seconds (engine snapshots). */
+double metrics_rate(Metrics *m);
+/* The exposition text (td_malloc'd, NUL-terminated; *len its length). */
+char *metrics_render(Metrics *m, size_t *len);
+
+#endif
