@@ -12,7 +12,7 @@ cd "$(dirname "$0")"
 # Debian packages the build, the tests and the demo need (SPEC section 1).
 TANDEM_PKGS="make gcc libc6-dev pkg-config git ca-certificates
  openmpi-bin libopenmpi-dev libopenblas-dev libhdf5-openmpi-dev hdf5-tools
- libcriterion-dev libcjson-dev libmicrohttpd-dev curl fortunes
+ libcriterion-dev libcjson-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev curl fortunes
  python3-minimal python3-numpy python3-h5py python3-torch"
 
 missing=""
