@@ -6,16 +6,16 @@
 
 #include <stdio.h>
 
-#define CACHE_N 32768        /* entries, direct-mapped by hash */
-#define CACHE_KEY 48         /* longest word cached, bytes */
-#define CACHE_IDS 12         /* most ids of a cached word */
+#define CACHE_SETS 32768     /* 2-way sets of 64-byte entries: 4 MiB per scratch */
+#define CACHE_KEY 26         /* longest word cached, bytes */
+#define CACHE_IDS 7          /* most ids of a cached word */
 
 typedef struct {
-    uint64_t h;
-    uint32_t klen, nids;
+    uint64_t h;              /* 0: empty */
+    uint8_t klen, nids;
     char key[CACHE_KEY];
     int32_t ids[CACHE_IDS];
-} CacheEntry;
+} CacheEntry;                /* one cache line */
 
 typedef struct {
     int32_t c, prev, next;
@@ -24,6 +24,7 @@ typedef struct {
 
 typedef struct {
     int32_t rank, pos, id;
+    int32_t left, right;     /* the pair when pushed */
 } Merge;
 
 struct BpeScratch {
@@ -31,7 +32,7 @@ struct BpeScratch {
     size_t n_sym, cap_sym;
     Merge *heap;
     size_t n_heap, cap_heap;
-    CacheEntry *cache;       /* CACHE_N entries, allocated on first use */
+    CacheEntry *cache;       /* 2 * CACHE_SETS entries (way 0 most recent), allocated on first use */
 };
 
 /* ---------------------------------------------------------------- load */
@@ -310,7 +311,8 @@ static void merge_all(const Bpe *m, BpeScratch *sc)
     sc->n_heap = 0;
     for (size_t i = 0; i + 1 < sc->n_sym; i++) {
         int32_t rank, id;
-        if (pairmap_get(&m->merges, s[i].c, s[i + 1].c, &rank, &id)) heap_push(sc, (Merge){ rank, (int32_t)i, id });
+        if (pairmap_get(&m->merges, s[i].c, s[i + 1].c, &rank, &id))
+            heap_push(sc, (Merge){ rank, (int32_t)i, id, s[i].c, s[i + 1].c });
     }
     while (sc->n_heap) {
         Merge top = heap_pop(sc);
@@ -320,16 +322,20 @@ static void merge_all(const Bpe *m, BpeScratch *sc)
         int32_t next_pos = cur->next;
         Sym right = s[next_pos];
         int32_t rank, id;
-        if (!pairmap_get(&m->merges, cur->c, right.c, &rank, &id) || id != top.id) continue;   /* stale */
+        /* HF's staleness test: the pair now there must merge into the same
+         * id.  Unchanged ids pass without a lookup. */
+        if ((cur->c != top.left || right.c != top.right) &&
+            (!pairmap_get(&m->merges, cur->c, right.c, &rank, &id) || id != top.id))
+            continue;
         cur->c = top.id;
         cur->len += right.len;
         cur->next = right.next;
         s[next_pos].len = 0;
         if (right.next >= 0) s[right.next].prev = top.pos;
         if (cur->prev >= 0 && pairmap_get(&m->merges, s[cur->prev].c, cur->c, &rank, &id))
-            heap_push(sc, (Merge){ rank, cur->prev, id });
+            heap_push(sc, (Merge){ rank, cur->prev, id, s[cur->prev].c, cur->c });
         if (cur->next >= 0 && pairmap_get(&m->merges, cur->c, s[cur->next].c, &rank, &id))
-            heap_push(sc, (Merge){ rank, top.pos, id });
+            heap_push(sc, (Merge){ rank, top.pos, id, cur->c, s[cur->next].c });
     }
 }
 
@@ -418,16 +424,23 @@ void bpe_tokenize(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool by
             return;
         }
     }
-    CacheEntry *ce = NULL;
+    CacheEntry *set = NULL;
     uint64_t h = 0;
     if (n <= CACHE_KEY) {
-        if (!sc->cache) sc->cache = td_calloc(CACHE_N * sizeof(CacheEntry));
+        if (!sc->cache) sc->cache = td_calloc(2 * CACHE_SETS * sizeof(CacheEntry));
         h = tok_hash(s, n) | 1;   /* 0 marks an empty entry */
-        ce = &sc->cache[h & (CACHE_N - 1)];
-        if (ce->h == h && ce->klen == n && !memcmp(ce->key, s, n)) {
+        set = &sc->cache[2 * (h & (CACHE_SETS - 1))];
+        for (int w = 0; w < 2; w++) {
+            CacheEntry *ce = &set[w];
+            if (ce->h != h || ce->klen != n || memcmp(ce->key, s, n)) continue;
             tokids_reserve(out, ce->nids);
             memcpy(out->ids + out->n, ce->ids, ce->nids * sizeof(int32_t));
             out->n += ce->nids;
+            if (w == 1) {   /* most recent first */
+                CacheEntry t = set[0];
+                set[0] = set[1];
+                set[1] = t;
+            }
             return;
         }
     }
@@ -436,10 +449,12 @@ void bpe_tokenize(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool by
     for (size_t i = 0; i < sc->n_sym; i++)
         if (sc->sym[i].len) tokids_push(out, sc->sym[i].c);
     size_t got = out->n - first;
-    if (ce && got <= CACHE_IDS) {
+    if (set && got <= CACHE_IDS) {
+        set[1] = set[0];
+        CacheEntry *ce = &set[0];
         ce->h = h;
-        ce->klen = (uint32_t)n;
-        ce->nids = (uint32_t)got;
+        ce->klen = (uint8_t)n;
+        ce->nids = (uint8_t)got;
         memcpy(ce->key, s, n);
         memcpy(ce->ids, out->ids + first, got * sizeof(int32_t));
     }

@@ -298,18 +298,17 @@ static void split_by(const Piece *pc, size_t n, const TokSpans *m, Behavior beha
 
 /* ---------------------------------------------------------------- steps */
 
-static int apply_node(const PreTok *p, TokBuf *arena, Pieces *io, Pieces *tmp, TokRegexScratch *rx, char *err,
-                      size_t en);
+static int apply_node(const PreTok *p, TokBuf *arena, Pieces *io, Pieces *tmp, TokRegexScratch *rx, TokSpans *sp,
+                      char *err, size_t en);
 
 /* Runs fn over every non-added piece of io (into tmp), then swaps. */
 typedef int (*PieceFn)(const PreTok *p, TokBuf *arena, const Piece *pc, Pieces *out, TokRegexScratch *rx,
                        TokSpans *sp, char *err, size_t en);
 
-static int each_piece(const PreTok *p, TokBuf *arena, Pieces *io, Pieces *tmp, TokRegexScratch *rx, PieceFn fn,
-                      char *err, size_t en)
+static int each_piece(const PreTok *p, TokBuf *arena, Pieces *io, Pieces *tmp, TokRegexScratch *rx, TokSpans *sp,
+                      PieceFn fn, char *err, size_t en)
 {
     tmp->n = 0;
-    TokSpans sp = { 0 };
     int rc = 0;
     for (size_t i = 0; i < io->n && !rc; i++) {
         const Piece pc = io->v[i];
@@ -317,10 +316,9 @@ static int each_piece(const PreTok *p, TokBuf *arena, Pieces *io, Pieces *tmp, T
             pieces_push(tmp, pc.off, pc.len, pc.id, pc.flags);
             continue;
         }
-        sp.n = 0;
-        rc = fn(p, arena, &pc, tmp, rx, &sp, err, en);
+        sp->n = 0;
+        rc = fn(p, arena, &pc, tmp, rx, sp, err, en);
     }
-    spans_free(&sp);
     Pieces t = *io;
     *io = *tmp;
     *tmp = t;
@@ -367,27 +365,27 @@ static int step_bytelevel(const PreTok *p, TokBuf *arena, const Piece *pc, Piece
         cur.off = off;
         cur.len = pc->len + 1;
     }
-    Pieces parts = { 0 };
+    size_t first = out->n;
     if (p->re) {
         if (tokregex_find_all(p->re, rx, arena->p + cur.off, cur.len, sp, err, en)) return -1;
-        split_by(&cur, cur.len, sp, B_ISOLATED, false, &parts);
-    } else pieces_push(&parts, cur.off, cur.len, -1, cur.flags);
-    for (size_t i = 0; i < parts.n; i++) {
-        Piece q = parts.v[i];
+        split_by(&cur, cur.len, sp, B_ISOLATED, false, out);
+    } else if (cur.len) pieces_push(out, cur.off, cur.len, -1, cur.flags);
+    for (size_t i = first; i < out->n; i++) {   /* the pieces just made */
+        Piece *q = &out->v[i];
         if (p->bytes_out) {
-            pieces_push(out, q.off, q.len, -1, q.flags | PIECE_BYTES);
+            q->flags |= PIECE_BYTES;
             continue;
         }
-        tokbuf_reserve(arena, 2 * (size_t)q.len);
+        tokbuf_reserve(arena, 2 * (size_t)q->len);
         uint32_t off = (uint32_t)arena->n;
-        for (uint32_t b = 0; b < q.len; b++) {
+        for (uint32_t b = 0; b < q->len; b++) {
             char c[4];
-            int l = utf8_put(bytelevel_char((uint8_t)arena->p[q.off + b]), c);
+            int l = utf8_put(bytelevel_char((uint8_t)arena->p[q->off + b]), c);
             tokbuf_put(arena, c, (size_t)l);
         }
-        pieces_push(out, off, (uint32_t)(arena->n - off), -1, q.flags);
+        q->off = off;
+        q->len = (uint32_t)(arena->n - off);
     }
-    pieces_free(&parts);
     return 0;
 }
 
@@ -423,23 +421,23 @@ static int step_metaspace(const PreTok *p, TokBuf *arena, const Piece *pc, Piece
     return 0;
 }
 
-static int apply_node(const PreTok *p, TokBuf *arena, Pieces *io, Pieces *tmp, TokRegexScratch *rx, char *err,
-                      size_t en)
+static int apply_node(const PreTok *p, TokBuf *arena, Pieces *io, Pieces *tmp, TokRegexScratch *rx, TokSpans *sp,
+                      char *err, size_t en)
 {
     switch (p->kind) {
     case PT_SEQUENCE:
         for (int i = 0; i < p->n_sub; i++)
-            if (apply_node(p->sub[i], arena, io, tmp, rx, err, en)) return -1;
+            if (apply_node(p->sub[i], arena, io, tmp, rx, sp, err, en)) return -1;
         return 0;
-    case PT_BYTELEVEL: return each_piece(p, arena, io, tmp, rx, step_bytelevel, err, en);
-    case PT_METASPACE: return each_piece(p, arena, io, tmp, rx, step_metaspace, err, en);
-    default: return each_piece(p, arena, io, tmp, rx, step_split, err, en);
+    case PT_BYTELEVEL: return each_piece(p, arena, io, tmp, rx, sp, step_bytelevel, err, en);
+    case PT_METASPACE: return each_piece(p, arena, io, tmp, rx, sp, step_metaspace, err, en);
+    default: return each_piece(p, arena, io, tmp, rx, sp, step_split, err, en);
     }
 }
 
-int pretok_apply(const PreTok *p, TokBuf *arena, Pieces *io, Pieces *tmp, TokRegexScratch *rx, char *err,
-                 size_t en)
+int pretok_apply(const PreTok *p, TokBuf *arena, Pieces *io, Pieces *tmp, TokSpans *sp, TokRegexScratch *rx,
+                 char *err, size_t en)
 {
     if (!p) return 0;
-    return apply_node(p, arena, io, tmp, rx, err, en);
+    return apply_node(p, arena, io, tmp, rx, sp, err, en);
 }

@@ -31,8 +31,8 @@ bool pretok_ends_bytelevel(const PreTok *p);
 void pretok_set_bytes_out(PreTok *p, bool on);
 
 /* Pre-tokenizes the pieces of *io in place (p may be NULL: nothing to do).
- * tmp is scratch.  0, or -1 with err. */
-int pretok_apply(const PreTok *p, TokBuf *arena, Pieces *io, Pieces *tmp, TokRegexScratch *rx, char *err,
-                 size_t en);
+ * tmp and sp are scratch.  0, or -1 with err. */
+int pretok_apply(const PreTok *p, TokBuf *arena, Pieces *io, Pieces *tmp, TokSpans *sp, TokRegexScratch *rx,
+                 char *err, size_t en);
 
 #endif

@@ -196,6 +196,13 @@ long utf8_check(const char *s, size_t n)
     const uint8_t *u = (const uint8_t *)s;
     size_t i = 0;
     while (i < n) {
+        while (i + 8 <= n) {   /* ASCII eight bytes at a time */
+            uint64_t w;
+            memcpy(&w, u + i, 8);
+            if (w & 0x8080808080808080ull) break;
+            i += 8;
+        }
+        if (i >= n) break;
         if (u[i] < 0x80) {
             i++;
             continue;
@@ -380,8 +387,7 @@ void pairmap_put(PairMap *m, int32_t a, int32_t b, int32_t rank, int32_t id)
 {
     TD_CHECK((m->count + 1) * 2 <= m->mask + 1, "pairmap sized too small");
     uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-    uint64_t h = key * 0x9E3779B97F4A7C15ull;
-    size_t i = (size_t)(h >> 20) & m->mask;
+    size_t i = (size_t)pair_hash(key) & m->mask;
     for (;; i = (i + 1) & m->mask) {
         struct PairSlot *s = &m->slot[i];
         if (s->rank < 0) {

@@ -86,6 +86,16 @@ typedef struct {
     size_t mask, count;
 } PairMap;
 
+/* splitmix64's finalizer: every key bit reaches every slot bit. */
+static inline uint64_t pair_hash(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
 void pairmap_init(PairMap *m, size_t expect);
 void pairmap_free(PairMap *m);
 void pairmap_put(PairMap *m, int32_t a, int32_t b, int32_t rank, int32_t id);
@@ -93,8 +103,7 @@ void pairmap_put(PairMap *m, int32_t a, int32_t b, int32_t rank, int32_t id);
 static inline bool pairmap_get(const PairMap *m, int32_t a, int32_t b, int32_t *rank, int32_t *id)
 {
     uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-    uint64_t h = key * 0x9E3779B97F4A7C15ull;
-    size_t i = (size_t)(h >> 20) & m->mask;
+    size_t i = (size_t)pair_hash(key) & m->mask;
     for (;;) {
         const struct PairSlot *s = &m->slot[i];
         if (s->rank < 0) return false;

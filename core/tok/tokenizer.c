@@ -22,6 +22,7 @@ typedef struct {
     pthread_mutex_t mu;
     TokBuf arena, nbuf;
     Pieces a, b, tmp;
+    TokSpans sp;
     TokRegexScratch *rx;
     BpeScratch *bpe;
 } Slot;
@@ -84,6 +85,7 @@ static void slot_free(Slot *s)
     pieces_free(&s->a);
     pieces_free(&s->b);
     pieces_free(&s->tmp);
+    spans_free(&s->sp);
     tokregex_scratch_free(s->rx);
     bpe_scratch_free(s->bpe);
     pthread_mutex_destroy(&s->mu);
@@ -466,7 +468,7 @@ static int encode_slot(const Tokenizer *t, Slot *s, const char *text, size_t len
         added_split(&t->added, &t->added.norm, s->arena.p + off, n, off, (pc.flags & PIECE_FIRST) != 0, &s->b);
     }
     /* 3. pre-tokenize, 4. the model */
-    if (pretok_apply(t->pre, &s->arena, &s->b, &s->tmp, s->rx, err, en)) return -1;
+    if (pretok_apply(t->pre, &s->arena, &s->b, &s->tmp, &s->sp, s->rx, err, en)) return -1;
     for (size_t i = 0; i < s->b.n; i++) {
         const Piece *pc = &s->b.v[i];
         if (pc->id >= 0) tokids_push(out, pc->id);

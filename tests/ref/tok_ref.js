@@ -8,9 +8,12 @@
 //        "k": decode(s, skip_special_tokens)}.  The text is encoded once
 //       and post-processed both ways, exactly as encode() does it inside
 //       (_tokenize_helper); the first lines are checked against encode().
+//   node tests/ref/tok_ref.js text DIR FILE OUT.json
+//       the whole of FILE as one text: {"s": ids with special tokens, "p": without}
 //   node tests/ref/tok_ref.js bench DIR TEXT.txt SECONDS
 //       encodes TEXT.txt line by line (no special tokens) for about SECONDS
 //       and prints {"bytes": B, "seconds": S, "mb_per_s": R, "tokens": T}
+//       (S in CPU seconds of this process: the machine is shared)
 //
 // DIR holds tokenizer.json and tokenizer_config.json.  The packages are
 // installed into build/node_modules by ./tandem.sh; NODE_PATH points there.
@@ -64,25 +67,34 @@ function ids(dir, input, output) {
   fs.closeSync(out);
 }
 
+function text(dir, input, output) {
+  const tok = load(dir);
+  const t = fs.readFileSync(input, "utf8");
+  const s = tok.encode(t, { add_special_tokens: true }), p = tok.encode(t, { add_special_tokens: false });
+  fs.writeFileSync(output, JSON.stringify({ s, p }) + "\n");
+}
+
 function bench(dir, input, seconds) {
   const tok = load(dir);
   const v = lines(input);
   const bytes = v.reduce((a, l) => a + Buffer.byteLength(l, "utf8") + 1, 0);
   let done = 0, tokens = 0;
-  const t0 = process.hrtime.bigint();
+  const cpu = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1e6; };
+  const t0 = cpu();
   let el = 0;
   do {
     for (const l of v) tokens += tok.encode(l, { add_special_tokens: false }).length;
     done += bytes;
-    el = Number(process.hrtime.bigint() - t0) / 1e9;
+    el = cpu() - t0;
   } while (el < seconds);
   console.log(JSON.stringify({ bytes: done, seconds: el, mb_per_s: done / el / 1e6, tokens }));
 }
 
 const [mode, dir, input, arg] = process.argv.slice(2);
 if (mode === "ids" && arg) ids(dir, input, arg);
+else if (mode === "text" && arg) text(dir, input, arg);
 else if (mode === "bench" && arg) bench(dir, input, Number(arg));
 else {
-  console.error("usage: tok_ref.js ids DIR LINES.txt OUT.jsonl | bench DIR TEXT.txt SECONDS");
+  console.error("usage: tok_ref.js ids DIR LINES.txt OUT.jsonl | text DIR FILE OUT.json | bench DIR TEXT.txt SECONDS");
   process.exit(2);
 }
