@@ -309,6 +309,8 @@ static void merge_all(const Bpe *m, BpeScratch *sc)
 {
     Sym *s = sc->sym;
     sc->n_heap = 0;
+    /* the first lookups are independent: let their cache misses overlap */
+    for (size_t i = 0; i + 1 < sc->n_sym; i++) pairmap_prefetch(&m->merges, s[i].c, s[i + 1].c);
     for (size_t i = 0; i + 1 < sc->n_sym; i++) {
         int32_t rank, id;
         if (pairmap_get(&m->merges, s[i].c, s[i + 1].c, &rank, &id))

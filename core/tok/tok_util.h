@@ -99,6 +99,13 @@ static inline uint64_t pair_hash(uint64_t x)
 void pairmap_init(PairMap *m, size_t expect);
 void pairmap_free(PairMap *m);
 void pairmap_put(PairMap *m, int32_t a, int32_t b, int32_t rank, int32_t id);
+/* Starts loading the slot of (a, b) (the map is larger than the caches). */
+static inline void pairmap_prefetch(const PairMap *m, int32_t a, int32_t b)
+{
+    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    __builtin_prefetch(&m->slot[(size_t)pair_hash(key) & m->mask]);
+}
+
 /* true and *rank, *id when (a, b) merges. */
 static inline bool pairmap_get(const PairMap *m, int32_t a, int32_t b, int32_t *rank, int32_t *id)
 {
