@@ -494,12 +494,16 @@ int tok_encode(const Tokenizer *t, const char *text, size_t len, bool add_specia
         tok_errf(err, err_len, "the text is too long to encode at once (%zu bytes)", len);
         return -1;
     }
+    size_t n0 = out->n;
     if (add_special)
         for (size_t i = 0; i < t->post.pre.n; i++) tokids_push(out, t->post.pre.ids[i]);
     Slot *s = slot_take(t);
     int rc = encode_slot(t, s, text, len, out, err, err_len);
     slot_give(s);
-    if (rc) return -1;
+    if (rc) {
+        out->n = n0;   /* nothing appended on failure */
+        return -1;
+    }
     if (add_special)
         for (size_t i = 0; i < t->post.post.n; i++) tokids_push(out, t->post.post.ids[i]);
     return 0;

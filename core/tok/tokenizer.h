@@ -70,7 +70,8 @@ int32_t tok_vocab_size(const Tokenizer *t);
 /* Appends the ids of text[0..len) to out, as HF's
  * tokenizer(text, add_special_tokens=add_special)["input_ids"].  The text
  * must be valid UTF-8 (HF takes str): -1 with err naming the byte offset
- * otherwise (the byte-level tokenizer takes any bytes). */
+ * otherwise (the byte-level tokenizer takes any bytes); nothing is
+ * appended on failure. */
 int tok_encode(const Tokenizer *t, const char *text, size_t len, bool add_special, TokIds *out,
                char *err, size_t err_len);
 /* Appends the text of ids[0..n) to out, as HF's
