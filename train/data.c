@@ -154,7 +154,55 @@ static int read_all(const char *path, uint8_t **buf, size_t *len)
     return 0;
 }
 
-int data_prepare(const char *const *inputs, int n_inputs, const char *output, double val_fraction)
+uint32_t data_token_width(int64_t V) { return V <= 256 ? 1 : V <= 65536 ? 2 : 4; }
+
+/* The tokens of one input file: its bytes, or the tokenizer's ids. */
+typedef struct {
+    uint8_t *bytes;
+    TokIds ids;
+    size_t n;
+} FileTokens;
+
+static int file_tokens(FileTokens *ft, const char *path, const Tokenizer *tok, bool add_special)
+{
+    memset(ft, 0, sizeof *ft);
+    size_t len;
+    if (read_all(path, &ft->bytes, &len)) return -1;
+    if (!tok) {
+        ft->n = len;
+        return 0;
+    }
+    char err[256];
+    int rc = tok_encode(tok, (const char *)ft->bytes, len, add_special, &ft->ids, err, sizeof err);
+    td_free(ft->bytes);
+    ft->bytes = NULL;
+    if (rc) {
+        td_error("data prepare: %s: %s", path, err);
+        return -1;
+    }
+    ft->n = ft->ids.n;
+    return 0;
+}
+
+/* Writes tokens [a, b) of ft at `width` bytes each. */
+static bool write_tokens(FILE *f, const FileTokens *ft, size_t a, size_t b, uint32_t width)
+{
+    if (ft->bytes) return fwrite(ft->bytes + a, 1, b - a, f) == b - a;
+    uint8_t buf[4096];
+    size_t k = 0;
+    for (size_t i = a; i < b; i++) {
+        uint32_t v = (uint32_t)ft->ids.ids[i];
+        for (uint32_t j = 0; j < width; j++) buf[k++] = (uint8_t)(v >> (8 * j));
+        if (k + 4 > sizeof buf) {
+            if (fwrite(buf, 1, k, f) != k) return false;
+            k = 0;
+        }
+    }
+    return fwrite(buf, 1, k, f) == k;
+}
+
+int data_prepare(const char *const *inputs, int n_inputs, const char *output, double val_fraction,
+                 const Tokenizer *tok, bool add_special)
 {
     if (n_inputs < 1) {
         td_error("data prepare: no --input given");
@@ -168,16 +216,17 @@ int data_prepare(const char *const *inputs, int n_inputs, const char *output, do
     int rc = 0;
     for (int i = 0; i < n_inputs && rc == 0; i++) rc = collect(&files, inputs[i]);
     /* two passes: train parts of every file, then validation parts */
-    uint8_t **bufs = td_calloc((size_t)(files.n + 1) * sizeof(uint8_t *));
-    size_t *lens = td_calloc((size_t)(files.n + 1) * sizeof(size_t));
+    FileTokens *ft = td_calloc((size_t)(files.n + 1) * sizeof(FileTokens));
     uint64_t total = 0, n_val = 0;
     for (int i = 0; i < files.n && rc == 0; i++) {
-        rc = read_all(files.v[i], &bufs[i], &lens[i]);
-        total += lens[i];
-        n_val += (uint64_t)((double)lens[i] * val_fraction);
+        rc = file_tokens(&ft[i], files.v[i], tok, add_special);
+        total += ft[i].n;
+        n_val += (uint64_t)((double)ft[i].n * val_fraction);
     }
+    int64_t V = tok ? tok_vocab_size(tok) : 256;
+    uint32_t width = data_token_width(V);
     if (rc == 0 && total < 2) {
-        td_error("data prepare: the inputs hold %llu bytes; nothing to train on", (unsigned long long)total);
+        td_error("data prepare: the inputs hold %llu tokens; nothing to train on", (unsigned long long)total);
         rc = -1;
     }
     if (rc == 0 && total - n_val < 2) {
@@ -195,17 +244,15 @@ int data_prepare(const char *const *inputs, int n_inputs, const char *output, do
             uint8_t h[DATA_HEADER_BYTES] = { 0 };
             memcpy(h, MAGIC, 8);
             wr32(h + 8, 1);
-            wr32(h + 12, 1);
+            wr32(h + 12, width);
             wr64(h + 16, total);
             wr64(h + 24, n_val);
-            wr32(h + 32, 256);
+            wr32(h + 32, (uint32_t)V);
             bool ok = fwrite(h, 1, sizeof h, f) == sizeof h;
             for (int pass = 0; pass < 2; pass++)
                 for (int i = 0; i < files.n; i++) {
-                    size_t nv = (size_t)((double)lens[i] * val_fraction), nt = lens[i] - nv;
-                    const uint8_t *p = pass == 0 ? bufs[i] : bufs[i] + nt;
-                    size_t n = pass == 0 ? nt : nv;
-                    ok &= fwrite(p, 1, n, f) == n;
+                    size_t nv = (size_t)((double)ft[i].n * val_fraction), nt = ft[i].n - nv;
+                    ok &= pass == 0 ? write_tokens(f, &ft[i], 0, nt, width) : write_tokens(f, &ft[i], nt, ft[i].n, width);
                 }
             ok &= fflush(f) == 0 && fsync(fileno(f)) == 0;
             ok &= fclose(f) == 0;
@@ -214,18 +261,18 @@ int data_prepare(const char *const *inputs, int n_inputs, const char *output, do
                 unlink(tmp);
                 rc = -1;
             } else {
-                td_info("data prepare: %d files, %llu tokens (%llu train, %llu validation) -> %s",
+                td_info("data prepare: %d files, %llu tokens (%llu train, %llu validation; V = %lld, %u-byte tokens) -> %s",
                         files.n, (unsigned long long)total, (unsigned long long)(total - n_val),
-                        (unsigned long long)n_val, output);
+                        (unsigned long long)n_val, (long long)V, width, output);
             }
         }
     }
     for (int i = 0; i < files.n; i++) {
-        td_free(bufs[i]);
+        td_free(ft[i].bytes);
+        tok_ids_free(&ft[i].ids);
         td_free(files.v[i]);
     }
-    td_free(bufs);
-    td_free(lens);
+    td_free(ft);
     td_free(files.v);
     return rc;
 }

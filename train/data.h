@@ -11,9 +11,12 @@
  *       36    28  reserved, zero
  *       64     -  count tokens, little-endian unsigned, width bytes each
  * The training stream is tokens [0, count - n_val), validation the rest.
- * Byte-level tokenisation maps each byte to its value (V = 256); prepare
- * keeps the last val_fraction of every input file for validation, so both
- * splits sample every file.
+ * Byte-level tokenisation maps each byte to its value (V = 256); with a
+ * tokenizer, each input file is encoded as one text (HF's tokenizer(text),
+ * special tokens as HF adds them unless add_special is false), V is the
+ * tokenizer's and the width is 1, 2 or 4 bytes as V needs.  Prepare keeps
+ * the last val_fraction of every input file's tokens for validation, so
+ * both splits sample every file.
  *
  * Order (shuffle=false): micro-batch i (counted from 0 over the whole run),
  * row r of B, takes the window starting at s = ((i*B) + r) * T of the stream,
@@ -31,6 +34,7 @@
 #include <stdint.h>
 
 #include "core/rng.h"
+#include "core/tok/tokenizer.h"
 
 #define DATA_HEADER_BYTES 64
 
@@ -54,11 +58,14 @@ static inline int32_t tokfile_get(const TokenFile *f, uint64_t i)
     return (int32_t)(p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
 }
 
-/* Writes a byte-level token file from the given inputs (files, or
- * directories whose regular files are taken in name order, skipping
- * strfile indexes *.dat and symlinks).  Returns 0 or -1 after one error
- * line. */
-int data_prepare(const char *const *inputs, int n_inputs, const char *output, double val_fraction);
+/* Writes a token file from the given inputs (files, or directories whose
+ * regular files are taken in name order, skipping strfile indexes *.dat
+ * and symlinks): byte-level when tok is NULL, else the ids of tok (see
+ * above).  Returns 0 or -1 after one error line. */
+int data_prepare(const char *const *inputs, int n_inputs, const char *output, double val_fraction,
+                 const Tokenizer *tok, bool add_special);
+/* Bytes per token for a vocabulary of V ids: 1, 2 or 4. */
+uint32_t data_token_width(int64_t V);
 
 /* A stream: the training or validation part of a file. */
 typedef struct {

@@ -42,15 +42,16 @@ int cmd_train(int argc, char **argv)
 
 int cmd_data(int argc, char **argv)
 {
-    static const char *const spec[] = { "input+", "output=", "val-fraction=", NULL };
+    static const char *const spec[] = { "input+", "output=", "val-fraction=", "tokenizer=", "no-special", NULL };
     Args a;
     char err[256];
     if (argc < 2 || strcmp(argv[1], "prepare")) {
         if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-            printf("usage: tandem data prepare --input PATH... --output DATA.bin [--val-fraction 0.05]\n");
+            printf("usage: tandem data prepare --input PATH... --output DATA.bin [--val-fraction 0.05]\n"
+                   "                          [--tokenizer DIR [--no-special]]\n");
             return 0;
         }
-        td_error("usage: tandem data prepare --input PATH... --output DATA.bin [--val-fraction 0.05]");
+        td_error("usage: tandem data prepare --input PATH... --output DATA.bin [--val-fraction 0.05] [--tokenizer DIR]");
         return 2;
     }
     if (args_parse(&a, argc, argv, 2, spec, err, sizeof err)) {
@@ -59,9 +60,12 @@ int cmd_data(int argc, char **argv)
     }
     if (a.help) {
         printf("usage: tandem data prepare --input PATH... --output DATA.bin [--val-fraction 0.05]\n"
+               "                          [--tokenizer DIR [--no-special]]\n"
                "Byte-level tokens (V = 256) of the inputs (files; directories: their regular\n"
-               "files in name order, skipping *.dat indexes and symlinks).  The last\n"
-               "val-fraction of every file forms the validation split.  Format: docs/data.md\n");
+               "files in name order, skipping *.dat indexes and symlinks), or with --tokenizer\n"
+               "the ids of each file as HF's tokenizer(text) gives them (--no-special:\n"
+               "add_special_tokens=False).  The last val-fraction of every file forms the\n"
+               "validation split.  Format: docs/data.md\n");
         return 0;
     }
     const char *const *inputs = NULL;
@@ -76,7 +80,19 @@ int cmd_data(int argc, char **argv)
         td_error("data prepare: %s", err);
         return 2;
     }
-    return data_prepare(inputs, n_in, out, vf) ? 1 : 0;
+    const char *tdir = args_get(&a, "tokenizer");
+    Tokenizer *tok = NULL;
+    if (tdir && tok_load_dir(&tok, tdir, err, sizeof err)) {
+        td_error("data prepare: %s", err);
+        return 1;
+    }
+    if (!tdir && args_flag(&a, "no-special")) {
+        td_error("data prepare: --no-special needs --tokenizer");
+        return 2;
+    }
+    int rc = data_prepare(inputs, n_in, out, vf, tok, !args_flag(&a, "no-special")) ? 1 : 0;
+    tok_free(tok);
+    return rc;
 }
 
 /* Windows of a token sequence, scored B at a time with the training

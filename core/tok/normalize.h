@@ -1,0 +1,24 @@
+/* core/tok/normalize.h - tokenizer.json `normalizer` (HF
+ * tokenizers/src/normalizers): NFC, NFD, NFKC, NFKD, Lowercase, Strip,
+ * StripAccents, Prepend, Append, Replace (String or Regex), ByteLevel and
+ * Sequence.  Anything else (BertNormalizer, Precompiled, ...) is refused at
+ * load, naming the component. */
+#ifndef TANDEM_CORE_TOK_NORMALIZE_H
+#define TANDEM_CORE_TOK_NORMALIZE_H
+
+#include "core/tok/regex.h"
+#include "core/tok/tok_util.h"
+
+typedef struct Normalizer Normalizer;
+
+/* Builds the normalizer of JSON j (NULL or JSON null: none, *out = NULL)
+ * at `path`.  0, or -1 with err naming the field. */
+int norm_load(Normalizer **out, const cJSON *j, const char *path, char *err, size_t n);
+void norm_free(Normalizer *nz);
+
+/* Appends normalize(s[0..n)) to out (s valid UTF-8).  nz may be NULL
+ * (identity).  0, or -1 with err (a regex failure). */
+int norm_apply(const Normalizer *nz, TokRegexScratch *rx, TokBuf *out, const char *s, size_t n, char *err,
+               size_t en);
+
+#endif
