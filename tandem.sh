@@ -14,6 +14,8 @@ TANDEM_PKGS="make gcc libc6-dev pkg-config git ca-certificates
  openmpi-bin libopenmpi-dev libopenblas-dev libhdf5-openmpi-dev hdf5-tools
  libcriterion-dev libcjson-dev libmicrohttpd-dev curl fortunes
  python3-minimal python3-numpy python3-h5py python3-torch"
+# make fuzz: libFuzzer harnesses (tests/fuzz) build with clang and its runtime
+TANDEM_PKGS="$TANDEM_PKGS clang libclang-rt-14-dev"
 
 missing=""
 for p in $TANDEM_PKGS; do

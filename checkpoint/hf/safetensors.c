@@ -198,9 +198,9 @@ static int parse_tensor(StTensor *t, const cJSON *e, const char *path, char *err
     for (const cJSON *c = sh->child; c; c = c->next, d++) {
         if (!json_u64(c, &t->shape[d]))
             return fail(err, err_len, "%s: tensor '%s': shape[%d] is not an integer in [0, 2^53)", path, Q(name), d);
-        if (!mul_ok(t->numel, t->shape[d], &t->numel))
-            return fail(err, err_len, "%s: tensor '%s': shape %s overflows 64 bits", path, Q(name),
-                        shape_str(t->shape, nd).s);
+        if (!mul_ok(t->numel, t->shape[d], &t->numel))   /* the dimensions read so far */
+            return fail(err, err_len, "%s: tensor '%s': shape %s%s overflows 64 bits", path, Q(name),
+                        shape_str(t->shape, d + 1).s, d + 1 < nd ? " (and more)" : "");
     }
     if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2 || !json_u64(off->child, &t->begin) ||
         !json_u64(off->child->next, &t->end))
@@ -544,7 +544,8 @@ static int open_index(StCheckpoint *st, const char *dir, const char *ipath, char
     if (idx.size) memcpy(text, idx.map, idx.size);
     text[idx.size] = 0;
     file_free(&idx);
-    cJSON *root = utf8_valid((const unsigned char *)text, strlen(text)) ? cJSON_Parse(text) : NULL;
+    /* the whole file: one JSON value, then only whitespace */
+    cJSON *root = utf8_valid((const unsigned char *)text, strlen(text)) ? cJSON_ParseWithOpts(text, NULL, 1) : NULL;
     const cJSON *wm = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
     size_t nm = 0, nf = 0;
     MapEntry *me = NULL;
