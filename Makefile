@@ -122,8 +122,9 @@ demo: deps
 # sources it tests (no MPI, no HDF5), built by clang with ASan + UBSan and
 # run for FUZZ_TIME seconds per harness on its seeds tests/fuzz/corpus/<name>
 # (read only) and build/fuzz/corpus/<name> (where new inputs go).  A crash
-# stops the run and leaves its input as build/fuzz/<name>-crash-*: add it
-# to the corpus and to the harness's regression test.
+# stops the run and leaves its input as build/fuzz/<name>-crash-*: once
+# fixed, add it to tests/fuzz/corpus/<name>, which tests/test_safetensors.c
+# replays in every unit run.
 #   make fuzz                          every harness
 #   make fuzz-safetensors FUZZ_TIME=300
 FUZZ       ?= $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))

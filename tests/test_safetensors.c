@@ -732,3 +732,41 @@ Test(safetensors, replays_the_fuzz_corpus)
     cr_expect(n >= 7 && accepted >= 5, "%d inputs, %d accepted", n, accepted);
     EXPECT_NO_LEAKS();
 }
+
+/* The same for tests/fuzz/corpus/st_index: each input is the index of the
+ * two shards fuzz_st_index.c opens it against. */
+Test(safetensors, replays_the_index_fuzz_corpus)
+{
+    const char *dir = "tests/fuzz/corpus/st_index";
+    DIR *d = opendir(dir);
+    cr_assert(d, "%s: run the unit tests from the repository root", dir);
+    unsigned char data[14];
+    for (int i = 0; i < 14; i++) data[i] = (unsigned char)(i * 37);
+    write_st(tmp("a.safetensors"), "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                                   "\"y\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[8,14]}}", data, 14);
+    write_st(tmp("b.safetensors"), "{\"z\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[0,2]}}", data, 2);
+    int n = 0, accepted = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char p[512], buf[8192];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(p, "rb");
+        cr_assert(f);
+        size_t len = fread(buf, 1, sizeof buf, f);
+        fclose(f);
+        write_bytes(tmp(ST_INDEX_NAME), buf, len);
+        StCheckpoint st;
+        char err[512] = "";
+        n++;
+        if (st_open(&st, g_dir, err, sizeof err) != 0) {
+            cr_expect(err[0] && !strchr(err, '\n'), "%s: \"%s\"", p, err);
+            continue;
+        }
+        accepted++;
+        cr_expect(st.n_tensors == 3, "%s: a consistent index lists all three", p);
+        st_close(&st);
+    }
+    closedir(d);
+    cr_expect(n >= 4 && accepted >= 1, "%d inputs, %d accepted", n, accepted);
+    EXPECT_NO_LEAKS();
+}
