@@ -532,80 +532,94 @@ static int check_weight_map(const StCheckpoint *st, const MapEntry *me, size_t n
     return 0;
 }
 
-static int open_index(StCheckpoint *st, const char *dir, const char *ipath, char *err, size_t err_len)
+/* The parsed model.safetensors.index.json: its weight_map entries sorted by
+ * tensor name (pointers into root), and the distinct file names, sorted. */
+typedef struct {
+    char *text;
+    cJSON *root;
+    MapEntry *me;
+    size_t nm;
+    const char **files;
+    size_t nf;
+} WeightMap;
+
+static void weight_map_free(WeightMap *w)
 {
+    td_free(w->me);
+    td_free(w->files);
+    cJSON_Delete(w->root);
+    td_free(w->text);
+    memset(w, 0, sizeof *w);
+}
+
+static int read_index(WeightMap *w, const char *ipath, char *err, size_t err_len)
+{
+    memset(w, 0, sizeof *w);
     StFile idx = { 0 };
     int rc = map_file(&idx, ipath, err, err_len);
-    if (rc != 0) {
-        file_free(&idx);
-        return rc;
+    if (rc == 0) {
+        w->text = td_malloc(idx.size + 1);
+        if (idx.size) memcpy(w->text, idx.map, idx.size);
+        w->text[idx.size] = 0;
     }
-    char *text = td_malloc(idx.size + 1);
-    if (idx.size) memcpy(text, idx.map, idx.size);
-    text[idx.size] = 0;
     file_free(&idx);
+    if (rc != 0) return rc;
     /* the whole file: one JSON value, then only whitespace */
-    cJSON *root = utf8_valid((const unsigned char *)text, strlen(text)) ? cJSON_ParseWithOpts(text, NULL, 1) : NULL;
-    const cJSON *wm = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
-    size_t nm = 0, nf = 0;
-    MapEntry *me = NULL;
-    char **names = NULL;
-    if (!root || !cJSON_IsObject(root)) rc = fail(err, err_len, "%s: not a JSON object", ipath);
-    else if (!cJSON_IsObject(wm)) rc = fail(err, err_len, "%s: no \"weight_map\" object", ipath);
-    if (rc == 0) {
-        size_t cap = (size_t)cJSON_GetArraySize(wm);
-        me = td_calloc((cap + 1) * sizeof *me);
-        names = td_calloc((cap + 1) * sizeof *names);
-        for (const cJSON *c = wm->child; c && rc == 0; c = c->next) {
-            if (!cJSON_IsString(c)) rc = fail(err, err_len, "%s: weight_map['%s'] is not a file name", ipath, Q(c->string));
-            else if (!plain_name(c->valuestring))
-                rc = fail(err, err_len, "%s: weight_map['%s'] names '%s', not a file of the directory", ipath,
-                          Q(c->string), Q(c->valuestring));
-            else {
-                me[nm++] = (MapEntry){ c->string, c->valuestring };
-                names[nf++] = c->valuestring;
-            }
-        }
+    if (utf8_valid((const unsigned char *)w->text, strlen(w->text))) w->root = cJSON_ParseWithOpts(w->text, NULL, 1);
+    const cJSON *wm = w->root ? cJSON_GetObjectItemCaseSensitive(w->root, "weight_map") : NULL;
+    if (!cJSON_IsObject(w->root)) return fail(err, err_len, "%s: not a JSON object", ipath);
+    if (!cJSON_IsObject(wm)) return fail(err, err_len, "%s: no \"weight_map\" object", ipath);
+    size_t cap = (size_t)cJSON_GetArraySize(wm);
+    w->me = td_calloc((cap + 1) * sizeof *w->me);
+    w->files = td_calloc((cap + 1) * sizeof *w->files);
+    for (const cJSON *c = wm->child; c; c = c->next) {
+        if (!cJSON_IsString(c)) return fail(err, err_len, "%s: weight_map['%s'] is not a file name", ipath, Q(c->string));
+        if (!plain_name(c->valuestring))
+            return fail(err, err_len, "%s: weight_map['%s'] names '%s', not a file of the directory", ipath,
+                        Q(c->string), Q(c->valuestring));
+        w->me[w->nm++] = (MapEntry){ c->string, c->valuestring };
+        w->files[w->nf++] = c->valuestring;
+    }
+    if (w->nm == 0) return fail(err, err_len, "%s: weight_map is empty", ipath);
+    qsort(w->me, w->nm, sizeof *w->me, cmp_entry);
+    for (size_t i = 1; i < w->nm; i++)
+        if (!strcmp(w->me[i - 1].tensor, w->me[i].tensor))
+            return fail(err, err_len, "%s: weight_map lists tensor '%s' twice", ipath, Q(w->me[i].tensor));
+    qsort(w->files, w->nf, sizeof *w->files, cmp_str);
+    size_t u = 0;
+    for (size_t i = 0; i < w->nf; i++)
+        if (!u || strcmp(w->files[u - 1], w->files[i])) w->files[u++] = w->files[i];
+    w->nf = u;
+    return 0;
+}
+
+/* Opens and validates every file of the map into st (files, tensors
+ * sorted by name); refuses a tensor found in two files. */
+static int open_shards(StCheckpoint *st, const char *dir, const char *ipath, const WeightMap *w, char *err,
+                       size_t err_len)
+{
+    st->sharded = true;
+    st->files = td_calloc(w->nf * sizeof *st->files);
+    StTensor **per = td_calloc(w->nf * sizeof *per);
+    size_t *per_n = td_calloc(w->nf * sizeof *per_n), total = 0;
+    int rc = 0;
+    for (size_t i = 0; i < w->nf && rc == 0; i++) {
+        size_t len = strlen(dir) + strlen(w->files[i]) + 2;
+        char *p = td_malloc(len);
+        snprintf(p, len, "%s/%s", dir, w->files[i]);
+        st->n_files = (int)i + 1;
+        if (!exists(p)) rc = fail(err, err_len, "%s: weight_map names '%s', which does not exist", ipath, Q(w->files[i]));
+        else rc = map_file(&st->files[i], p, err, err_len);
+        if (rc == 0) rc = parse_file(&st->files[i], (int)i, &per[i], &per_n[i], err, err_len);
+        total += per_n[i];
+        td_free(p);
     }
     if (rc == 0) {
-        qsort(me, nm, sizeof *me, cmp_entry);
-        for (size_t i = 1; i < nm && rc == 0; i++)
-            if (!strcmp(me[i - 1].tensor, me[i].tensor))
-                rc = fail(err, err_len, "%s: weight_map lists tensor '%s' twice", ipath, Q(me[i].tensor));
-        qsort(names, nf, sizeof *names, cmp_str);
-        size_t u = 0;
-        for (size_t i = 0; i < nf; i++)
-            if (!u || strcmp(names[u - 1], names[i])) names[u++] = names[i];
-        nf = u;
-    }
-    if (rc == 0 && nf == 0) rc = fail(err, err_len, "%s: weight_map is empty", ipath);
-    /* open every shard */
-    StTensor **per = NULL;
-    size_t *per_n = NULL;
-    if (rc == 0) {
-        st->sharded = true;
-        st->files = td_calloc(nf * sizeof *st->files);
-        per = td_calloc(nf * sizeof *per);
-        per_n = td_calloc(nf * sizeof *per_n);
-        for (size_t i = 0; i < nf && rc == 0; i++) {
-            size_t len = strlen(dir) + strlen(names[i]) + 2;
-            char *p = td_malloc(len);
-            snprintf(p, len, "%s/%s", dir, names[i]);
-            st->n_files = (int)i + 1;
-            if (!exists(p)) rc = fail(err, err_len, "%s: weight_map names '%s', which does not exist", ipath, Q(names[i]));
-            else rc = map_file(&st->files[i], p, err, err_len);
-            if (rc == 0) rc = parse_file(&st->files[i], (int)i, &per[i], &per_n[i], err, err_len);
-            td_free(p);
-        }
-    }
-    if (rc == 0) {
-        size_t total = 0;
-        for (size_t i = 0; i < nf; i++) total += per_n[i];
         st->tensors = td_malloc((total + 1) * sizeof *st->tensors);
-        for (size_t i = 0; i < nf; i++) {
-            memcpy(st->tensors + st->n_tensors, per[i], per_n[i] * sizeof *per[i]);
+        for (size_t i = 0; i < w->nf; i++) {
+            memcpy(st->tensors + st->n_tensors, per[i], per_n[i] * sizeof *per[i]);   /* names move too */
             st->n_tensors += per_n[i];
-            td_free(per[i]);   /* the names moved into st->tensors */
+            td_free(per[i]);
             per[i] = NULL;
             per_n[i] = 0;
         }
@@ -614,60 +628,60 @@ static int open_index(StCheckpoint *st, const char *dir, const char *ipath, char
             if (!strcmp(st->tensors[i - 1].name, st->tensors[i].name))
                 rc = fail(err, err_len, "%s: tensor '%s' is in both '%s' and '%s'", ipath, Q(st->tensors[i].name),
                           st->files[st->tensors[i - 1].file].path, st->files[st->tensors[i].file].path);
-        if (rc == 0) rc = check_weight_map(st, me, nm, ipath, err, err_len);
     }
-    for (size_t i = 0; per && i < nf; i++) tensors_free(per[i], per_n[i]);
+    for (size_t i = 0; i < w->nf; i++) tensors_free(per[i], per_n[i]);
     td_free(per);
     td_free(per_n);
-    td_free(me);
-    td_free(names);
-    cJSON_Delete(root);
-    td_free(text);
+    return rc;
+}
+
+static int open_index(StCheckpoint *st, const char *dir, const char *ipath, char *err, size_t err_len)
+{
+    WeightMap w;
+    int rc = read_index(&w, ipath, err, err_len);
+    if (rc == 0) rc = open_shards(st, dir, ipath, &w, err, err_len);
+    if (rc == 0) rc = check_weight_map(st, w.me, w.nm, ipath, err, err_len);
+    weight_map_free(&w);
     if (rc != 0) st_close(st);
+    return rc;
+}
+
+static int open_file(StCheckpoint *st, const char *path, char *err, size_t err_len)
+{
+    StFile *f = td_calloc(sizeof *f);
+    int rc = map_file(f, path, err, err_len);
+    if (rc == 0) return open_single(st, f, err, err_len);
+    file_free(f);
+    td_free(f);
     return rc;
 }
 
 int st_open(StCheckpoint *st, const char *path, char *err, size_t err_len)
 {
     memset(st, 0, sizeof *st);
-    size_t len = strlen(path);
+    size_t len = strlen(path), cap = len + sizeof ST_INDEX_NAME + 2;
     while (len > 1 && path[len - 1] == '/') len--;
-    char *dir = td_malloc(len + sizeof ST_INDEX_NAME + 2);
-    memcpy(dir, path, len);
-    dir[len] = 0;
+    char *dir = td_malloc(cap), *p = td_malloc(cap);
+    snprintf(dir, cap, "%.*s", (int)len, path);
+    const char *base = strrchr(dir, '/');
+    base = base ? base + 1 : dir;
     int rc;
-    char *p = td_malloc(len + sizeof ST_INDEX_NAME + 2);
     if (is_dir(dir)) {
-        snprintf(p, len + sizeof ST_INDEX_NAME + 2, "%s/%s", dir, ST_SINGLE_NAME);
-        if (exists(p)) {
-            StFile *f = td_calloc(sizeof *f);
-            rc = map_file(f, p, err, err_len);
-            if (rc == 0) rc = open_single(st, f, err, err_len);
-            else {
-                file_free(f);
-                td_free(f);
-            }
-        } else {
-            snprintf(p, len + sizeof ST_INDEX_NAME + 2, "%s/%s", dir, ST_INDEX_NAME);
+        snprintf(p, cap, "%s/%s", dir, ST_SINGLE_NAME);
+        if (exists(p)) rc = open_file(st, p, err, err_len);
+        else {
+            snprintf(p, cap, "%s/%s", dir, ST_INDEX_NAME);
             if (exists(p)) rc = open_index(st, dir, p, err, err_len);
             else rc = fail(err, err_len, "%s: no %s or %s in this directory", dir, ST_SINGLE_NAME, ST_INDEX_NAME);
         }
+    } else if (!strcmp(base, ST_INDEX_NAME)) {
+        /* the shards live beside the index */
+        if (base == dir) snprintf(p, cap, ".");
+        else if (base == dir + 1) snprintf(p, cap, "/");
+        else snprintf(p, cap, "%.*s", (int)(base - 1 - dir), dir);
+        rc = open_index(st, p, dir, err, err_len);
     } else {
-        const char *base = strrchr(dir, '/');
-        base = base ? base + 1 : dir;
-        if (!strcmp(base, ST_INDEX_NAME)) {
-            if (base == dir) snprintf(p, len + sizeof ST_INDEX_NAME + 2, ".");
-            else snprintf(p, len + sizeof ST_INDEX_NAME + 2, "%.*s", (int)(base - 1 - dir), dir);
-            rc = open_index(st, p[0] ? p : "/", dir, err, err_len);
-        } else {
-            StFile *f = td_calloc(sizeof *f);
-            rc = map_file(f, dir, err, err_len);
-            if (rc == 0) rc = open_single(st, f, err, err_len);
-            else {
-                file_free(f);
-                td_free(f);
-            }
-        }
+        rc = open_file(st, dir, err, err_len);
     }
     td_free(p);
     td_free(dir);
