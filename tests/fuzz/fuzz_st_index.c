@@ -33,11 +33,24 @@ static void put(const char *name, const char *hdr, size_t data_len)
     fclose(f);
 }
 
+/* The directory goes when the fuzzer exits (libFuzzer exits through exit()). */
+static void cleanup(void)
+{
+    static const char *const names[] = { "a.safetensors", "b.safetensors", ST_INDEX_NAME };
+    char p[128];
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);
+        unlink(p);
+    }
+    rmdir(g_dir);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!g_dir[0]) {
         snprintf(g_dir, sizeof g_dir, "/tmp/tandem_fuzz_index_%d", (int)getpid());
         mkdir(g_dir, 0755);
+        atexit(cleanup);
         put("a.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
                              "\"y\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[8,14]}}", 14);
         put("b.safetensors", "{\"z\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[0,2]}}", 2);
