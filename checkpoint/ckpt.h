@@ -200,17 +200,9 @@ int ckpt_resolve(const char *dir_or_file, char *out, size_t out_len);
  * negative after one td_error line. */
 int ckpt_prune(const char *dir, int keep_last);
 
-/* ---------------------------------------------------------------- 16-bit types */
+/* ---------------------------------------------------------------- storage types */
 
-/* float32 -> bfloat16: the upper 16 bits rounded to nearest even; NaN stays
- * a (quiet) NaN, overflow rounds to infinity. */
-uint16_t ckpt_bf16_from_f32(float x);
-float ckpt_f32_from_bf16(uint16_t h);
-/* float32 -> IEEE binary16, round to nearest even (subnormals, infinity,
- * NaN as numpy's astype(float16)). */
-uint16_t ckpt_f16_from_f32(float x);
-float ckpt_f32_from_f16(uint16_t h);
-
+/* (The conversions themselves are core/dtype.h.) */
 const char *ckpt_dtype_name(CkptDtype t);   /* "float32", "bfloat16", "float16" */
 /* "f32" / "float32", "bf16" / "bfloat16", "f16" / "float16" -> *t; -1 otherwise. */
 int ckpt_dtype_parse(const char *s, CkptDtype *t);

@@ -3,6 +3,7 @@
 #include "checkpoint/ckpt_h5.h"
 #include "checkpoint/ckpt.h"
 #include "core/common.h"
+#include "core/dtype.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -354,9 +355,9 @@ int ckpt_h5_write_box(hid_t ds, const CkptPiece *pc, bool collective, char *err,
             const float *x = pc->data;
             uint16_t *h = tmp = td_malloc(n * sizeof(uint16_t));
             if (pc->type == CKPT_H5_BF16)
-                for (size_t i = 0; i < n; i++) h[i] = ckpt_bf16_from_f32(x[i]);
+                for (size_t i = 0; i < n; i++) h[i] = dtype_bf16_from_f32(x[i]);
             else
-                for (size_t i = 0; i < n; i++) h[i] = ckpt_f16_from_f32(x[i]);
+                for (size_t i = 0; i < n; i++) h[i] = dtype_f16_from_f32(x[i]);
             buf = tmp;
         }
     } else {
@@ -493,9 +494,9 @@ int ckpt_h5_read_box(hid_t file, const char *name, const CkptH5Desc *d, const hs
         if (st >= 0) {
             float *y = out;
             if (d->type == CKPT_H5_BF16)
-                for (size_t i = 0; i < n; i++) y[i] = ckpt_f32_from_bf16(tmp[i]);
+                for (size_t i = 0; i < n; i++) y[i] = dtype_f32_from_bf16(tmp[i]);
             else
-                for (size_t i = 0; i < n; i++) y[i] = ckpt_f32_from_f16(tmp[i]);
+                for (size_t i = 0; i < n; i++) y[i] = dtype_f32_from_f16(tmp[i]);
         }
         break;
     case CKPT_H5_U64:

@@ -15,6 +15,7 @@
 #include "checkpoint/ckpt_io.h"
 #include "checkpoint/ckpt.h"
 #include "core/common.h"
+#include "core/dtype.h"
 #include "core/pool.h"
 
 #include <errno.h>
@@ -107,25 +108,25 @@ static void convert_row(void *dst, const void *src, size_t n, Conv cv, size_t es
     case CV_F32_BF16: {
         const float *x = src;
         uint16_t *y = dst;
-        for (size_t i = 0; i < n; i++) y[i] = ckpt_bf16_from_f32(x[i]);
+        for (size_t i = 0; i < n; i++) y[i] = dtype_bf16_from_f32(x[i]);
         break;
     }
     case CV_F32_F16: {
         const float *x = src;
         uint16_t *y = dst;
-        for (size_t i = 0; i < n; i++) y[i] = ckpt_f16_from_f32(x[i]);
+        for (size_t i = 0; i < n; i++) y[i] = dtype_f16_from_f32(x[i]);
         break;
     }
     case CV_BF16_F32: {
         const uint16_t *x = src;
         float *y = dst;
-        for (size_t i = 0; i < n; i++) y[i] = ckpt_f32_from_bf16(x[i]);
+        for (size_t i = 0; i < n; i++) y[i] = dtype_f32_from_bf16(x[i]);
         break;
     }
     case CV_F16_F32: {
         const uint16_t *x = src;
         float *y = dst;
-        for (size_t i = 0; i < n; i++) y[i] = ckpt_f32_from_f16(x[i]);
+        for (size_t i = 0; i < n; i++) y[i] = dtype_f32_from_f16(x[i]);
         break;
     }
     }

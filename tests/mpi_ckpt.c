@@ -28,6 +28,7 @@
 #include "comm/comm.h"
 #include "core/model/backprop.h"
 #include "core/common.h"
+#include "core/dtype.h"
 #include "core/pool.h"
 #include "core/rng.h"
 
@@ -230,8 +231,8 @@ static int check_load(const char *path, const Ref *ref, CkptDtype dt, int saved_
         const Param *p = &m.params[i], *q = &ref->m.params[i];
         for (size_t j = 0; j < p->numel; j++) {
             float want = q->w[j];
-            if (p->ndim >= 2 && dt == CKPT_BF16) want = ckpt_f32_from_bf16(ckpt_bf16_from_f32(want));
-            if (p->ndim >= 2 && dt == CKPT_F16) want = ckpt_f32_from_f16(ckpt_f16_from_f32(want));
+            if (p->ndim >= 2 && dt == CKPT_BF16) want = dtype_f32_from_bf16(dtype_bf16_from_f32(want));
+            if (p->ndim >= 2 && dt == CKPT_F16) want = dtype_f32_from_f16(dtype_f16_from_f32(want));
             if (memcmp(&p->w[j], &want, sizeof want) || memcmp(&ea[p->offset + j], &rea[p->offset + j], 4) ||
                 memcmp(&eas[p->offset + j], &reas[p->offset + j], 4)) {
                 FAIL("%s under dp%d tp%d pp%d ep%d: %s element %zu: w %a (want %a) m %a (%a) v %a (%a)", path, t->dp,

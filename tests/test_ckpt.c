@@ -1,5 +1,5 @@
 /* tests/test_ckpt.c - HDF5 checkpoints (checkpoint/ckpt.h) in one process:
- * 16-bit conversions, HDF5's Fletcher32, save/load round trips bit for bit,
+ * HDF5's Fletcher32, save/load round trips bit for bit,
  * the recorded topology (partitions, chunks), reads of arbitrary boxes,
  * every refusal (version, format, missing dataset, shape, dtype, config,
  * corrupt byte, truncation) with its own message and nothing loaded, and
@@ -18,6 +18,7 @@
 #include "checkpoint/ckpt.h"
 #include "checkpoint/ckpt_io.h"
 #include "core/common.h"
+#include "core/dtype.h"
 #include "core/pool.h"
 #include "core/rng.h"
 #include "tests/fixture.h"
@@ -128,59 +129,6 @@ static size_t count_equal(const float *x, size_t n, float v)
     size_t k = 0;
     for (size_t i = 0; i < n; i++) k += x[i] == v;
     return k;
-}
-
-/* ---------------------------------------------------------------- 16-bit types */
-
-Test(ckpt, bf16_rounds_to_nearest_even)
-{
-    cr_expect_eq(ckpt_bf16_from_f32(1.0f), 0x3f80);
-    /* ties: 1 + 2^-8 lies halfway between 0x3f80 and 0x3f81 -> even 0x3f80;
-     * halfway between 0x3f81 and 0x3f82 -> 0x3f82 */
-    union { uint32_t u; float f; } a = { 0x3f808000u }, b = { 0x3f818000u }, c = { 0x3f808001u };
-    cr_expect_eq(ckpt_bf16_from_f32(a.f), 0x3f80);
-    cr_expect_eq(ckpt_bf16_from_f32(b.f), 0x3f82);
-    cr_expect_eq(ckpt_bf16_from_f32(c.f), 0x3f81);
-    cr_expect_eq(ckpt_bf16_from_f32(-2.0f), 0xc000);
-    cr_expect_eq(ckpt_bf16_from_f32(INFINITY), 0x7f80);
-    cr_expect_eq(ckpt_bf16_from_f32(3.4028235e38f), 0x7f80, "FLT_MAX rounds to infinity");
-    cr_expect(isnan(ckpt_f32_from_bf16(ckpt_bf16_from_f32(NAN))), "NaN stays NaN");
-    union { uint32_t u; float f; } snan = { 0x7f800001u };
-    cr_expect(isnan(ckpt_f32_from_bf16(ckpt_bf16_from_f32(snan.f))), "a NaN with a low payload stays NaN");
-    /* every bfloat16 survives the round trip through float32 */
-    for (uint32_t h = 0; h < 65536; h++) {
-        float x = ckpt_f32_from_bf16((uint16_t)h);
-        if (isnan(x)) continue;
-        cr_assert_eq(ckpt_bf16_from_f32(x), h, "bf16 %04x", h);
-    }
-}
-
-Test(ckpt, f16_rounds_to_nearest_even)
-{
-    cr_expect_eq(ckpt_f16_from_f32(1.0f), 0x3c00);
-    cr_expect_eq(ckpt_f16_from_f32(65504.0f), 0x7bff);
-    cr_expect_eq(ckpt_f16_from_f32(65519.0f), 0x7bff);
-    cr_expect_eq(ckpt_f16_from_f32(65520.0f), 0x7c00, "65520 is the tie to infinity");
-    cr_expect_eq(ckpt_f16_from_f32(-1e9f), 0xfc00);
-    cr_expect_eq(ckpt_f16_from_f32(0x1p-24f), 0x0001, "smallest subnormal");
-    cr_expect_eq(ckpt_f16_from_f32(0x1p-25f), 0x0000, "half of it ties to even zero");
-    cr_expect_eq(ckpt_f16_from_f32(0x1.8p-25f), 0x0001);
-    cr_expect_eq(ckpt_f16_from_f32(0x1.8p-24f), 0x0002, "1.5 ulp ties to even 2");
-    cr_expect_eq(ckpt_f16_from_f32(1.0f + 0x1p-11f), 0x3c00, "tie to even");
-    cr_expect_eq(ckpt_f16_from_f32(1.0f + 0x3p-11f), 0x3c02, "tie to even (up)");
-    cr_expect_eq(ckpt_f16_from_f32(0x1.ffcp-15f), 0x0400, "rounds up into the normals");
-    cr_expect_eq(ckpt_f16_from_f32(-0.0f), 0x8000);
-    cr_expect_eq(ckpt_f16_from_f32(NAN) & 0x7e00, 0x7e00, "quiet NaN");
-    for (uint32_t h = 0; h < 65536; h++) {
-        float x = ckpt_f32_from_f16((uint16_t)h);
-        cr_assert_eq(ckpt_f16_from_f32(x), h, "f16 %04x -> %a", h, (double)x);
-    }
-    /* monotone between neighbours: x in (h, h+1) rounds to one of them */
-    for (uint32_t h = 0; h < 0x7bff; h += 7) {
-        float lo = ckpt_f32_from_f16((uint16_t)h), hi = ckpt_f32_from_f16((uint16_t)(h + 1));
-        float mid = lo + (hi - lo) * 0.25f;
-        cr_assert_eq(ckpt_f16_from_f32(mid), h, "%a", (double)mid);
-    }
 }
 
 /* ---------------------------------------------------------------- Fletcher32 */
@@ -296,8 +244,8 @@ static void check_16bit(CkptDtype dt, const char *name)
         float *want = fixture_copy(q->w, q->numel);
         if (p->ndim >= 2)   /* matrices stored in 16 bits, norms in float32 */
             for (size_t j = 0; j < p->numel; j++)
-                want[j] = dt == CKPT_BF16 ? ckpt_f32_from_bf16(ckpt_bf16_from_f32(want[j]))
-                                          : ckpt_f32_from_f16(ckpt_f16_from_f32(want[j]));
+                want[j] = dt == CKPT_BF16 ? dtype_f32_from_bf16(dtype_bf16_from_f32(want[j]))
+                                          : dtype_f32_from_f16(dtype_f16_from_f32(want[j]));
         EXPECT_BITWISE(p->w, want, p->numel, p->name);
         td_free(want);
     }
@@ -470,8 +418,8 @@ Test(ckpt, reads_arbitrary_boxes)
                 for (hsize_t b = 0; b < cnt[1]; b++)
                     for (hsize_t c = 0; c < cnt[2]; c++, j++) {
                         float w = p->w[((off[0] + a) * p->shape[1] + off[1] + b) * p->shape[2] + off[2] + c];
-                        if (dt == CKPT_BF16) w = ckpt_f32_from_bf16(ckpt_bf16_from_f32(w));
-                        if (dt == CKPT_F16) w = ckpt_f32_from_f16(ckpt_f16_from_f32(w));
+                        if (dt == CKPT_BF16) w = dtype_f32_from_bf16(dtype_bf16_from_f32(w));
+                        if (dt == CKPT_F16) w = dtype_f32_from_f16(dtype_f16_from_f32(w));
                         cr_assert(!memcmp(&got[j], &w, 4), "dtype %d box %d: element %zu: %a vs %a", dt, k, j,
                                   (double)got[j], (double)w);
                     }

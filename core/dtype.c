@@ -1,0 +1,92 @@
+/* core/dtype.c - bfloat16, float16 and float8 e4m3fn conversions (see
+ * dtype.h).  Bit manipulation on the IEEE encodings; no FPU rounding mode
+ * is involved, so the results are the same on every machine. */
+#include "core/dtype.h"
+
+#include <string.h>
+
+static uint32_t f32_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static float bits_f32(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+uint16_t dtype_bf16_from_f32(float x)
+{
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);  /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                          /* nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+float dtype_f32_from_bf16(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+uint16_t dtype_f16_from_f32(float x)
+{
+    uint32_t u = f32_bits(x);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) {
+        if (a == 0x7f800000u) return sign | 0x7c00u;
+        uint16_t h = (uint16_t)(0x7c00u + ((a & 0x7fffffu) >> 13));  /* NaN, payload kept (numpy) */
+        return sign | (h == 0x7c00u ? 0x7c01u : h);
+    }
+    if (a >= 0x477ff000u) return sign | 0x7c00u;         /* >= 65520 rounds to infinity */
+    if (a >= 0x38800000u) {                              /* normal: >= 2^-14 */
+        uint32_t h = (a >> 13) - (112u << 10);           /* rebias 127 -> 15 */
+        uint32_t rem = a & 0x1fffu;
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+        return sign | (uint16_t)h;
+    }
+    if (a <= 0x33000000u) return sign;                   /* <= 2^-25: rounds to zero */
+    uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e;                            /* value / 2^-24 = m >> shift */
+    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) h++;
+    return sign | (uint16_t)h;
+}
+
+float dtype_f32_from_f16(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        float v = (float)m * 0x1p-24f;                   /* subnormal (or zero), exact */
+        return sign ? -v : v;
+    }
+    if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
+    return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+float dtype_f32_from_f8e4m3(uint8_t b)
+{
+    uint32_t sign = (uint32_t)(b & 0x80u) << 24, e = (b >> 3) & 0xfu, m = b & 0x7u;
+    if (e == 15 && m == 7) return bits_f32(sign | 0x7fc00000u);   /* the only NaN; no infinities */
+    if (e == 0) {
+        float v = (float)m * 0x1p-9f;                    /* subnormal (or zero): m 2^-3 2^-6 */
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | ((e + 120u) << 23) | (m << 20));       /* rebias 7 -> 127 */
+}
+
+void dtype_bf16_to_f32(float *restrict y, const uint16_t *restrict x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = bits_f32((uint32_t)x[i] << 16);
+}
+
+void dtype_f16_to_f32(float *restrict y, const uint16_t *restrict x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = dtype_f32_from_f16(x[i]);
+}
+
+void dtype_f8e4m3_to_f32(float *restrict y, const uint8_t *restrict x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = dtype_f32_from_f8e4m3(x[i]);
+}

@@ -1,0 +1,218 @@
+"""tests/ref/hf/model.py - the forward pass of MixtralForCausalLM,
+Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and OlmoeForCausalLM in float64,
+written from the transformers modeling files (models/{mixtral,qwen2_moe,
+qwen3_moe,olmoe}/modeling_*.py and their modular_*.py), reading the tensors
+by their HF names in either layout:
+
+  x = embed_tokens[ids]
+  per layer:  h = rmsnorm(x, input_layernorm)              rmsnorm(x, w) = w * x / sqrt(mean(x^2) + eps)
+              q, k, v = h Wq^T (+ bq), h Wk^T (+ bk), h Wv^T (+ bv)
+                  Qwen2-MoE: q/k/v biases (qkv_bias, default true); Qwen3/OLMoE: attention_bias (all four)
+              OLMoE:     q = rmsnorm(q, q_norm), k = rmsnorm(k, k_norm) over the whole projected width,
+                         then q, k, v clamped to [-clip_qkv, clip_qkv] (norm first, then clip)
+              Qwen3-MoE: q, k viewed as heads of head_dim, rmsnorm per head (one weight [head_dim]
+                         shared by the heads), before RoPE
+              RoPE rotate-half, inv_freq and angles in float32 as HF computes them, cos/sin
+              float32 (HF's Rotary Embedding runs with autocast off in float32); GQA by repeat
+              a = softmax(q k^T / sqrt(head_dim) + causal) v;  x = x + a Wo^T (+ bo)
+              h = rmsnorm(x, post_attention_layernorm)
+              dense layer (Qwen schedule): x += down(silu(gate(h)) * up(h))
+              MoE layer:  p = softmax(h Wr^T) (float32 in HF; float64 here); top-k by p;
+                          w = p[topk], renormalised when Mixtral (always) or norm_topk_prob;
+                          y = sum_j w_j expert_j(h); expert(h) = down(silu(gate(h)) * up(h))
+                          (v5: gate, up = (h gate_up_proj[e]^T).chunk(2), gate first)
+                          Qwen2-MoE: y += sigmoid(h Wsg^T) * shared_expert(h)   (Wsg [1, d])
+              x = x + y
+  logits = rmsnorm(x, norm) lm_head^T    (embed_tokens when tie_word_embeddings)
+
+The auxiliary loss is transformers' load_balancing_loss_func (Switch):
+router logits of all MoE layers concatenated (M = layers x tokens rows),
+E * sum_{j,e} mean_M(onehot(topk_j) == e) * mean_M(softmax)_e.
+"""
+import math
+
+import torch
+
+from . import families
+
+
+def rmsnorm(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rope_tables(T, hd, theta, offset=0):
+    """cos, sin (T, hd) float64 holding HF's float32 values."""
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).to(torch.float32) / hd))
+    pos = torch.arange(offset, offset + T, dtype=torch.float32)
+    freqs = pos[:, None] * inv[None, :]                       # float32, one rounding as HF's matmul
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(torch.float64), emb.sin().to(torch.float64)
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+class HFRef:
+    """The model of an HF checkpoint.  tensors: HF name -> tensor of any
+    float dtype; they are converted to float64 (exactly) unless already
+    float64, in which case they are used as given (so autograd reaches them)."""
+
+    def __init__(self, cfg, tensors):
+        self.cfg = cfg
+        self.s = families.spec(cfg)
+        self.layout = families.detect_layout(cfg, tensors.keys())
+        self.w = {}
+        for n, t in tensors.items():
+            want = dict(families.param_shapes(cfg, self.layout))[n]
+            if tuple(t.shape) != tuple(want):
+                raise ValueError("%s: shape %s, the config says %s" % (n, tuple(t.shape), tuple(want)))
+            self.w[n] = t if t.dtype == torch.float64 else t.to(torch.float64)
+
+    # ------------------------------------------------------------ pieces
+
+    def linear(self, x, name, bias=False):
+        y = x @ self.w[name + ".weight"].T
+        if bias:
+            y = y + self.w[name + ".bias"]
+        return y
+
+    def attention(self, l, h, cos, sin):
+        s, w, p = self.s, self.w, "model.layers.%d.self_attn." % l
+        B, T, _ = h.shape
+        H, Hkv, hd = s["H"], s["Hkv"], s["hd"]
+        bias = s["qkv_bias"] or s["attn_bias"]
+        q, k, v = self.linear(h, p + "q_proj", bias), self.linear(h, p + "k_proj", bias), self.linear(h, p + "v_proj", bias)
+        if s["qk_norm"] == "full":                       # OLMoE: over the whole width, before the clip
+            q = rmsnorm(q, w[p + "q_norm.weight"], s["eps"])
+            k = rmsnorm(k, w[p + "k_norm.weight"], s["eps"])
+        if s["clip_qkv"] is not None:
+            c = float(s["clip_qkv"])
+            q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
+        q = q.view(B, T, H, hd)
+        k = k.view(B, T, Hkv, hd)
+        v = v.view(B, T, Hkv, hd).transpose(1, 2)
+        if s["qk_norm"] == "head":                       # Qwen3: per head, weight [head_dim]
+            q = rmsnorm(q, w[p + "q_norm.weight"], s["eps"])
+            k = rmsnorm(k, w[p + "k_norm.weight"], s["eps"])
+        q, k = q.transpose(1, 2), k.transpose(1, 2)      # (B, heads, T, hd)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        rep = H // Hkv
+        k = k[:, :, None].expand(B, Hkv, rep, T, hd).reshape(B, H, T, hd)
+        v = v[:, :, None].expand(B, Hkv, rep, T, hd).reshape(B, H, T, hd)
+        scores = (q @ k.transpose(2, 3)) * hd ** -0.5
+        mask = torch.full((T, T), float("-inf"), dtype=scores.dtype).triu(1)
+        a = torch.softmax(scores + mask, dim=-1) @ v
+        a = a.transpose(1, 2).reshape(B, T, H * hd)
+        return self.linear(a, p + "o_proj", s["attn_bias"])
+
+    def swiglu(self, x, g, u, dn):
+        return (torch.nn.functional.silu(x @ g.T) * (x @ u.T)) @ dn.T
+
+    def moe(self, l, h, stats):
+        s, w = self.s, self.w
+        m = "model.layers.%d.%s." % (l, families.moe_prefix(s, self.layout))
+        B, T, d = h.shape
+        x = h.reshape(B * T, d)
+        logits = x @ w[m + "gate.weight"].T                              # (N, E)
+        probs = torch.softmax(logits, dim=-1)
+        topv, topi = torch.topk(probs, s["k"], dim=-1)
+        if s["k"] < s["E"]:
+            # margin of the routing decision: how far the k-th choice is from the next
+            srt = torch.sort(probs.detach(), dim=-1, descending=True).values
+            stats["router_min_gap"] = min(stats.get("router_min_gap", math.inf),
+                                          float((srt[:, s["k"] - 1] - srt[:, s["k"]]).min()))
+        if s["norm_topk"]:
+            topv = topv / topv.sum(-1, keepdim=True)
+        y = torch.zeros_like(x)
+        g, u, dn = families.expert_names(s)
+        for e in range(s["E"]):
+            sel = topi == e                                              # (N, k)
+            tok = sel.any(-1).nonzero().flatten()
+            if tok.numel() == 0:
+                continue
+            we = (topv * sel).sum(-1)[tok]
+            xe = x[tok]
+            if self.layout == "v4":
+                pe = m + "experts.%d." % e
+                ye = self.swiglu(xe, w[pe + g + ".weight"], w[pe + u + ".weight"], w[pe + dn + ".weight"])
+            else:
+                gate, up = (xe @ w[m + "experts.gate_up_proj"][e].T).chunk(2, dim=-1)
+                ye = (torch.nn.functional.silu(gate) * up) @ w[m + "experts.down_proj"][e].T
+            y = y.index_add(0, tok, we[:, None] * ye)
+        if s["family"] == "qwen2_moe":
+            sh = m + "shared_expert."
+            shared = self.swiglu(x, w[sh + "gate_proj.weight"], w[sh + "up_proj.weight"], w[sh + "down_proj.weight"])
+            y = y + torch.sigmoid(x @ w[m + "shared_expert_gate.weight"].T) * shared
+        stats.setdefault("router_logits", []).append(logits)
+        stats.setdefault("routes", []).append(topi)
+        return y.view(B, T, d)
+
+    # ------------------------------------------------------------ model
+
+    def forward(self, ids, stats=None):
+        """ids (B, T) long -> logits (B, T, V) float64.  stats (a dict) gets
+        router_logits (per MoE layer, (B T, E)), routes and router_min_gap."""
+        s, w = self.s, self.w
+        if stats is None:
+            stats = {}
+        if int(ids.max()) >= s["V"] or int(ids.min()) < 0:
+            raise ValueError("token id out of [0, %d)" % s["V"])
+        B, T = ids.shape
+        cos, sin = rope_tables(T, s["hd"], s["theta"])
+        x = w["model.embed_tokens.weight"][ids]
+        for l in range(s["L"]):
+            p = "model.layers.%d." % l
+            x = x + self.attention(l, rmsnorm(x, w[p + "input_layernorm.weight"], s["eps"]), cos, sin)
+            h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], s["eps"])
+            if s["moe_layers"][l]:
+                x = x + self.moe(l, h, stats)
+            else:
+                x = x + self.swiglu(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"],
+                                    w[p + "mlp.down_proj.weight"])
+        x = rmsnorm(x, w["model.norm.weight"], s["eps"])
+        head = w["model.embed_tokens.weight"] if s["tie"] else w["lm_head.weight"]
+        return x @ head.T
+
+    def aux_loss(self, stats):
+        """transformers' load_balancing_loss_func over the MoE layers."""
+        if not stats.get("router_logits"):
+            return torch.zeros((), dtype=torch.float64)
+        E, k = self.s["E"], self.s["k"]
+        logits = torch.cat(stats["router_logits"], 0)
+        rw = torch.softmax(logits, dim=-1)
+        _, sel = torch.topk(rw, k, dim=-1)
+        mask = torch.nn.functional.one_hot(sel, E).to(rw.dtype)         # (M, k, E)
+        return (mask.mean(0) * rw.mean(0)[None]).sum() * E
+
+    def logprobs(self, inputs, targets):
+        """log p(targets[b, t] | inputs[b, :t+1]) (B, T), and stats."""
+        stats = {}
+        logp = torch.log_softmax(self.forward(inputs, stats), dim=-1)
+        return logp.gather(-1, targets[..., None])[..., 0], stats
+
+    def loss(self, inputs, targets, with_aux=False):
+        """HF's causal LM loss: mean cross-entropy over every position, plus
+        router_aux_loss_coef * aux when with_aux (output_router_logits)."""
+        lp, stats = self.logprobs(inputs, targets)
+        ce = -lp.mean()
+        aux = self.aux_loss(stats)
+        total = ce + self.s["aux_coef"] * aux if with_aux else ce
+        return total, ce, aux, stats
+
+    def greedy(self, prompt, n):
+        """Greedy continuation of prompt (list of ids) by n tokens: full
+        recomputation per step.  Returns ids, their logprobs, and the
+        smallest gap between the best and second-best logit seen."""
+        ids, lps, gap = list(prompt), [], math.inf
+        for _ in range(n):
+            logits = self.forward(torch.tensor([ids]))[0, -1]
+            lp = torch.log_softmax(logits, -1)
+            top2 = torch.topk(logits, 2).values
+            gap = min(gap, float(top2[0] - top2[1]))
+            nxt = int(torch.argmax(logits))
+            ids.append(nxt)
+            lps.append(float(lp[nxt]))
+        return ids[len(prompt):], lps, gap

@@ -1,0 +1,126 @@
+/* tests/test_dtype.c - the element-type conversions of core/dtype.h:
+ * float32 <-> bfloat16 and float16 rounding (nearest even, ties, overflow,
+ * subnormals, NaN), every 16-bit value through a round trip, the float8
+ * e4m3fn decoder against the format's definition, and the array forms
+ * against the scalar ones.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "core/dtype.h"
+
+Test(dtype, bf16_rounds_to_nearest_even)
+{
+    cr_expect_eq(dtype_bf16_from_f32(1.0f), 0x3f80);
+    /* ties: 1 + 2^-8 lies halfway between 0x3f80 and 0x3f81 -> even 0x3f80;
+     * halfway between 0x3f81 and 0x3f82 -> 0x3f82 */
+    union { uint32_t u; float f; } a = { 0x3f808000u }, b = { 0x3f818000u }, c = { 0x3f808001u };
+    cr_expect_eq(dtype_bf16_from_f32(a.f), 0x3f80);
+    cr_expect_eq(dtype_bf16_from_f32(b.f), 0x3f82);
+    cr_expect_eq(dtype_bf16_from_f32(c.f), 0x3f81);
+    cr_expect_eq(dtype_bf16_from_f32(-2.0f), 0xc000);
+    cr_expect_eq(dtype_bf16_from_f32(INFINITY), 0x7f80);
+    cr_expect_eq(dtype_bf16_from_f32(3.4028235e38f), 0x7f80, "FLT_MAX rounds to infinity");
+    cr_expect(isnan(dtype_f32_from_bf16(dtype_bf16_from_f32(NAN))), "NaN stays NaN");
+    union { uint32_t u; float f; } snan = { 0x7f800001u };
+    cr_expect(isnan(dtype_f32_from_bf16(dtype_bf16_from_f32(snan.f))), "a NaN with a low payload stays NaN");
+    /* every bfloat16 survives the round trip through float32 */
+    for (uint32_t h = 0; h < 65536; h++) {
+        float x = dtype_f32_from_bf16((uint16_t)h);
+        if (isnan(x)) continue;
+        cr_assert_eq(dtype_bf16_from_f32(x), h, "bf16 %04x", h);
+    }
+}
+
+Test(dtype, f16_rounds_to_nearest_even)
+{
+    cr_expect_eq(dtype_f16_from_f32(1.0f), 0x3c00);
+    cr_expect_eq(dtype_f16_from_f32(65504.0f), 0x7bff);
+    cr_expect_eq(dtype_f16_from_f32(65519.0f), 0x7bff);
+    cr_expect_eq(dtype_f16_from_f32(65520.0f), 0x7c00, "65520 is the tie to infinity");
+    cr_expect_eq(dtype_f16_from_f32(-1e9f), 0xfc00);
+    cr_expect_eq(dtype_f16_from_f32(0x1p-24f), 0x0001, "smallest subnormal");
+    cr_expect_eq(dtype_f16_from_f32(0x1p-25f), 0x0000, "half of it ties to even zero");
+    cr_expect_eq(dtype_f16_from_f32(0x1.8p-25f), 0x0001);
+    cr_expect_eq(dtype_f16_from_f32(0x1.8p-24f), 0x0002, "1.5 ulp ties to even 2");
+    cr_expect_eq(dtype_f16_from_f32(1.0f + 0x1p-11f), 0x3c00, "tie to even");
+    cr_expect_eq(dtype_f16_from_f32(1.0f + 0x3p-11f), 0x3c02, "tie to even (up)");
+    cr_expect_eq(dtype_f16_from_f32(0x1.ffcp-15f), 0x0400, "rounds up into the normals");
+    cr_expect_eq(dtype_f16_from_f32(-0.0f), 0x8000);
+    cr_expect_eq(dtype_f16_from_f32(NAN) & 0x7e00, 0x7e00, "quiet NaN");
+    for (uint32_t h = 0; h < 65536; h++) {
+        float x = dtype_f32_from_f16((uint16_t)h);
+        cr_assert_eq(dtype_f16_from_f32(x), h, "f16 %04x -> %a", h, (double)x);
+    }
+    /* monotone between neighbours: x in (h, h+1) rounds to one of them */
+    for (uint32_t h = 0; h < 0x7bff; h += 7) {
+        float lo = dtype_f32_from_f16((uint16_t)h), hi = dtype_f32_from_f16((uint16_t)(h + 1));
+        float mid = lo + (hi - lo) * 0.25f;
+        cr_assert_eq(dtype_f16_from_f32(mid), h, "%a", (double)mid);
+    }
+}
+
+/* e4m3fn by its definition: (-1)^s 2^(e-7) (1 + m/8), subnormals
+ * 2^-6 (m/8) at e = 0, S.1111.111 the only NaN (no infinities). */
+static double e4m3_by_definition(unsigned b)
+{
+    unsigned s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    if (e == 15 && m == 7) return NAN;
+    double v = e == 0 ? ldexp(m / 8.0, -6) : ldexp(1.0 + m / 8.0, (int)e - 7);
+    return s ? -v : v;
+}
+
+Test(dtype, f8e4m3_decodes_every_byte_by_the_definition)
+{
+    for (unsigned b = 0; b < 256; b++) {
+        double want = e4m3_by_definition(b);
+        float got = dtype_f32_from_f8e4m3((uint8_t)b);
+        if (isnan(want)) {
+            cr_expect(isnan(got), "byte %02x is NaN, got %a", b, (double)got);
+            continue;
+        }
+        cr_expect((double)got == want, "byte %02x: got %a, want %a", b, (double)got, want);
+        cr_expect((signbit(got) != 0) == (b >= 0x80), "byte %02x: sign", b);
+    }
+    cr_expect_eq(dtype_f32_from_f8e4m3(0x7e), 448.0f, "the largest value");
+    cr_expect_eq(dtype_f32_from_f8e4m3(0x38), 1.0f);
+    cr_expect_eq(dtype_f32_from_f8e4m3(0x01), 0x1p-9f, "the smallest subnormal");
+    cr_expect_eq(dtype_f32_from_f8e4m3(0x08), 0x1p-6f, "the smallest normal");
+    cr_expect(isnan(dtype_f32_from_f8e4m3(0x7f)) && isnan(dtype_f32_from_f8e4m3(0xff)));
+    /* strictly increasing over the positive codes */
+    for (unsigned b = 0; b + 1 < 0x7f; b++)
+        cr_expect(dtype_f32_from_f8e4m3((uint8_t)b) < dtype_f32_from_f8e4m3((uint8_t)(b + 1)), "%02x", b);
+}
+
+Test(dtype, array_forms_match_the_scalar_ones)
+{
+    enum { N = 65536 };
+    uint16_t *h = td_malloc(N * sizeof *h);
+    uint8_t *b = td_malloc(256);
+    float *y = td_malloc(N * sizeof *y);
+    for (uint32_t i = 0; i < N; i++) h[i] = (uint16_t)i;
+    for (uint32_t i = 0; i < 256; i++) b[i] = (uint8_t)i;
+    dtype_bf16_to_f32(y, h, N);
+    for (uint32_t i = 0; i < N; i++) {
+        float x = dtype_f32_from_bf16(h[i]);
+        cr_assert(memcmp(&x, &y[i], 4) == 0, "bf16 %04x", i);
+    }
+    dtype_f16_to_f32(y, h, N);
+    for (uint32_t i = 0; i < N; i++) {
+        float x = dtype_f32_from_f16(h[i]);
+        cr_assert(memcmp(&x, &y[i], 4) == 0, "f16 %04x", i);
+    }
+    dtype_f8e4m3_to_f32(y, b, 256);
+    for (uint32_t i = 0; i < 256; i++) {
+        float x = dtype_f32_from_f8e4m3(b[i]);
+        cr_assert(memcmp(&x, &y[i], 4) == 0, "f8 %02x", i);
+    }
+    dtype_bf16_to_f32(y, h, 0);   /* n = 0 is fine */
+    td_free(h);
+    td_free(b);
+    td_free(y);
+    cr_expect_eq(td_mem_current(), 0);
+}
