@@ -58,7 +58,7 @@ def compare_metrics(a, bad, worst):
             rel = abs(y - x) / abs(x) if x else abs(y - x)
             worst[key] = max(worst[key], rel)
             if not rel <= tol:
-                bad.append((rel, "%s at step %d: %.9g vs reference %.9g (rel %.2e > %.0e)" % (key, s, y, x, rel, tol)))
+                bad.append((rel, "%s at step %d: %.9g vs reference %.9g (rel %.2e > %.2g)" % (key, s, y, x, rel, tol)))
     return mb
 
 
@@ -88,7 +88,7 @@ def compare_ckpt(a, bad, worst):
         tol = a.weight_tol if k == "weights" else a.moment_tol
         if not rel <= tol:
             i = np.unravel_index(int(diff.argmax()), diff.shape)
-            bad.append((rel, "%s: rel diff %.2e > %.0e; at %s %.9g vs reference %.9g; max|.| %.6g vs %.6g"
+            bad.append((rel, "%s: rel diff %.2e > %.2g; at %s %.9g vs reference %.9g; max|.| %.6g vs %.6g"
                         % (name, rel, tol, list(map(int, i)), y[i], x[i], float(np.abs(y).max()), scale)))
 
     fa.visititems(visit)
@@ -138,4 +138,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (OSError, ValueError, KeyError) as e:   # a run that died leaves no metrics / checkpoint
+        print("FAIL %s: cannot compare: %s: %s" % (sys.argv[3] if len(sys.argv) > 3 else "?", type(e).__name__, e))
+        sys.exit(1)
