@@ -426,7 +426,7 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
     if (!tr->rank0 || !tr->metrics) return;
     FILE *f = tr->metrics;
     fprintf(f, "{\"step\":%lld,\"loss\":%.9g,\"ce\":%.9g,\"aux\":%.6f,\"z\":%.6f,\"lr\":%.6e,"
-               "\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"mfu_sgemm\":%.4f,\"step_s\":%.4f,\"comm_s\":%.4f,"
+               "\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"mfu_sgemm\":%.4f,\"step_s\":%.4f,\"comm_s\":%.4f,"
                "\"tokens_seen\":%lld,\"peak_mem_mb\":%.1f,\"act_mem_mb\":%.1f",
             (long long)tr->step, loss, ce, lp_sum->aux, lp_sum->z, lr, gnorm, tok_s, mfu, tr->mfu_sgemm, step_s, comm_s,
             (long long)tr->tokens_seen, td_mem_peak() / 1048576.0, tr->slots[0].acts.arena.size / 1048576.0);

@@ -1,10 +1,15 @@
 #!/bin/sh
 # tests/mpi/dist.sh - distributed training equals one process (SPEC 5).
 #
-# Tiny config, shuffle=false, 10 steps.  Every layout's per-step losses must
-# equal the single-process run within 1e-5 relative and its final weights
-# within 1e-5; a checkpoint written at dp=4 ep=2 zero=1 must resume at dp=1
-# and at dp=2 ep=2 with the next step's loss equal to the uninterrupted run.
+# Tiny config, shuffle=false, 10 steps.  Every layout is held against the
+# single-process run by tests/ref/run_compare.py: loss and grad_norm of every
+# step, and per tensor the final exp_avg and exp_avg_sq (moving averages of
+# the clipped gradient of every parameter) and weights.  A checkpoint
+# written at dp=4 ep=2 zero=1 must resume at dp=1 and at dp=2 ep=2 with the
+# next step's loss equal to the uninterrupted run.
+# Planted x1.01 on layers/1 experts/up_proj's gradient under ep: the old
+# check (loss to 1e-5, weights and exp_avg to 1e-5 absolute) passed; here
+# every ep layout fails on exp_avg of that tensor (rel 1.0e-2) and grad_norm.
 # Also: expert all-to-all edge cases (build/tests/mpi_ep) and a topology that
 # does not divide the model refused with one line.
 set -eu
@@ -20,27 +25,16 @@ DATA=$BUILD/fortunes.bin
 [ -s "$DATA" ] || $T data prepare --input /usr/share/games/fortunes --output "$DATA" 2>/dev/null
 A="configs/tiny.json data=$DATA shuffle=false steps=10 save_every=0 threads=1"
 
-compare() {   # compare DIR LABEL: losses and final weights against $W/ref
-    $PY - "$W/ref" "$1" "$2" <<'EOF' || fail=1
-import json, sys, h5py, numpy as np
-ref, run, label = sys.argv[1:4]
-f = lambda d: [json.loads(l)["loss"] for l in open(d + "/metrics.jsonl")]
-a, b = f(ref), f(run)
-assert len(a) == len(b) == 10, (len(a), len(b))
-rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-fa, fb = h5py.File(ref + "/latest"), h5py.File(run + "/latest")
-worst = [0.0, ""]
-def visit(name, obj):
-    if isinstance(obj, h5py.Dataset) and (name.startswith("model/") or name.startswith("lm_head")
-                                          or name.startswith("optimizer/exp_avg/")):
-        d = float(np.abs(obj[()] - fb[name][()]).max())
-        if d > worst[0]: worst[:] = [d, name]
-fa.visititems(visit)
-ok = rel <= 1e-5 and worst[0] <= 1e-5
-print("%s %-22s losses max rel diff %.2e, weights/moments max abs diff %.2e (%s)"
-      % ("ok  " if ok else "FAIL", label, rel, worst[0], worst[1]))
-sys.exit(0 if ok else 1)
-EOF
+# Relative tolerances, about 5x the worst noise measured over these 6
+# layouts (dp sums float32 partial gradients in another order): loss 8.8e-9
+# (dp=4) -> 5e-8; grad_norm 4.4e-8 (dp=2, dp=4 ep=4) -> 3e-7; step-10 moments
+# per tensor, max|d|/max|ref|, exp_avg 2.1e-6, exp_avg_sq 2.9e-6 (dp=2) ->
+# 1.5e-5 (dp's noise stays this low over 10 steps; tp_pp.sh needs a 1-step
+# run); weights 5.6e-5 (dp=2: AdamW's step is ~lr*sign(g), and a g near
+# adam_eps moves with the noise) -> 3e-4.  Each line prints its noise.
+TOL="--steps 10 --loss-tol 5e-8 --gnorm-tol 3e-7 --moment-tol 1.5e-5 --weight-tol 3e-4"
+compare() {   # compare DIR LABEL: against $W/ref
+    $PY tests/ref/run_compare.py "$W/ref" "$1" "$2" $TOL --ckpt "$W/ref/latest" "$1/latest" || fail=1
 }
 
 $T train $A out_dir="$W/ref" 2>/dev/null
