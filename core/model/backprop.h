@@ -30,6 +30,10 @@ typedef struct {
     float *dx, *dtmp;            /* backward: (N, d) residual gradient, (N, d) temp */
     float *dq, *dk, *dv, *datt, *dh; /* backward scratch */
     float *dfa, *dfb, *dfc;      /* (N*k or N, max(F, Fd, S)) */
+    float *dqr, *dkr;            /* (N, H*hd) (N, Hkv*hd) gradients of qr, kr (q/k norm or clamp on) */
+    float *qkdot;                /* (2N) full q/k norm: per-row dots */
+    float *dqkw;                 /* (2 hd) per-head q/k norm: this micro-batch's weight gradients */
+    float *dsgv;                 /* (N) gradient of the shared gate */
     float *dxd, *deo;            /* (N*k, d), dispatch side */
     float *dxe, *deoe;           /* expert side (ep*N*k, d); alias dxd/deo without ep */
     float *dprobs, *dlogits_r, *dtopk_w;  /* (N, E) (N, E) (N, k) */

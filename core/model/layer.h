@@ -2,12 +2,18 @@
  * embedding and head, shared by training, scoring and serving (one copy of
  * the math, see core/model/model.h).
  *
- *   h1 = rmsnorm(x, ln1);  q, k, v = h1 Wq^T, h1 Wk^T, h1 Wv^T;  rope(q, k)
- *   store k, v into the sequence's KV blocks;  att = attention(q, blocks)
- *   x_mid = x + att Wo^T
+ *   h1 = rmsnorm(x, ln1)
+ *   q, k, v = h1 Wq^T (+ bq), h1 Wk^T (+ bk), h1 Wv^T (+ bv)     (qr, kr, vr)
+ *   q, k = qk_norm(q), qk_norm(k)              per head or over the whole width
+ *   q, k, v = clamp(q, k, v, +-clip_qkv)      after the norm, as HF OLMoE
+ *   rope(q, k);  store k, v into the sequence's KV blocks;  att = attention(q, blocks)
+ *   x_mid = x + att Wo^T (+ bo)
  *   h2 = rmsnorm(x_mid, ln2)
- *   y = dense SwiGLU(h2)  or  MoE(h2) (+ shared experts)
+ *   y = dense SwiGLU(h2)  or  MoE(h2) (+ shared expert(s), gated by
+ *       sigmoid(h2 . w_g) when shared_expert_gate)
  *   x_out = x_mid + y
+ * Every step is optional by the config (model->qk_pre, Layer's NULL
+ * params); with none on, qr/kr/vr alias q/k/v.
  */
 #ifndef TANDEM_CORE_MODEL_LAYER_H
 #define TANDEM_CORE_MODEL_LAYER_H
@@ -27,6 +33,11 @@ typedef struct {
  * shared scratch depends on the recompute mode (model_acts_*). */
 typedef struct {
     float *h1, *rstd1, *q, *k, *v, *att, *lse, *x_mid, *h2, *rstd2;
+    /* projections before q/k norm and clamp (N, H*hd) (N, Hkv*hd) (N,
+     * Hkv*hd); alias q, k, v when neither is on (vr: when no clamp) */
+    float *qr, *kr, *vr;
+    float *rstdq, *rstdk;                      /* q/k norm: (N*H) (N*Hkv) per head, (N) (N) full */
+    float *qkss;                               /* (2N) full q/k norm: sums of squares (scratch) */
     float *fg, *fu, *fh;                       /* dense FFN (N, Fd) */
     float *rlogits, *probs, *rlse, *topk_w;    /* router (N,E) (N,E) (N) (N,k) */
     int32_t *topk_idx;                         /* (N, k) */
@@ -41,6 +52,8 @@ typedef struct {
     size_t n_recv;                             /* R */
     float *ep_stage;                           /* (ep*N*k, d) exchange staging, ep > 1 */
     float *sg, *su, *sh;                       /* shared experts (N, S) */
+    float *sgv;                                /* (N) shared gate sigmoid(h2 . w_g) */
+    float *shg;                                /* (N, S) sh scaled by the gate (scratch) */
     float *y;                                  /* FFN output (N, d) */
     double *count, *psum;                      /* router statistics (E), global after the hook */
     float aux, z;                              /* this layer's router losses */
@@ -61,6 +74,9 @@ void model_head(const Model *m, float *logits, float *hn, float *rstd, const flo
  * left NULL: the caller points it at a layer's KV pool).  With a dry arena
  * it only measures. */
 void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N);
+/* The part of it for qr, kr, vr, rstdq, rstdk (a->q, k, v already set:
+ * qr/kr/vr alias them when the config has no q/k norm or clamp). */
+void layer_acts_carve_qkv(LayerActs *a, Arena *ar, const Model *m, size_t N);
 
 /* Expert-parallel exchange (identity when ep == 1).
  * to_experts: a->xd (dispatch order) -> a->xe grouped by local expert,
