@@ -83,6 +83,7 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
         s->eoe = ep > 1 ? arena_floats(ar, R * d) : s->eo;
         s->ep_stage = ep > 1 ? arena_floats(ar, R * d) : NULL;
         s->eg = arena_floats(ar, R * m->F); s->eu = arena_floats(ar, R * m->F); s->eh = arena_floats(ar, R * m->F);
+        s->eprob = (GemmProblem *)arena_bytes(ar, 2 * m->E * sizeof(GemmProblem));
         if (any_shared) {
             s->sg = arena_floats(ar, N * m->S); s->su = arena_floats(ar, N * m->S); s->sh = arena_floats(ar, N * m->S);
         }
@@ -155,8 +156,8 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
             }
             if (L->sgw) SLOT(sgv, N, KEEP_NONE | KEEP_SEL);   /* shg: recomputed by backward */
         }
-        /* router statistics: 2E doubles, always kept */
-        double *st = (double *)arena_bytes(ar, 2 * E * sizeof(double) + 8);
+        /* router statistics: 2E + 1 doubles (count, psum, z), always kept */
+        double *st = (double *)arena_bytes(ar, (2 * E + 1) * sizeof(double));
         la->count = st;
         la->psum = st ? st + E : NULL;
     }

@@ -58,8 +58,7 @@ static void experts_forward(const Model *m, const Layer *L, LayerActs *a)
     const size_t d = m->d, F = m->F, E = m->E;
     /* gate and up of every expert in one region, then every down: the
      * grouped GEMM computes each element as its own GEMM would */
-    GemmProblem g[2 * E + 1];
-    memset(g, 0, sizeof g);
+    GemmProblem *g = a->eprob;
     for (size_t e = 0; e < E; e++) {
         size_t r0 = (size_t)a->e_off[e], M = (size_t)a->e_off[e + 1] - r0;
         g[2 * e] = (GemmProblem){ a->eg + r0 * F, F, a->xe + r0 * d, d, expert_packed(L->egate, e), M, F, d };
@@ -218,13 +217,12 @@ static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, Lay
     linear_forward(a->rlogits, a->h2, L->router->packed, N, E, d);
     moe_router_forward(a->probs, a->rlse, a->topk_idx, a->topk_w, a->rlogits, N, E, k,
                        m->cfg.norm_topk_prob);
-    /* statistics over the whole micro-batch: count (E), psum (E), z sum (1) */
-    double st[2 * E + 1];
+    /* statistics over the whole micro-batch: count (E), psum (E), z sum (1),
+     * contiguous in a->count */
+    double *st = a->count;
     moe_aux_stats(st, st + E, a->probs, a->topk_idx, N, E, k);
     st[2 * E] = (double)moe_z_sum(a->rlse, N);
     if (m->comm.dp_allreduce_f64 && m->topo.dp > 1) m->comm.dp_allreduce_f64(m->comm.ctx, st, 2 * E + 1);
-    memcpy(a->count, st, E * sizeof(double));
-    memcpy(a->psum, st + E, E * sizeof(double));
     a->aux = moe_aux_loss(a->count, a->psum, b->n_tot, E, k);
     a->z = (float)(st[2 * E] / (double)b->n_tot);
 
@@ -380,8 +378,9 @@ void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N)
         if (m->S && m->cfg.shared_expert_gate) {
             a->sgv = arena_floats(ar, N); a->shg = arena_floats(ar, N * m->S);
         }
-        double *st = (double *)arena_bytes(ar, 2 * E * sizeof(double) + 8);
+        double *st = (double *)arena_bytes(ar, (2 * E + 1) * sizeof(double));
         a->count = st;
         a->psum = st ? st + E : NULL;
+        a->eprob = (GemmProblem *)arena_bytes(ar, 2 * m->E * sizeof(GemmProblem));
     }
 }

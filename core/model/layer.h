@@ -19,6 +19,7 @@
 #define TANDEM_CORE_MODEL_LAYER_H
 
 #include "core/model/model.h"
+#include "core/ops/gemm.h"
 
 typedef struct {
     size_t n;                  /* token rows N */
@@ -55,7 +56,9 @@ typedef struct {
     float *sgv;                                /* (N) shared gate sigmoid(h2 . w_g) */
     float *shg;                                /* (N, S) sh scaled by the gate (scratch) */
     float *y;                                  /* FFN output (N, d) */
-    double *count, *psum;                      /* router statistics (E), global after the hook */
+    double *count, *psum;                      /* router statistics (E), global after the hook; the
+                                                * z sum follows psum (count, psum, z: 2E+1 doubles) */
+    GemmProblem *eprob;                        /* (2 E_local) the experts' grouped GEMMs (scratch) */
     float aux, z;                              /* this layer's router losses */
     float *kv;                                 /* this layer's KV block pool */
 } LayerActs;
