@@ -84,6 +84,7 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
         s->ep_stage = ep > 1 ? arena_floats(ar, R * d) : NULL;
         s->eg = arena_floats(ar, R * m->F); s->eu = arena_floats(ar, R * m->F); s->eh = arena_floats(ar, R * m->F);
         s->eprob = (GemmProblem *)arena_bytes(ar, 2 * m->E * sizeof(GemmProblem));
+        s->bprob = (GemmBwProblem *)arena_bytes(ar, 3 * m->E * sizeof(GemmBwProblem));
         if (any_shared) {
             s->sg = arena_floats(ar, N * m->S); s->su = arena_floats(ar, N * m->S); s->sh = arena_floats(ar, N * m->S);
         }
@@ -285,6 +286,40 @@ static void tp_sum(const Model *m, float *buf, size_t n)
 static const float *expert_w(const Param *p, size_t e) { return p->w + e * p->lshape[1] * p->lshape[2]; }
 static float *expert_g(const Param *p, size_t e) { return p->g + e * p->lshape[1] * p->lshape[2]; }
 
+void model_experts_backward(Model *m, const Layer *L, const LayerActs *la, float *dxe, const float *deoe,
+                            float *deh, float *deg, float *deu)
+{
+    /* experts: eoe = eh Wd^T, eh = swiglu(eg, eu), eg/eu = xe Wg^T / xe Wu^T.
+     * Every expert's products in three regions (gemm_bw_group): down's dx
+     * and dW; then gate's dx and the dW of gate and up; then up's dx, which
+     * adds into the same dxe rows as gate's, after it. */
+    const size_t R = la->n_recv, d = m->d, F = m->F, E = m->E;
+    GemmBwProblem *g = la->bprob;
+    int n = 0;
+    zero(deh, R * F); zero(deg, R * F); zero(deu, R * F);
+    for (size_t e = 0; e < E; e++) {
+        size_t r0 = (size_t)la->e_off[e], M = (size_t)la->e_off[e + 1] - r0;
+        g[n++] = (GemmBwProblem){ 0, deh + r0 * F, F, deoe + r0 * d, d, expert_w(L->edown, e), F, M, d, F };
+        g[n++] = (GemmBwProblem){ 1, expert_g(L->edown, e), F, deoe + r0 * d, d, la->eh + r0 * F, F, M, d, F };
+    }
+    gemm_bw_group(g, n);
+    swiglu_backward(deg, deu, deh, la->eg, la->eu, R, F);
+    n = 0;
+    for (size_t e = 0; e < E; e++) {
+        size_t r0 = (size_t)la->e_off[e], M = (size_t)la->e_off[e + 1] - r0;
+        g[n++] = (GemmBwProblem){ 0, dxe + r0 * d, d, deg + r0 * F, F, expert_w(L->egate, e), d, M, F, d };
+        g[n++] = (GemmBwProblem){ 1, expert_g(L->egate, e), d, deg + r0 * F, F, la->xe + r0 * d, d, M, F, d };
+        g[n++] = (GemmBwProblem){ 1, expert_g(L->eup, e), d, deu + r0 * F, F, la->xe + r0 * d, d, M, F, d };
+    }
+    gemm_bw_group(g, n);
+    n = 0;
+    for (size_t e = 0; e < E; e++) {
+        size_t r0 = (size_t)la->e_off[e], M = (size_t)la->e_off[e + 1] - r0;
+        g[n++] = (GemmBwProblem){ 0, dxe + r0 * d, d, deu + r0 * F, F, expert_w(L->eup, e), d, M, F, d };
+    }
+    gemm_bw_group(g, n);
+}
+
 /* FFN backward: adds into a->dh (= dh2, zeroed by the caller) and the
  * parameter gradients; dy = gradient of the FFN output (N, d). */
 static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, const float *dy,
@@ -303,7 +338,7 @@ static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
         tp_sum(m, dh2, N * d);
         return;
     }
-    const size_t E = m->E_global, k = m->k, Nk = N * k, F = m->F;
+    const size_t E = m->E_global, k = m->k, Nk = N * k;
     if (L->sgate) {
         const size_t S = m->S;
         float *dsh = a->dfa, *dsg = a->dfb, *dsu = a->dfc;
@@ -332,24 +367,9 @@ static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
     tp_sum(m, a->dtopk_w, Nk);   /* eo is this shard's partial expert output */
     /* to the ranks owning the experts (identity without ep) */
     model_ep_back_to_experts(m, la, a->deo, a->deoe, Nk);
-    /* experts: eoe = eh Wd^T, eh = swiglu(eg, eu), eg/eu = xe Wg^T / xe Wu^T */
     const size_t R = la->n_recv;
-    float *deh = a->dfa, *deg = a->dfb, *deu = a->dfc;
-    zero(deh, R * F); zero(deg, R * F); zero(deu, R * F);
     zero(a->dxe, R * d);
-    for (size_t e = 0; e < m->E; e++) {
-        size_t r0 = (size_t)la->e_off[e], M = (size_t)la->e_off[e + 1] - r0;
-        linear_backward(deh + r0 * F, expert_g(L->edown, e), a->deoe + r0 * d, la->eh + r0 * F,
-                        expert_w(L->edown, e), M, d, F);
-    }
-    swiglu_backward(deg, deu, deh, la->eg, la->eu, R, F);
-    for (size_t e = 0; e < m->E; e++) {
-        size_t r0 = (size_t)la->e_off[e], M = (size_t)la->e_off[e + 1] - r0;
-        linear_backward(a->dxe + r0 * d, expert_g(L->egate, e), deg + r0 * F, la->xe + r0 * d,
-                        expert_w(L->egate, e), M, F, d);
-        linear_backward(a->dxe + r0 * d, expert_g(L->eup, e), deu + r0 * F, la->xe + r0 * d,
-                        expert_w(L->eup, e), M, F, d);
-    }
+    model_experts_backward(m, L, la, a->dxe, a->deoe, a->dfa, a->dfb, a->dfc);
     /* back to the ranks owning the tokens */
     model_ep_from_experts(m, la, a->dxe, a->dxd, Nk);
     moe_dispatch_backward(dh2, a->dxd, &la->plan, N, k, d);

@@ -77,4 +77,11 @@ void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const
 void model_train_backward(Model *m, TrainActs *a, const int32_t *targets, const float *dlogp,
                           float daux, float dz);
 
+/* Backward of model_experts_forward for the rows of la (its xe, eg, eu,
+ * eh, e_off, n_recv): adds into dxe (R, d) the input gradient and into
+ * the experts' weight gradients, from deoe (R, d), the gradient of eoe.
+ * deh, deg, deu: (R, F) scratch, overwritten. */
+void model_experts_backward(Model *m, const Layer *L, const LayerActs *la, float *dxe, const float *deoe,
+                            float *deh, float *deg, float *deu);
+
 #endif

@@ -51,9 +51,7 @@ static const float *expert_packed(const Param *p, size_t e)
     return p->packed + e * gemm_packed_floats(p->lshape[1], p->lshape[2]);
 }
 
-/* Expert GEMMs over the expert-side rows: eg, eu = xe W^T; eh = swiglu;
- * eoe = eh Wd^T.  Each local expert is one GEMM over its contiguous rows. */
-static void experts_forward(const Model *m, const Layer *L, LayerActs *a)
+void model_experts_forward(const Model *m, const Layer *L, LayerActs *a)
 {
     const size_t d = m->d, F = m->F, E = m->E;
     /* gate and up of every expert in one region, then every down: the
@@ -229,7 +227,7 @@ static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, Lay
     moe_plan_build(&a->plan, a->topk_idx, N, E, k);
     moe_dispatch_forward(a->xd, a->h2, &a->plan, N, k, d);
     model_ep_to_experts(m, a, N * k);
-    experts_forward(m, L, a);
+    model_experts_forward(m, L, a);
     model_ep_from_experts(m, a, a->eoe, a->eo, N * k);
     moe_combine_forward(a->y, a->eo, a->topk_w, &a->plan, N, k, d);
     if (L->sgate) {
@@ -316,7 +314,7 @@ void model_ffn_recompute(const Model *m, int l, const ModelBatch *b, LayerActs *
     }
     moe_dispatch_forward(a->xd, a->h2, &a->plan, N, m->k, m->d);
     model_ep_to_experts(m, a, N * m->k);
-    experts_forward(m, L, a);
+    model_experts_forward(m, L, a);
     model_ep_from_experts(m, a, a->eoe, a->eo, N * m->k);
     if (L->sgate) {   /* sgv, the gate, is kept: backward rescales from it */
         pair_forward(a->sg, a->su, a->h2, L->sgate, L->sup, N, m->S, m->d);
@@ -382,5 +380,6 @@ void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N)
         a->count = st;
         a->psum = st ? st + E : NULL;
         a->eprob = (GemmProblem *)arena_bytes(ar, 2 * m->E * sizeof(GemmProblem));
+        a->bprob = (GemmBwProblem *)arena_bytes(ar, 3 * m->E * sizeof(GemmBwProblem));
     }
 }

@@ -59,6 +59,7 @@ typedef struct {
     double *count, *psum;                      /* router statistics (E), global after the hook; the
                                                 * z sum follows psum (count, psum, z: 2E+1 doubles) */
     GemmProblem *eprob;                        /* (2 E_local) the experts' grouped GEMMs (scratch) */
+    GemmBwProblem *bprob;                      /* (3 E_local) and their backward products (scratch) */
     float aux, z;                              /* this layer's router losses */
     float *kv;                                 /* this layer's KV block pool */
 } LayerActs;
@@ -90,6 +91,13 @@ void layer_acts_carve_qkv(LayerActs *a, Arena *ar, const Model *m, size_t N);
 void model_ep_to_experts(const Model *m, LayerActs *a, size_t n_rows);
 void model_ep_from_experts(const Model *m, LayerActs *a, const float *src, float *dst, size_t n_rows);
 void model_ep_back_to_experts(const Model *m, LayerActs *a, const float *src, float *dst, size_t n_rows);
+
+/* The local experts' SwiGLUs over the expert-side rows (a->xe, grouped by
+ * a->e_off, a->n_recv rows): eg, eu = xe Wg^T, xe Wu^T; eh = swiglu(eg,
+ * eu); eoe = eh Wd^T.  Each expert is one GEMM over its contiguous rows;
+ * the gate and up products of all experts run as one grouped GEMM, then
+ * the down products (core/ops/gemm.h: same bits as separate calls). */
+void model_experts_forward(const Model *m, const Layer *L, LayerActs *a);
 
 /* Recomputes, from the saved h2 and routing of a forward, the FFN
  * intermediates (dense fg/fu/fh, or xd/eg/eu/eh/eo and shared sg/su/sh) into
