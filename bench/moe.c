@@ -25,7 +25,9 @@
  *   layer step   model_train_forward + model_train_backward of a one-layer
  *                model with this MoE (attention H=4 hd=64, T=256, V=16),
  *                router, dispatch and combine included.
- * GFLOP/s: 2 N k 3 F d per expert forward, twice that backward; the layer
+ * GFLOP/s: 2 N k 3 F d per expert forward, twice that backward; wGB/s: the
+ * forward's weight traffic, 3 F d floats of every expert that got a row
+ * (with ~1 row an expert the forward streams weights: memory-bound); the layer
  * step counts 6 x active parameters x N plus causal attention
  * (12 T/2 hd H per token).  Prints a table and, last, one JSON line starting
  * with {"bench":"moe".  Shared machines are noisy: compare the ratios
@@ -169,7 +171,7 @@ static void run_step(void *v)
     model_train_backward(&c->m, &c->ta, c->targets, c->dlogp, 0.01f, 0.001f);
 }
 
-typedef struct { size_t E, k, F, N; const char *name; double fw, bw, fw1, bw1, step_ms, step_gf; } Row;
+typedef struct { size_t E, k, F, N; const char *name; double fw, bw, fw1, bw1, step_ms, step_gf, wgbs; } Row;
 
 int main(int argc, char **argv)
 {
@@ -196,18 +198,18 @@ int main(int argc, char **argv)
     if (quick) g_budget = 0.5;
     pool_init(threads);
 
-    Row rows[] = { { 8, 2, 512, N, "Mixtral-shaped", 0, 0, 0, 0, 0, 0 },
-                   { 60, 4, 256, N, "Qwen2-MoE-shaped", 0, 0, 0, 0, 0, 0 },
-                   { 64, 8, 128, N, "OLMoE-shaped", 0, 0, 0, 0, 0, 0 },
-                   { 128, 8, 128, N, "Qwen3-MoE-30B shrunk", 0, 0, 0, 0, 0, 0 },
-                   { 128, 8, 384, 256, "  few rows (prefill)", 0, 0, 0, 0, 0, 0 },
-                   { 128, 8, 128, 16, "  ~1 row (decode)", 0, 0, 0, 0, 0, 0 } };
+    Row rows[] = { { 8, 2, 512, N, "Mixtral-shaped", 0, 0, 0, 0, 0, 0, 0 },
+                   { 60, 4, 256, N, "Qwen2-MoE-shaped", 0, 0, 0, 0, 0, 0, 0 },
+                   { 64, 8, 128, N, "OLMoE-shaped", 0, 0, 0, 0, 0, 0, 0 },
+                   { 128, 8, 128, N, "Qwen3-MoE-30B shrunk", 0, 0, 0, 0, 0, 0, 0 },
+                   { 128, 8, 384, 256, "  few rows (prefill)", 0, 0, 0, 0, 0, 0, 0 },
+                   { 128, 8, 128, 16, "  ~1 row (decode)", 0, 0, 0, 0, 0, 0, 0 } };
     const size_t n_rows = sizeof rows / sizeof *rows, d = 256;
     printf("MoE layer, d=%zu, k F=1024 (equal active FLOPs), N=%zu tokens routed uniformly at random;\n"
            "GFLOP/s, %d threads, best of %d (eff: grouped experts / all rows in one expert)\n",
            d, N, threads, g_reps);
-    printf("  %-22s %5s %3s %4s %5s %6s | %7s %7s %5s | %7s %7s %5s | %8s %7s\n", "shape", "E", "k", "F", "N",
-           "rows/e", "fw", "1-exp", "eff", "bw", "1-exp", "eff", "step ms", "step GF");
+    printf("  %-22s %5s %3s %4s %5s %6s | %7s %7s %5s %6s | %7s %7s %5s | %8s %7s\n", "shape", "E", "k", "F", "N",
+           "rows/e", "fw", "1-exp", "eff", "wGB/s", "bw", "1-exp", "eff", "step ms", "step GF");
     for (size_t i = 0; i < n_rows; i++) {
         Row *w = &rows[i];
         const size_t Nr = w->N;
@@ -215,7 +217,11 @@ int main(int argc, char **argv)
         case_init(&c, w->E, w->k, w->F, Nr, T);
         const double f = 2.0 * (double)Nr * (double)w->k * 3.0 * (double)w->F * (double)d / 1e9;
         memcpy(c.a.e_off, c.route_off, (w->E + 1) * sizeof(int32_t));
-        w->fw = f / best_time(run_fw, &c);
+        const double tf = best_time(run_fw, &c);
+        size_t used = 0;
+        for (size_t e = 0; e < w->E; e++) used += c.route_off[e + 1] > c.route_off[e];
+        w->fw = f / tf;
+        w->wgbs = (double)used * 3.0 * (double)w->F * (double)d * sizeof(float) / tf / 1e9;
         w->bw = 2 * f / best_time(run_bw, &c);
         memcpy(c.a.e_off, c.one_off, (w->E + 1) * sizeof(int32_t));
         w->fw1 = f / best_time(run_fw, &c);
@@ -227,9 +233,9 @@ int main(int argc, char **argv)
         const double ts = Nr % T == 0 ? best_time(run_step, &c) : 0;
         w->step_ms = ts * 1e3;
         w->step_gf = ts > 0 ? fl / ts / 1e9 : 0;
-        printf("  %-22s %5zu %3zu %4zu %5zu %6zu | %7.1f %7.1f %5.2f | %7.1f %7.1f %5.2f | %8.2f %7.1f\n", w->name,
-               w->E, w->k, w->F, Nr, Nr * w->k / w->E, w->fw, w->fw1, w->fw / w->fw1, w->bw, w->bw1, w->bw / w->bw1,
-               w->step_ms, w->step_gf);
+        printf("  %-22s %5zu %3zu %4zu %5zu %6zu | %7.1f %7.1f %5.2f %6.1f | %7.1f %7.1f %5.2f | %8.2f %7.1f\n",
+               w->name, w->E, w->k, w->F, Nr, Nr * w->k / w->E, w->fw, w->fw1, w->fw / w->fw1, w->wgbs, w->bw, w->bw1,
+               w->bw / w->bw1, w->step_ms, w->step_gf);
         fflush(stdout);
         case_free(&c);
     }
@@ -237,9 +243,9 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < n_rows; i++) {
         const Row *w = &rows[i];
         printf("%s{\"E\":%zu,\"k\":%zu,\"F\":%zu,\"N\":%zu,\"experts_fw_gflops\":%.2f,\"one_expert_fw_gflops\":%.2f,"
-               "\"experts_bw_gflops\":%.2f,\"one_expert_bw_gflops\":%.2f,\"layer_step_ms\":%.3f,"
+               "\"fw_weight_gbs\":%.2f,\"experts_bw_gflops\":%.2f,\"one_expert_bw_gflops\":%.2f,\"layer_step_ms\":%.3f,"
                "\"layer_step_gflops\":%.2f}",
-               i ? "," : "", w->E, w->k, w->F, w->N, w->fw, w->fw1, w->bw, w->bw1, w->step_ms, w->step_gf);
+               i ? "," : "", w->E, w->k, w->F, w->N, w->fw, w->fw1, w->wgbs, w->bw, w->bw1, w->step_ms, w->step_gf);
     }
     printf("]}\n");
     pool_free();
