@@ -908,7 +908,7 @@ Test(gemm, group_of_many_small_problems_equals_separate_calls)
 Test(gemm, bw_group_equals_separate_calls)
 {
     enum { NP = 300 };
-    const size_t N = 48, K = 40, ld = 44;   /* dy and x rows padded to ld */
+    const size_t N = 48, K = 40, ld = 52;   /* dy, x and dx rows padded to ld */
     size_t off[NP + 1];
     off[0] = 0;
     for (int i = 0; i < NP; i++) off[i + 1] = off[i] + (size_t)(rng_uniform_at(401, (uint64_t)i) * 41);
