@@ -2,8 +2,8 @@
  * run by tests/mpi/ckpt.sh under mpirun and by tests/cli/ckpt*.sh.
  *
  *   matrix-write DIR      every layout of this world size (np = 1, 2, 4)
- *                         saves two small models (weights from
- *                         model_init_weights, synthetic AdamW moments,
+ *                         saves three small models (weights from
+ *                         model_init_weights and fill_weights, synthetic AdamW moments,
  *                         trainer state; some in bf16 / f16)
  *   matrix-read DIR       every file of DIR is loaded under every layout of
  *                         this world size and compared bit for bit with a
@@ -20,8 +20,9 @@
  *                         batch in IDS.bin (B*T int32 ids, then B*T int32
  *                         targets) on the model loaded from CKPT
  *
- * Synthetic weights come from model_init_weights(seed), which is
- * topology-independent by construction; the moments are a function of
+ * Synthetic weights come from model_init_weights(seed), vectors replaced by
+ * a function of (tensor name, global element index): topology-independent by
+ * construction; the moments are a function of
  * (tensor name, global element index); rank r's RNG row is {4r+1 .. 4r+4}.
  */
 #include "checkpoint/ckpt.h"
@@ -42,15 +43,24 @@
 
 #define SEED 42
 
-/* Two small models: A has a dense first layer, shared experts, untied
- * head, GQA 2:1 (tp <= 2); B is tied, MHA (tp up to 4). */
-static const char *g_cfg_json[2] = {
+/* Three small models: A has a dense first layer, shared experts, untied
+ * head, GQA 2:1 (tp <= 2); B is tied, MHA (tp up to 4); C has the
+ * Hugging Face families' tensors (q/k/v/o biases, full-width q/k norms,
+ * head_dim != d/H, a gated shared expert of its own width, MoE layers 1
+ * and 3 by decoder_sparse_step). */
+#define N_CFG 3
+static const char *g_cfg_json[N_CFG] = {
     "{\"vocab_size\":40,\"hidden_size\":16,\"num_hidden_layers\":4,\"num_attention_heads\":4,"
     "\"num_key_value_heads\":2,\"intermediate_size\":16,\"moe_intermediate_size\":8,\"num_local_experts\":4,"
     "\"num_experts_per_tok\":2,\"n_shared_experts\":1,\"first_k_dense_replace\":1,\"max_position_embeddings\":64}",
     "{\"vocab_size\":36,\"hidden_size\":16,\"num_hidden_layers\":4,\"num_attention_heads\":4,"
     "\"num_key_value_heads\":4,\"moe_intermediate_size\":8,\"num_local_experts\":4,\"num_experts_per_tok\":2,"
     "\"tie_word_embeddings\":true,\"max_position_embeddings\":64}",
+    "{\"vocab_size\":40,\"hidden_size\":16,\"num_hidden_layers\":4,\"num_attention_heads\":4,"
+    "\"num_key_value_heads\":2,\"head_dim\":6,\"intermediate_size\":16,\"moe_intermediate_size\":8,"
+    "\"num_local_experts\":4,\"num_experts_per_tok\":2,\"attention_bias\":true,\"qk_norm\":\"full\","
+    "\"shared_expert_intermediate_size\":12,\"shared_expert_gate\":true,\"decoder_sparse_step\":2,"
+    "\"max_position_embeddings\":64}",
 };
 
 /* (dp, tp, pp, ep) candidates; those that do not divide a model are skipped. */
@@ -101,6 +111,20 @@ static void fill_moments(const Model *m, float *ea, float *eas)
     }
 }
 
+/* Weights: model_init_weights, with every vector (norm 1, bias 0 there)
+ * replaced by a function of (name, global index), so that a misplaced
+ * slice of one shows. */
+static void fill_weights(Model *m)
+{
+    model_init_weights(m, SEED);
+    for (int i = 0; i < m->n_params; i++) {
+        Param *p = &m->params[i];
+        if (p->ndim != 1) continue;
+        for (size_t j = 0; j < p->numel; j++)
+            p->w[j] = 1.0f + (float)rng_uniform_at(rng_hash_str(p->name) ^ 0x7777u, global_index(p, j));
+    }
+}
+
 static void fill_state(CkptState *st, uint64_t own[1][4], int64_t step)
 {
     memset(st, 0, sizeof *st);
@@ -144,7 +168,7 @@ static int layout_topo(Topology *t, const ModelConfig *cfg, int l)
 static int matrix_write(const char *dir)
 {
     int n = 0, bad = 0;
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < N_CFG; c++) {
         ModelConfig cfg;
         if (parse_cfg(&cfg, g_cfg_json[c])) return 1;
         int k = 0;
@@ -160,7 +184,7 @@ static int matrix_write(const char *dir)
                 if (dt != CKPT_F32 && dt != extra) continue;
                 Model m;
                 model_init(&m, &cfg, &t, false, 16);
-                model_init_weights(&m, SEED);
+                fill_weights(&m);
                 float *ea = td_calloc(m.n_w * sizeof(float)), *eas = td_calloc(m.n_w * sizeof(float));
                 fill_moments(&m, ea, eas);
                 CkptState st;
@@ -193,7 +217,7 @@ typedef struct {
 static void ref_init(Ref *r, const ModelConfig *cfg, const Topology *t)
 {
     model_init(&r->m, cfg, t, false, 16);
-    model_init_weights(&r->m, SEED);
+    fill_weights(&r->m);
     r->ea = td_calloc(r->m.n_w * sizeof(float));
     r->eas = td_calloc(r->m.n_w * sizeof(float));
     fill_moments(&r->m, r->ea, r->eas);
@@ -313,13 +337,13 @@ static int matrix_read(const char *dir)
     int nf = 0;
     for (struct dirent *de; (de = readdir(d)) && nf < 256;) {
         size_t len = strlen(de->d_name);
-        if (len > 3 && !strcmp(de->d_name + len - 3, ".h5") && (de->d_name[0] == 'A' || de->d_name[0] == 'B'))
+        if (len > 3 && !strcmp(de->d_name + len - 3, ".h5") && de->d_name[0] >= 'A' && de->d_name[0] < 'A' + N_CFG)
             files[nf++] = td_strdup(de->d_name);
     }
     closedir(d);
     qsort(files, (size_t)nf, sizeof *files, cmp_str);
     int loads = 0, bad = 0;
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < N_CFG; c++) {
         ModelConfig cfg;
         if (parse_cfg(&cfg, g_cfg_json[c])) return 1;
         for (int l = 0; l < N_LAYOUTS; l++) {

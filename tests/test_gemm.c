@@ -29,6 +29,7 @@
 #define gemm_xwt_group portable_gemm_xwt_group
 #define gemm_dx_acc portable_gemm_dx_acc
 #define gemm_dw_acc portable_gemm_dw_acc
+#define gemm_bw_group portable_gemm_bw_group
 #define gemm_scratch_free portable_gemm_scratch_free
 #define gemm_scratch_bytes portable_gemm_scratch_bytes
 #include "core/ops/gemm.c"
@@ -39,6 +40,7 @@
 #undef gemm_xwt_group
 #undef gemm_dx_acc
 #undef gemm_dw_acc
+#undef gemm_bw_group
 #undef gemm_scratch_free
 #undef gemm_scratch_bytes
 #undef TANDEM_PORTABLE
@@ -46,6 +48,7 @@
 #include "core/common.h"
 #include "core/ops/linear.h"
 #include "core/pool.h"
+#include "core/rng.h"
 #include "tests/fixture.h"
 
 #include <criterion/criterion.h>
@@ -860,5 +863,89 @@ Test(gemm, group_equals_separate_calls)
         }
         pool_free();
     }
+    EXPECT_NO_LEAKS();
+}
+
+/* Hundreds of experts with a few rows each (Qwen3-MoE's 128 experts x gate
+ * and up, 512 experts): far more work units than problems ever had, one
+ * region, still the bits of separate calls, 1 and 2 threads. */
+Test(gemm, group_of_many_small_problems_equals_separate_calls)
+{
+    enum { NP = 1024 };
+    const size_t N = 384, K = 64;
+    float *W = fixture_rand(N * K, 300, -1, 1), *P = td_malloc(gemm_packed_floats(N, K) * sizeof(float));
+    gemm_pack(P, W, N, K);
+    size_t off[NP + 1];
+    off[0] = 0;
+    for (int i = 0; i < NP; i++) off[i + 1] = off[i] + (size_t)(rng_uniform_at(301, (uint64_t)i) * 20);  /* 0..19 rows */
+    const size_t R = off[NP];
+    float *x = fixture_rand(R * K + 1, 302, -1, 1), *want = td_calloc((R * N + 1) * sizeof(float));
+    for (int i = 0; i < NP; i++)
+        gemm_xwt(want + off[i] * N, N, x + off[i] * K, K, P, off[i + 1] - off[i], N, K);
+    GemmProblem *g = td_malloc(NP * sizeof(GemmProblem));
+    for (int th = 1; th <= 2; th++) {
+        pool_init(th);
+        float *y = td_calloc((R * N + 1) * sizeof(float));
+        for (int i = 0; i < NP; i++)
+            g[i] = (GemmProblem){ y + off[i] * N, N, x + off[i] * K, K, P, off[i + 1] - off[i], N, K };
+        gemm_xwt_group(g, NP);
+        EXPECT_BITWISE(y, want, R * N, th == 1 ? "1024 problems, 1 thread" : "1024 problems, 2 threads");
+        td_free(y);
+    }
+    pool_init(1);
+    td_free(g);
+    td_free(W);
+    td_free(P);
+    td_free(x);
+    td_free(want);
+    EXPECT_NO_LEAKS();
+}
+
+/* The grouped backward (every expert's dx and dW in one region) gives the
+ * bits of separate gemm_dx_acc / gemm_dw_acc calls, accumulating into
+ * non-zero gradients: 300 problems of 0..40 rows, with row strides wider
+ * than the products, 1 and 2 threads. */
+Test(gemm, bw_group_equals_separate_calls)
+{
+    enum { NP = 300 };
+    const size_t N = 48, K = 40, ld = 52;   /* dy, x and dx rows padded to ld */
+    size_t off[NP + 1];
+    off[0] = 0;
+    for (int i = 0; i < NP; i++) off[i + 1] = off[i] + (size_t)(rng_uniform_at(401, (uint64_t)i) * 41);
+    const size_t R = off[NP];
+    float *dy = fixture_rand(R * ld + 1, 402, -1, 1), *x = fixture_rand(R * ld + 1, 403, -1, 1);
+    float *W = fixture_rand(N * K, 404, -1, 1);
+    float *dx0 = fixture_rand(R * ld + 1, 405, -1, 1), *dW0 = fixture_rand(NP * N * K, 406, -1, 1);
+    float *dx_want = fixture_copy(dx0, R * ld + 1), *dW_want = fixture_copy(dW0, NP * N * K);
+    for (int i = 0; i < NP; i++) {
+        const size_t M = off[i + 1] - off[i];
+        gemm_dx_acc(dx_want + off[i] * ld, ld, dy + off[i] * ld, ld, W, M, N, K);
+        gemm_dw_acc(dW_want + (size_t)i * N * K, dy + off[i] * ld, ld, x + off[i] * ld, ld, M, N, K);
+    }
+    GemmBwProblem *g = td_malloc(2 * NP * sizeof(GemmBwProblem));
+    for (int th = 1; th <= 2; th++) {
+        pool_init(th);
+        float *dx = fixture_copy(dx0, R * ld + 1), *dW = fixture_copy(dW0, NP * N * K);
+        for (int i = 0; i < NP; i++) {
+            const size_t M = off[i + 1] - off[i];
+            g[2 * i] = (GemmBwProblem){ 0, dx + off[i] * ld, ld, dy + off[i] * ld, ld, W, K, M, N, K };
+            g[2 * i + 1] = (GemmBwProblem){ 1, dW + (size_t)i * N * K, K, dy + off[i] * ld, ld, x + off[i] * ld, ld,
+                                            M, N, K };
+        }
+        gemm_bw_group(g, 2 * NP);
+        EXPECT_BITWISE(dx, dx_want, R * ld + 1, th == 1 ? "dx, 1 thread" : "dx, 2 threads");
+        EXPECT_BITWISE(dW, dW_want, NP * N * K, th == 1 ? "dW, 1 thread" : "dW, 2 threads");
+        td_free(dx);
+        td_free(dW);
+    }
+    pool_init(1);
+    td_free(g);
+    td_free(dy);
+    td_free(x);
+    td_free(W);
+    td_free(dx0);
+    td_free(dW0);
+    td_free(dx_want);
+    td_free(dW_want);
     EXPECT_NO_LEAKS();
 }

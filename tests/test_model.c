@@ -146,6 +146,10 @@ static void check_against_torch(const char *file)
 Test(model, gradients_match_torch_base) { check_against_torch("model_base.h5"); }
 Test(model, gradients_match_torch_shared_dense_tied_k1) { check_against_torch("model_variants.h5"); }
 Test(model, gradients_match_torch_odd_sizes) { check_against_torch("model_odd.h5"); }
+/* Hugging Face families' ops (docs/config.md): every parameter's gradient */
+Test(model, gradients_match_torch_qwen2moe_bias_gated_shared_schedule) { check_against_torch("model_qwen2moe.h5"); }
+Test(model, gradients_match_torch_qwen3moe_head_qk_norm_head_dim) { check_against_torch("model_qwen3moe.h5"); }
+Test(model, gradients_match_torch_olmoe_full_qk_norm_clip_bias) { check_against_torch("model_olmoe.h5"); }
 
 /* recompute=full and =selective: the same gradients, bit for bit, and a
  * smaller activation peak than none. */
@@ -175,6 +179,9 @@ static void check_recompute(const char *file)
 
 Test(model, recompute_modes_bit_identical) { check_recompute("model_base.h5"); }
 Test(model, recompute_modes_bit_identical_variants) { check_recompute("model_variants.h5"); }
+Test(model, recompute_modes_bit_identical_qwen2moe) { check_recompute("model_qwen2moe.h5"); }
+Test(model, recompute_modes_bit_identical_qwen3moe) { check_recompute("model_qwen3moe.h5"); }
+Test(model, recompute_modes_bit_identical_olmoe) { check_recompute("model_olmoe.h5"); }
 
 /* Two AdamW steps on the fixture's gradients equal torch.optim.AdamW's
  * (lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices and

@@ -181,6 +181,53 @@ Test(moe_router, topk_is_descending_on_random_logits)
     EXPECT_NO_LEAKS();
 }
 
+/* Many experts (Qwen3-MoE's 128, top-8; 60 top-4; 512 top-8) with
+ * coarsely quantised logits, so that rows hold many exact ties: the
+ * one-pass selection equals k successive arg-max selections (the lowest
+ * index among equals), on 1 and 2 threads. */
+Test(moe_router, many_experts_topk_equals_successive_argmax)
+{
+    static const size_t shapes[][2] = { { 128, 8 }, { 60, 4 }, { 512, 8 }, { 64, 64 } };
+    const size_t N = 70;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const size_t E = shapes[s][0], k = shapes[s][1];
+        float *logits = fixture_rand(N * E, 200 + s, -2, 2);
+        for (size_t i = 0; i < N * E; i++) logits[i] = roundf(logits[i] * 2) / 2;   /* 9 levels */
+        float *probs = td_malloc(N * E * sizeof(float)), *lse = td_malloc(N * sizeof(float));
+        float *w = td_malloc(N * k * sizeof(float));
+        int32_t *idx = td_malloc(N * k * sizeof(int32_t)), *want = td_malloc(N * k * sizeof(int32_t));
+        char *taken = td_malloc(E);
+        size_t bad = 0;
+        for (int th = 1; th <= 2; th++) {
+            pool_init(th);
+            moe_router_forward(probs, lse, idx, w, logits, N, E, k, false);
+            for (size_t t = 0; t < N; t++) {
+                const float *p = probs + t * E;
+                memset(taken, 0, E);
+                for (size_t j = 0; j < k; j++) {
+                    size_t best = E;
+                    for (size_t e = 0; e < E; e++)
+                        if (!taken[e] && (best == E || p[e] > p[best])) best = e;
+                    taken[best] = 1;
+                    want[t * k + j] = (int32_t)best;
+                    bad += idx[t * k + j] != (int32_t)best || w[t * k + j] != p[best];
+                }
+            }
+        }
+        pool_init(1);
+        cr_expect_eq(bad, 0, "E=%zu k=%zu: %zu of %zu selections differ from successive arg-max", E, k, bad,
+                     2 * N * k);
+        td_free(logits);
+        td_free(probs);
+        td_free(lse);
+        td_free(w);
+        td_free(idx);
+        td_free(want);
+        td_free(taken);
+    }
+    EXPECT_NO_LEAKS();
+}
+
 Test(moe_router, chain_matches_torch)
 {
     /* router -> top-k weights (upstream dw) + aux (coefficient a) + z

@@ -10,6 +10,7 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <math.h>
+#include <string.h>
 
 static void setup(void) { pool_init(1); }
 static void teardown(void) { pool_free(); }
@@ -262,5 +263,214 @@ Test(rmsnorm, two_threads_bit_identical)
     td_free(x);
     td_free(w);
     td_free(dy);
+    EXPECT_NO_LEAKS();
+}
+
+/* ---------------------------------------------------------------- q/k norm
+ * Per head (Qwen3-MoE): rmsnorm over (N*H, hd) rows of x (N, H*hd) with one
+ * weight [hd].  Over the whole width (OLMoE): the split form, with the
+ * columns in P contiguous parts (one per tensor-parallel rank: H % P == 0)
+ * whose sums of squares and backward dots are added, as the model's
+ * all-reduce does. */
+
+/* Column block p of P of x (N, W) into a contiguous (N, W/P) copy. */
+static float *cols(const float *x, size_t N, size_t W, size_t p, size_t P)
+{
+    const size_t w = W / P;
+    float *o = td_malloc(N * w * sizeof(float));
+    for (size_t t = 0; t < N; t++) memcpy(o + t * w, x + t * W + p * w, w * sizeof(float));
+    return o;
+}
+
+static void put_cols(float *x, const float *part, size_t N, size_t W, size_t p, size_t P)
+{
+    const size_t w = W / P;
+    for (size_t t = 0; t < N; t++) memcpy(x + t * W + p * w, part + t * w, w * sizeof(float));
+}
+
+/* Full-width q/k norm of x (N, W) over P parts: y (N, W), then adds into dx,
+ * dw (W) the backward of dy. */
+static void full_norm_parts(float *y, float *dx, float *dw, const float *x, const float *w, const float *dy,
+                            size_t N, size_t W, size_t P, float eps)
+{
+    const size_t wp = W / P;
+    float *ss = td_calloc(N * sizeof(float)), *s = td_calloc(N * sizeof(float)), *tmp = td_malloc(N * sizeof(float));
+    float *xp[8], *dyp[8], *rstd = td_malloc(N * sizeof(float));
+    for (size_t p = 0; p < P; p++) {   /* each part's sums, then the "all-reduce" */
+        xp[p] = cols(x, N, W, p, P);
+        dyp[p] = cols(dy, N, W, p, P);
+        rmsnorm_sumsq(tmp, xp[p], N, wp);
+        for (size_t t = 0; t < N; t++) ss[t] += tmp[t];
+    }
+    for (size_t p = 0; p < P; p++) {
+        float *yp = td_malloc(N * wp * sizeof(float));
+        rmsnorm_scale_forward(yp, rstd, xp[p], ss, w + p * wp, N, wp, W, eps);
+        put_cols(y, yp, N, W, p, P);
+        rmsnorm_dot(tmp, dyp[p], xp[p], w + p * wp, N, wp);
+        for (size_t t = 0; t < N; t++) s[t] += tmp[t];
+        td_free(yp);
+    }
+    for (size_t p = 0; p < P; p++) {
+        float *dxp = cols(dx, N, W, p, P);
+        rmsnorm_scale_backward(dxp, dw + p * wp, dyp[p], xp[p], w + p * wp, rstd, s, N, wp, W);
+        put_cols(dx, dxp, N, W, p, P);
+        td_free(dxp);
+        td_free(xp[p]);
+        td_free(dyp[p]);
+    }
+    td_free(ss);
+    td_free(s);
+    td_free(tmp);
+    td_free(rstd);
+}
+
+Test(rmsnorm, qk_norm_matches_torch_per_head_and_full_width_over_1_and_2_parts)
+{
+    const char *fx = "qk_norm.h5";
+    int n_cases = (int)fixture_attr(fx, "n_cases");
+    cr_expect_geq(n_cases, 4, "qk_norm.h5 has %d cases", n_cases);
+    for (int c = 0; c < n_cases; c++) {
+        int32_t *dims = fixture_case_i32(fx, c, "dims", NULL);
+        const size_t N = (size_t)dims[0], H = (size_t)dims[1], hd = (size_t)dims[2], W = H * hd;
+        const int full = dims[3];
+        const size_t nw = full ? W : hd;
+        float *eps = fixture_case_f32(fx, c, "eps", NULL), *x = fixture_case_f32(fx, c, "x", NULL);
+        float *w = fixture_case_f32(fx, c, "w", NULL), *dy = fixture_case_f32(fx, c, "dy", NULL);
+        float *y_ref = fixture_case_f32(fx, c, "y", NULL), *dx_ref = fixture_case_f32(fx, c, "dx", NULL);
+        float *dw_ref = fixture_case_f32(fx, c, "dw", NULL);
+        for (size_t P = 1; P <= (full ? 2 : 1); P++) {
+            float *y = td_malloc(N * W * sizeof(float)), *dx = td_calloc(N * W * sizeof(float));
+            float *dw = td_calloc(nw * sizeof(float));
+            if (full) {
+                full_norm_parts(y, dx, dw, x, w, dy, N, W, P, eps[0]);
+            } else {
+                float *rstd = td_malloc(N * H * sizeof(float));
+                rmsnorm_forward(y, rstd, x, w, N * H, hd, eps[0]);
+                rmsnorm_backward(dx, dw, dy, x, w, rstd, N * H, hd);
+                td_free(rstd);
+            }
+            /* as the whole-row tests: a few ulp forward; dx two partly
+             * cancelling O(1) terms; dw sums N*H (<= 27) products of |.| < 3 */
+            char what[64];
+            snprintf(what, sizeof what, "y, case %d (%s, %zu parts)", c, full ? "full" : "head", P);
+            EXPECT_CLOSE(y, y_ref, N * W, 1e-7, 4e-6, what);
+            snprintf(what, sizeof what, "dx, case %d (%zu parts)", c, P);
+            EXPECT_CLOSE(dx, dx_ref, N * W, 1e-6, 1e-6, what);
+            snprintf(what, sizeof what, "dw, case %d (%zu parts)", c, P);
+            EXPECT_CLOSE(dw, dw_ref, nw, 4e-6, 1e-6, what);
+            td_free(y);
+            td_free(dx);
+            td_free(dw);
+        }
+        td_free(dims);
+        td_free(eps);
+        td_free(x);
+        td_free(w);
+        td_free(dy);
+        td_free(y_ref);
+        td_free(dx_ref);
+        td_free(dw_ref);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+typedef struct { const double *dy; size_t N, H, hd; int full; double eps; } QkFd;
+
+/* p = [x (N, H*hd), w];  L = sum dy * qk_norm(x, w) */
+static double qk_loss(const double *p, void *vc)
+{
+    const QkFd *c = vc;
+    const size_t W = c->H * c->hd, rows = c->full ? c->N : c->N * c->H, wd = c->full ? W : c->hd;
+    double *y = td_malloc(c->N * W * sizeof(double));
+    naive_rmsnorm(y, NULL, p, p + c->N * W, rows, wd, c->eps);
+    double L = 0;
+    for (size_t i = 0; i < c->N * W; i++) L += c->dy[i] * y[i];
+    td_free(y);
+    return L;
+}
+
+Test(rmsnorm, qk_norm_backward_matches_finite_differences)
+{
+    const size_t N = 4, H = 4, hd = 6, W = H * hd;
+    for (int full = 0; full <= 1; full++) {
+        const size_t nw = full ? W : hd, np = N * W + nw;
+        const float eps = 1e-6f;
+        float *x = fixture_rand(N * W, 120 + (uint64_t)full, -2, 2), *w = fixture_rand(nw, 122, 0.5f, 1.5f);
+        float *dy = fixture_rand(N * W, 124, -1, 1);
+        double *p = td_malloc(np * sizeof(double)), *g = td_malloc(np * sizeof(double));
+        for (size_t i = 0; i < N * W; i++) p[i] = x[i];
+        for (size_t i = 0; i < nw; i++) p[N * W + i] = w[i];
+        double *dyd = to_f64(dy, N * W);
+        QkFd ctx = { dyd, N, H, hd, full, eps };
+        fixture_fd(g, qk_loss, &ctx, p, np, 1e-6);
+        float *want = to_f32(g, np);
+        float *y = td_malloc(N * W * sizeof(float)), *dx = td_calloc(N * W * sizeof(float));
+        float *dw = td_calloc(nw * sizeof(float));
+        if (full) {
+            full_norm_parts(y, dx, dw, x, w, dy, N, W, 2, eps);   /* two "ranks" */
+        } else {
+            float *rstd = td_malloc(N * H * sizeof(float));
+            rmsnorm_forward(y, rstd, x, w, N * H, hd, eps);
+            rmsnorm_backward(dx, dw, dy, x, w, rstd, N * H, hd);
+            td_free(rstd);
+        }
+        /* see backward_matches_finite_differences */
+        char what[48];
+        snprintf(what, sizeof what, "dx vs FD (%s)", full ? "full, 2 parts" : "per head");
+        EXPECT_CLOSE(dx, want, N * W, 2e-6, 1e-6, what);
+        snprintf(what, sizeof what, "dw vs FD (%s)", full ? "full, 2 parts" : "per head");
+        EXPECT_CLOSE(dw, want + N * W, nw, 2e-6, 1e-6, what);
+        td_free(x);
+        td_free(w);
+        td_free(dy);
+        td_free(p);
+        td_free(g);
+        td_free(dyd);
+        td_free(want);
+        td_free(y);
+        td_free(dx);
+        td_free(dw);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+/* One part (d = D): the split form is the whole-row op, bit for bit, and
+ * rmsnorm_apply from the saved rstd rebuilds the forward's y exactly (the
+ * clamp's backward relies on it). */
+Test(rmsnorm, split_form_of_one_part_and_apply_give_the_whole_row_bits)
+{
+    const size_t N = 13, d = 70;
+    float *x = fixture_rand(N * d, 130, -2, 2), *w = fixture_rand(d, 131, -1, 1), *dy = fixture_rand(N * d, 132, -1, 1);
+    float *y = td_malloc(N * d * sizeof(float)), *rstd = td_malloc(N * sizeof(float));
+    float *y2 = td_malloc(N * d * sizeof(float)), *rstd2 = td_malloc(N * sizeof(float)), *y3 = td_malloc(N * d * sizeof(float));
+    float *ss = td_malloc(N * sizeof(float)), *s = td_malloc(N * sizeof(float));
+    float *dx = fixture_rand(N * d, 133, -1, 1), *dw = fixture_rand(d, 134, -1, 1);
+    float *dx2 = fixture_copy(dx, N * d), *dw2 = fixture_copy(dw, d);
+    rmsnorm_forward(y, rstd, x, w, N, d, 1e-5f);
+    rmsnorm_sumsq(ss, x, N, d);
+    rmsnorm_scale_forward(y2, rstd2, x, ss, w, N, d, d, 1e-5f);
+    rmsnorm_apply(y3, x, rstd, w, N, d);
+    rmsnorm_backward(dx, dw, dy, x, w, rstd, N, d);
+    rmsnorm_dot(s, dy, x, w, N, d);
+    rmsnorm_scale_backward(dx2, dw2, dy, x, w, rstd2, s, N, d, d);
+    EXPECT_BITWISE(y2, y, N * d, "y, split form");
+    EXPECT_BITWISE(rstd2, rstd, N, "rstd, split form");
+    EXPECT_BITWISE(y3, y, N * d, "y, rmsnorm_apply");
+    EXPECT_BITWISE(dx2, dx, N * d, "dx, split form");
+    EXPECT_BITWISE(dw2, dw, d, "dw, split form");
+    td_free(x);
+    td_free(w);
+    td_free(dy);
+    td_free(y);
+    td_free(rstd);
+    td_free(y2);
+    td_free(rstd2);
+    td_free(y3);
+    td_free(ss);
+    td_free(s);
+    td_free(dx);
+    td_free(dw);
+    td_free(dx2);
+    td_free(dw2);
     EXPECT_NO_LEAKS();
 }

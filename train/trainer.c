@@ -440,12 +440,12 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
     if (tr->topo.ep > 1) fprintf(f, ",\"ep_rows_min\":%.0f,\"ep_rows_max\":%.0f", tr->ep_min, tr->ep_max);
     if (tr->topo.pp > 1) fprintf(f, ",\"pp_bubble\":%.4f", tr->bubble);
     /* per layer of the whole model; dense layers have no experts: null */
-    const int L = tr->m.cfg.num_hidden_layers, dense = tr->m.cfg.first_k_dense_replace;
+    const int L = tr->m.cfg.num_hidden_layers;
     for (int which = 0; which < 2; which++) {
         const double *v = which ? tr->share_max : tr->share_min;
         fprintf(f, which ? "],\"expert_share_max\":[" : ",\"expert_share_min\":[");
         for (int l = 0; l < L; l++)
-            fprintf(f, l < dense ? "%snull" : "%s%.4f", l ? "," : "", v[l]);
+            fprintf(f, config_layer_is_moe(&tr->m.cfg, l) ? "%s%.4f" : "%snull", l ? "," : "", v[l]);
     }
     fprintf(f, "]");
     if (!isnan(val)) fprintf(f, ",\"val_loss\":%.6f", val);
@@ -794,7 +794,7 @@ int train_run(const RunConfig *rc)
         tr.slots[i].dlogp = td_malloc(B * T * sizeof(float));
     }
     tr.n_local = tr.topo.layer_end - tr.topo.layer_begin;
-    tr.n_moe_global = tr.m.cfg.num_hidden_layers - tr.m.cfg.first_k_dense_replace;
+    tr.n_moe_global = config_n_moe_layers(&tr.m.cfg);
     tr.share_min = td_calloc((size_t)(tr.m.cfg.num_hidden_layers + 1) * sizeof(double));
     tr.share_max = td_calloc((size_t)(tr.m.cfg.num_hidden_layers + 1) * sizeof(double));
     loader_init(&tr.loader, tokfile_train(&tr.tf), (size_t)rc->micro_batch, T, (size_t)tr.topo.dp,

@@ -3,13 +3,20 @@
  * Backward of one layer, in reverse order of layer.c (dx is the gradient of
  * the layer output on entry and of its input on exit):
  *   FFN:   y = ffn(h2), h2 = rmsnorm(x_mid):   dh2 = ffn^T dx;  dx += rmsnorm^T dh2
- *   attn:  x_mid = x_in + att Wo^T:            datt = dx Wo;   dq, dk, dv = attn^T datt
- *          q, k = rope(h1 Wq^T, h1 Wk^T):      dh1 = (rope^T dq) Wq + (rope^T dk) Wk + dv Wv
+ *   attn:  x_mid = x_in + att Wo^T + bo:       datt = dx Wo;   dbo += sum_t dx;  dq, dk, dv = attn^T datt
+ *          q, k = rope(c(n(qr)), c(n(kr))):    dqr = n^T c^T rope^T dq (c: clamp, n: q/k norm), likewise dkr;
+ *          v = c(vr)                           dvr = c^T dv
+ *          qr = h1 Wq^T + bq (k, v alike):     dbq += sum_t dqr;  dh1 = dqr Wq + dkr Wk + dvr Wv
  *          h1 = rmsnorm(x_in):                 dx += rmsnorm^T dh1
+ *   shared expert with gate g = sigmoid(h2 . w_g):  ys = (g sh) Ws^T:  d(g sh) = dy Ws;  dsh = g d(g sh);
+ *          dg = d(g sh) . sh (summed over tp);  dh2 += gate^T dg (after the tp sum: w_g is replicated)
  */
 #include "core/model/backprop.h"
 #include "core/common.h"
+#include "core/ops/bias.h"
+#include "core/ops/clamp.h"
 #include "core/ops/embedding.h"
+#include "core/ops/gate.h"
 #include "core/ops/gemm.h"
 #include "core/ops/linear.h"
 #include "core/ops/rmsnorm.h"
@@ -59,6 +66,8 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
     s->x_mid = arena_floats(ar, N * d); s->h2 = arena_floats(ar, N * d); s->rstd2 = arena_floats(ar, N);
     s->y = arena_floats(ar, N * d);
     s->kv = arena_floats(ar, kvf);
+    layer_acts_carve_qkv(s, ar, m, N);
+    s->qkss = m->cfg.qk_norm == QK_NORM_FULL ? arena_floats(ar, 2 * N) : NULL;
     if (any_dense) {
         s->fg = arena_floats(ar, N * m->Fd); s->fu = arena_floats(ar, N * m->Fd); s->fh = arena_floats(ar, N * m->Fd);
     }
@@ -74,8 +83,13 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
         s->eoe = ep > 1 ? arena_floats(ar, R * d) : s->eo;
         s->ep_stage = ep > 1 ? arena_floats(ar, R * d) : NULL;
         s->eg = arena_floats(ar, R * m->F); s->eu = arena_floats(ar, R * m->F); s->eh = arena_floats(ar, R * m->F);
+        s->eprob = (GemmProblem *)arena_bytes(ar, 2 * m->E * sizeof(GemmProblem));
+        s->bprob = (GemmBwProblem *)arena_bytes(ar, 3 * m->E * sizeof(GemmBwProblem));
         if (any_shared) {
             s->sg = arena_floats(ar, N * m->S); s->su = arena_floats(ar, N * m->S); s->sh = arena_floats(ar, N * m->S);
+        }
+        if (any_shared && m->cfg.shared_expert_gate) {
+            s->sgv = arena_floats(ar, N); s->shg = arena_floats(ar, N * m->S);
         }
     }
 
@@ -98,6 +112,19 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
         SLOT(h2, N * d, KEEP_NONE | KEEP_SEL);
         SLOT(rstd2, N, KEEP_NONE | KEEP_SEL);
         SLOT(kv, kvf, KEEP_NONE | KEEP_SEL);
+        /* before q/k norm and clamp: what their backward reads */
+        if (m->qk_pre) {
+            SLOT(qr, N * Hq, KEEP_NONE | KEEP_SEL);
+            SLOT(kr, N * Hk, KEEP_NONE | KEEP_SEL);
+        } else {
+            la->qr = la->q, la->kr = la->k;
+        }
+        if (m->clip > 0) SLOT(vr, N * Hk, KEEP_NONE | KEEP_SEL);
+        else la->vr = la->v;
+        if (L->qn) {
+            SLOT(rstdq, m->cfg.qk_norm == QK_NORM_HEAD ? N * m->H : N, KEEP_NONE | KEEP_SEL);
+            SLOT(rstdk, m->cfg.qk_norm == QK_NORM_HEAD ? N * m->Hkv : N, KEEP_NONE | KEEP_SEL);
+        }
         if (!L->moe) {
             SLOT(fg, N * m->Fd, KEEP_NONE);
             SLOT(fu, N * m->Fd, KEEP_NONE);
@@ -128,9 +155,10 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
                 SLOT(su, N * m->S, KEEP_NONE);
                 SLOT(sh, N * m->S, KEEP_NONE);
             }
+            if (L->sgw) SLOT(sgv, N, KEEP_NONE | KEEP_SEL);   /* shg: recomputed by backward */
         }
-        /* router statistics: 2E doubles, always kept */
-        double *st = (double *)arena_bytes(ar, 2 * E * sizeof(double) + 8);
+        /* router statistics: 2E + 1 doubles (count, psum, z), always kept */
+        double *st = (double *)arena_bytes(ar, (2 * E + 1) * sizeof(double));
         la->count = st;
         la->psum = st ? st + E : NULL;
     }
@@ -141,6 +169,12 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
     a->dq = arena_floats(ar, N * Hq); a->dk = arena_floats(ar, N * Hk); a->dv = arena_floats(ar, N * Hk);
     a->datt = arena_floats(ar, N * Hq);
     a->dfa = arena_floats(ar, fmax); a->dfb = arena_floats(ar, fmax); a->dfc = arena_floats(ar, fmax);
+    if (m->qk_pre) {
+        a->dqr = arena_floats(ar, N * Hq); a->dkr = arena_floats(ar, N * Hk);
+    }
+    if (m->cfg.qk_norm == QK_NORM_FULL) a->qkdot = arena_floats(ar, 2 * N);
+    if (m->cfg.qk_norm == QK_NORM_HEAD) a->dqkw = arena_floats(ar, 2 * m->hd);
+    if (any_shared && m->cfg.shared_expert_gate) a->dsgv = arena_floats(ar, N);
     if (any_moe) {
         a->dxd = arena_floats(ar, Nk * d); a->deo = arena_floats(ar, Nk * d);
         a->dxe = ep > 1 ? arena_floats(ar, R * d) : a->dxd;
@@ -252,6 +286,40 @@ static void tp_sum(const Model *m, float *buf, size_t n)
 static const float *expert_w(const Param *p, size_t e) { return p->w + e * p->lshape[1] * p->lshape[2]; }
 static float *expert_g(const Param *p, size_t e) { return p->g + e * p->lshape[1] * p->lshape[2]; }
 
+void model_experts_backward(Model *m, const Layer *L, const LayerActs *la, float *dxe, const float *deoe,
+                            float *deh, float *deg, float *deu)
+{
+    /* experts: eoe = eh Wd^T, eh = swiglu(eg, eu), eg/eu = xe Wg^T / xe Wu^T.
+     * Every expert's products in three regions (gemm_bw_group): down's dx
+     * and dW; then gate's dx and the dW of gate and up; then up's dx, which
+     * adds into the same dxe rows as gate's, after it. */
+    const size_t R = la->n_recv, d = m->d, F = m->F, E = m->E;
+    GemmBwProblem *g = la->bprob;
+    int n = 0;
+    zero(deh, R * F); zero(deg, R * F); zero(deu, R * F);
+    for (size_t e = 0; e < E; e++) {
+        size_t r0 = (size_t)la->e_off[e], M = (size_t)la->e_off[e + 1] - r0;
+        g[n++] = (GemmBwProblem){ 0, deh + r0 * F, F, deoe + r0 * d, d, expert_w(L->edown, e), F, M, d, F };
+        g[n++] = (GemmBwProblem){ 1, expert_g(L->edown, e), F, deoe + r0 * d, d, la->eh + r0 * F, F, M, d, F };
+    }
+    gemm_bw_group(g, n);
+    swiglu_backward(deg, deu, deh, la->eg, la->eu, R, F);
+    n = 0;
+    for (size_t e = 0; e < E; e++) {
+        size_t r0 = (size_t)la->e_off[e], M = (size_t)la->e_off[e + 1] - r0;
+        g[n++] = (GemmBwProblem){ 0, dxe + r0 * d, d, deg + r0 * F, F, expert_w(L->egate, e), d, M, F, d };
+        g[n++] = (GemmBwProblem){ 1, expert_g(L->egate, e), d, deg + r0 * F, F, la->xe + r0 * d, d, M, F, d };
+        g[n++] = (GemmBwProblem){ 1, expert_g(L->eup, e), d, deu + r0 * F, F, la->xe + r0 * d, d, M, F, d };
+    }
+    gemm_bw_group(g, n);
+    n = 0;
+    for (size_t e = 0; e < E; e++) {
+        size_t r0 = (size_t)la->e_off[e], M = (size_t)la->e_off[e + 1] - r0;
+        g[n++] = (GemmBwProblem){ 0, dxe + r0 * d, d, deu + r0 * F, F, expert_w(L->eup, e), d, M, F, d };
+    }
+    gemm_bw_group(g, n);
+}
+
 /* FFN backward: adds into a->dh (= dh2, zeroed by the caller) and the
  * parameter gradients; dy = gradient of the FFN output (N, d). */
 static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, const float *dy,
@@ -270,12 +338,24 @@ static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
         tp_sum(m, dh2, N * d);
         return;
     }
-    const size_t E = m->E_global, k = m->k, Nk = N * k, F = m->F;
+    const size_t E = m->E_global, k = m->k, Nk = N * k;
     if (L->sgate) {
         const size_t S = m->S;
         float *dsh = a->dfa, *dsg = a->dfb, *dsu = a->dfc;
-        zero(dsh, N * S); zero(dsg, N * S); zero(dsu, N * S);
-        linear_backward(dsh, L->sdown->g, dy, la->sh, L->sdown->w, N, d, S);
+        zero(dsh, N * S);
+        if (L->sgw) {
+            /* ys = shg Ws^T, shg = g sh: recompute shg (the forward's bits) */
+            float *shg = dsg, *dshg = dsu;
+            row_scale_forward(shg, la->sgv, la->sh, N, S);
+            zero(dshg, N * S);
+            linear_backward(dshg, L->sdown->g, dy, shg, L->sdown->w, N, d, S);
+            zero(a->dsgv, N);
+            row_scale_backward(dsh, a->dsgv, dshg, la->sh, la->sgv, N, S);
+            tp_sum(m, a->dsgv, N);   /* sh is this shard's slice of S */
+        } else {
+            linear_backward(dsh, L->sdown->g, dy, la->sh, L->sdown->w, N, d, S);
+        }
+        zero(dsg, N * S); zero(dsu, N * S);
         swiglu_backward(dsg, dsu, dsh, la->sg, la->su, N, S);
         linear_backward(dh2, L->sgate->g, dsg, la->h2, L->sgate->w, N, S, d);
         linear_backward(dh2, L->sup->g, dsu, la->h2, L->sup->w, N, S, d);
@@ -287,24 +367,9 @@ static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
     tp_sum(m, a->dtopk_w, Nk);   /* eo is this shard's partial expert output */
     /* to the ranks owning the experts (identity without ep) */
     model_ep_back_to_experts(m, la, a->deo, a->deoe, Nk);
-    /* experts: eoe = eh Wd^T, eh = swiglu(eg, eu), eg/eu = xe Wg^T / xe Wu^T */
     const size_t R = la->n_recv;
-    float *deh = a->dfa, *deg = a->dfb, *deu = a->dfc;
-    zero(deh, R * F); zero(deg, R * F); zero(deu, R * F);
     zero(a->dxe, R * d);
-    for (size_t e = 0; e < m->E; e++) {
-        size_t r0 = (size_t)la->e_off[e], M = (size_t)la->e_off[e + 1] - r0;
-        linear_backward(deh + r0 * F, expert_g(L->edown, e), a->deoe + r0 * d, la->eh + r0 * F,
-                        expert_w(L->edown, e), M, d, F);
-    }
-    swiglu_backward(deg, deu, deh, la->eg, la->eu, R, F);
-    for (size_t e = 0; e < m->E; e++) {
-        size_t r0 = (size_t)la->e_off[e], M = (size_t)la->e_off[e + 1] - r0;
-        linear_backward(a->dxe + r0 * d, expert_g(L->egate, e), deg + r0 * F, la->xe + r0 * d,
-                        expert_w(L->egate, e), M, F, d);
-        linear_backward(a->dxe + r0 * d, expert_g(L->eup, e), deu + r0 * F, la->xe + r0 * d,
-                        expert_w(L->eup, e), M, F, d);
-    }
+    model_experts_backward(m, L, la, a->dxe, a->deoe, a->dfa, a->dfb, a->dfc);
     /* back to the ranks owning the tokens */
     model_ep_from_experts(m, la, a->dxe, a->dxd, Nk);
     moe_dispatch_backward(dh2, a->dxd, &la->plan, N, k, d);
@@ -319,6 +384,62 @@ static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
     softmax_backward(a->dlogits_r, a->dprobs, la->probs, N, E);
     if (dz != 0.0f) moe_z_backward(a->dlogits_r, dz, la->rlse, la->probs, N, a->n_tot_last, E);
     linear_backward(dh2, L->router->g, a->dlogits_r, la->h2, L->router->w, N, E, d);
+    if (L->sgw) sigmoid_gate_backward(dh2, L->sgw->g, a->dsgv, la->h2, L->sgw->w, la->sgv, N, d);
+}
+
+/* Gradients of the q/k/v projections (qr, kr, vr) from those of the q, k,
+ * v fed to RoPE and attention (a->dq, a->dk after rope backward, a->dv):
+ * through the clamp (its mask from the clamp's input: the norm's output,
+ * recomputed bit for bit from the saved rstd, or qr/kr themselves) and the
+ * q/k norm.  Returns the buffers now holding dqr, dkr; dvr is left in
+ * a->dv. */
+static void qk_pre_backward(Model *m, const Layer *L, TrainActs *a, const LayerActs *la, float **dqr, float **dkr)
+{
+    const size_t N = a->N, hd = m->hd, Hq = m->H * hd, Hk = m->Hkv * hd;
+    const bool head = m->cfg.qk_norm == QK_NORM_HEAD;
+    const size_t nq = head ? N * m->H : N, nk = head ? N * m->Hkv : N;   /* norm rows */
+    const size_t wq = head ? hd : Hq, wk = head ? hd : Hk;                /* and width */
+    *dqr = a->dq;
+    *dkr = a->dk;
+    if (!m->qk_pre) return;
+    if (m->clip > 0) {
+        const float *qin = la->qr, *kin = la->kr;
+        if (L->qn) {
+            rmsnorm_apply(a->dqr, la->qr, la->rstdq, L->qn->w, nq, wq);
+            rmsnorm_apply(a->dkr, la->kr, la->rstdk, L->kn->w, nk, wk);
+            qin = a->dqr;
+            kin = a->dkr;
+        }
+        clamp_backward(a->dq, qin, N * Hq, m->clip);
+        clamp_backward(a->dk, kin, N * Hk, m->clip);
+        clamp_backward(a->dv, la->vr, N * Hk, m->clip);
+    }
+    if (!L->qn) return;
+    zero(a->dqr, N * Hq);
+    zero(a->dkr, N * Hk);
+    if (head) {
+        /* one weight for every head, replicated over tp: this rank's heads
+         * give part of its gradient, summed over the group before adding */
+        zero(a->dqkw, 2 * hd);
+        rmsnorm_backward(a->dqr, a->dqkw, a->dq, la->qr, L->qn->w, la->rstdq, nq, hd);
+        rmsnorm_backward(a->dkr, a->dqkw + hd, a->dk, la->kr, L->kn->w, la->rstdk, nk, hd);
+        tp_sum(m, a->dqkw, 2 * hd);
+        for (size_t i = 0; i < hd; i++) {
+            L->qn->g[i] += a->dqkw[i];
+            L->kn->g[i] += a->dqkw[hd + i];
+        }
+    } else {
+        /* the row's dot spans every rank's heads */
+        rmsnorm_dot(a->qkdot, a->dq, la->qr, L->qn->w, N, Hq);
+        rmsnorm_dot(a->qkdot + N, a->dk, la->kr, L->kn->w, N, Hk);
+        tp_sum(m, a->qkdot, 2 * N);
+        rmsnorm_scale_backward(a->dqr, L->qn->g, a->dq, la->qr, L->qn->w, la->rstdq, a->qkdot, N, Hq,
+                               L->qn->shape[0]);
+        rmsnorm_scale_backward(a->dkr, L->kn->g, a->dk, la->kr, L->kn->w, la->rstdk, a->qkdot + N, N, Hk,
+                               L->kn->shape[0]);
+    }
+    *dqr = a->dqr;
+    *dkr = a->dkr;
 }
 
 /* Backward of local layer i; a->dx holds the gradient of its output and
@@ -344,6 +465,7 @@ static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
     rmsnorm_backward(a->dx, L->ln2->g, a->dh, la->x_mid, L->ln2->w, la->rstd2, N, d);
 
     /* attention block */
+    if (L->ob) bias_backward(L->ob->g, a->dx, N, d);   /* replicated: dx is the summed gradient */
     zero(a->datt, N * Hq);
     linear_backward(a->datt, L->o->g, a->dx, la->att, L->o->w, N, d, Hq);
     zero(a->dq, N * Hq); zero(a->dk, N * Hk); zero(a->dv, N * Hk);
@@ -351,9 +473,16 @@ static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
                        b.seqs, b.n_seq, &m->attn);
     rope_backward(a->dq, b.pos, &m->rope, N, m->H, hd);
     rope_backward(a->dk, b.pos, &m->rope, N, m->Hkv, hd);
+    float *dqr, *dkr;
+    qk_pre_backward(m, L, a, la, &dqr, &dkr);
+    if (L->qb) {
+        bias_backward(L->qb->g, dqr, N, Hq);
+        bias_backward(L->kb->g, dkr, N, Hk);
+        bias_backward(L->vb->g, a->dv, N, Hk);
+    }
     zero(a->dh, N * d);
-    linear_backward(a->dh, L->q->g, a->dq, la->h1, L->q->w, N, Hq, d);
-    linear_backward(a->dh, L->k->g, a->dk, la->h1, L->k->w, N, Hk, d);
+    linear_backward(a->dh, L->q->g, dqr, la->h1, L->q->w, N, Hq, d);
+    linear_backward(a->dh, L->k->g, dkr, la->h1, L->k->w, N, Hk, d);
     linear_backward(a->dh, L->v->g, a->dv, la->h1, L->v->w, N, Hk, d);
     tp_sum(m, a->dh, N * d);   /* q/k/v are column-parallel */
     rmsnorm_backward(a->dx, L->ln1->g, a->dh, a->x[i], L->ln1->w, la->rstd1, N, d);

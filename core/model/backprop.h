@@ -30,6 +30,10 @@ typedef struct {
     float *dx, *dtmp;            /* backward: (N, d) residual gradient, (N, d) temp */
     float *dq, *dk, *dv, *datt, *dh; /* backward scratch */
     float *dfa, *dfb, *dfc;      /* (N*k or N, max(F, Fd, S)) */
+    float *dqr, *dkr;            /* (N, H*hd) (N, Hkv*hd) gradients of qr, kr (q/k norm or clamp on) */
+    float *qkdot;                /* (2N) full q/k norm: per-row dots */
+    float *dqkw;                 /* (2 hd) per-head q/k norm: this micro-batch's weight gradients */
+    float *dsgv;                 /* (N) gradient of the shared gate */
     float *dxd, *deo;            /* (N*k, d), dispatch side */
     float *dxe, *deoe;           /* expert side (ep*N*k, d); alias dxd/deo without ep */
     float *dprobs, *dlogits_r, *dtopk_w;  /* (N, E) (N, E) (N, k) */
@@ -72,5 +76,12 @@ void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const
  * (coef * scale / n_moe_layers). */
 void model_train_backward(Model *m, TrainActs *a, const int32_t *targets, const float *dlogp,
                           float daux, float dz);
+
+/* Backward of model_experts_forward for the rows of la (its xe, eg, eu,
+ * eh, e_off, n_recv): adds into dxe (R, d) the input gradient and into
+ * the experts' weight gradients, from deoe (R, d), the gradient of eoe.
+ * deh, deg, deu: (R, F) scratch, overwritten. */
+void model_experts_backward(Model *m, const Layer *L, const LayerActs *la, float *dxe, const float *deoe,
+                            float *deh, float *deg, float *deu);
 
 #endif

@@ -30,9 +30,19 @@ void config_defaults(ModelConfig *c)
     c->norm_topk_prob = true;
     c->router_aux_loss_coef = 0.01;
     c->router_z_loss_coef = 0.001;
+    c->attention_bias = false;
+    c->qkv_bias = false;
+    c->qk_norm = QK_NORM_NONE;
+    c->clip_qkv = 0.0;
+    c->shared_expert_intermediate_size = 0;
+    c->shared_expert_gate = false;
+    c->decoder_sparse_step = 1;
+    c->n_mlp_only_layers = 0;
 }
 
-enum kind { K_INT, K_NUM, K_BOOL };
+static const char *const g_qk_norm_names[] = { "none", "head", "full" };
+
+enum kind { K_INT, K_NUM, K_BOOL, K_QKNORM, K_LAYERS };
 struct key { const char *name; enum kind kind; size_t off; };
 
 #define KEY(n, k) { #n, k, offsetof(ModelConfig, n) }
@@ -45,6 +55,9 @@ static const struct key g_keys[] = {
     KEY(rope_theta, K_NUM), KEY(rms_norm_eps, K_NUM), KEY(max_position_embeddings, K_INT),
     KEY(tie_word_embeddings, K_BOOL), KEY(norm_topk_prob, K_BOOL),
     KEY(router_aux_loss_coef, K_NUM), KEY(router_z_loss_coef, K_NUM),
+    KEY(attention_bias, K_BOOL), KEY(qkv_bias, K_BOOL), KEY(qk_norm, K_QKNORM), KEY(clip_qkv, K_NUM),
+    KEY(shared_expert_intermediate_size, K_INT), KEY(shared_expert_gate, K_BOOL),
+    KEY(decoder_sparse_step, K_INT), KEY(mlp_only_layers, K_LAYERS),
 };
 #undef KEY
 #define N_KEYS (sizeof g_keys / sizeof g_keys[0])
@@ -100,6 +113,35 @@ int config_from_cjson(ModelConfig *cfg, const void *obj, char *err, size_t err_l
             }
             *(bool *)dst = cJSON_IsTrue(it);
             break;
+        case K_QKNORM: {
+            int v = -1;
+            for (int j = 0; j < 3 && cJSON_IsString(it); j++)
+                if (!strcmp(it->valuestring, g_qk_norm_names[j])) v = j;
+            if (v < 0) {
+                snprintf(err, err_len, "model config: \"%s\" must be \"none\", \"head\" or \"full\"", it->string);
+                return -1;
+            }
+            *(QkNorm *)dst = (QkNorm)v;
+            break;
+        }
+        case K_LAYERS: {
+            int n = 0;
+            if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) > CONFIG_MAX_LIST) {
+                snprintf(err, err_len, "model config: \"%s\" must be a list of at most %d layer numbers",
+                         it->string, CONFIG_MAX_LIST);
+                return -1;
+            }
+            for (const cJSON *e = it->child; e; e = e->next) {
+                if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
+                    e->valuedouble > 1e9) {
+                    snprintf(err, err_len, "model config: \"%s\" entries must be layer numbers >= 0", it->string);
+                    return -1;
+                }
+                cfg->mlp_only_layers[n++] = (int)e->valuedouble;
+            }
+            cfg->n_mlp_only_layers = n;
+            break;
+        }
         }
     }
     derive(cfg, given);
@@ -165,9 +207,16 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len)
             "\"head_dim\" must be even and in [2, 256] (got %d)", c->head_dim);
     REQUIRE(c->first_k_dense_replace >= 0 && c->first_k_dense_replace <= c->num_hidden_layers,
             "\"first_k_dense_replace\" must be in [0, num_hidden_layers] (got %d)", c->first_k_dense_replace);
-    REQUIRE(c->first_k_dense_replace == 0 || c->intermediate_size >= 1,
+    REQUIRE(c->decoder_sparse_step >= 1, "\"decoder_sparse_step\" must be >= 1 (got %d)", c->decoder_sparse_step);
+    for (int i = 0; i < c->n_mlp_only_layers; i++)
+        REQUIRE(c->mlp_only_layers[i] < c->num_hidden_layers,
+                "\"mlp_only_layers\" names layer %d, the model has %d (0..%d)", c->mlp_only_layers[i],
+                c->num_hidden_layers, c->num_hidden_layers - 1);
+    const int n_moe = config_n_moe_layers(c);
+    REQUIRE(n_moe == c->num_hidden_layers || c->intermediate_size >= 1,
             "\"intermediate_size\" must be >= 1 when there are dense layers (got %d)", c->intermediate_size);
-    bool any_moe = c->first_k_dense_replace < c->num_hidden_layers;
+    REQUIRE(c->clip_qkv >= 0 && isfinite(c->clip_qkv), "\"clip_qkv\" must be >= 0 (0: off)");
+    bool any_moe = n_moe > 0;
     if (any_moe) {
         REQUIRE(c->num_local_experts >= 1, "\"num_local_experts\" must be >= 1 (got %d)", c->num_local_experts);
         REQUIRE(c->num_experts_per_tok >= 1 && c->num_experts_per_tok <= c->num_local_experts,
@@ -176,6 +225,10 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len)
         REQUIRE(c->moe_intermediate_size >= 1, "\"moe_intermediate_size\" must be >= 1 (got %d)",
                 c->moe_intermediate_size);
         REQUIRE(c->n_shared_experts >= 0, "\"n_shared_experts\" must be >= 0 (got %d)", c->n_shared_experts);
+        REQUIRE(c->shared_expert_intermediate_size >= 0,
+                "\"shared_expert_intermediate_size\" must be >= 0 (got %d)", c->shared_expert_intermediate_size);
+        REQUIRE(!c->shared_expert_gate || config_shared_width(c) > 0,
+                "\"shared_expert_gate\" needs a shared expert (n_shared_experts or shared_expert_intermediate_size > 0)");
     }
     REQUIRE(c->rope_theta > 0, "\"rope_theta\" must be > 0");
     REQUIRE(c->rms_norm_eps > 0 && c->rms_norm_eps < 1, "\"rms_norm_eps\" must be in (0, 1)");
@@ -185,7 +238,8 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len)
     REQUIRE(c->router_z_loss_coef >= 0, "\"router_z_loss_coef\" must be >= 0");
     /* keep every tensor's element count within int range of BLAS calls */
     double big = (double)c->num_local_experts * c->moe_intermediate_size * c->hidden_size;
-    REQUIRE(big < 2e9 && (double)c->vocab_size * c->hidden_size < 2e9, "model too large for this build");
+    double shared = (double)config_shared_width(c) * c->hidden_size;
+    REQUIRE(big < 2e9 && shared < 2e9 && (double)c->vocab_size * c->hidden_size < 2e9, "model too large for this build");
     return 0;
 }
 
@@ -198,6 +252,10 @@ char *config_to_json(const ModelConfig *c)
         case K_INT: cJSON_AddNumberToObject(o, g_keys[i].name, *(const int *)src); break;
         case K_NUM: cJSON_AddNumberToObject(o, g_keys[i].name, *(const double *)src); break;
         case K_BOOL: cJSON_AddBoolToObject(o, g_keys[i].name, *(const bool *)src); break;
+        case K_QKNORM: cJSON_AddStringToObject(o, g_keys[i].name, g_qk_norm_names[*(const QkNorm *)src]); break;
+        case K_LAYERS:
+            cJSON_AddItemToObject(o, g_keys[i].name, cJSON_CreateIntArray(c->mlp_only_layers, c->n_mlp_only_layers));
+            break;
         }
     }
     char *s = cJSON_PrintUnformatted(o);
@@ -207,11 +265,40 @@ char *config_to_json(const ModelConfig *c)
     return out;
 }
 
-static size_t layer_attn_params(const ModelConfig *c)
+bool config_layer_is_moe(const ModelConfig *c, int l)
+{
+    if (l < c->first_k_dense_replace || (l + 1) % c->decoder_sparse_step != 0) return false;
+    for (int i = 0; i < c->n_mlp_only_layers; i++)
+        if (c->mlp_only_layers[i] == l) return false;
+    return true;
+}
+
+int config_n_moe_layers(const ModelConfig *c)
+{
+    int n = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) n += config_layer_is_moe(c, l);
+    return n;
+}
+
+/* Weights of the attention block's products (q, k, v, o). */
+static size_t layer_attn_matrices(const ModelConfig *c)
 {
     size_t d = (size_t)c->hidden_size, hd = (size_t)c->head_dim;
     size_t qo = (size_t)c->num_attention_heads * hd, kv = (size_t)c->num_key_value_heads * hd;
-    return 2 * d + 2 * qo * d + 2 * kv * d;
+    return 2 * qo * d + 2 * kv * d;
+}
+
+/* Vectors of the attention block: the two layer norms, biases, q/k norms. */
+static size_t layer_attn_vectors(const ModelConfig *c)
+{
+    size_t d = (size_t)c->hidden_size, hd = (size_t)c->head_dim;
+    size_t qo = (size_t)c->num_attention_heads * hd, kv = (size_t)c->num_key_value_heads * hd;
+    size_t n = 2 * d;
+    if (config_qkv_bias(c)) n += qo + 2 * kv;
+    if (config_o_bias(c)) n += d;
+    if (c->qk_norm == QK_NORM_HEAD) n += 2 * hd;
+    if (c->qk_norm == QK_NORM_FULL) n += qo + kv;
+    return n;
 }
 
 size_t config_param_count(const ModelConfig *c)
@@ -219,12 +306,13 @@ size_t config_param_count(const ModelConfig *c)
     size_t d = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
     size_t n = V * d * (c->tie_word_embeddings ? 1 : 2) + d;
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        n += layer_attn_params(c);
+        n += layer_attn_matrices(c) + layer_attn_vectors(c);
         if (!config_layer_is_moe(c, l)) {
             n += 3 * (size_t)c->intermediate_size * d;
         } else {
             size_t F = (size_t)c->moe_intermediate_size, E = (size_t)c->num_local_experts;
-            n += E * d + E * 3 * F * d + 3 * F * (size_t)c->n_shared_experts * d;
+            n += E * d + E * 3 * F * d + 3 * (size_t)config_shared_width(c) * d;
+            if (c->shared_expert_gate) n += d;
         }
     }
     return n;
@@ -235,13 +323,14 @@ size_t config_active_param_count(const ModelConfig *c)
     size_t d = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
     size_t n = V * d;  /* lm_head product; the embedding lookup is not a product */
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        n += layer_attn_params(c) - 2 * d;
+        n += layer_attn_matrices(c);
         if (!config_layer_is_moe(c, l)) {
             n += 3 * (size_t)c->intermediate_size * d;
         } else {
             size_t F = (size_t)c->moe_intermediate_size;
-            n += (size_t)c->num_local_experts * d +
-                 3 * F * d * ((size_t)c->num_experts_per_tok + (size_t)c->n_shared_experts);
+            n += (size_t)c->num_local_experts * d + 3 * F * d * (size_t)c->num_experts_per_tok +
+                 3 * (size_t)config_shared_width(c) * d;
+            if (c->shared_expert_gate) n += d;
         }
     }
     return n;

@@ -9,6 +9,16 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* RMSNorm of q and k before RoPE (qk_norm). */
+typedef enum {
+    QK_NORM_NONE,   /* "none" */
+    QK_NORM_HEAD,   /* "head": per head over hd, one weight [hd] shared by the heads (Qwen3-MoE) */
+    QK_NORM_FULL,   /* "full": over the whole projection, weights [H*hd] and [Hkv*hd] (OLMoE) */
+} QkNorm;
+
+/* Entries of a list-valued key (mlp_only_layers). */
+#define CONFIG_MAX_LIST 512
+
 typedef struct {
     int vocab_size;
     int hidden_size;               /* d */
@@ -29,6 +39,17 @@ typedef struct {
     bool norm_topk_prob;
     double router_aux_loss_coef;
     double router_z_loss_coef;
+    /* Hugging Face families (SPEC section 9); the defaults leave the model
+     * of SPEC section 2 unchanged */
+    bool attention_bias;           /* biases on q, k, v and o projections */
+    bool qkv_bias;                 /* biases on q, k, v only */
+    QkNorm qk_norm;
+    double clip_qkv;               /* > 0: q, k, v clamped to [-c, c]; 0 off */
+    int shared_expert_intermediate_size;  /* > 0: shared expert width S (else F * n_shared_experts) */
+    bool shared_expert_gate;       /* shared output *= sigmoid(h2 . w_g) */
+    int decoder_sparse_step;       /* MoE layers are those with (l + 1) % step == 0 ... */
+    int n_mlp_only_layers;         /* ... and not listed here */
+    int mlp_only_layers[CONFIG_MAX_LIST];
 } ModelConfig;
 
 /* Fill cfg with the defaults. */
@@ -49,10 +70,22 @@ int config_validate(const ModelConfig *cfg, char *err, size_t err_len);
 char *config_to_json(const ModelConfig *cfg);
 
 /* Derived sizes. */
-static inline bool config_layer_is_moe(const ModelConfig *c, int l)
+/* Layer l is MoE iff l >= first_k_dense_replace, l is not in
+ * mlp_only_layers and (l + 1) % decoder_sparse_step == 0 (Qwen2-MoE's rule;
+ * with the defaults, every layer from first_k_dense_replace on). */
+bool config_layer_is_moe(const ModelConfig *c, int l);
+/* MoE layers of the model. */
+int config_n_moe_layers(const ModelConfig *c);
+/* Width S of the shared expert(s) of an MoE layer (global, unsharded): 0
+ * when there is none. */
+static inline int config_shared_width(const ModelConfig *c)
 {
-    return l >= c->first_k_dense_replace;
+    return c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size
+                                                  : c->moe_intermediate_size * c->n_shared_experts;
 }
+/* q, k and v biases; o bias. */
+static inline bool config_qkv_bias(const ModelConfig *c) { return c->attention_bias || c->qkv_bias; }
+static inline bool config_o_bias(const ModelConfig *c) { return c->attention_bias; }
 /* Parameter count of the whole model (global, unsharded). */
 size_t config_param_count(const ModelConfig *c);
 /* Parameters touched per token in a forward (k experts, not E): the

@@ -1,7 +1,10 @@
 /* core/model/layer.c - forward of a layer, the embedding and the head (layer.h). */
 #include "core/model/layer.h"
 #include "core/common.h"
+#include "core/ops/bias.h"
+#include "core/ops/clamp.h"
 #include "core/ops/embedding.h"
+#include "core/ops/gate.h"
 #include "core/ops/linear.h"
 #include "core/ops/gemm.h"
 #include "core/pool.h"
@@ -48,15 +51,12 @@ static const float *expert_packed(const Param *p, size_t e)
     return p->packed + e * gemm_packed_floats(p->lshape[1], p->lshape[2]);
 }
 
-/* Expert GEMMs over the expert-side rows: eg, eu = xe W^T; eh = swiglu;
- * eoe = eh Wd^T.  Each local expert is one GEMM over its contiguous rows. */
-static void experts_forward(const Model *m, const Layer *L, LayerActs *a)
+void model_experts_forward(const Model *m, const Layer *L, LayerActs *a)
 {
     const size_t d = m->d, F = m->F, E = m->E;
     /* gate and up of every expert in one region, then every down: the
      * grouped GEMM computes each element as its own GEMM would */
-    GemmProblem g[2 * E + 1];
-    memset(g, 0, sizeof g);
+    GemmProblem *g = a->eprob;
     for (size_t e = 0; e < E; e++) {
         size_t r0 = (size_t)a->e_off[e], M = (size_t)a->e_off[e + 1] - r0;
         g[2 * e] = (GemmProblem){ a->eg + r0 * F, F, a->xe + r0 * d, d, expert_packed(L->egate, e), M, F, d };
@@ -184,12 +184,20 @@ void model_ep_back_to_experts(const Model *m, LayerActs *a, const float *src, fl
     ep_permute(dst, a->ep_stage, a->ep_recv, ep, m->E, m->d, true);
 }
 
-/* ys (N, d) = shared SwiGLU of h2. */
+/* ys (N, d) = shared SwiGLU of h2; with the gate, its hidden rows are
+ * scaled by g_t = sigmoid(h2_t . w_g) before the down projection (the same
+ * as scaling its output: the projection is linear). */
 static void shared_forward(const Model *m, const Layer *L, LayerActs *a, size_t N, float *ys)
 {
     pair_forward(a->sg, a->su, a->h2, L->sgate, L->sup, N, m->S, m->d);
     swiglu_forward(a->sh, a->sg, a->su, N, m->S);
-    linear_forward(ys, a->sh, L->sdown->packed, N, m->d, m->S);
+    const float *hs = a->sh;
+    if (L->sgw) {
+        sigmoid_gate_forward(a->sgv, a->h2, L->sgw->w, N, m->d);
+        row_scale_forward(a->shg, a->sgv, a->sh, N, m->S);
+        hs = a->shg;
+    }
+    linear_forward(ys, hs, L->sdown->packed, N, m->d, m->S);
 }
 
 static void dense_forward(const Model *m, const Layer *L, LayerActs *a, size_t N)
@@ -207,25 +215,65 @@ static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, Lay
     linear_forward(a->rlogits, a->h2, L->router->packed, N, E, d);
     moe_router_forward(a->probs, a->rlse, a->topk_idx, a->topk_w, a->rlogits, N, E, k,
                        m->cfg.norm_topk_prob);
-    /* statistics over the whole micro-batch: count (E), psum (E), z sum (1) */
-    double st[2 * E + 1];
+    /* statistics over the whole micro-batch: count (E), psum (E), z sum (1),
+     * contiguous in a->count */
+    double *st = a->count;
     moe_aux_stats(st, st + E, a->probs, a->topk_idx, N, E, k);
     st[2 * E] = (double)moe_z_sum(a->rlse, N);
     if (m->comm.dp_allreduce_f64 && m->topo.dp > 1) m->comm.dp_allreduce_f64(m->comm.ctx, st, 2 * E + 1);
-    memcpy(a->count, st, E * sizeof(double));
-    memcpy(a->psum, st + E, E * sizeof(double));
     a->aux = moe_aux_loss(a->count, a->psum, b->n_tot, E, k);
     a->z = (float)(st[2 * E] / (double)b->n_tot);
 
     moe_plan_build(&a->plan, a->topk_idx, N, E, k);
     moe_dispatch_forward(a->xd, a->h2, &a->plan, N, k, d);
     model_ep_to_experts(m, a, N * k);
-    experts_forward(m, L, a);
+    model_experts_forward(m, L, a);
     model_ep_from_experts(m, a, a->eoe, a->eo, N * k);
     moe_combine_forward(a->y, a->eo, a->topk_w, &a->plan, N, k, d);
     if (L->sgate) {
         shared_forward(m, L, a, N, tmp);
         residual_add(a->y, a->y, tmp, N * d);
+    }
+}
+
+/* q, k (N, H*hd) (N, Hkv*hd) = q/k norm of qr, kr: per head (one weight
+ * [hd] for every head) or over the whole projection, whose sums of squares
+ * are summed over the tensor-parallel ranks holding its heads. */
+static void qk_norm_forward(const Model *m, const Layer *L, LayerActs *a, size_t N)
+{
+    const size_t hd = m->hd, Hq = m->H * hd, Hk = m->Hkv * hd;
+    const float eps = (float)m->cfg.rms_norm_eps;
+    if (m->cfg.qk_norm == QK_NORM_HEAD) {
+        rmsnorm_forward(a->q, a->rstdq, a->qr, L->qn->w, N * m->H, hd, eps);
+        rmsnorm_forward(a->k, a->rstdk, a->kr, L->kn->w, N * m->Hkv, hd, eps);
+    } else {
+        rmsnorm_sumsq(a->qkss, a->qr, N, Hq);
+        rmsnorm_sumsq(a->qkss + N, a->kr, N, Hk);
+        tp_sum(m, a->qkss, 2 * N);
+        rmsnorm_scale_forward(a->q, a->rstdq, a->qr, a->qkss, L->qn->w, N, Hq, L->qn->shape[0], eps);
+        rmsnorm_scale_forward(a->k, a->rstdk, a->kr, a->qkss + N, L->kn->w, N, Hk, L->kn->shape[0], eps);
+    }
+}
+
+/* q, k, v before RoPE: projections of h1 (+ biases) into qr, kr, vr, then
+ * the q/k norm and the clamp (see layer.h), into q, k, v. */
+static void qkv_forward(const Model *m, const Layer *L, LayerActs *a, size_t N)
+{
+    const size_t d = m->d, Hq = m->H * m->hd, Hk = m->Hkv * m->hd;
+    GemmProblem qkv[3] = { { a->qr, Hq, a->h1, d, L->q->packed, N, Hq, d },
+                           { a->kr, Hk, a->h1, d, L->k->packed, N, Hk, d },
+                           { a->vr, Hk, a->h1, d, L->v->packed, N, Hk, d } };
+    gemm_xwt_group(qkv, 3);   /* one region for the three projections */
+    if (L->qb) {
+        bias_forward(a->qr, L->qb->w, N, Hq);
+        bias_forward(a->kr, L->kb->w, N, Hk);
+        bias_forward(a->vr, L->vb->w, N, Hk);
+    }
+    if (L->qn) qk_norm_forward(m, L, a, N);
+    if (m->clip > 0) {
+        clamp_forward(a->q, L->qn ? a->q : a->qr, N * Hq, m->clip);
+        clamp_forward(a->k, L->kn ? a->k : a->kr, N * Hk, m->clip);
+        clamp_forward(a->v, a->vr, N * Hk, m->clip);
     }
 }
 
@@ -237,16 +285,14 @@ void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float
     const float eps = (float)m->cfg.rms_norm_eps;
 
     rmsnorm_forward(a->h1, a->rstd1, x_in, L->ln1->w, N, d, eps);
-    GemmProblem qkv[3] = { { a->q, H * hd, a->h1, d, L->q->packed, N, H * hd, d },
-                           { a->k, Hkv * hd, a->h1, d, L->k->packed, N, Hkv * hd, d },
-                           { a->v, Hkv * hd, a->h1, d, L->v->packed, N, Hkv * hd, d } };
-    gemm_xwt_group(qkv, 3);   /* one region for the three projections */
+    qkv_forward(m, L, a, N);
     rope_forward(a->q, b->pos, &m->rope, N, H, hd);
     rope_forward(a->k, b->pos, &m->rope, N, Hkv, hd);
     attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, a->v, &m->attn);
     attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &m->attn);
     linear_forward(a->x_mid, a->att, L->o->packed, N, d, H * hd);
     tp_sum(m, a->x_mid, N * d);
+    if (L->ob) bias_forward(a->x_mid, L->ob->w, N, d);   /* once, after the sum */
     residual_add(a->x_mid, x_in, a->x_mid, N * d);
 
     rmsnorm_forward(a->h2, a->rstd2, a->x_mid, L->ln2->w, N, d, eps);
@@ -268,12 +314,24 @@ void model_ffn_recompute(const Model *m, int l, const ModelBatch *b, LayerActs *
     }
     moe_dispatch_forward(a->xd, a->h2, &a->plan, N, m->k, m->d);
     model_ep_to_experts(m, a, N * m->k);
-    experts_forward(m, L, a);
+    model_experts_forward(m, L, a);
     model_ep_from_experts(m, a, a->eoe, a->eo, N * m->k);
-    if (L->sgate) {
+    if (L->sgate) {   /* sgv, the gate, is kept: backward rescales from it */
         pair_forward(a->sg, a->su, a->h2, L->sgate, L->sup, N, m->S, m->d);
         swiglu_forward(a->sh, a->sg, a->su, N, m->S);
     }
+}
+
+/* The q/k/v buffers before norm and clamp: aliases of q, k, v when off. */
+void layer_acts_carve_qkv(LayerActs *a, Arena *ar, const Model *m, size_t N)
+{
+    const size_t Hq = m->H * m->hd, Hk = m->Hkv * m->hd;
+    const QkNorm qn = m->cfg.qk_norm;
+    a->qr = m->qk_pre ? arena_floats(ar, N * Hq) : a->q;
+    a->kr = m->qk_pre ? arena_floats(ar, N * Hk) : a->k;
+    a->vr = m->clip > 0 ? arena_floats(ar, N * Hk) : a->v;
+    a->rstdq = qn == QK_NORM_NONE ? NULL : arena_floats(ar, qn == QK_NORM_HEAD ? N * m->H : N);
+    a->rstdk = qn == QK_NORM_NONE ? NULL : arena_floats(ar, qn == QK_NORM_HEAD ? N * m->Hkv : N);
 }
 
 void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N)
@@ -291,6 +349,8 @@ void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N)
     a->att = arena_floats(ar, N * Hq); a->lse = arena_floats(ar, N * m->H);
     a->x_mid = arena_floats(ar, N * d); a->h2 = arena_floats(ar, N * d); a->rstd2 = arena_floats(ar, N);
     a->y = arena_floats(ar, N * d);
+    layer_acts_carve_qkv(a, ar, m, N);
+    a->qkss = m->cfg.qk_norm == QK_NORM_FULL ? arena_floats(ar, 2 * N) : NULL;
     if (any_dense) {
         a->fg = arena_floats(ar, N * m->Fd); a->fu = arena_floats(ar, N * m->Fd); a->fh = arena_floats(ar, N * m->Fd);
     }
@@ -313,8 +373,13 @@ void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N)
         if (m->S) {
             a->sg = arena_floats(ar, N * m->S); a->su = arena_floats(ar, N * m->S); a->sh = arena_floats(ar, N * m->S);
         }
-        double *st = (double *)arena_bytes(ar, 2 * E * sizeof(double) + 8);
+        if (m->S && m->cfg.shared_expert_gate) {
+            a->sgv = arena_floats(ar, N); a->shg = arena_floats(ar, N * m->S);
+        }
+        double *st = (double *)arena_bytes(ar, (2 * E + 1) * sizeof(double));
         a->count = st;
         a->psum = st ? st + E : NULL;
+        a->eprob = (GemmProblem *)arena_bytes(ar, 2 * m->E * sizeof(GemmProblem));
+        a->bprob = (GemmBwProblem *)arena_bytes(ar, 3 * m->E * sizeof(GemmBwProblem));
     }
 }

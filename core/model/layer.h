@@ -2,17 +2,24 @@
  * embedding and head, shared by training, scoring and serving (one copy of
  * the math, see core/model/model.h).
  *
- *   h1 = rmsnorm(x, ln1);  q, k, v = h1 Wq^T, h1 Wk^T, h1 Wv^T;  rope(q, k)
- *   store k, v into the sequence's KV blocks;  att = attention(q, blocks)
- *   x_mid = x + att Wo^T
+ *   h1 = rmsnorm(x, ln1)
+ *   q, k, v = h1 Wq^T (+ bq), h1 Wk^T (+ bk), h1 Wv^T (+ bv)     (qr, kr, vr)
+ *   q, k = qk_norm(q), qk_norm(k)              per head or over the whole width
+ *   q, k, v = clamp(q, k, v, +-clip_qkv)      after the norm, as HF OLMoE
+ *   rope(q, k);  store k, v into the sequence's KV blocks;  att = attention(q, blocks)
+ *   x_mid = x + att Wo^T (+ bo)
  *   h2 = rmsnorm(x_mid, ln2)
- *   y = dense SwiGLU(h2)  or  MoE(h2) (+ shared experts)
+ *   y = dense SwiGLU(h2)  or  MoE(h2) (+ shared expert(s), gated by
+ *       sigmoid(h2 . w_g) when shared_expert_gate)
  *   x_out = x_mid + y
+ * Every step is optional by the config (model->qk_pre, Layer's NULL
+ * params); with none on, qr/kr/vr alias q/k/v.
  */
 #ifndef TANDEM_CORE_MODEL_LAYER_H
 #define TANDEM_CORE_MODEL_LAYER_H
 
 #include "core/model/model.h"
+#include "core/ops/gemm.h"
 
 typedef struct {
     size_t n;                  /* token rows N */
@@ -27,6 +34,11 @@ typedef struct {
  * shared scratch depends on the recompute mode (model_acts_*). */
 typedef struct {
     float *h1, *rstd1, *q, *k, *v, *att, *lse, *x_mid, *h2, *rstd2;
+    /* projections before q/k norm and clamp (N, H*hd) (N, Hkv*hd) (N,
+     * Hkv*hd); alias q, k, v when neither is on (vr: when no clamp) */
+    float *qr, *kr, *vr;
+    float *rstdq, *rstdk;                      /* q/k norm: (N*H) (N*Hkv) per head, (N) (N) full */
+    float *qkss;                               /* (2N) full q/k norm: sums of squares (scratch) */
     float *fg, *fu, *fh;                       /* dense FFN (N, Fd) */
     float *rlogits, *probs, *rlse, *topk_w;    /* router (N,E) (N,E) (N) (N,k) */
     int32_t *topk_idx;                         /* (N, k) */
@@ -41,8 +53,13 @@ typedef struct {
     size_t n_recv;                             /* R */
     float *ep_stage;                           /* (ep*N*k, d) exchange staging, ep > 1 */
     float *sg, *su, *sh;                       /* shared experts (N, S) */
+    float *sgv;                                /* (N) shared gate sigmoid(h2 . w_g) */
+    float *shg;                                /* (N, S) sh scaled by the gate (scratch) */
     float *y;                                  /* FFN output (N, d) */
-    double *count, *psum;                      /* router statistics (E), global after the hook */
+    double *count, *psum;                      /* router statistics (E), global after the hook; the
+                                                * z sum follows psum (count, psum, z: 2E+1 doubles) */
+    GemmProblem *eprob;                        /* (2 E_local) the experts' grouped GEMMs (scratch) */
+    GemmBwProblem *bprob;                      /* (3 E_local) and their backward products (scratch) */
     float aux, z;                              /* this layer's router losses */
     float *kv;                                 /* this layer's KV block pool */
 } LayerActs;
@@ -61,6 +78,9 @@ void model_head(const Model *m, float *logits, float *hn, float *rstd, const flo
  * left NULL: the caller points it at a layer's KV pool).  With a dry arena
  * it only measures. */
 void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N);
+/* The part of it for qr, kr, vr, rstdq, rstdk (a->q, k, v already set:
+ * qr/kr/vr alias them when the config has no q/k norm or clamp). */
+void layer_acts_carve_qkv(LayerActs *a, Arena *ar, const Model *m, size_t N);
 
 /* Expert-parallel exchange (identity when ep == 1).
  * to_experts: a->xd (dispatch order) -> a->xe grouped by local expert,
@@ -71,6 +91,13 @@ void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N);
 void model_ep_to_experts(const Model *m, LayerActs *a, size_t n_rows);
 void model_ep_from_experts(const Model *m, LayerActs *a, const float *src, float *dst, size_t n_rows);
 void model_ep_back_to_experts(const Model *m, LayerActs *a, const float *src, float *dst, size_t n_rows);
+
+/* The local experts' SwiGLUs over the expert-side rows (a->xe, grouped by
+ * a->e_off, a->n_recv rows): eg, eu = xe Wg^T, xe Wu^T; eh = swiglu(eg,
+ * eu); eoe = eh Wd^T.  Each expert is one GEMM over its contiguous rows;
+ * the gate and up products of all experts run as one grouped GEMM, then
+ * the down products (core/ops/gemm.h: same bits as separate calls). */
+void model_experts_forward(const Model *m, const Layer *L, LayerActs *a);
 
 /* Recomputes, from the saved h2 and routing of a forward, the FFN
  * intermediates (dense fg/fu/fh, or xd/eg/eu/eh/eo and shared sg/su/sh) into

@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define MAX_PARAMS_PER_LAYER 16
+#define MAX_PARAMS_PER_LAYER 24
 
 /* Appends a Param and computes its local slice.  shape: global. */
 static Param *add(Model *m, const char *name, int ndim, const size_t *shape, int tp_dim,
@@ -77,6 +77,23 @@ static void layer_params(Model *m, int l)
     L->k = add(m, NAME("self_attn/k_proj"), 2, (size_t[]){ Hkv * hd, d }, 0, -1, l, true, true);
     L->v = add(m, NAME("self_attn/v_proj"), 2, (size_t[]){ Hkv * hd, d }, 0, -1, l, true, true);
     L->o = add(m, NAME("self_attn/o_proj"), 2, (size_t[]){ d, H * hd }, 1, -1, l, true, true);
+    /* biases and norms: vectors, no weight decay; q/k/v ones split with
+     * their rows, the o bias added once after the all-reduce (replicated) */
+    if (config_qkv_bias(c)) {
+        L->qb = add(m, NAME("self_attn/q_proj.bias"), 1, (size_t[]){ H * hd }, 0, -1, l, false, false);
+        L->kb = add(m, NAME("self_attn/k_proj.bias"), 1, (size_t[]){ Hkv * hd }, 0, -1, l, false, false);
+        L->vb = add(m, NAME("self_attn/v_proj.bias"), 1, (size_t[]){ Hkv * hd }, 0, -1, l, false, false);
+    }
+    if (config_o_bias(c))
+        L->ob = add(m, NAME("self_attn/o_proj.bias"), 1, (size_t[]){ d }, -1, -1, l, false, false);
+    if (c->qk_norm == QK_NORM_HEAD) {
+        /* one [hd] weight shared by every head: replicated */
+        L->qn = add(m, NAME("self_attn/q_norm"), 1, (size_t[]){ hd }, -1, -1, l, false, false);
+        L->kn = add(m, NAME("self_attn/k_norm"), 1, (size_t[]){ hd }, -1, -1, l, false, false);
+    } else if (c->qk_norm == QK_NORM_FULL) {
+        L->qn = add(m, NAME("self_attn/q_norm"), 1, (size_t[]){ H * hd }, 0, -1, l, false, false);
+        L->kn = add(m, NAME("self_attn/k_norm"), 1, (size_t[]){ Hkv * hd }, 0, -1, l, false, false);
+    }
     L->ln2 = add(m, NAME("post_attention_layernorm"), 1, (size_t[]){ d }, -1, -1, l, false, false);
     L->moe = config_layer_is_moe(c, l);
     if (!L->moe) {
@@ -90,12 +107,14 @@ static void layer_params(Model *m, int l)
         L->egate = add(m, NAME("mlp/experts/gate_proj"), 3, (size_t[]){ E, F, d }, 1, 0, l, true, true);
         L->eup = add(m, NAME("mlp/experts/up_proj"), 3, (size_t[]){ E, F, d }, 1, 0, l, true, true);
         L->edown = add(m, NAME("mlp/experts/down_proj"), 3, (size_t[]){ E, d, F }, 2, 0, l, true, true);
-        if (c->n_shared_experts > 0) {
-            const size_t S = F * (size_t)c->n_shared_experts;
+        const size_t S = (size_t)config_shared_width(c);
+        if (S > 0) {
             L->sgate = add(m, NAME("mlp/shared_experts/gate_proj"), 2, (size_t[]){ S, d }, 0, -1, l, true, true);
             L->sup = add(m, NAME("mlp/shared_experts/up_proj"), 2, (size_t[]){ S, d }, 0, -1, l, true, true);
             L->sdown = add(m, NAME("mlp/shared_experts/down_proj"), 2, (size_t[]){ d, S }, 1, -1, l, true, true);
         }
+        if (S > 0 && c->shared_expert_gate)
+            L->sgw = add(m, NAME("mlp/shared_expert_gate"), 2, (size_t[]){ 1, d }, -1, -1, l, true, false);
     }
 #undef NAME
 }
@@ -118,7 +137,9 @@ static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo)
     m->k = (size_t)c->num_experts_per_tok;
     m->F = (size_t)(c->moe_intermediate_size / t->tp);
     m->Fd = (size_t)(c->intermediate_size / t->tp);
-    m->S = m->F * (size_t)c->n_shared_experts;
+    m->S = (size_t)(config_shared_width(c) / t->tp);
+    m->qk_pre = c->qk_norm != QK_NORM_NONE || c->clip_qkv > 0;
+    m->clip = (float)c->clip_qkv;
 
     const int L = c->num_hidden_layers;
     m->params = td_calloc((size_t)(3 + L * MAX_PARAMS_PER_LAYER) * sizeof(Param));
@@ -216,8 +237,10 @@ void model_init_weights(Model *m, uint64_t seed)
     const double L = (double)m->cfg.num_hidden_layers;
     for (int i = 0; i < m->n_params; i++) {
         Param *p = &m->params[i];
-        if (p->ndim == 1) {
-            for (size_t j = 0; j < p->numel; j++) p->w[j] = 1.0f;
+        if (p->ndim == 1) {   /* norms 1, biases 0 */
+            const size_t n = strlen(p->name);
+            const float v = n >= 5 && !strcmp(p->name + n - 5, ".bias") ? 0.0f : 1.0f;
+            for (size_t j = 0; j < p->numel; j++) p->w[j] = v;
             continue;
         }
         struct init_ctx c = { p, rng_mix64(seed) ^ rng_hash_str(p->name),

@@ -63,16 +63,20 @@ typedef struct {
     bool moe;
     Param *ln1, *ln2;
     Param *q, *k, *v, *o;
+    Param *qb, *kb, *vb, *ob;             /* projection biases, NULL when off */
+    Param *qn, *kn;                       /* q/k norm weights ([hd] or [H*hd], [Hkv*hd]), NULL when off */
     Param *gate, *up, *down;              /* dense FFN */
     Param *router;                        /* [E, d] */
     Param *egate, *eup, *edown;           /* [E, F, d] [E, F, d] [E, d, F] */
-    Param *sgate, *sup, *sdown;           /* shared experts, NULL when none */
+    Param *sgate, *sup, *sdown;           /* shared experts [S, d] [S, d] [d, S], NULL when none */
+    Param *sgw;                           /* shared_expert_gate [1, d], NULL when off */
 } Layer;
 
 /* Collective callbacks into comm/ (all NULL in a single process). */
 typedef struct {
     void *ctx;
-    /* in-place sum over the tensor-parallel group */
+    /* in-place sum over the tensor-parallel group (activations, and small
+     * per-row buffers: OLMoE's q/k norm sums, the shared gate's dot) */
     void (*tp_allreduce)(void *ctx, float *buf, size_t n);
     /* in-place sum over the data-parallel group (router statistics, token counts) */
     void (*dp_allreduce_f64)(void *ctx, double *buf, size_t n);
@@ -91,6 +95,8 @@ typedef struct {
     ModelComm comm;
     /* local sizes under the topology */
     size_t d, hd, H, Hkv, V, E, k, F, Fd, S;  /* H, Hkv, F, Fd, S, E are local (per tp / ep) */
+    bool qk_pre;            /* q/k/v pass a q/k norm or a clamp between projection and RoPE */
+    float clip;             /* clip_qkv, 0 off */
     size_t E_global;
     Param *params;          /* owned, n_params entries */
     int n_params;
@@ -116,9 +122,9 @@ void model_free(Model *m);
  * Used to enumerate the tensors held by other pipeline stages. */
 int model_param_table(const ModelConfig *cfg, const Topology *topo, Param **out);
 
-/* Documented initialisation (docs/model.md): N(0, 0.02) for matrices and
+/* Documented initialisation (docs/config.md): N(0, 0.02) for matrices and
  * embeddings, output projections (o_proj and every down_proj) scaled by
- * 1/sqrt(2L), norms 1.  Element i of a global tensor is drawn from
+ * 1/sqrt(2L), norms 1, biases 0.  Element i of a global tensor is drawn from
  * (seed, tensor name, i), so every topology gets the same model.  Also
  * packs. */
 void model_init_weights(Model *m, uint64_t seed);

@@ -38,14 +38,17 @@ int topo_init(Topology *t, const ModelConfig *c, int dp, int tp, int pp, int ep,
     REQUIRE(H % tp == 0, "tp=%d does not divide num_attention_heads=%d", tp, H);
     REQUIRE(Hkv % tp == 0, "tp=%d does not divide num_key_value_heads=%d", tp, Hkv);
     REQUIRE(dp % ep == 0, "ep=%d does not divide dp=%d (expert groups are carved from dp)", ep, dp);
-    if (c->first_k_dense_replace > 0)
+    const int n_moe = config_n_moe_layers(c);
+    if (n_moe < L)
         REQUIRE(c->intermediate_size % tp == 0, "tp=%d does not divide intermediate_size=%d",
                 tp, c->intermediate_size);
-    if (c->first_k_dense_replace < L) {
+    if (n_moe > 0) {
         REQUIRE(c->num_local_experts % ep == 0, "ep=%d does not divide num_local_experts=%d",
                 ep, c->num_local_experts);
         REQUIRE(c->moe_intermediate_size % tp == 0, "tp=%d does not divide moe_intermediate_size=%d",
                 tp, c->moe_intermediate_size);
+        REQUIRE(config_shared_width(c) % tp == 0, "tp=%d does not divide the shared expert width %d",
+                tp, config_shared_width(c));
     } else {
         REQUIRE(ep == 1, "ep=%d but the model has no MoE layers", ep);
     }

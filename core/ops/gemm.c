@@ -379,62 +379,69 @@ void gemm_xwt(float *y, size_t ldy, const float *x, size_t ldx,
  * blocks (many rows) or panel groups (few rows) of every problem, dealt to
  * threads by their cost so that each thread gets a contiguous share.  Each
  * unit is computed by drive() exactly as gemm_xwt would, so the bits are
- * those of separate calls; only the barriers are fewer. */
-#define GROUP_MAX_UNITS 1024
+ * those of separate calls; only the barriers are fewer.  The units are
+ * never stored: every thread walks the same enumeration (problem, row
+ * block, panel group, in order) and runs the units whose cost midpoint
+ * falls in its share, so any number of problems (hundreds of experts, each
+ * with a few rows) costs one region and no memory. */
 
-typedef struct { int prob; size_t m0, m1, p0, p1; double cost; } GemmUnit;
-
-struct group_ctx { const GemmProblem *pr; const GemmUnit *u; size_t n_units; double total; int nt; };
-
-static void run_unit(const GemmProblem *q, const GemmUnit *u)
+/* Unit shape of problem q: rows per unit and panels per unit. */
+static void unit_shape(const GemmProblem *q, size_t np, size_t *rb, size_t *pg)
 {
-    drive(q->y + u->m0 * q->ldy, q->ldy, q->x + u->m0 * q->ldx, q->ldx, q->P, u->m1 - u->m0, q->N, q->K,
-          u->p0, u->p1);
+    *rb = q->M > 48 ? MB : q->M;
+    *pg = q->M > 48 ? np : q->M <= 3 ? NP_WIDE : 1;
+}
+
+/* weights are read once per unit, rows cost FMAs */
+static double unit_cost(const GemmProblem *q, size_t m0, size_t m1, size_t p0, size_t p1)
+{
+    (void)q;
+    return (double)(p1 - p0) * (double)q->K * (double)((m1 - m0) + 4);
+}
+
+struct group_ctx { const GemmProblem *pr; int n; double total; int nt; };
+
+/* Runs (when run) the units of the group whose cost midpoint is in
+ * [lo, hi); returns the total cost, and counts the units into *nu when
+ * not NULL. */
+static double group_walk(const GemmProblem *pr, int n, double lo, double hi, bool run, size_t *nu)
+{
+    double at = 0;
+    for (int i = 0; i < n; i++) {
+        const GemmProblem *q = &pr[i];
+        if (q->M == 0 || q->N == 0) continue;
+        const size_t np = td_round_up(q->N, GEMM_NR) / GEMM_NR;
+        size_t rb, pg;
+        unit_shape(q, np, &rb, &pg);
+        for (size_t m0 = 0; m0 < q->M; m0 += rb)
+            for (size_t p0 = 0; p0 < np; p0 += pg) {
+                const size_t m1 = td_min(q->M, m0 + rb), p1 = td_min(np, p0 + pg);
+                const double cost = unit_cost(q, m0, m1, p0, p1), mid = at + cost / 2;
+                at += cost;
+                if (nu) ++*nu;
+                if (run && mid >= lo && mid < hi)
+                    drive(q->y + m0 * q->ldy, q->ldy, q->x + m0 * q->ldx, q->ldx, q->P, m1 - m0, q->N, q->K,
+                          p0, p1);
+            }
+    }
+    return at;
 }
 
 static void group_share(void *vc, size_t t0, size_t t1, int tid)
 {
     (void)tid;
     const struct group_ctx *c = vc;
-    for (size_t t = t0; t < t1; t++) {
-        /* units whose cost midpoint falls in this thread's share */
-        double lo = c->total * (double)t / c->nt, hi = c->total * (double)(t + 1) / c->nt, at = 0;
-        for (size_t i = 0; i < c->n_units; i++) {
-            double mid = at + c->u[i].cost / 2;
-            at += c->u[i].cost;
-            if (mid >= lo && mid < hi) run_unit(&c->pr[c->u[i].prob], &c->u[i]);
-        }
-    }
+    for (size_t t = t0; t < t1; t++)
+        group_walk(c->pr, c->n, c->total * (double)t / c->nt, c->total * (double)(t + 1) / c->nt, true, NULL);
 }
 
 void gemm_xwt_group(const GemmProblem *pr, int n)
 {
-    GemmUnit u[GROUP_MAX_UNITS];
     size_t nu = 0;
-    double total = 0;
-    for (int i = 0; i < n; i++) {
-        const GemmProblem *q = &pr[i];
-        if (q->M == 0 || q->N == 0) continue;
-        const size_t np = td_round_up(q->N, GEMM_NR) / GEMM_NR;
-        const size_t rb = q->M > 48 ? MB : q->M;               /* rows per unit */
-        const size_t pg = q->M > 48 ? np : q->M <= 3 ? NP_WIDE : 1;   /* panels per unit */
-        for (size_t m0 = 0; m0 < q->M; m0 += rb)
-            for (size_t p0 = 0; p0 < np; p0 += pg) {
-                if (nu == GROUP_MAX_UNITS) {   /* too many pieces: one call each */
-                    for (int j = 0; j < n; j++)
-                        gemm_xwt(pr[j].y, pr[j].ldy, pr[j].x, pr[j].ldx, pr[j].P, pr[j].M, pr[j].N, pr[j].K);
-                    return;
-                }
-                size_t m1 = td_min(q->M, m0 + rb), p1 = td_min(np, p0 + pg);
-                /* weights are read once per unit, rows cost FMAs */
-                double cost = (double)(p1 - p0) * (double)q->K * (double)((m1 - m0) + 4);
-                u[nu++] = (GemmUnit){ i, m0, m1, p0, p1, cost };
-                total += cost;
-            }
-    }
-    struct group_ctx c = { pr, u, nu, total, pool_threads() };
-    if (c.nt <= 1 || nu <= 1) {
-        for (size_t i = 0; i < nu; i++) run_unit(&pr[u[i].prob], &u[i]);
+    struct group_ctx c = { pr, n, group_walk(pr, n, 0, 0, false, &nu), pool_threads() };
+    if (nu == 0) return;
+    if (c.nt <= 1 || nu == 1) {
+        group_walk(pr, n, -1, 2 * c.total + 1, true, NULL);
         return;
     }
     pool_for((size_t)c.nt, 1, group_share, &c);
@@ -803,6 +810,68 @@ void gemm_dw_acc(float *dW, const float *dy, size_t lddy, const float *x, size_t
     bw_product(&jb);
 }
 
+/* ------------------------------------------------ groups
+ * Each product is cut into pieces of whole 12-row tiles or whole panels of
+ * its C (along whichever it has more of), about a quarter of a thread's
+ * share each, and the pieces of every product are dealt to the threads by
+ * cost like the forward's units (every thread walks the same enumeration).
+ * bw_run gives an element the same bits whatever piece computes it. */
+
+static BwJob bw_job_of(const GemmBwProblem *p)
+{
+    if (p->dw) return (BwJob){ p->out, p->ldout, p->dy, 1, p->lddy, p->in, p->ldin, p->N, p->K, p->M, 1, 0 };
+    return (BwJob){ p->out, p->ldout, p->dy, p->lddy, 1, p->in, p->ldin, p->M, p->K, p->N, 0, 0 };
+}
+
+struct bw_group { const GemmBwProblem *pr; int n; double total, target; int nt; };
+
+static double bw_group_walk(const struct bw_group *g, double lo, double hi, bool run)
+{
+    double at = 0;
+    for (int i = 0; i < g->n; i++) {
+        BwJob jb = bw_job_of(&g->pr[i]);
+        if (jb.ni == 0 || jb.nj == 0 || jb.nr == 0) continue;
+        const size_t n_tiles = (jb.ni + MR_MAX - 1) / MR_MAX, n_panels = td_round_up(jb.nj, GEMM_NR) / GEMM_NR;
+        const bool by_panels = n_panels > n_tiles;
+        const size_t units = by_panels ? n_panels : n_tiles;
+        const double cost = (double)jb.ni * (double)jb.nj * (double)jb.nr;
+        size_t pieces = g->target > 0 ? (size_t)(cost / g->target) + 1 : 1;
+        pieces = td_min(pieces, units);
+        for (size_t q = 0; q < pieces; q++) {
+            const size_t u0 = q * units / pieces, u1 = (q + 1) * units / pieces;
+            const double c = cost * (double)(u1 - u0) / (double)units, mid = at + c / 2;
+            at += c;
+            if (!run || mid < lo || mid >= hi) continue;
+            if (by_panels) bw_run(&jb, 0, jb.ni, u0, u1);
+            else bw_run(&jb, u0 * MR_MAX, td_min(jb.ni, u1 * MR_MAX), 0, n_panels);
+        }
+    }
+    return at;
+}
+
+static void bw_group_share(void *vc, size_t t0, size_t t1, int tid)
+{
+    (void)tid;
+    const struct bw_group *g = vc;
+    for (size_t t = t0; t < t1; t++)
+        bw_group_walk(g, g->total * (double)t / g->nt, g->total * (double)(t + 1) / g->nt, true);
+}
+
+void gemm_bw_group(const GemmBwProblem *pr, int n)
+{
+    struct bw_group g = { pr, n, 0, 0, pool_threads() };
+    g.total = bw_group_walk(&g, 0, 0, false);
+    if (g.total <= 0) return;
+    /* below ~1 MFLOP in all, one thread (see bw_product) */
+    if (g.nt <= 1 || 2 * g.total < 1e6) {
+        bw_group_walk(&g, -1, 2 * g.total + 1, true);
+        return;
+    }
+    g.target = g.total / (4.0 * g.nt);
+    g.total = bw_group_walk(&g, 0, 0, false);   /* the same sum, cut in pieces */
+    pool_for((size_t)g.nt, 1, bw_group_share, &g);
+}
+
 #else  /* portable: single-threaded BLAS on disjoint slices from the pool */
 
 void gemm_scratch_free(void) {}
@@ -847,5 +916,19 @@ void gemm_dw_acc(float *dW, const float *dy, size_t lddy, const float *x, size_t
     if (M == 0 || N == 0 || K == 0) return;
     struct bw_ctx c = { dW, K, dy, lddy, x, ldx, M, N, K };
     pool_for_split(N, 16, 1, dw_rows, &c);   /* one call per thread: each packs x */
+}
+
+void gemm_bw_group(const GemmBwProblem *pr, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const GemmBwProblem *p = &pr[i];
+        if (p->dw) {
+            TD_CHECK(p->ldout == p->K, "gemm_bw_group: dW row stride %zu != K %zu on this build", p->ldout, p->K);
+            gemm_dw_acc(p->out, p->dy, p->lddy, p->in, p->ldin, p->M, p->N, p->K);
+        } else {
+            TD_CHECK(p->ldin == p->K, "gemm_bw_group: W row stride %zu != K %zu on this build", p->ldin, p->K);
+            gemm_dx_acc(p->out, p->ldout, p->dy, p->lddy, p->in, p->M, p->N, p->K);
+        }
+    }
 }
 #endif

@@ -87,6 +87,29 @@ void gemm_dx_acc(float *dx, size_t lddx, const float *dy, size_t lddy,
 void gemm_dw_acc(float *dW, const float *dy, size_t lddy, const float *x, size_t ldx,
                  size_t M, size_t N, size_t K);
 
+/* One backward product of a group, of y = x W^T with x (M, K), W (N, K):
+ *   dw = 0:  out = dx (M, K), row stride ldout;  in = W, row stride ldin;  dx += dy W
+ *   dw = 1:  out = dW (N, K), row stride ldout;  in = x, row stride ldin;  dW += dy^T x
+ * dy (M, N), row stride lddy.  (Builds without AVX-512 need ldout = K for
+ * dW and ldin = K for dx, as gemm_dw_acc / gemm_dx_acc have.) */
+typedef struct {
+    int dw;
+    float *out;
+    size_t ldout;
+    const float *dy;
+    size_t lddy;
+    const float *in;
+    size_t ldin;
+    size_t M, N, K;
+} GemmBwProblem;
+
+/* Runs n backward products (every expert's dW, say) in one pool region,
+ * threads sharing their pieces by cost; each element gets exactly the bits
+ * gemm_dx_acc / gemm_dw_acc give it (cblas builds: those calls, one after
+ * the other).  Accumulates; no two problems may write the same output
+ * (put them in separate groups, in the order their sums must follow). */
+void gemm_bw_group(const GemmBwProblem *p, int n);
+
 /* Scratch of the backward products: each thread that runs them keeps one
  * buffer for packed slices of the operands (64-byte aligned, a few MiB at
  * most), grown on demand and reused by later calls, so a training step

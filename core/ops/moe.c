@@ -8,32 +8,51 @@
 #include <math.h>
 #include <string.h>
 
+/* Top-k of p (E) by value, ties to the lower index, into idx and w (k):
+ * one pass keeping the k best sorted (value descending, index ascending).
+ * An element enters only when strictly greater than the k-th kept one (an
+ * equal, later one stays out) and goes after every kept value >= it: the
+ * order of k successive arg-max selections, in O(E) for most rows. */
+static void topk_row(int32_t *restrict idx, float *restrict w, const float *restrict p, size_t E, size_t k)
+{
+    size_t n = 0;
+    for (size_t e = 0; e < E; e++) {
+        const float v = p[e];
+        if (n == k && !(v > w[k - 1])) continue;
+        size_t j = n < k ? n++ : k - 1;
+        for (; j > 0 && v > w[j - 1]; j--) {
+            w[j] = w[j - 1];
+            idx[j] = idx[j - 1];
+        }
+        w[j] = v;
+        idx[j] = (int32_t)e;
+    }
+}
+
+struct router_ctx { int32_t *idx; float *w; const float *probs; size_t E, k; bool norm; };
+
+static void router_rows(void *vc, size_t t0, size_t t1, int tid)
+{
+    (void)tid;
+    const struct router_ctx *c = vc;
+    for (size_t t = t0; t < t1; t++) {
+        float *w = c->w + t * c->k;
+        topk_row(c->idx + t * c->k, w, c->probs + t * c->E, c->E, c->k);
+        if (c->norm) {
+            float s = 0.0f;
+            for (size_t j = 0; j < c->k; j++) s += w[j];
+            for (size_t j = 0; j < c->k; j++) w[j] /= s;
+        }
+    }
+}
+
 void moe_router_forward(float *probs, float *lse, int32_t *topk_idx, float *topk_w,
                         const float *restrict logits, size_t N, size_t E, size_t k,
                         bool norm_topk)
 {
     softmax_forward(probs, lse, logits, N, E);
-    for (size_t t = 0; t < N; t++) {
-        const float *p = probs + t * E;
-        int32_t *idx = topk_idx + t * k;
-        float *w = topk_w + t * k;
-        /* selection: strict > keeps the lower index on ties */
-        for (size_t j = 0; j < k; j++) {
-            int32_t best = -1;
-            for (size_t e = 0; e < E; e++) {
-                bool taken = false;
-                for (size_t i = 0; i < j; i++) taken |= idx[i] == (int32_t)e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = (int32_t)e;
-            }
-            idx[j] = best;
-            w[j] = p[best];
-        }
-        if (norm_topk) {
-            float s = 0.0f;
-            for (size_t j = 0; j < k; j++) s += w[j];
-            for (size_t j = 0; j < k; j++) w[j] /= s;
-        }
-    }
+    struct router_ctx c = { topk_idx, topk_w, probs, E, k, norm_topk };
+    pool_for(N, 32, router_rows, &c);
 }
 
 void moe_topk_backward(float *dprobs, const float *restrict dtopk_w, const float *restrict probs,

@@ -35,38 +35,56 @@ test -s "$BUILD/fortunes.bin" ||
     >"$TMP/train.log" 2>&1 || { cat "$TMP/train.log"; fail "training the tiny model"; }
 
 # the server, on a port the kernel picks (printed in the start-up line)
-"$TANDEM" serve --ckpt "$TMP/run" --port 0 --kv-mb 16 --max-running 16 --max-queue 48 \
-    --max-body 65536 --drain-timeout 20 2>"$TMP/serve.log" &
-pid=$!
-port=""
-i=0
-while [ -z "$port" ]; do
-    kill -0 "$pid" 2>/dev/null || fail "the server exited at start"
-    [ $i -lt 300 ] || fail "no start-up line after 30 s"
-    port=$(sed -n 's|^tandem: serving .* on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$TMP/serve.log")
-    i=$((i + 1))
-    [ -n "$port" ] || sleep 0.1
-done
-head -n 1 "$TMP/serve.log"
-curl -sf "http://127.0.0.1:$port/health" >/dev/null || fail "/health"
-
-$PY tests/ref/serve_test.py --url "http://127.0.0.1:$port" --tandem "$TANDEM" --ckpt "$TMP/run" \
-    --tmp "$TMP" || fail "serve_test.py"
+start_server() {   # start_server CKPT: sets pid and port
+    "$TANDEM" serve --ckpt "$1" --port 0 --kv-mb 16 --max-running 16 --max-queue 48 \
+        --max-body 65536 --drain-timeout 20 2>"$TMP/serve.log" &
+    pid=$!
+    port=""
+    i=0
+    while [ -z "$port" ]; do
+        kill -0 "$pid" 2>/dev/null || fail "the server exited at start"
+        [ $i -lt 300 ] || fail "no start-up line after 30 s"
+        port=$(sed -n 's|^tandem: serving .* on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$TMP/serve.log")
+        i=$((i + 1))
+        [ -n "$port" ] || sleep 0.1
+    done
+    head -n 1 "$TMP/serve.log"
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null || fail "/health"
+}
 
 # SIGTERM on an idle server: exit 0 promptly
-kill -TERM "$pid"
-i=0
-while kill -0 "$pid" 2>/dev/null; do
-    [ $i -lt 100 ] || fail "still running 10 s after SIGTERM"
-    i=$((i + 1))
-    sleep 0.1
-done
-rc=0
-wait "$pid" || rc=$?
-pid=""
-[ "$rc" -eq 0 ] || fail "exit code $rc after SIGTERM"
-grep -q "tandem: serve: stopped" "$TMP/serve.log" || fail "no clean stop in the log"
+stop_server() {
+    kill -TERM "$pid"
+    i=0
+    while kill -0 "$pid" 2>/dev/null; do
+        [ $i -lt 100 ] || fail "still running 10 s after SIGTERM"
+        i=$((i + 1))
+        sleep 0.1
+    done
+    rc=0
+    wait "$pid" || rc=$?
+    pid=""
+    [ "$rc" -eq 0 ] || fail "exit code $rc after SIGTERM"
+    grep -q "tandem: serve: stopped" "$TMP/serve.log" || fail "no clean stop in the log"
+}
+
+start_server "$TMP/run"
+$PY tests/ref/serve_test.py --url "http://127.0.0.1:$port" --tandem "$TANDEM" --ckpt "$TMP/run" \
+    --tmp "$TMP" || fail "serve_test.py"
+stop_server
 echo "ok   SIGTERM: exit 0"
+
+# the Hugging Face families' ops (configs/tiny_*.json): served log-probabilities
+# equal tandem score's, and a request's bits do not depend on its batch
+for v in qwen2moe qwen3moe olmoe; do
+    "$TANDEM" train configs/tiny_$v.json data="$BUILD/fortunes.bin" steps=10 out_dir="$TMP/$v" \
+        >"$TMP/train.log" 2>&1 || { cat "$TMP/train.log"; fail "training $v"; }
+    start_server "$TMP/$v"
+    $PY tests/ref/serve_test.py --url "http://127.0.0.1:$port" --tandem "$TANDEM" --ckpt "$TMP/$v" \
+        --tmp "$TMP" --only test_score_parity,test_batch_invariance || fail "serve_test.py ($v)"
+    stop_server
+    echo "ok   $v: score parity and batch invariance"
+done
 
 # the serving path of docs/serving.md: a weights-only bf16 file (upcast on load)
 "$TANDEM" ckpt reshard "$TMP/run" "$TMP/serve_bf16.h5" --weights-only --dtype bf16 >/dev/null ||

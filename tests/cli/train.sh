@@ -138,22 +138,30 @@ EOF
 expect_fail "score: window longer than the context" "max_position_embeddings" $T score --ckpt "$W/full" --text "$W/text.txt" --seq-len 1000 --output "$W/s2.h5"
 
 # a generated continuation scored by the trainer's forward: same logprobs, bit for bit
-$T generate --ckpt "$W/full" --prompt "Q: What is" --max-tokens 50 --seed 11 --json >"$W/gen.json" 2>/dev/null
-$PY - "$W" "$T" <<'EOF' && ok "generate: logprobs equal tandem score's on the same sequence (max abs diff 0)" || fail=1
+gen_score() {   # gen_score RUN_DIR LABEL
+    $T generate --ckpt "$1" --prompt "Q: What is" --max-tokens 50 --seed 11 --json >"$W/gen.json" 2>/dev/null
+    $PY - "$W" "$T" "$1" <<'EOF' && ok "generate: logprobs equal tandem score's on the same sequence (max abs diff 0)$2" || fail=1
 import json, subprocess, sys, h5py, numpy as np
-w, t = sys.argv[1], sys.argv[2]
+w, t, ckpt = sys.argv[1], sys.argv[2], sys.argv[3]
 g = json.load(open(w + "/gen.json"))
 assert set(g) >= {"prompt_ids", "ids", "text", "logprobs", "finish_reason", "ttft_ms", "tokens_per_s"}, g.keys()
 assert len(g["ids"]) == 50 and g["finish_reason"] == "length"
 seq = g["prompt_ids"] + g["ids"]
 open(w + "/seq.bin", "wb").write(bytes(seq))
-subprocess.run([t, "score", "--ckpt", w + "/full", "--text", w + "/seq.bin", "--seq-len", str(len(seq) - 1),
+subprocess.run([t, "score", "--ckpt", ckpt, "--text", w + "/seq.bin", "--seq-len", str(len(seq) - 1),
                 "--output", w + "/seq.h5"], check=True, capture_output=True)
 lp = h5py.File(w + "/seq.h5")["logprobs"][0][len(g["prompt_ids"]) - 1:]
 mine = np.array(g["logprobs"], dtype=np.float32)
 d = float(np.abs(mine - lp).max())
 assert d == 0.0, d
 EOF
+}
+gen_score "$W/full" ""
+# the Hugging Face families' ops (configs/tiny_*.json), each variant briefly trained
+for v in qwen2moe qwen3moe olmoe; do
+    $T train configs/tiny_$v.json data=$DATA steps=10 out_dir="$W/$v" >/dev/null 2>"$W/log" || { bad "train $v"; cat "$W/log"; }
+    gen_score "$W/$v" " ($v)"
+done
 # same seed, same tokens; greedy twice the same
 a=$($T generate --ckpt "$W/full" --prompt "ab" --max-tokens 20 --seed 3 --json 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
 b=$($T generate --ckpt "$W/full" --prompt "ab" --max-tokens 20 --seed 3 --json 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["ids"])')

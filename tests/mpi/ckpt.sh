@@ -1,9 +1,10 @@
 #!/bin/sh
 # tests/mpi/ckpt.sh - the resharding matrix of SPEC section 4 under mpirun.
 #
-# build/tests/mpi_ckpt matrix-write saves two small models (one with a dense
+# build/tests/mpi_ckpt matrix-write saves three small models (one with a dense
 # layer, shared experts and an untied head; one tied, so pipeline stages hold
-# a tied copy) from every (dp, tp, pp, ep) layout of 1, 2 and 4 ranks that
+# a tied copy; one with the HF families' biases, q/k norms and gated shared
+# expert) from every (dp, tp, pp, ep) layout of 1, 2 and 4 ranks that
 # divides them, in float32 and some in bfloat16 / float16, weights plus
 # synthetic AdamW moments plus per-rank RNG rows.  matrix-read then loads
 # every file under every layout of 1, 2 and 4 ranks and compares weights,

@@ -2,7 +2,9 @@
 # tests/mpi/serve_tp.sh - a checkpoint trained at pp=2, served by one process
 # and by `mpirun -np N tandem serve ... tp=.. ep=..`: the same tokens and
 # log-probabilities (within 1e-5) for greedy and seeded requests, several of
-# them concurrent (so the followers track a real continuous batch).
+# them concurrent (so the followers track a real continuous batch).  For
+# configs/tiny.json and configs/tiny_olmoe.json (q/k norm over the whole
+# width: its sums all-reduced over tp inside the engine; biases; clip_qkv).
 set -eu
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -15,16 +17,6 @@ cleanup() { for p in $pids; do kill -TERM "$p" 2>/dev/null || true; done; sleep 
 trap cleanup EXIT
 DATA=$BUILD/fortunes.bin
 [ -s "$DATA" ] || $T data prepare --input /usr/share/games/fortunes --output "$DATA" 2>/dev/null
-$MPI -np 2 $T train configs/tiny.json data="$DATA" steps=20 pp=2 micro_batch=4 grad_accum=2 threads=1 \
-    out_dir="$W/run" >/dev/null 2>&1
-
-# three servers on free ports; each prints its port in its start-up line
-TANDEM_THREADS=1 "$T" serve --ckpt "$W/run" --port 0 --quiet >/dev/null 2>"$W/s1.log" &
-pids="$pids $!"
-$MPI -np 2 -x TANDEM_THREADS=1 "$T" serve --ckpt "$W/run" --port 0 --quiet tp=2 >/dev/null 2>"$W/s2.log" &
-pids="$pids $!"
-$MPI -np 2 -x TANDEM_THREADS=1 "$T" serve --ckpt "$W/run" --port 0 --quiet ep=2 >/dev/null 2>"$W/s3.log" &
-pids="$pids $!"
 port_of() {
     i=0
     until grep -q "serving" "$1" 2>/dev/null; do
@@ -33,11 +25,23 @@ port_of() {
     done
     sed -n 's/.*on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$1" | head -1
 }
-p1=$(port_of "$W/s1.log"); p2=$(port_of "$W/s2.log"); p3=$(port_of "$W/s3.log")
-set +e
-$PY - "$p1" "$p2" "$p3" <<'PYEOF'
+fail=0
+serve_case() {   # serve_case RUN_CONFIG
+    run="$W/$(basename "$1" .json)"
+    $MPI -np 2 $T train "$1" data="$DATA" steps=20 pp=2 micro_batch=4 grad_accum=2 threads=1 \
+        out_dir="$run" >/dev/null 2>&1
+    # three servers on free ports; each prints its port in its start-up line
+    TANDEM_THREADS=1 "$T" serve --ckpt "$run" --port 0 --quiet >/dev/null 2>"$W/s1.log" &
+    pids="$pids $!"
+    $MPI -np 2 -x TANDEM_THREADS=1 "$T" serve --ckpt "$run" --port 0 --quiet tp=2 >/dev/null 2>"$W/s2.log" &
+    pids="$pids $!"
+    $MPI -np 2 -x TANDEM_THREADS=1 "$T" serve --ckpt "$run" --port 0 --quiet ep=2 >/dev/null 2>"$W/s3.log" &
+    pids="$pids $!"
+    p1=$(port_of "$W/s1.log"); p2=$(port_of "$W/s2.log"); p3=$(port_of "$W/s3.log")
+    set +e
+    $PY - "$p1" "$p2" "$p3" "$(basename "$1" .json)" <<'PYEOF'
 import json, sys, threading, http.client
-ports = sys.argv[1:]
+ports = sys.argv[1:4]
 reqs = [dict(prompt="The meaning of", max_tokens=24, temperature=0, logprobs=2),
         dict(prompt="Q: why", max_tokens=30, temperature=0.9, seed=5, logprobs=1),
         dict(prompt=[72, 101, 108, 108, 111], max_tokens=20, temperature=1.2, top_k=20, seed=9, logprobs=1),
@@ -65,12 +69,18 @@ for label, port in (("tp=2", ports[1]), ("ep=2", ports[2])):
             la, lb = ca["logprobs"]["token_logprobs"], cb["logprobs"]["token_logprobs"]
             worst = max([worst] + [abs(x - y) for x, y in zip(la, lb)])
     ok = worst <= 1e-5 and not fail
-    print("%s served at %s from a pp=2 checkpoint: same tokens, logprobs max abs diff %.2e vs one process"
-          % ("ok  " if ok else "FAIL", label, worst))
+    print("%s %s served at %s from a pp=2 checkpoint: same tokens, logprobs max abs diff %.2e vs one process"
+          % ("ok  " if ok else "FAIL", sys.argv[4], label, worst))
     fail |= not ok
 sys.exit(fail)
 PYEOF
-rc=$?
-for p in $pids; do kill -TERM "$p" 2>/dev/null || true; done
-sleep 2
-[ $rc -eq 0 ] && echo "serve_tp.sh: all passed" || { echo "serve_tp.sh: FAILED"; exit 1; }
+    rc=$?
+    set -e
+    for p in $pids; do kill -TERM "$p" 2>/dev/null || true; done
+    sleep 2
+    pids=""
+    [ $rc -eq 0 ] || fail=1
+}
+serve_case configs/tiny.json
+serve_case configs/tiny_olmoe.json
+[ $fail -eq 0 ] && echo "serve_tp.sh: all passed" || { echo "serve_tp.sh: FAILED"; exit 1; }

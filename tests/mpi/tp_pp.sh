@@ -79,6 +79,14 @@ for layout in "2 pp=2" "4 pp=2 tp=2 recompute=full" "3 pp=3 pp_layers=2,1,1 reco
     compare "$W/tref" "$d" "tied+dense+shared $*"
 done
 
+# the Hugging Face families' ops (configs/tiny_*.json): tp=2 and more
+for v in qwen2moe:"2 tp=2" qwen2moe:"4 dp=2 ep=2 tp=2" qwen3moe:"2 tp=2" olmoe:"2 tp=2" olmoe:"4 tp=2 pp=2 recompute=selective"; do
+    c=${v%%:*}; set -- ${v#*:}; n=$1; shift   # (run sets np)
+    [ -d "$W/${c}_ref" ] || run 1 "$W/${c}_ref" configs/tiny_$c.json ${A#configs/tiny.json}
+    run "$n" "$W/${c}_$(echo "$*" | tr ' =' '__')" configs/tiny_$c.json ${A#configs/tiny.json} "$@"
+    compare "$W/${c}_ref" "$W/${c}_$(echo "$*" | tr ' =' '__')" "$c $*"
+done
+
 # checkpoint matrix: save at step 10 of 12, continue elsewhere
 R="configs/tiny.json data=$DATA shuffle=false steps=12 threads=1 micro_batch=4 grad_accum=4"
 run 4 "$W/s1" $R save_every=10 keep_last=0 tp=2 pp=2

@@ -34,13 +34,35 @@ CASES = {
     # odd sizes: hidden 24 over 3 heads of 8, 3 experts top-2, one kv head
     "model_odd": dict(hidden_size=24, num_attention_heads=3, num_key_value_heads=1,
                       moe_intermediate_size=20, num_local_experts=3, vocab_size=50),
+    # Qwen2-MoE-like: q/k/v biases, a shared expert of its own width (no
+    # n_shared_experts) behind a sigmoid gate, and the layer schedule
+    # decoder_sparse_step 2 + mlp_only_layers: MoE layers 1 and 5 of 6
+    "model_qwen2moe": dict(num_hidden_layers=6, qkv_bias=True, shared_expert_intermediate_size=40,
+                           shared_expert_gate=True, decoder_sparse_step=2, mlp_only_layers=[3],
+                           intermediate_size=36, norm_topk_prob=False, num_local_experts=8,
+                           num_experts_per_tok=4),
+    # Qwen3-MoE-like: q/k norm per head, head_dim 12 != 32 / 4, top-4 of 8
+    # renormalised
+    "model_qwen3moe": dict(qk_norm="head", head_dim=12, num_local_experts=8, num_experts_per_tok=4,
+                           norm_topk_prob=True),
+    # OLMoE-like: q/k norm over the whole width, clip_qkv (v_proj scaled up so
+    # that v is clipped too), biases on q, k, v and o, top-4 of 16
+    "model_olmoe": dict(qk_norm="full", clip_qkv=1.0, attention_bias=True, num_local_experts=16,
+                        num_experts_per_tok=4, norm_topk_prob=False, moe_intermediate_size=16),
 }
+
+# per-case weight scales (name suffix -> factor), applied before rounding to float32
+SCALE = {"model_olmoe": {"self_attn/v_proj": 4.0}}
 
 
 def make(name, over, out, B=2, T=19, seed=1):
     cfg = dict(BASE)
     cfg.update(over)
     w = random_weights(cfg, seed)
+    for suffix, f in SCALE.get(name, {}).items():
+        for k in w:
+            if k.endswith(suffix):
+                w[k] = w[k] * f
     w = {k: v.float().double().requires_grad_(True) for k, v in w.items()}
     g = torch.Generator().manual_seed(seed + 100)
     V = cfg["vocab_size"]

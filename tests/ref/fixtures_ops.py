@@ -6,7 +6,7 @@
 writes one HDF5 file per module into DIR (read by tests/test_<module>.c):
 
     linear.h5 rmsnorm.h5 embedding.h5 rope.h5 attention.h5 swiglu.h5
-    softmax.h5 moe.h5
+    softmax.h5 moe.h5 bias.h5 clamp.h5 gate.h5 qk_norm.h5
 
 Each file holds cases c0, c1, ... as groups: the inputs (float32, from a
 fixed seed), an int32 dataset `dims` with the sizes, and the expected outputs
@@ -312,6 +312,73 @@ def moe_layer_cases():
     return cases
 
 
+# ------------------------------------------------------------------ HF families' ops
+def bias_cases():
+    """y = x + b (nn.Linear's bias, the product left out)."""
+    cases = []
+    for seed, (N, n) in enumerate([(1, 5), (7, 33), (19, 130)]):
+        r = rng(1000 + seed)
+        x, b, dy = uni(r, (N, n)), uni(r, (n,)), uni(r, (N, n))
+        xt, bt = t64(x, True), t64(b, True)
+        y = xt + bt
+        (y * t64(dy)).sum().backward()
+        cases.append(dict(dims=i32([N, n]), x=x, b=b, dy=dy, y=f32(y), dx=f32(xt.grad), db=f32(bt.grad)))
+    return cases
+
+
+def clamp_cases():
+    """torch.clamp(x, -c, c) with values exactly on the boundary (whose
+    gradient passes) and just past it (whose gradient is zero)."""
+    cases = []
+    for seed, (n, c) in enumerate([(64, 1.0), (200, 0.37), (333, 8.0)]):
+        r = rng(1100 + seed)
+        x, dy = uni(r, (n,), -2 * c, 2 * c), uni(r, (n,))
+        c32 = np.float32(c)
+        x[0], x[1] = c32, -c32
+        x[2], x[3] = np.nextafter(c32, np.float32(np.inf)), np.nextafter(-c32, np.float32(-np.inf))
+        x[4], x[5] = np.nextafter(c32, np.float32(0)), np.nextafter(-c32, np.float32(0))
+        xt = t64(x, True)
+        y = xt.clamp(min=-float(c32), max=float(c32))
+        (y * t64(dy)).sum().backward()
+        cases.append(dict(dims=i32([n]), c=np.float32([c]), x=x, dy=dy, y=f32(y), dx=f32(xt.grad)))
+    return cases
+
+
+def gate_cases():
+    """Qwen2-MoE's shared expert gate: y = sigmoid(h @ w_g.T) * s."""
+    cases = []
+    for seed, (N, d, n) in enumerate([(1, 8, 5), (7, 33, 20), (19, 64, 64)]):
+        r = rng(1200 + seed)
+        h, w, s, dy = uni(r, (N, d)), uni(r, (1, d), -3, 3), uni(r, (N, n)), uni(r, (N, n))
+        ht, wt, st = t64(h, True), t64(w, True), t64(s, True)
+        g = torch.sigmoid(ht @ wt.T)
+        y = g * st
+        (y * t64(dy)).sum().backward()
+        cases.append(dict(dims=i32([N, d, n]), h=h, w=w, s=s, dy=dy, g=f32(g.reshape(N)), y=f32(y),
+                          dh=f32(ht.grad), dw=f32(wt.grad), ds=f32(st.grad)))
+    return cases
+
+
+def qk_norm_cases():
+    """q/k norm before RoPE: mode 0 per head (Qwen3-MoE: RMSNorm(head_dim)
+    applied to x.view(N, H, hd), weight [hd]), mode 1 over the whole width
+    (OLMoE: RMSNorm(H * hd), weight [H * hd])."""
+    cases = []
+    for seed, (N, H, hd, mode) in enumerate([(5, 4, 8, 0), (9, 3, 12, 0), (5, 4, 8, 1), (9, 6, 16, 1)]):
+        r = rng(1300 + seed)
+        eps = 1e-6
+        x, dy = uni(r, (N, H * hd), -2, 2), uni(r, (N, H * hd))
+        w = uni(r, (hd,) if mode == 0 else (H * hd,), 0.5, 1.5)
+        xt, wt = t64(x, True), t64(w, True)
+        eps32 = float(np.float32(eps))
+        xv = xt.view(N, H, hd) if mode == 0 else xt
+        y = (xv * torch.rsqrt(xv.pow(2).mean(-1, keepdim=True) + eps32) * wt).reshape(N, H * hd)
+        (y * t64(dy)).sum().backward()
+        cases.append(dict(dims=i32([N, H, hd, mode]), eps=np.float32([eps]), x=x, w=w, dy=dy, y=f32(y),
+                          dx=f32(xt.grad), dw=f32(wt.grad)))
+    return cases
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -327,6 +394,10 @@ def main():
     write(args.out, "softmax.h5", softmax_cases())
     write(args.out, "moe_router.h5", moe_router_cases())
     write(args.out, "moe_layer.h5", moe_layer_cases())
+    write(args.out, "bias.h5", bias_cases())
+    write(args.out, "clamp.h5", clamp_cases())
+    write(args.out, "gate.h5", gate_cases())
+    write(args.out, "qk_norm.h5", qk_norm_cases())
 
 
 if __name__ == "__main__":

@@ -636,12 +636,20 @@ def main():
     ap.add_argument("--tandem", required=True)
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--tmp", required=True)
+    ap.add_argument("--only", default="", help="comma-separated test names to run (default: all)")
     ARGS = ap.parse_args()
     u = urllib.parse.urlparse(ARGS.url)
     HOST, PORT = u.hostname, u.port
     tests = [test_health_models, test_completion_shape, test_greedy_and_seeds, test_stream, test_stop,
              test_score_parity, test_batch_invariance, test_concurrent_clients, test_bad_requests,
              test_raw_garbage, test_overload, test_disconnects, test_metrics]
+    if ARGS.only:
+        names = ARGS.only.split(",")
+        unknown = set(names) - {t.__name__ for t in tests}
+        if unknown:
+            print(f"FAIL --only: no such test {sorted(unknown)}")
+            return 1
+        tests = [t for t in tests if t.__name__ in names]
     for t in tests:
         t0 = time.time()
         try:

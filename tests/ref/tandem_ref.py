@@ -17,7 +17,11 @@ DEFAULTS = dict(vocab_size=256, hidden_size=256, num_hidden_layers=4, num_attent
                 num_local_experts=8, num_experts_per_tok=2, n_shared_experts=0,
                 first_k_dense_replace=0, rope_theta=10000.0, rms_norm_eps=1e-5,
                 max_position_embeddings=4096, tie_word_embeddings=False, norm_topk_prob=True,
-                router_aux_loss_coef=0.01, router_z_loss_coef=0.001)
+                router_aux_loss_coef=0.01, router_z_loss_coef=0.001,
+                # Hugging Face families (docs/config.md)
+                attention_bias=False, qkv_bias=False, qk_norm="none", clip_qkv=0.0,
+                shared_expert_intermediate_size=0, shared_expert_gate=False,
+                decoder_sparse_step=1, mlp_only_layers=[])
 
 
 def full_config(cfg):
@@ -34,6 +38,16 @@ def full_config(cfg):
     return c
 
 
+def is_moe(c, l):
+    """Qwen2-MoE's rule, with first_k_dense_replace (DeepSeek's) in front."""
+    return (l >= c["first_k_dense_replace"] and l not in c["mlp_only_layers"]
+            and (l + 1) % c["decoder_sparse_step"] == 0)
+
+
+def shared_width(c):
+    return c["shared_expert_intermediate_size"] or c["moe_intermediate_size"] * c["n_shared_experts"]
+
+
 def param_shapes(cfg):
     """name -> shape, in checkpoint order (SPEC section 4)."""
     c = full_config(cfg)
@@ -47,8 +61,20 @@ def param_shapes(cfg):
         out[p + "self_attn/k_proj"] = (Hkv * hd, d)
         out[p + "self_attn/v_proj"] = (Hkv * hd, d)
         out[p + "self_attn/o_proj"] = (d, H * hd)
+        if c["attention_bias"] or c["qkv_bias"]:
+            out[p + "self_attn/q_proj.bias"] = (H * hd,)
+            out[p + "self_attn/k_proj.bias"] = (Hkv * hd,)
+            out[p + "self_attn/v_proj.bias"] = (Hkv * hd,)
+        if c["attention_bias"]:
+            out[p + "self_attn/o_proj.bias"] = (d,)
+        if c["qk_norm"] == "head":
+            out[p + "self_attn/q_norm"] = (hd,)
+            out[p + "self_attn/k_norm"] = (hd,)
+        elif c["qk_norm"] == "full":
+            out[p + "self_attn/q_norm"] = (H * hd,)
+            out[p + "self_attn/k_norm"] = (Hkv * hd,)
         out[p + "post_attention_layernorm"] = (d,)
-        if l < c["first_k_dense_replace"]:
+        if not is_moe(c, l):
             Fd = c["intermediate_size"]
             out[p + "mlp/gate_proj"] = (Fd, d)
             out[p + "mlp/up_proj"] = (Fd, d)
@@ -58,11 +84,13 @@ def param_shapes(cfg):
             out[p + "mlp/experts/gate_proj"] = (E, F, d)
             out[p + "mlp/experts/up_proj"] = (E, F, d)
             out[p + "mlp/experts/down_proj"] = (E, d, F)
-            if c["n_shared_experts"] > 0:
-                S = F * c["n_shared_experts"]
+            S = shared_width(c)
+            if S > 0:
                 out[p + "mlp/shared_experts/gate_proj"] = (S, d)
                 out[p + "mlp/shared_experts/up_proj"] = (S, d)
                 out[p + "mlp/shared_experts/down_proj"] = (d, S)
+                if c["shared_expert_gate"]:
+                    out[p + "mlp/shared_expert_gate"] = (1, d)
     out["model/norm"] = (d,)
     if not c["tie_word_embeddings"]:
         out["lm_head"] = (V, d)
@@ -73,7 +101,9 @@ def random_weights(cfg, seed, dtype=torch.float64, std=0.05):
     g = torch.Generator().manual_seed(seed)
     w = {}
     for name, shape in param_shapes(cfg).items():
-        if len(shape) == 1:
+        if name.endswith(".bias"):
+            w[name] = 0.1 * torch.randn(shape, generator=g, dtype=dtype)
+        elif len(shape) == 1:
             w[name] = 1.0 + 0.1 * torch.randn(shape, generator=g, dtype=dtype)
         else:
             w[name] = std * torch.randn(shape, generator=g, dtype=dtype)
@@ -104,6 +134,28 @@ class TandemRef:
     def swiglu(self, h, g, u, dn):
         return torch.nn.functional.silu(h @ g.T) * (h @ u.T) @ dn.T
 
+    def qkv(self, h, p):
+        """q, k, v (B, T, H*hd) (B, T, Hkv*hd) as HF computes them: projection
+        (+ bias), then q_norm / k_norm (Qwen3-MoE per head, OLMoE over the whole
+        width), then OLMoE's clamp of all three."""
+        c, w = self.c, self.w
+        B, T, _ = h.shape
+        H, Hkv, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["rms_norm_eps"]
+        out = []
+        for name in ("q", "k", "v"):
+            y = h @ w[p + "self_attn/%s_proj" % name].T
+            if c["attention_bias"] or c["qkv_bias"]:
+                y = y + w[p + "self_attn/%s_proj.bias" % name]
+            if name != "v" and c["qk_norm"] == "head":
+                n = H if name == "q" else Hkv
+                y = rmsnorm(y.view(B, T, n, hd), w[p + "self_attn/%s_norm" % name], eps).reshape(B, T, n * hd)
+            elif name != "v" and c["qk_norm"] == "full":
+                y = rmsnorm(y, w[p + "self_attn/%s_norm" % name], eps)
+            if c["clip_qkv"]:
+                y = y.clamp(min=-c["clip_qkv"], max=c["clip_qkv"])
+            out.append(y)
+        return out
+
     def forward(self, ids):
         """ids: (B, T) long.  Returns logits (B, T, V), aux list, z list, routes."""
         c, w = self.c, self.w
@@ -119,9 +171,10 @@ class TandemRef:
         for l in range(c["num_hidden_layers"]):
             p = "model/layers/%d/" % l
             h = rmsnorm(x, w[p + "input_layernorm"], eps)
-            q = (h @ w[p + "self_attn/q_proj"].T).view(B, T, H, hd).transpose(1, 2)
-            kk = (h @ w[p + "self_attn/k_proj"].T).view(B, T, Hkv, hd).transpose(1, 2)
-            v = (h @ w[p + "self_attn/v_proj"].T).view(B, T, Hkv, hd).transpose(1, 2)
+            q, kk, v = self.qkv(h, p)
+            q = q.view(B, T, H, hd).transpose(1, 2)
+            kk = kk.view(B, T, Hkv, hd).transpose(1, 2)
+            v = v.view(B, T, Hkv, hd).transpose(1, 2)
             q, kk = rope(q, pos, c["rope_theta"]), rope(kk, pos, c["rope_theta"])
             rep = H // Hkv
             kk = kk.repeat_interleave(rep, dim=1)
@@ -129,9 +182,12 @@ class TandemRef:
             s = q @ kk.transpose(-1, -2) / math.sqrt(hd) + mask
             a = torch.softmax(s, dim=-1) @ v
             a = a.transpose(1, 2).reshape(B, T, H * hd)
-            x = x + a @ w[p + "self_attn/o_proj"].T
+            o = a @ w[p + "self_attn/o_proj"].T
+            if c["attention_bias"]:
+                o = o + w[p + "self_attn/o_proj.bias"]
+            x = x + o
             h = rmsnorm(x, w[p + "post_attention_layernorm"], eps)
-            if l < c["first_k_dense_replace"]:
+            if not is_moe(c, l):
                 x = x + self.swiglu(h, w[p + "mlp/gate_proj"], w[p + "mlp/up_proj"], w[p + "mlp/down_proj"])
                 continue
             hf = h.reshape(B * T, d)
@@ -152,9 +208,12 @@ class TandemRef:
                 ye = self.swiglu(hf[tok], w[p + "mlp/experts/gate_proj"][e], w[p + "mlp/experts/up_proj"][e],
                                  w[p + "mlp/experts/down_proj"][e])
                 y = y.index_add(0, tok, we[:, None] * ye)
-            if c["n_shared_experts"] > 0:
-                y = y + self.swiglu(hf, w[p + "mlp/shared_experts/gate_proj"], w[p + "mlp/shared_experts/up_proj"],
-                                    w[p + "mlp/shared_experts/down_proj"])
+            if shared_width(c) > 0:
+                ys = self.swiglu(hf, w[p + "mlp/shared_experts/gate_proj"], w[p + "mlp/shared_experts/up_proj"],
+                                 w[p + "mlp/shared_experts/down_proj"])
+                if c["shared_expert_gate"]:   # Qwen2-MoE: sigmoid(shared_expert_gate(h)) * out
+                    ys = torch.sigmoid(hf @ w[p + "mlp/shared_expert_gate"].T) * ys
+                y = y + ys
             x = x + y.view(B, T, d)
             N = B * T
             count = torch.zeros(E, dtype=probs.dtype).index_add(0, order.flatten(), torch.ones(N * k, dtype=probs.dtype))
