@@ -242,29 +242,18 @@ static int prompts_read(const char *path, Prompt **out, size_t *n_out, char *err
     return 0;
 }
 
-/* The prompts against the model and the cache: ids in the vocabulary, the
- * prompt shorter than the context, prompt plus generation within the KV
- * cache (a request larger than the whole cache could never run). */
+/* The prompts against the model and the cache, all before anything is
+ * generated: what the engine would refuse at submit (engine_check: ids in
+ * the vocabulary, the prompt shorter than the context, prompt plus
+ * generation within the whole KV cache). */
 static int prompts_check(const Prompt *p, size_t np, const Engine *e, int max_tokens, const char *path,
                          char *err, size_t n)
 {
-    const ModelConfig *c = &e->m->cfg;
     for (size_t i = 0; i < np; i++) {
-        for (size_t t = 0; t < p[i].n; t++)
-            if (p[i].ids[t] >= c->vocab_size) {
-                snprintf(err, n, "%s:%ld: token id %d is outside the vocabulary (vocab_size %d)", path,
-                         p[i].line, p[i].ids[t], c->vocab_size);
-                return -1;
-            }
-        if (p[i].n >= (size_t)c->max_position_embeddings) {
-            snprintf(err, n, "%s:%ld: the prompt (%zu tokens) does not fit the context of %d positions", path,
-                     p[i].line, p[i].n, c->max_position_embeddings);
-            return -1;
-        }
-        size_t total = td_min(p[i].n + (size_t)max_tokens, (size_t)c->max_position_embeddings);
-        if (kvcache_blocks_for(&e->kv, total) > e->kv.n_blocks) {
-            snprintf(err, n, "%s:%ld: the prompt plus --max-tokens needs %d KV blocks, the cache has %d (raise --kv-mb)",
-                     path, p[i].line, kvcache_blocks_for(&e->kv, total), e->kv.n_blocks);
+        char why[256];
+        EngineRefusal r = engine_check(e, p[i].ids, p[i].n, max_tokens, why, sizeof why);
+        if (r != ENGINE_OK) {
+            snprintf(err, n, "%s:%ld: %s%s", path, p[i].line, why, r == ENGINE_NO_ROOM ? " (raise --kv-mb)" : "");
             return -1;
         }
     }
@@ -738,7 +727,7 @@ int cmd_rollout(int argc, char **argv)
             }
             int s = engine_submit(&ro.e, j->r);
             if (s == -1) break;   /* queue full: the request waits for the next step */
-            TD_CHECK(s == 0, "rollout: prompt %zu was checked but refused (%d)", j->prompt, s);
+            TD_CHECK(s == 0, "rollout: prompt %zu was checked but refused: %s", j->prompt, j->r->error);
             next++;
         }
         engine_step(&ro.e);
