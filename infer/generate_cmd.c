@@ -98,31 +98,30 @@ static void stream_cb(Request *r, bool done, void *user)
     fflush(stdout);
 }
 
-int cmd_generate(int argc, char **argv)
+static int generate_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "prompt=", "prompt-ids=", "max-tokens=", "temperature=",
                                         "top-k=", "top-p=", "seed=", "stop+", "logprobs=", "json", NULL };
-    Args a;
     char err[512];
-    if (args_parse(&a, argc, argv, 1, spec, err, sizeof err)) {
+    if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("generate: %s", err);
         return 2;
     }
-    if (a.help) {
+    if (ap->help) {
         fputs(g_gen_help, stdout);
         return 0;
     }
-    const char *ckpt = args_get(&a, "ckpt"), *prompt = args_get(&a, "prompt"), *pids = args_get(&a, "prompt-ids");
+    const char *ckpt = args_get(ap, "ckpt"), *prompt = args_get(ap, "prompt"), *pids = args_get(ap, "prompt-ids");
     if (!ckpt || !!prompt == !!pids) {
         td_error("generate: --ckpt and one of --prompt / --prompt-ids are required");
         return 2;
     }
     GenParams gp;
-    if (infer_gen_params(&gp, &a, err, sizeof err)) {
+    if (infer_gen_params(&gp, ap, err, sizeof err)) {
         td_error("generate: %s", err);
         return 2;
     }
-    bool json = args_flag(&a, "json");
+    bool json = args_flag(ap, "json");
     Model m;
     if (ckpt_model_open(ckpt, &m, NULL, false, 16, err, sizeof err)) {
         if (err[0]) td_error("generate: %s", err);
@@ -202,5 +201,13 @@ out:
     engine_free(&e);
     td_free(ids);
     model_free(&m);
+    return rc;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    Args a = { 0 };
+    int rc = generate_run(&a, argc, argv);
+    args_free(&a);
     return rc;
 }

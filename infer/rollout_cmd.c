@@ -601,34 +601,33 @@ typedef struct {
     double v;
 } NumOpt;
 
-int cmd_rollout(int argc, char **argv)
+static int rollout_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "follow=", "prompts=", "n=", "output=", "max-tokens=",
                                         "temperature=", "top-k=", "top-p=", "seed=", "stop+", "kv-mb=",
                                         "max-running=", "max-batch-tokens=", "prefill-chunk=", "wait-timeout=",
                                         NULL };
-    Args a;
     char err[1024];
-    if (args_parse(&a, argc, argv, 1, spec, err, sizeof err)) {
+    if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("rollout: %s", err);
         return 2;
     }
-    if (a.help) {
+    if (ap->help) {
         fputs(g_rollout_help, stdout);
         return 0;
     }
-    const char *ckpt = args_get(&a, "ckpt"), *follow = args_get(&a, "follow");
-    const char *prompts_path = args_get(&a, "prompts"), *out_path = args_get(&a, "output");
-    if (!!ckpt == !!follow || !prompts_path || a.n_pos) {
+    const char *ckpt = args_get(ap, "ckpt"), *follow = args_get(ap, "follow");
+    const char *prompts_path = args_get(ap, "prompts"), *out_path = args_get(ap, "output");
+    if (!!ckpt == !!follow || !prompts_path || ap->n_pos) {
         td_error("rollout: one of --ckpt / --follow and --prompts are required (tandem rollout --help)");
         return 2;
     }
     GenParams gp;
-    if (infer_gen_params(&gp, &a, err, sizeof err)) {
+    if (infer_gen_params(&gp, ap, err, sizeof err)) {
         td_error("rollout: %s", err);
         return 2;
     }
-    if (!args_get(&a, "max-tokens")) gp.max_tokens = 64;
+    if (!args_get(ap, "max-tokens")) gp.max_tokens = 64;
     gp.want_routes = true;
     gp.keep_stop = true;   /* ids are every sampled token, the stop string included */
     enum { NS, KV, RUN, BATCH, CHUNK, WAIT, N_NUM };
@@ -641,7 +640,7 @@ int cmd_rollout(int argc, char **argv)
         [WAIT] = { "wait-timeout", 60, 0, 1e7, 0 },
     };
     for (int i = 0; i < N_NUM; i++)
-        if (args_num(&a, num[i].name, num[i].dflt, num[i].lo, num[i].hi, &num[i].v, err, sizeof err) < 0) {
+        if (args_num(ap, num[i].name, num[i].dflt, num[i].lo, num[i].hi, &num[i].v, err, sizeof err) < 0) {
             td_error("rollout: %s", err);
             return 2;
         }
@@ -758,5 +757,13 @@ int cmd_rollout(int argc, char **argv)
 out:
     rollout_free(&ro);
     prompts_free(prompts, np);
+    return rc;
+}
+
+int cmd_rollout(int argc, char **argv)
+{
+    Args a = { 0 };
+    int rc = rollout_run(&a, argc, argv);
+    args_free(&a);
     return rc;
 }

@@ -348,14 +348,13 @@ static int cmp_i64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-int rlcheck_cmd(int argc, char **argv)
+static int rlcheck_cmd_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "rollout=", "ckpt=", "batch=", NULL };
-    Args a;
     char err[1024];
     bool help = false;   /* "--rollout --help": --help is not the file name */
     for (int i = 1; i < argc; i++) help |= !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
-    if (!help && args_parse(&a, argc, argv, 1, spec, err, sizeof err)) {
+    if (!help && args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("score: %s", err);
         return 2;
     }
@@ -371,13 +370,13 @@ int rlcheck_cmd(int argc, char **argv)
                "Exit 0 whatever the measurement; 2 for a malformed file.\n");
         return 0;
     }
-    const char *path = args_get(&a, "rollout"), *ckpt = args_get(&a, "ckpt");
+    const char *path = args_get(ap, "rollout"), *ckpt = args_get(ap, "ckpt");
     double B;
-    if (!path || !ckpt || a.n_pos) {
+    if (!path || !ckpt || ap->n_pos) {
         td_error("score: --rollout and --ckpt are required (tandem score --rollout --help)");
         return 2;
     }
-    if (args_num(&a, "batch", 8, 1, 4096, &B, err, sizeof err) < 0) {
+    if (args_num(ap, "batch", 8, 1, 4096, &B, err, sizeof err) < 0) {
         td_error("score: %s", err);
         return 2;
     }
@@ -446,5 +445,13 @@ int rlcheck_cmd(int argc, char **argv)
     td_free(idx);
     td_free(vers);
     rfile_free(&f);
+    return rc;
+}
+
+int rlcheck_cmd(int argc, char **argv)
+{
+    Args a = { 0 };
+    int rc = rlcheck_cmd_run(&a, argc, argv);
+    args_free(&a);
     return rc;
 }
