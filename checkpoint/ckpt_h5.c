@@ -275,17 +275,19 @@ int ckpt_h5_get_f64(hid_t obj, const char *name, double *v)
 
 bool ckpt_h5_exists(hid_t loc, const char *path)
 {
-    char buf[CKPT_NAME_MAX + 8];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf;; p++) {
+    char *buf = td_strdup(path);   /* any length */
+    bool found = true;
+    for (char *p = buf; found; p++) {
         if (*p == '/' || *p == 0) {
             char c = *p;
             *p = 0;
-            if (buf[0] && H5Lexists(loc, buf, H5P_DEFAULT) <= 0) return false;
-            if (!c) return true;
+            if (buf[0] && H5Lexists(loc, buf, H5P_DEFAULT) <= 0) found = false;
+            if (!c) break;
             *p = c;
         }
     }
+    td_free(buf);
+    return found;
 }
 
 /* Link creation: intermediate groups, UTF-8 names; -1 when a call fails

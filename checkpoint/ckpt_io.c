@@ -406,7 +406,8 @@ static size_t pool_name(CkptIoRead *r, const char *name)
         td_free(r->names);
         r->names = nn;
     }
-    snprintf(r->names[r->n_names], CKPT_NAME_MAX, "%s", name);
+    TD_CHECK(!td_snprintf(r->names[r->n_names], CKPT_NAME_MAX, "%s", name), "dataset name %s: over %d bytes", name,
+             CKPT_NAME_MAX - 1);
     return r->n_names++;
 }
 

@@ -40,6 +40,7 @@ void engine_init(Engine *e, const Model *m, const EngineOpts *o)
     e->ids = td_malloc(N * sizeof(int32_t));
     e->pos = td_malloc(N * sizeof(int32_t));
     e->sel_rows = td_malloc(e->o.max_running * sizeof(int32_t));
+    e->routes = td_malloc((e->o.max_running * (size_t)e->n_moe * m->k + 1) * sizeof(int32_t));
     e->seqs = td_malloc(e->o.max_running * sizeof(AttnSeq));
     e->batch = td_malloc(e->o.max_running * sizeof(Request *));
     e->running = td_malloc(e->o.max_running * sizeof(Request *));
@@ -57,6 +58,7 @@ void engine_free(Engine *e)
     td_free(e->ids);
     td_free(e->pos);
     td_free(e->sel_rows);
+    td_free(e->routes);
     td_free(e->seqs);
     td_free(e->batch);
     td_free(e->running);
@@ -397,9 +399,7 @@ void engine_follow(Engine *e)
         }
         for (size_t s = 0; s < n_sel; s++) e->sel_rows[s] = (int32_t)buf[o++];
         td_free(buf);
-        size_t per = (size_t)e->n_moe * e->m->k;
-        int32_t routes[n_sel * (per ? per : 1) + 1];
-        engine_forward(e, rows, n_seq, n_sel, routes);
+        engine_forward(e, rows, n_seq, n_sel, e->routes);
     }
     td_free(tables);
 }
@@ -494,8 +494,8 @@ size_t engine_step(Engine *e)
     }
 
     if (e->distributed) engine_bcast_batch(e, rows, n_seq, n_sel, false);
-    size_t per = (size_t)e->n_moe * m->k;
-    int32_t routes[n_sel * (per ? per : 1) + 1];
+    const size_t per = (size_t)e->n_moe * m->k;
+    int32_t *routes = e->routes;   /* (n_sel, per) */
     engine_forward(e, rows, n_seq, n_sel, routes);
 
     /* sample, append, finish */

@@ -111,6 +111,7 @@ typedef struct {
     LayerActs la;
     float *x, *hn, *rstd, *logits;
     int32_t *ids, *pos, *sel_rows;
+    int32_t *routes;          /* (max_running, n_moe, k): experts of the rows that get logits */
     AttnSeq *seqs;
     Request **batch;          /* requests in the current batch */
     void *sample_scratch;

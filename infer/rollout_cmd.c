@@ -352,9 +352,9 @@ struct Rollout {
     FILE *out;
     bool out_failed;
     Buf line;
-    int64_t versions[64];     /* distinct versions written (first 64) */
-    long version_count[64];
-    int n_versions;
+    int64_t *versions;        /* distinct versions written (owned) ... */
+    long *version_count;      /* ... and samples of each */
+    int n_versions, cap_versions;
     bool progress;
     double t0, t_progress;
 };
@@ -366,10 +366,22 @@ static void note_version(Rollout *ro, int64_t v)
             ro->version_count[i]++;
             return;
         }
-    if (ro->n_versions < 64) {
-        ro->versions[ro->n_versions] = v;
-        ro->version_count[ro->n_versions++] = 1;
+    if (ro->n_versions == ro->cap_versions) {
+        int cap = ro->cap_versions ? 2 * ro->cap_versions : 16;
+        int64_t *nv = td_malloc((size_t)cap * sizeof *nv);
+        long *nc = td_malloc((size_t)cap * sizeof *nc);
+        if (ro->n_versions) {
+            memcpy(nv, ro->versions, (size_t)ro->n_versions * sizeof *nv);
+            memcpy(nc, ro->version_count, (size_t)ro->n_versions * sizeof *nc);
+        }
+        td_free(ro->versions);
+        td_free(ro->version_count);
+        ro->versions = nv;
+        ro->version_count = nc;
+        ro->cap_versions = cap;
     }
+    ro->versions[ro->n_versions] = v;
+    ro->version_count[ro->n_versions++] = 1;
 }
 
 static void write_sample(Rollout *ro, const Job *j)
@@ -432,17 +444,20 @@ static void job_cb(Request *r, bool done, void *user)
 static bool latest_target(const char *dir, char *out, size_t n)
 {
     char link[PATH_MAX];
-    snprintf(link, sizeof link, "%s/latest", dir);
+    if (td_snprintf(link, sizeof link, "%s/latest", dir)) return false;   /* refused at start-up */
     ssize_t k = readlink(link, out, n - 1);
     if (k < 0) return false;
     out[k] = 0;
     return true;
 }
 
+/* The file latest's target names, into out (TARGET_PATH_MAX: the
+ * directory, checked at start-up, and a readlink result always fit). */
+#define TARGET_PATH_MAX (2 * PATH_MAX)
 static void target_path(const Rollout *ro, const char *target, char *out, size_t n)
 {
-    if (target[0] == '/') snprintf(out, n, "%s", target);
-    else snprintf(out, n, "%s/%s", ro->dir, target);
+    int cut = target[0] == '/' ? td_snprintf(out, n, "%s", target) : td_snprintf(out, n, "%s/%s", ro->dir, target);
+    TD_CHECK(!cut, "rollout: %s/%s does not fit %zu bytes", ro->dir, target, n);
 }
 
 /* First load: config, model, packed weights.  Returns 0 or -1 with err. */
@@ -500,7 +515,7 @@ static int follow_first(Rollout *ro)
     bool warned = false;
     for (;;) {
         if (latest_target(ro->dir, ro->wanted, sizeof ro->wanted)) {
-            char file[PATH_MAX + 8];
+            char file[TARGET_PATH_MAX];
             target_path(ro, ro->wanted, file, sizeof file);
             if (load_first(ro, file, err, sizeof err) == 0) {
                 snprintf(ro->loaded, sizeof ro->loaded, "%s", ro->wanted);
@@ -539,7 +554,7 @@ static int follow_poll(Rollout *ro)
     if (!ro->held) engine_hold(&ro->e, true);
     ro->held = true;
     if (engine_admitted_live(&ro->e) > 0) return 0;
-    char file[PATH_MAX + 8];
+    char file[TARGET_PATH_MAX];
     target_path(ro, ro->wanted, file, sizeof file);
     int64_t old = ro->version;
     double t0 = td_now();
@@ -590,6 +605,8 @@ static void rollout_free(Rollout *ro)
     td_free(ro->jobs);
     td_free(ro->finished);
     td_free(ro->line.s);
+    td_free(ro->versions);
+    td_free(ro->version_count);
     if (ro->have_engine) engine_free(&ro->e);
     if (ro->have_model) model_free(&ro->m);
     if (ro->out && ro->out != stdout) fclose(ro->out);
@@ -620,6 +637,10 @@ static int rollout_run(Args *ap, int argc, char **argv)
     const char *prompts_path = args_get(ap, "prompts"), *out_path = args_get(ap, "output");
     if (!!ckpt == !!follow || !prompts_path || ap->n_pos) {
         td_error("rollout: one of --ckpt / --follow and --prompts are required (tandem rollout --help)");
+        return 2;
+    }
+    if (follow && strlen(follow) + sizeof "/latest" > PATH_MAX) {
+        td_error("rollout: --follow %s: the path is longer than %zu bytes", follow, PATH_MAX - sizeof "/latest");
         return 2;
     }
     GenParams gp;
@@ -747,12 +768,13 @@ static int rollout_run(Args *ap, int argc, char **argv)
         fprintf(stderr, "\n");
     }
     double dt = td_now() - ro.t0;
-    char vs[512] = "";
-    for (int i = 0, o = 0; i < ro.n_versions && o < (int)sizeof vs - 40; i++)
-        o += snprintf(vs + o, sizeof vs - (size_t)o, "%s%lld (%ld samples)", i ? ", " : "",
-                      (long long)ro.versions[i], ro.version_count[i]);
+    Buf vs = { NULL, 0, 0 };
+    buf_printf(&vs, "%s", "");
+    for (int i = 0; i < ro.n_versions; i++)
+        buf_printf(&vs, "%s%lld (%ld samples)", i ? ", " : "", (long long)ro.versions[i], ro.version_count[i]);
     td_info("rollout: %zu samples, %zu tokens in %.2f s (%.0f tokens/s), policy versions %s", ro.n_done, ro.tokens,
-            dt, dt > 0 ? (double)ro.tokens / dt : 0.0, vs);
+            dt, dt > 0 ? (double)ro.tokens / dt : 0.0, vs.s);
+    td_free(vs.s);
     rc = 0;
 out:
     rollout_free(&ro);

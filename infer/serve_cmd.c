@@ -11,6 +11,7 @@
 #include "infer/engine.h"
 #include "infer/server/server.h"
 
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,8 +126,8 @@ static int serve_run(Args *ap, int argc, char **argv)
         td_error("serve: tp=%d x ep=%d must equal the number of ranks (%d)", tp, ep, comm_size());
         return 2;
     }
-    char file[1024], name[1024];
-    if (ckpt_resolve(ckpt, file, sizeof file)) snprintf(file, sizeof file, "%s", ckpt);
+    char file[PATH_MAX], name[PATH_MAX];
+    if (ckpt_resolve(ckpt, file, sizeof file)) return 1;   /* printed */
     model_name_of(name, sizeof name, file);
 
     Model m;

@@ -157,12 +157,13 @@ static int load_prompts(const char *path, int V, int max_len, Prompt **out, int 
             v = nv;
         }
         Prompt *p = &v[n];
-        char idbuf[64];
-        if (cJSON_IsString(id)) snprintf(idbuf, sizeof idbuf, "%s", id->valuestring);
-        else if (cJSON_IsNumber(id)) snprintf(idbuf, sizeof idbuf, "%.0f", id->valuedouble);
-        else snprintf(idbuf, sizeof idbuf, "%d", n);
+        char idbuf[sizeof p->id];
+        bool id_long = cJSON_IsString(id)   ? td_snprintf(idbuf, sizeof idbuf, "%s", id->valuestring)
+                       : cJSON_IsNumber(id) ? td_snprintf(idbuf, sizeof idbuf, "%.0f", id->valuedouble)
+                                            : td_snprintf(idbuf, sizeof idbuf, "%d", n);
         const char *why = NULL;
         if (!cJSON_IsObject(o)) why = "not a JSON object";
+        else if (id_long) why = "\"id\" is longer than 63 bytes";
         else if (cJSON_IsString(pt) && pt->valuestring[0]) prompt_from_text(p, pt->valuestring, idbuf);
         else if (cJSON_IsArray(pi) && cJSON_GetArraySize(pi) > 0) {
             p->n = (size_t)cJSON_GetArraySize(pi);

@@ -323,7 +323,10 @@ static int score_group(const Model *m, const RFile *f, size_t *idx, size_t n, si
 static int ckpt_for_version(const char *ckpt, bool is_dir, int64_t v, char *out, size_t n, char *err, size_t en)
 {
     if (is_dir) {
-        snprintf(out, n, "%s/step_%08lld.h5", ckpt, (long long)v);
+        if (td_snprintf(out, n, "%s/step_%08lld.h5", ckpt, (long long)v)) {
+            snprintf(err, en, "--ckpt %.700s: the path is too long", ckpt);
+            return -1;
+        }
         if (access(out, R_OK)) {
             snprintf(err, en, "no checkpoint for policy_version %lld: %.700s: %s", (long long)v, out, strerror(errno));
             return -1;
@@ -338,7 +341,10 @@ static int ckpt_for_version(const char *ckpt, bool is_dir, int64_t v, char *out,
                  "several versions)", (long long)v, ckpt, (long long)meta.step);
         return -1;
     }
-    snprintf(out, n, "%s", ckpt);
+    if (td_snprintf(out, n, "%s", ckpt)) {
+        snprintf(err, en, "--ckpt %.700s: the path is too long", ckpt);
+        return -1;
+    }
     return 0;
 }
 

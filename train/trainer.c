@@ -262,12 +262,19 @@ static int setup_model(Trainer *tr, CkptState *st, bool *resumed)
     }
     int stages[TOPO_MAX_PP], n_st = 0;
     if (rc->pp_layers[0]) {
-        const char *s = rc->pp_layers;
-        while (*s && n_st < TOPO_MAX_PP) {
-            stages[n_st++] = atoi(s);
-            s = strchr(s, ',');
-            if (!s) break;
-            s++;
+        /* every entry is counted, also past TOPO_MAX_PP, so that a longer
+         * list is refused rather than cut to pp */
+        for (const char *s = rc->pp_layers;;) {
+            char *end;
+            long v = strtol(s, &end, 10);
+            if (end == s || v < 0 || v > INT_MAX || (*end && *end != ',')) {
+                td_error("run config: pp_layers \"%s\" must be comma-separated layer counts", rc->pp_layers);
+                return -1;
+            }
+            if (n_st < TOPO_MAX_PP) stages[n_st] = (int)v;
+            n_st++;
+            if (!*end) break;
+            s = end + 1;
         }
         if (n_st != rc->pp) {
             td_error("run config: pp_layers \"%s\" names %d stages, pp=%d", rc->pp_layers, n_st, rc->pp);

@@ -73,7 +73,7 @@ struct Server {
     Engine *e;               /* borrowed */
     ServerOpts o;
     ApiLimits lim;
-    char model[128];
+    char *model;              /* owned copy of the model name */
     long started;
     struct MHD_Daemon *d;
     int port;
@@ -760,7 +760,7 @@ int server_start(Server **out, Engine *e, const ServerOpts *o, char *err, size_t
     Server *s = td_calloc(sizeof *s);
     s->e = e;
     s->o = *o;
-    snprintf(s->model, sizeof s->model, "%s", o->model_name);
+    s->model = td_strdup(o->model_name);
     s->lim.context = (size_t)e->m->cfg.max_position_embeddings;
     s->lim.max_n = o->max_n;
     s->started = (long)time(NULL);
@@ -864,5 +864,6 @@ void server_free(Server *s)
         td_error("serve: %d requests were still alive at exit", s->n_live);
     metrics_free(&s->m);
     pthread_mutex_destroy(&s->mu);
+    td_free(s->model);
     td_free(s);
 }
