@@ -261,13 +261,18 @@ static int fsync_path(const char *path, bool dir)
     return rc;
 }
 
-static void dir_of(const char *path, char *out, size_t n)
+/* The directory of path (td_malloc'd). */
+static char *dir_of(const char *path)
 {
-    snprintf(out, n, "%s", path);
+    char *out = td_strdup(path[0] ? path : ".");
     char *s = strrchr(out, '/');
-    if (!s) snprintf(out, n, ".");
-    else if (s == out) out[1] = 0;
+    if (!s) {
+        td_free(out);
+        return td_strdup(".");
+    }
+    if (s == out) out[1] = 0;
     else *s = 0;
+    return out;
 }
 
 /* Whether this rank writes the elements of its slice of p: one rank per
@@ -440,12 +445,7 @@ static int save_impl(const char *path, const Model *m, const float *ea, const fl
         td_error("%s: %s", path, err);
         return -1;
     }
-    char tmp[PATH_MAX];
-    if (td_snprintf(tmp, sizeof tmp, "%s.tmp", path)) {
-        td_error("%s: the path is too long (%zu bytes; at most %d with \".tmp\")", path, strlen(path), PATH_MAX - 5);
-        plan_free(&pl);
-        return -1;
-    }
+    char *tmp = td_sprintf("%s.tmp", path);
     bool root = !parallel || comm_rank() == 0;
     int rc = -1;
 
@@ -492,12 +492,12 @@ static int save_impl(const char *path, const Model *m, const float *ea, const fl
     if (agree(parallel, frc)) goto out;
     int prc = 0;
     if (root) {
-        char dir[PATH_MAX];
-        dir_of(path, dir, sizeof dir);
+        char *dir = dir_of(path);
         if (fsync_path(tmp, false) || rename(tmp, path) || fsync_path(dir, true)) {
             td_error("%s: cannot publish %s: %s", path, tmp, strerror(errno));
             prc = -1;
         }
+        td_free(dir);
     }
     rc = agree(parallel, prc);
 out:
@@ -505,6 +505,7 @@ out:
     ckpt_io_scratch_free(&w.scratch);
     if (w.scratch.fd >= 0) close(w.scratch.fd);
     if (rc && root) unlink(tmp);
+    td_free(tmp);
     plan_free(&pl);
     return rc;
 }
@@ -1196,18 +1197,16 @@ float *ckpt_read_tensor(const char *path, const char *name, size_t *numel, char 
 
 int ckpt_set_latest(const char *dir, const char *file_name)
 {
-    char tmp[PATH_MAX], dst[PATH_MAX];
-    if (td_snprintf(tmp, sizeof tmp, "%s/.latest.tmp.%d", dir, (int)getpid()) ||
-        td_snprintf(dst, sizeof dst, "%s/latest", dir)) {
-        td_error("%s: the path is too long", dir);
-        return -1;
-    }
+    char *tmp = td_sprintf("%s/.latest.tmp.%d", dir, (int)getpid()), *dst = td_sprintf("%s/latest", dir);
     unlink(tmp);
-    if (symlink(file_name, tmp) || rename(tmp, dst)) {
+    bool bad = symlink(file_name, tmp) || rename(tmp, dst);
+    if (bad) {
         td_error("%s: cannot point latest at %s: %s", dir, file_name, strerror(errno));
         unlink(tmp);
-        return -1;
     }
+    td_free(tmp);
+    td_free(dst);
+    if (bad) return -1;
     if (fsync_path(dir, true)) {
         td_error("%s: cannot sync the directory: %s", dir, strerror(errno));
         return -1;
@@ -1277,12 +1276,9 @@ static long long step_of(const char *name, bool tmp)
 int ckpt_prune(const char *dir, int keep_last)
 {
     if (keep_last <= 0) return 0;
-    char link[PATH_MAX], keep[PATH_MAX] = "";
-    if (td_snprintf(link, sizeof link, "%s/latest", dir)) {
-        td_error("%s: the path is too long", dir);
-        return -1;
-    }
+    char keep[PATH_MAX] = "", *link = td_sprintf("%s/latest", dir);
     ssize_t ln = readlink(link, keep, sizeof keep - 1);
+    td_free(link);
     keep[ln > 0 ? ln : 0] = 0;
     const char *keep_base = strrchr(keep, '/') ? strrchr(keep, '/') + 1 : keep;
     DIR *d = opendir(dir);
@@ -1293,12 +1289,13 @@ int ckpt_prune(const char *dir, int keep_last)
     StepFile *files = NULL;
     size_t n = 0, cap = 0;
     int deleted = 0;
-    char path[PATH_MAX];
     for (struct dirent *de; (de = readdir(d));) {
         if (strlen(de->d_name) >= sizeof files->name) continue;
         if (step_of(de->d_name, true) >= 0 || !strncmp(de->d_name, ".latest.tmp.", 12)) {
             /* a save, or a switch of latest, that never finished */
-            if (!td_snprintf(path, sizeof path, "%s/%s", dir, de->d_name) && !unlink(path)) deleted++;
+            char *path = td_sprintf("%s/%s", dir, de->d_name);
+            if (!unlink(path)) deleted++;
+            td_free(path);
             continue;
         }
         long long s = step_of(de->d_name, false);
@@ -1318,7 +1315,9 @@ int ckpt_prune(const char *dir, int keep_last)
     if (n) qsort(files, n, sizeof *files, cmp_step);
     for (size_t i = (size_t)keep_last; i < n; i++) {
         if (!strcmp(files[i].name, keep_base)) continue;
-        if (!td_snprintf(path, sizeof path, "%s/%s", dir, files[i].name) && unlink(path) == 0) deleted++;
+        char *path = td_sprintf("%s/%s", dir, files[i].name);
+        if (unlink(path) == 0) deleted++;
+        td_free(path);
     }
     td_free(files);
     if (deleted && fsync_path(dir, true)) {

@@ -49,8 +49,8 @@ int h5_write_matrix(const char *path, const char *name, const float *data, size_
                     const char *attr, double attr_value, char *err, size_t err_len)
 {
     char tmp[PATH_MAX];
-    if (td_snprintf(tmp, sizeof tmp, "%s.tmp", path)) {
-        snprintf(err, err_len, "%s: the path is too long", path);
+    if (td_snprintf(tmp, sizeof tmp, "%s.tmp", path)) {   /* the system's limit: it could not be opened */
+        snprintf(err, err_len, "%s: the path is longer than %d bytes", path, PATH_MAX - 5);
         return -1;
     }
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);

@@ -37,6 +37,20 @@ static void vprint_line(const char *tag, const char *fmt, va_list ap)
     if (buf != small) free(buf);
 }
 
+char *td_sprintf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    TD_CHECK(k >= 0, "td_sprintf: bad format \"%s\"", fmt);
+    char *s = td_malloc((size_t)k + 1);
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)k + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
 int td_snprintf(char *out, size_t n, const char *fmt, ...)
 {
     va_list ap;

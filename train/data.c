@@ -122,17 +122,10 @@ static int collect(PathList *out, const char *path)
     struct dirent *e;
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.' || ends_with(e->d_name, ".dat")) continue;
-        char full[4096];
-        if (td_snprintf(full, sizeof full, "%s/%s", path, e->d_name)) {
-            td_error("data prepare: %s/%s: the path is longer than %zu bytes", path, e->d_name, sizeof full - 1);
-            for (int i = 0; i < names.n; i++) td_free(names.v[i]);
-            td_free(names.v);
-            closedir(d);
-            return -1;
-        }
+        char *full = td_sprintf("%s/%s", path, e->d_name);
         struct stat ls;
-        if (lstat(full, &ls) != 0 || !S_ISREG(ls.st_mode)) continue;  /* skip symlinks, subdirs */
-        list_add(&names, full);
+        if (lstat(full, &ls) == 0 && S_ISREG(ls.st_mode)) list_add(&names, full);  /* skip symlinks, subdirs */
+        td_free(full);
     }
     closedir(d);
     if (names.n) qsort(names.v, (size_t)names.n, sizeof(char *), cmp_str);
@@ -199,12 +192,9 @@ int data_prepare(const char *const *inputs, int n_inputs, const char *output, do
         rc = -1;
     }
     if (rc == 0) {
-        char tmp[4096];
-        FILE *f = NULL;
-        if (td_snprintf(tmp, sizeof tmp, "%s.tmp", output)) {
-            td_error("data prepare: --output %s: the path is longer than %zu bytes", output, sizeof tmp - 5);
-            rc = -1;
-        } else if (!(f = fopen(tmp, "wb"))) {
+        char *tmp = td_sprintf("%s.tmp", output);
+        FILE *f = fopen(tmp, "wb");
+        if (!f) {
             td_error("data prepare: cannot write %s: %s", tmp, strerror(errno));
             rc = -1;
         } else {
@@ -235,6 +225,7 @@ int data_prepare(const char *const *inputs, int n_inputs, const char *output, do
                         (unsigned long long)n_val, output);
             }
         }
+        td_free(tmp);
     }
     for (int i = 0; i < files.n; i++) {
         td_free(bufs[i]);
