@@ -16,6 +16,9 @@
 #     1000 times: every byte of every file is in the token file (the 65th
 #     value was dropped, or written past the parser's table).
 #  4. serve --model-name of 300 bytes: /v1/models names it whole.
+#  5. an rl prompt id over 63 bytes, a dataset name longer than any of
+#     tandem's (ckpt verify / info): refused with one line, no longer cut
+#     or skipped.
 # Every wait is bounded and fails with a line naming what it waited for.
 set -eu
 cd "$(dirname "$0")/../.."
@@ -172,6 +175,22 @@ count() { $PY -c 'import struct,sys; print(struct.unpack("<Q", open(sys.argv[1],
     2>"$W/err" || { cat "$W/err"; bad "prepare --input=F x 1000"; }
 [ "$(count "$W/b.bin")" = "$want" ] && ok "data prepare --input=F repeated 1000 times: all $want bytes" ||
     bad "data prepare --input=F x 1000: $(count "$W/b.bin") tokens, want $want"
+
+# ---------------------------------------------------------------- 5. names that do not fit are refused, not cut
+ID=$($PY -c 'print("i" * 100)')
+printf '{"prompt_ids": [1, 2], "id": "%s"}\n' "$ID" >"$W/pid.jsonl"
+expect_fail "rl: a prompt id of 100 bytes" 'line 1: "id" is longer than 63 bytes' \
+    "$T" rl configs/rl_vowels.json "model=$M64" out_dir="$W/rl3" steps=1 prompts="$W/pid.jsonl" prompts_per_step=1
+# a dataset whose name is longer than any of tandem's: verify and info say so
+# (they used to skip it without a word)
+cp "$W/m64/step_00000003.h5" "$W/long.h5"
+$PY - "$W/long.h5" <<'EOF'
+import h5py, sys
+with h5py.File(sys.argv[1], "a") as f:
+    f.create_dataset("extra/" + "n" * 200, data=[1.0, 2.0])
+EOF
+expect_fail "ckpt verify: a dataset name of 206 bytes" "has a name of 160 bytes or more" "$T" ckpt verify "$W/long.h5"
+expect_fail "ckpt info: a dataset name of 206 bytes" "has a name of 160 bytes or more" "$T" ckpt info "$W/long.h5"
 
 [ $fail -eq 0 ] && echo "limits: all passed" || echo "limits: FAILED"
 exit $fail
