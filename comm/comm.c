@@ -2,6 +2,7 @@
 #include "comm/comm.h"
 #include "core/common.h"
 
+#include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,14 +176,20 @@ void comm_barrier(CommGroup g)
     TIMED(g, 0, "Barrier", MPI_Barrier(C.g[g]));
 }
 
-/* MPI counts and displacements are int: every call whose count can pass
- * INT_MAX goes in chunks of at most g_chunk elements (bytes for the byte
- * calls).  comm_set_chunk_limit lowers it so that tests run the chunked
- * paths on small buffers. */
+/* MPI counts and displacements are int.  Calls that stream a buffer go in
+ * pieces of at most g_chunk elements (bytes for the byte calls); the
+ * variable-block calls make one MPI call while every count and
+ * displacement is at most g_one_call (INT_MAX), and go block by block
+ * beyond.  comm_set_chunk_limit lowers both so that tests run every cut
+ * path on small buffers. */
 #define CHUNK_DEFAULT ((size_t)1 << 28)
-static size_t g_chunk = CHUNK_DEFAULT;
+static size_t g_chunk = CHUNK_DEFAULT, g_one_call = INT_MAX;
 
-void comm_set_chunk_limit(size_t n) { g_chunk = n ? td_min(n, CHUNK_DEFAULT) : CHUNK_DEFAULT; }
+void comm_set_chunk_limit(size_t n)
+{
+    g_chunk = n ? td_min(n, CHUNK_DEFAULT) : CHUNK_DEFAULT;
+    g_one_call = n ? td_min(n, (size_t)INT_MAX) : (size_t)INT_MAX;
+}
 
 void comm_allreduce_f32(CommGroup g, float *buf, size_t n)
 {
@@ -236,12 +243,10 @@ static bool fits_one_call(const size_t *counts, const size_t *displs, int n)
 {
     size_t end = 0;
     for (int i = 0; i < n; i++) {
-        if (counts[i] > g_chunk) return false;
-        size_t e = (displs ? displs[i] : end) + counts[i];
-        if ((displs && displs[i] > g_chunk) || e < end) return false;
-        end = td_max(end, e);
+        if (counts[i] > g_one_call || (displs && displs[i] > g_one_call)) return false;
+        end = td_max(end, (displs ? displs[i] : end) + counts[i]);
     }
-    return end <= g_chunk;
+    return end <= g_one_call;
 }
 
 void comm_reduce_scatter_v_f32(CommGroup g, float *out, const float *in, const size_t *counts)

@@ -101,10 +101,10 @@ void comm_sendrecv(CommGroup g, const void *sbuf, size_t sbytes, int dst, void *
 
 /* MPI counts are int: every call above whose count could pass INT_MAX is
  * cut into calls of at most 2^28 elements (bytes for the byte calls);
- * variable blocks (reduce_scatter_v, allgather_v, alltoallv) beyond that
- * go block by block (Reduce / Bcast onto or from the owner, pairwise
- * Sendrecv).  Tests lower the limit to n (0 restores it) to run those
- * paths on small buffers. */
+ * variable blocks (reduce_scatter_v, allgather_v, alltoallv) whose counts
+ * or displacements pass INT_MAX go block by block (Reduce / Bcast onto or
+ * from the owner, pairwise Sendrecv).  Tests lower both limits to n (0
+ * restores them) to run those paths on small buffers. */
 void comm_set_chunk_limit(size_t n);
 
 /* Statistics since the last reset. */
