@@ -9,8 +9,10 @@
 #include "train/data.h"
 #include "train/optim.h"
 
+#include <cJSON.h>
 #include <cblas.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -260,12 +262,19 @@ static int setup_model(Trainer *tr, CkptState *st, bool *resumed)
     }
     int stages[TOPO_MAX_PP], n_st = 0;
     if (rc->pp_layers[0]) {
-        const char *s = rc->pp_layers;
-        while (*s && n_st < TOPO_MAX_PP) {
-            stages[n_st++] = atoi(s);
-            s = strchr(s, ',');
-            if (!s) break;
-            s++;
+        /* every entry is counted, also past TOPO_MAX_PP, so that a longer
+         * list is refused rather than cut to pp */
+        for (const char *s = rc->pp_layers;;) {
+            char *end;
+            long v = strtol(s, &end, 10);
+            if (end == s || v < 0 || v > INT_MAX || (*end && *end != ',')) {
+                td_error("run config: pp_layers \"%s\" must be comma-separated layer counts", rc->pp_layers);
+                return -1;
+            }
+            if (n_st < TOPO_MAX_PP) stages[n_st] = (int)v;
+            n_st++;
+            if (!*end) break;
+            s = end + 1;
         }
         if (n_st != rc->pp) {
             td_error("run config: pp_layers \"%s\" names %d stages, pp=%d", rc->pp_layers, n_st, rc->pp);
@@ -451,6 +460,102 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
     if (!isnan(val)) fprintf(f, ",\"val_loss\":%.6f", val);
     fprintf(f, "}\n");
     fflush(f);
+}
+
+/* The step of a metrics row, or -1 when the line is not one (a line cut
+ * short by a crash). */
+static int64_t metrics_row_step(const char *line)
+{
+    cJSON *o = cJSON_Parse(line);
+    const cJSON *s = o ? cJSON_GetObjectItemCaseSensitive(o, "step") : NULL;
+    int64_t step = cJSON_IsNumber(s) && s->valuedouble >= 0 ? (int64_t)s->valuedouble : -1;
+    cJSON_Delete(o);
+    return step;
+}
+
+/* On resume from `step`: path keeps the history up to that step, each
+ * step once.  Rows after it belong to the abandoned continuation; where an
+ * earlier restart left a step twice, the later row (the continuation that
+ * went on) wins.  Written to path.tmp, fsync'ed and renamed, so the rows
+ * kept survive a crash here.  0, or -1 (printed). */
+static int metrics_rewind(const char *path, int64_t step)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT) return 0;   /* resuming into a new out_dir */
+        td_error("cannot read %s: %s", path, strerror(errno));
+        return -1;
+    }
+    char **rows = NULL, *line = NULL;
+    int64_t *steps = NULL;
+    size_t nr = 0, cap = 0, lcap = 0, dropped = 0;
+    ssize_t len;
+    while ((len = getline(&line, &lcap, f)) > 0) {
+        int64_t s = metrics_row_step(line);
+        if (s < 0) {
+            dropped++;
+            continue;
+        }
+        while (nr > 0 && steps[nr - 1] >= s) {   /* a restart: what followed step s - 1 before is superseded */
+            td_free(rows[--nr]);
+            dropped++;
+        }
+        if (nr == cap) {
+            cap = cap ? 2 * cap : 256;
+            char **nrw = td_malloc(cap * sizeof *nrw);
+            int64_t *nst = td_malloc(cap * sizeof *nst);
+            if (nr) {
+                memcpy(nrw, rows, nr * sizeof *rows);
+                memcpy(nst, steps, nr * sizeof *steps);
+            }
+            td_free(rows);
+            td_free(steps);
+            rows = nrw;
+            steps = nst;
+        }
+        rows[nr] = td_strdup(line);
+        steps[nr++] = s;
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    free(line);
+    size_t keep = nr;
+    while (keep > 0 && steps[keep - 1] > step) keep--;
+    dropped += nr - keep;
+    int rc = 0;
+    if (bad) {
+        td_error("cannot read %s", path);
+        rc = -1;
+    } else if (dropped) {
+        char tmp[PATH_MAX];
+        if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
+            td_error("%s: path too long", path);
+            rc = -1;
+        }
+        FILE *o = rc ? NULL : fopen(tmp, "w");
+        if (!rc && !o) {
+            td_error("cannot write %s: %s", tmp, strerror(errno));
+            rc = -1;
+        }
+        for (size_t i = 0; o && i < keep; i++) {
+            size_t l = strlen(rows[i]);
+            bool nl = l && rows[i][l - 1] == '\n';
+            if (fwrite(rows[i], 1, l, o) != l || (!nl && fputc('\n', o) == EOF)) rc = -1;
+        }
+        if (o && (fflush(o) || fsync(fileno(o)))) rc = -1;
+        if (o && fclose(o)) rc = -1;
+        if (o && !rc && rename(tmp, path)) rc = -1;
+        if (o && rc) {
+            td_error("cannot rewrite %s: %s", path, strerror(errno));
+            unlink(tmp);
+        }
+        if (!rc) td_info("metrics: %s keeps %zu rows up to step %lld (dropped %zu after it or repeated)", path, keep,
+                         (long long)step, dropped);
+    }
+    for (size_t i = 0; i < nr; i++) td_free(rows[i]);
+    td_free(rows);
+    td_free(steps);
+    return rc;
 }
 
 /* Forward of the next micro-batch into slot sl. */
@@ -813,6 +918,7 @@ int train_run(const RunConfig *rc)
     if (tr.rank0) {
         char p[1100];
         snprintf(p, sizeof p, "%s/metrics.jsonl", rc->out_dir);
+        if (resumed && metrics_rewind(p, tr.step)) goto out;
         tr.metrics = fopen(p, resumed ? "a" : "w");
         if (!tr.metrics) {
             td_error("cannot write %s: %s", p, strerror(errno));

@@ -77,6 +77,34 @@ if $T ckpt diff "$W/full/latest" "$W/res/latest" | awk 'NR>1 && ($2+0 != 0) {exi
     ok "resume: final weights and moments bit-identical"
 else bad "resume: final checkpoints differ"; fi
 
+# resuming in the run's own directory from an older checkpoint: metrics.jsonl
+# holds each step once (the rows after step 10 were the abandoned
+# continuation's), the rows up to step 10 unchanged; a line cut short by a
+# crash is dropped.  Then resumed to step 15 and again from 10 to 12: 1-12.
+cp "$W/part/metrics.jsonl" "$W/part_metrics_before"
+printf '{"step":21,"loss":1.2' >>"$W/part/metrics.jsonl"
+$T train $A out_dir="$W/part" resume="$W/part/step_00000010.h5" 2>"$W/log" || { bad "resume in place"; cat "$W/log"; }
+$T train $A steps=15 out_dir="$W/part2" resume="$W/part/step_00000010.h5" 2>/dev/null || bad "resume into a new dir"
+$PY - "$W" <<'EOF' && ok "resume in place from step 10: metrics.jsonl has steps 1-20 once, rows 1-10 unchanged" || fail=1
+import json, sys
+w = sys.argv[1]
+lines = open(w + "/part/metrics.jsonl").read().splitlines()
+steps = [json.loads(l)["step"] for l in lines]
+assert steps == list(range(1, 21)), steps
+before = open(w + "/part_metrics_before").read().splitlines()
+assert lines[:10] == before[:10], "rows up to the resumed step changed"
+full = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(w + "/full/metrics.jsonl")}
+assert all(json.loads(l)["loss"] == full[json.loads(l)["step"]] for l in lines), "losses differ from the full run"
+assert [json.loads(l)["step"] for l in open(w + "/part2/metrics.jsonl")] == list(range(11, 16))
+EOF
+$T train $A steps=15 out_dir="$W/part" resume="$W/part/step_00000010.h5" 2>/dev/null || bad "second resume"
+$T train $A steps=12 out_dir="$W/part" resume="$W/part/step_00000010.h5" 2>/dev/null || bad "third resume"
+$PY - "$W/part/metrics.jsonl" <<'EOF' && ok "resumed again to 15, then from 10 to 12: steps 1-12 once" || fail=1
+import json, sys
+steps = [json.loads(l)["step"] for l in open(sys.argv[1])]
+assert steps == list(range(1, 13)), steps
+EOF
+
 # resume=DIR of a run that has not saved yet is a first launch; then a restart
 $T train $A steps=3 out_dir="$W/rr" resume="$W/rr" 2>/dev/null && [ -L "$W/rr/latest" ] \
     && ok "resume=DIR without a checkpoint starts fresh" || bad "resume=DIR first launch"
