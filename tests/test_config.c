@@ -69,7 +69,7 @@ Test(config, refuses_what_overflows)
           "num_attention_heads x head_dim = 4294967296 exceeds 2147483647" },
         { "{\"hidden_size\": 64, \"num_attention_heads\": 1, \"moe_intermediate_size\": 1000000000,"
           " \"n_shared_experts\": 4, \"num_local_experts\": 2}",
-          "moe_intermediate_size x n_shared_experts = 4000000000 exceeds" },
+          "the shared experts' width 4000000000 exceeds" },
         /* E F d far past what size_t byte counts hold */
         { "{\"hidden_size\": 1000000, \"num_attention_heads\": 8, \"head_dim\": 8, \"num_local_experts\": 1000000000,"
           " \"moe_intermediate_size\": 1000000000}",
