@@ -24,7 +24,7 @@
 
 CC       := mpicc
 BUILD    ?= build
-PKGS     := openblas hdf5-openmpi libcjson libmicrohttpd
+PKGS     := openblas hdf5-openmpi libcjson libmicrohttpd libutf8proc
 OPT      ?= -O2
 CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -march=native \
             -ffp-contract=off -fno-math-errno -fvect-cost-model=dynamic \
@@ -33,7 +33,7 @@ CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -march=native \
 LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lpthread
 LDFLAGS  := $(EXTRA_LDFLAGS)
 
-LIB_DIRS := core core/ops core/model comm checkpoint train infer infer/server rl
+LIB_DIRS := core core/ops core/model core/chat comm checkpoint train infer infer/server rl
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libtandem.a
@@ -43,6 +43,8 @@ UNIT_OBJ := $(UNIT_SRC:%.c=$(BUILD)/obj/%.o)
 UNIT_BIN := $(BUILD)/tests/unit
 MPI_SRC  := $(wildcard tests/mpi_*.c)
 MPI_BIN  := $(MPI_SRC:tests/%.c=$(BUILD)/tests/%)
+# Renders chat templates for tests/cli/chat.sh (until `tandem tokenize --chat`).
+TOOL_BIN := $(BUILD)/tests/chat_render
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
@@ -85,11 +87,15 @@ $(BUILD)/tests/mpi_%: $(BUILD)/obj/tests/mpi_%.o $(BUILD)/obj/tests/fixture.o $(
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
+$(BUILD)/tests/chat_render: $(BUILD)/obj/tests/chat_render.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-unit: $(BIN) $(UNIT_BIN) $(MPI_BIN)
+unit: $(BIN) $(UNIT_BIN) $(MPI_BIN) $(TOOL_BIN)
 
 test: deps
 	@$(MAKE) --no-print-directory unit
