@@ -3,6 +3,7 @@
  * test (tests.py) or Python method it is named after, including their
  * defaults and their TypeErrors. */
 #include "core/chat/jinja_builtins.h"
+#include "core/chat/jinja_casing.h"
 #include "core/common.h"
 
 #include <utf8proc.h>
@@ -65,7 +66,10 @@ static const char *pytype(Jv v)
     case JV_INT: return "int";
     case JV_FLOAT: return "float";
     case JV_STR: return "str";
-    case JV_LIST: return (v.flags & JV_F_GEN) ? "generator" : (v.flags & JV_F_TUPLE) ? "tuple" : "list";
+    case JV_LIST:
+        return (v.flags & JV_F_GEN) ? "generator" : (v.flags & JV_F_KEYS) ? "dict_keys"
+               : (v.flags & JV_F_VALUES) ? "dict_values" : (v.flags & JV_F_ITEMS) ? "dict_items"
+               : (v.flags & JV_F_TUPLE) ? "tuple" : "list";
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
     default: return "object";
@@ -135,10 +139,10 @@ static bool cp_in(uint32_t cp, const Cps *set)
     return false;
 }
 
-static bool cp_upper(uint32_t c) { return utf8proc_category((utf8proc_int32_t)c) == UTF8PROC_CATEGORY_LU; }
-static bool cp_lower(uint32_t c) { return utf8proc_category((utf8proc_int32_t)c) == UTF8PROC_CATEGORY_LL; }
-static bool cp_title(uint32_t c) { return utf8proc_category((utf8proc_int32_t)c) == UTF8PROC_CATEGORY_LT; }
-static bool cp_cased(uint32_t c) { return cp_upper(c) || cp_lower(c) || cp_title(c); }
+static bool cp_upper(uint32_t c) { return jcase_is_upper(c); }
+static bool cp_lower(uint32_t c) { return jcase_is_lower(c); }
+static bool cp_title(uint32_t c) { return jcase_is_title(c); }
+static bool cp_cased(uint32_t c) { return jcase_is_cased(c); }
 static bool cp_alpha(uint32_t c)
 {
     int k = utf8proc_category((utf8proc_int32_t)c);
@@ -150,42 +154,72 @@ static bool cp_numeric(uint32_t c)
     int k = utf8proc_category((utf8proc_int32_t)c);
     return k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO;
 }
-static uint32_t to_upper(uint32_t c) { return (uint32_t)utf8proc_toupper((utf8proc_int32_t)c); }
-static uint32_t to_lower(uint32_t c) { return (uint32_t)utf8proc_tolower((utf8proc_int32_t)c); }
-static uint32_t to_title(uint32_t c) { return (uint32_t)utf8proc_totitle((utf8proc_int32_t)c); }
+
+static void put_mapped(JBuf *b, uint32_t cp, int which)
+{
+    uint32_t m[3];
+    size_t n = jcase_map(cp, which, m);
+    for (size_t k = 0; k < n; k++) jbuf_put_cp(b, m[k]);
+}
+
+/* Python's lower_ucs4 for c[i] of c[lo..hi): capital sigma becomes final
+ * sigma after a cased letter and not before one (case-ignorables skipped). */
+static void put_lower(JBuf *b, const uint32_t *c, size_t lo, size_t hi, size_t i)
+{
+    if (c[i] != 0x3A3) {
+        put_mapped(b, c[i], JCASE_LOWER);
+        return;
+    }
+    size_t j = i;
+    while (j > lo && jcase_is_ignorable(c[j - 1])) j--;
+    bool final = j > lo && jcase_is_cased(c[j - 1]);
+    if (final) {
+        j = i + 1;
+        while (j < hi && jcase_is_ignorable(c[j])) j++;
+        final = j == hi || !jcase_is_cased(c[j]);
+    }
+    jbuf_put_cp(b, final ? 0x3C2 : 0x3C3);
+}
 
 enum { CASE_UPPER, CASE_LOWER, CASE_SWAP, CASE_TITLE, CASE_CAPITALIZE, CASE_JTITLE };
+
+static bool jtitle_sep(uint32_t x) { return x == '-' || x == '(' || x == '{' || x == '[' || x == '<' || jpy_isspace(x); }
 
 static Jv change_case(JRender *r, const JStr *s, int mode)
 {
     Cps c = decode(r, s);
     JBuf b;
     jbuf_init(&b, r->a, 0);
-    bool prev_cased = false, word_start = true;
+    bool prev_cased = false;
     for (size_t k = 0; k < c.n; k++) {
-        uint32_t x = c.cp[k], y = x;
+        uint32_t x = c.cp[k];
         switch (mode) {
-        case CASE_UPPER: y = to_upper(x); break;
-        case CASE_LOWER: y = to_lower(x); break;
-        case CASE_SWAP: y = cp_upper(x) ? to_lower(x) : cp_lower(x) ? to_upper(x) : x; break;
+        case CASE_UPPER: put_mapped(&b, x, JCASE_UPPER); break;
+        case CASE_LOWER: put_lower(&b, c.cp, 0, c.n, k); break;
+        case CASE_SWAP:
+            if (cp_upper(x)) put_lower(&b, c.cp, 0, c.n, k);
+            else if (cp_lower(x)) put_mapped(&b, x, JCASE_UPPER);
+            else jbuf_put_cp(&b, x);
+            break;
         case CASE_TITLE: /* str.title: words are runs of cased characters */
-            y = prev_cased ? to_lower(x) : to_title(x);
+            if (prev_cased) put_lower(&b, c.cp, 0, c.n, k);
+            else put_mapped(&b, x, JCASE_TITLE);
             prev_cased = cp_cased(x);
             break;
-        case CASE_CAPITALIZE: y = k == 0 ? to_title(x) : to_lower(x); break;
-        default: { /* jinja2's title filter: words start after [-\s({[<] */
-            bool sep = x == '-' || x == '(' || x == '{' || x == '[' || x == '<' || jpy_isspace(x);
-            if (sep) {
-                y = x;
-                word_start = true;
-            } else {
-                y = word_start ? to_upper(x) : to_lower(x);
-                word_start = false;
-            }
+        case CASE_CAPITALIZE:
+            if (k == 0) put_mapped(&b, x, JCASE_TITLE);
+            else put_lower(&b, c.cp, 0, c.n, k);
+            break;
+        default: { /* jinja2's title filter: item[0].upper() + item[1:].lower() for
+                    * each piece of re.split(r"([-\s({\[<]+)") */
+            size_t st = k;
+            bool sep = jtitle_sep(x);
+            while (k + 1 < c.n && jtitle_sep(c.cp[k + 1]) == sep) k++;
+            put_mapped(&b, c.cp[st], JCASE_UPPER);
+            for (size_t j = st + 1; j <= k; j++) put_lower(&b, c.cp, st + 1, k + 1, j);
             break;
         }
         }
-        jbuf_put_cp(&b, y);
     }
     return jbuf_value(&b);
 }
@@ -219,10 +253,8 @@ static Jv py_split(JRender *r, const JStr *s, Jv sepv, int64_t maxsplit, bool fr
             while (i < c.n) {
                 while (i < c.n && jpy_isspace(c.cp[i])) i++;
                 if (i == c.n) break;
-                if (maxsplit >= 0 && (int64_t)n == maxsplit) {
-                    size_t j = c.n;
-                    while (j > i && jpy_isspace(c.cp[j - 1])) j--;
-                    items[n++] = jv_str(r->a, s->s + c.off[i], c.off[j] - c.off[i]);
+                if (maxsplit >= 0 && (int64_t)n == maxsplit) { /* the rest keeps its trailing space */
+                    items[n++] = jv_str(r->a, s->s + c.off[i], s->n - c.off[i]);
                     break;
                 }
                 size_t j = i;
@@ -235,10 +267,8 @@ static Jv py_split(JRender *r, const JStr *s, Jv sepv, int64_t maxsplit, bool fr
             while (j > 0) {
                 while (j > 0 && jpy_isspace(c.cp[j - 1])) j--;
                 if (j == 0) break;
-                if (maxsplit >= 0 && (int64_t)n == maxsplit) {
-                    size_t i = 0;
-                    while (i < j && jpy_isspace(c.cp[i])) i++;
-                    items[n++] = jv_str(r->a, s->s + c.off[i], c.off[j] - c.off[i]);
+                if (maxsplit >= 0 && (int64_t)n == maxsplit) { /* the rest keeps its leading space */
+                    items[n++] = jv_str(r->a, s->s, c.off[j]);
                     break;
                 }
                 size_t i = j;
@@ -1072,7 +1102,7 @@ static Jv f_sum(JRender *r, Jv v, const JArgs *args)
                 if (__builtin_add_overflow(as_int(acc), as_int(x), &z)) jr_fail(r, "integer overflow");
                 acc = jv_int(z);
             }
-        } else if (acc.t == JV_LIST && x.t == JV_LIST && !((acc.flags | x.flags) & JV_F_GEN)) {
+        } else if (acc.t == JV_LIST && x.t == JV_LIST && !((acc.flags | x.flags) & JV_F_NOSEQ)) {
             Jv o = jv_list(r->a, acc.u.l->n + x.u.l->n);
             o.flags = acc.flags;
             memcpy(o.u.l->v, acc.u.l->v, acc.u.l->n * sizeof(Jv));
@@ -1270,7 +1300,7 @@ static bool t_mapping(JRender *r, Jv v, const JArgs *a) { no_args(r, a, "mapping
 static bool t_sequence(JRender *r, Jv v, const JArgs *a)
 {
     no_args(r, a, "sequence");
-    return v.t == JV_STR || v.t == JV_DICT || v.t == JV_UNDEF || (v.t == JV_LIST && !(v.flags & JV_F_GEN));
+    return v.t == JV_STR || v.t == JV_DICT || v.t == JV_UNDEF || (v.t == JV_LIST && !(v.flags & JV_F_NOSEQ));
 }
 static bool t_iterable(JRender *r, Jv v, const JArgs *a)
 {
@@ -1283,13 +1313,15 @@ static bool t_callable(JRender *r, Jv v, const JArgs *a)
     return v.t == JV_MACRO || v.t == JV_METHOD || v.t == JV_FUNC;
 }
 static bool t_escaped(JRender *r, Jv v, const JArgs *a) { no_args(r, a, "escaped"); (void)v; return false; }
+/* str.islower / isupper: no character of the other case (or titlecase),
+ * and at least one of this one. */
 static bool all_cased(JRender *r, Jv v, bool upper)
 {
     Cps c = decode(r, sstr(r, v));
     bool any = false;
     for (size_t k = 0; k < c.n; k++) {
         if (upper ? cp_lower(c.cp[k]) || cp_title(c.cp[k]) : cp_upper(c.cp[k]) || cp_title(c.cp[k])) return false;
-        any = any || cp_cased(c.cp[k]);
+        any = any || (upper ? cp_upper(c.cp[k]) : cp_lower(c.cp[k]));
     }
     return any;
 }
@@ -1764,7 +1796,7 @@ bool jbi_method_known(const char *s, size_t n)
 int jbi_method_of(Jv obj, const char *s, size_t n)
 {
     int t = obj.t == JV_STR ? T_STR : obj.t == JV_DICT ? T_DICT : obj.t == JV_LOOP ? T_LOOP
-          : obj.t == JV_LIST && !(obj.flags & JV_F_GEN) ? ((obj.flags & JV_F_TUPLE) ? T_TUPLE : T_LIST) : 0;
+          : obj.t == JV_LIST && !(obj.flags & JV_F_NOSEQ) ? ((obj.flags & JV_F_TUPLE) ? T_TUPLE : T_LIST) : 0;
     if (!t) return -1;
     for (size_t k = 0; k < N_METHODS; k++)
         if ((METHODS[k].types & t) && strlen(METHODS[k].name) == n && !memcmp(METHODS[k].name, s, n)) return (int)k;
@@ -1924,6 +1956,7 @@ Jv jbi_call_method(JRender *r, Jv self, int id, const JArgs *args)
                 const JEntry *e = &self.u.d->e[k];
                 out.u.l->v[k] = m == M_KEYS ? e->k : m == M_VALUES ? e->v : tuple2(r, e->k, e->v);
             }
+            out.flags = m == M_KEYS ? JV_F_KEYS : m == M_VALUES ? JV_F_VALUES : JV_F_ITEMS;
             return out;
         }
         case M_COPY: {

@@ -17,6 +17,7 @@
 
 struct JScope {
     JScope *parent;
+    bool captured;       /* a macro or caller holds it: never reused */
     size_t n, cap;
     int *syms;
     Jv *vals;
@@ -85,6 +86,24 @@ void jscope_set(JRender *r, JScope *s, int sym, Jv v)
     s->syms[s->n] = sym;
     s->vals[s->n] = v;
     s->n++;
+}
+
+/* A closure keeps s and its parents alive past their loop iteration. */
+static void capture_scope(JScope *s)
+{
+    for (; s && !s->captured; s = s->parent) s->captured = true;
+}
+
+/* A loop iteration's scope: the previous one emptied, unless something
+ * captured it (per-iteration allocation would make memory grow with the
+ * iteration count). */
+static JScope *iteration_scope(JRender *r, JScope *prev, JScope *parent)
+{
+    if (prev && !prev->captured) {
+        prev->n = 0;
+        return prev;
+    }
+    return jscope_new(r, parent);
 }
 
 static bool scope_get(const JScope *s, int sym, Jv *out)
@@ -166,7 +185,7 @@ Jv jr_getitem(JRender *r, Jv obj, Jv key)
     if (obj.t == JV_UNDEF) jr_fail_undef(r, obj);
     switch (obj.t) {
     case JV_LIST:
-        if (!(obj.flags & JV_F_GEN)) {
+        if (!(obj.flags & JV_F_NOSEQ)) {
             int64_t i = seq_index(key, obj.u.l->n);
             if (i >= 0) return obj.u.l->v[i];
         }
@@ -350,7 +369,10 @@ static const char *pytype(Jv v)
     case JV_INT: return "int";
     case JV_FLOAT: return "float";
     case JV_STR: return "str";
-    case JV_LIST: return (v.flags & JV_F_GEN) ? "generator" : (v.flags & JV_F_TUPLE) ? "tuple" : "list";
+    case JV_LIST:
+        return (v.flags & JV_F_GEN) ? "generator" : (v.flags & JV_F_KEYS) ? "dict_keys"
+               : (v.flags & JV_F_VALUES) ? "dict_values" : (v.flags & JV_F_ITEMS) ? "dict_items"
+               : (v.flags & JV_F_TUPLE) ? "tuple" : "list";
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
     case JV_MACRO: return "Macro";
@@ -368,8 +390,8 @@ static Jv repeat(JRender *r, Jv seq, int64_t times)
         const JStr *s = seq.u.s;
         if (s->n && (uint64_t)times > (SIZE_MAX / 2) / s->n) jr_fail(r, "string repetition too large");
         size_t n = s->n * (size_t)times;
+        JStr *o = jarena_alloc(r->a, sizeof *o + n + 1); /* over the memory limit fails here */
         jr_work(r, n / 64);
-        JStr *o = jarena_alloc(r->a, sizeof *o + n + 1);
         for (int64_t k = 0; k < times; k++) memcpy(o->s + (size_t)k * s->n, s->s, s->n);
         o->n = n;
         o->s[n] = 0;
@@ -489,7 +511,7 @@ static Jv binop(JRender *r, int op, Jv a, Jv b)
             jr_work(r, n / 64);
             return jv_strv(o);
         }
-        if (a.t == JV_LIST && b.t == JV_LIST && !((a.flags | b.flags) & JV_F_GEN) &&
+        if (a.t == JV_LIST && b.t == JV_LIST && !((a.flags | b.flags) & JV_F_NOSEQ) &&
             (a.flags & JV_F_TUPLE) == (b.flags & JV_F_TUPLE)) {
             Jv o = jv_list(r->a, a.u.l->n + b.u.l->n);
             o.flags = a.flags;
@@ -499,12 +521,12 @@ static Jv binop(JRender *r, int op, Jv a, Jv b)
             return o;
         }
         if (a.t == JV_STR) jr_fail(r, "can only concatenate str (not \"%s\") to str", pytype(b));
-        if (a.t == JV_LIST && !(a.flags & JV_F_GEN))
+        if (a.t == JV_LIST && !(a.flags & JV_F_NOSEQ))
             jr_fail(r, "can only concatenate %s (not \"%s\") to %s", pytype(a), pytype(b), pytype(a));
     }
     if (op == JOP_MUL) {
-        bool aseq = a.t == JV_STR || (a.t == JV_LIST && !(a.flags & JV_F_GEN));
-        bool bseq = b.t == JV_STR || (b.t == JV_LIST && !(b.flags & JV_F_GEN));
+        bool aseq = a.t == JV_STR || (a.t == JV_LIST && !(a.flags & JV_F_NOSEQ));
+        bool bseq = b.t == JV_STR || (b.t == JV_LIST && !(b.flags & JV_F_NOSEQ));
         if (aseq && is_intlike(b)) return repeat(r, a, as_int(b));
         if (bseq && is_intlike(a)) return repeat(r, b, as_int(a));
         if (aseq && !is_intlike(b)) jr_fail(r, "can't multiply sequence by non-int of type '%s'", pytype(b));
@@ -611,7 +633,7 @@ static Jv do_slice(JRender *r, Jv obj, Jv a, Jv b, Jv c, bool ha, bool hb, bool 
     int64_t stop = hb ? slice_bound(r, b, 0, &bad) : 0;
     ha = ha && a.t != JV_NONE;
     hb = hb && b.t != JV_NONE;
-    bool seq = obj.t == JV_STR || (obj.t == JV_LIST && !(obj.flags & JV_F_GEN));
+    bool seq = obj.t == JV_STR || (obj.t == JV_LIST && !(obj.flags & JV_F_NOSEQ));
     if (!seq || bad) return jv_undef(r->a, NULL, NULL, NULL, "slice of an object that has none");
     if (step == 0) jr_fail(r, "slice step cannot be zero");
     if (obj.t == JV_LIST) {
@@ -837,9 +859,10 @@ static void exec_for(JRender *r, JScope *s, const JNode *n)
     if (n->cond) {
         Jv kept = jv_list(r->a, items->n);
         size_t m = 0;
+        JScope *t = NULL;
         for (size_t k = 0; k < items->n; k++) {
             jr_work(r, 1);
-            JScope *t = jscope_new(r, s);
+            t = iteration_scope(r, t, s);
             assign(r, t, n->target, items->v[k]);
             if (jv_truthy(jr_eval_expr(r, t, n->cond))) kept.u.l->v[m++] = items->v[k];
         }
@@ -855,10 +878,11 @@ static void exec_for(JRender *r, JScope *s, const JNode *n)
     L->items = items->v;
     L->changed_last = jarena_zalloc(r->a, sizeof(Jv) * 2); /* [0]: last value, [1].t: set */
     Jv lv = { .t = JV_LOOP, .u.p = L };
+    JScope *it = NULL;
     for (size_t k = 0; k < items->n; k++) {
         jr_work(r, 1);
         L->index0 = (int64_t)k;
-        JScope *it = jscope_new(r, s);
+        it = iteration_scope(r, it, s);
         jscope_set(r, it, r->prog->sym_loop, lv);
         assign(r, it, n->target, items->v[k]);
         int rc = exec_body(r, it, &n->body);
@@ -910,6 +934,7 @@ static int exec_body(JRender *r, JScope *s, const JBody *b)
             m->sig = &n->sig;
             m->body = &n->body;
             m->closure = s;
+            capture_scope(s);
             Jv mv = { .t = JV_MACRO, .u.p = m };
             jscope_set(r, s, n->sym, mv);
             break;
@@ -920,6 +945,7 @@ static int exec_body(JRender *r, JScope *s, const JBody *b)
             caller->sig = &n->sig;
             caller->body = &n->body;
             caller->closure = s;
+            capture_scope(s);
             Jv fn = jr_eval_expr(r, s, n->expr->a);
             JArgs args;
             eval_args(r, s, n->expr, &args);

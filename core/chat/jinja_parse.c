@@ -752,6 +752,7 @@ static JExpr *parse_assign_target(P *p, bool with_namespace, const char *extra_e
         JExpr *e = mk(p, JE_NSREF, t->line);
         e->sym = intern(p, t->s, t->n);
         e->name = jstr_new(p->a, attr->s, attr->n);
+        p->assigned[intern(p, attr->s, attr->n)] = true; /* ns.attr() may call what it holds */
         return e;
     }
     JExpr *target = parse_tuple(p, true, true, extra_end, false);
@@ -1037,7 +1038,13 @@ static void collect_calls_expr(P *p, const JExpr *e)
 {
     if (!e) return;
     if (e->kind == JE_CALL) {
-        if (e->a->kind == JE_NAME) add_call(p, e->a->sym, NULL, e->line);
+        if (e->a->kind == JE_NAME) {
+            add_call(p, e->a->sym, NULL, e->line);
+            /* namespace(f=...) / dict(f=...): x.f() may call what they hold */
+            const char *callee = p->prog->syms[e->a->sym];
+            if (!strcmp(callee, "namespace") || !strcmp(callee, "dict"))
+                for (size_t k = 0; k < e->nkw; k++) p->assigned[e->kwsym[k]] = true;
+        }
         else if (e->a->kind == JE_ATTR) add_call(p, -1, e->a->name, e->line);
     }
     collect_calls_expr(p, e->a);

@@ -265,7 +265,7 @@ static bool eq_depth(Jv a, Jv b, int depth)
     case JV_STR:
         return a.u.s->n == b.u.s->n && memcmp(a.u.s->s, b.u.s->s, a.u.s->n) == 0;
     case JV_LIST:
-        if ((a.flags | b.flags) & JV_F_GEN) return a.u.l == b.u.l;
+        if ((a.flags | b.flags) & JV_F_NOSEQ) return a.u.l == b.u.l;
         if ((a.flags & JV_F_TUPLE) != (b.flags & JV_F_TUPLE)) return false;
         if (a.u.l->n != b.u.l->n) return false;
         for (size_t i = 0; i < a.u.l->n; i++)
@@ -298,7 +298,9 @@ static const char *py_type(Jv v)
     case JV_FLOAT: return "float";
     case JV_STR: return "str";
     case JV_LIST:
-        return (v.flags & JV_F_GEN) ? "generator" : (v.flags & JV_F_TUPLE) ? "tuple" : "list";
+        return (v.flags & JV_F_GEN) ? "generator" : (v.flags & JV_F_KEYS) ? "dict_keys"
+               : (v.flags & JV_F_VALUES) ? "dict_values" : (v.flags & JV_F_ITEMS) ? "dict_items"
+               : (v.flags & JV_F_TUPLE) ? "tuple" : "list";
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
     case JV_MACRO: return "Macro";
@@ -342,7 +344,7 @@ static int lt_depth(Jv a, Jv b, bool *lt, char *err, size_t errlen, int depth)
         *lt = c < 0 || (c == 0 && a.u.s->n < b.u.s->n);
         return 0;
     }
-    if (a.t == JV_LIST && b.t == JV_LIST && !((a.flags | b.flags) & JV_F_GEN) &&
+    if (a.t == JV_LIST && b.t == JV_LIST && !((a.flags | b.flags) & JV_F_NOSEQ) &&
         (a.flags & JV_F_TUPLE) == (b.flags & JV_F_TUPLE) && depth < JV_MAX_NEST) {
         size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
         for (size_t i = 0; i < n; i++) {
@@ -628,6 +630,10 @@ static void write_repr_depth(JBuf *b, Jv v, int depth)
     case JV_LIST:
         if (v.flags & JV_F_GEN) {
             jbuf_puts(b, "<generator object>");
+        } else if (v.flags & JV_F_VIEW) {
+            jbuf_puts(b, (v.flags & JV_F_KEYS) ? "dict_keys([" : (v.flags & JV_F_VALUES) ? "dict_values([" : "dict_items([");
+            write_items(b, v.u.l, depth);
+            jbuf_puts(b, "])");
         } else if (v.flags & JV_F_TUPLE) {
             jbuf_putc(b, '(');
             write_items(b, v.u.l, depth);
@@ -783,7 +789,7 @@ static int json_val(JsonOut *o, Jv v, int level)
         return 0;
     case JV_STR: json_str(b, v.u.s->s, v.u.s->n, o->ensure_ascii); return 0;
     case JV_LIST: {
-        if (v.flags & JV_F_GEN) break;
+        if (v.flags & JV_F_NOSEQ) break;
         const JList *l = v.u.l;
         if (!l->n) { jbuf_puts(b, "[]"); return 0; }
         jbuf_putc(b, '[');

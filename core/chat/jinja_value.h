@@ -72,6 +72,11 @@ enum {
     JV_F_TUPLE = 1, /* prints as (a, b), compares unequal to a list */
     JV_F_GEN = 2,   /* a generator / iterator (select, map, reverse, ...):
                      * always true, has no len(), no indexing */
+    JV_F_KEYS = 4,  /* dict.keys() / values() / items() views: len() and */
+    JV_F_VALUES = 8, /* iteration, no indexing, print as dict_keys([...]) */
+    JV_F_ITEMS = 16,
+    JV_F_VIEW = JV_F_KEYS | JV_F_VALUES | JV_F_ITEMS,
+    JV_F_NOSEQ = JV_F_GEN | JV_F_VIEW, /* not subscriptable, not a list */
 };
 
 typedef struct JStr {
