@@ -51,7 +51,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 # The default build puts the binary in bin/; other trees (asan) keep theirs inside.
 BIN      := $(if $(filter build,$(BUILD)),bin/tandem,$(BUILD)/bin/tandem)
 
-.PHONY: all deps test unit asan-test bench demo clean check-features
+.PHONY: all deps test unit asan-test bench demo clean check-features fuzz-chat
 all: check-features $(BIN)
 
 deps:
@@ -112,6 +112,22 @@ asan-test: deps
 bench: deps
 	@$(MAKE) --no-print-directory $(BIN) $(BENCH_BIN)
 	@BUILD=$(BUILD) ./bench/run.sh
+
+# libFuzzer on the chat-template compiler and renderer (clang, ASan, UBSan):
+# core/chat and core/common.c built with coverage, seeded with the unit
+# cases and the real templates.  Crashes land in $(BUILD)/fuzz/ as crash-*.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_DIR     := $(BUILD)/fuzz
+fuzz-chat:
+	@command -v $(FUZZ_CC) >/dev/null || { echo "fuzz-chat: $(FUZZ_CC) not found (apt-get install clang)"; exit 1; }
+	@mkdir -p $(FUZZ_DIR)/corpus
+	$(FUZZ_CC) -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined \
+	  $(wildcard core/chat/*.c) core/common.c tests/fuzz/fuzz_chat.c -o $(FUZZ_DIR)/fuzz_chat \
+	  $(shell pkg-config --cflags --libs libcjson libutf8proc) -lm
+	/usr/bin/python3 tests/fuzz/make_seeds.py $(FUZZ_DIR)/seeds
+	cd $(FUZZ_DIR) && ./fuzz_chat -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -timeout=10 \
+	  -rss_limit_mb=2048 -print_final_stats=1 corpus seeds
 
 # The demo: fortunes -> tokens -> a few minutes of training on both cores ->
 # a checkpoint -> a sample from it through the inference engine.
