@@ -8,7 +8,10 @@
  *       rendering, bytes as they are) or DIR/NAME.<name>.err (the error line);
  *   chat_render --template FILE --vars JSON_FILE [--now SECONDS]
  *       prints the template rendered with the variables (exit 1 and the error
- *       on stderr when it fails).
+ *       on stderr when it fails);
+ *   chat_render --batch CASES.json [--now SECONDS]
+ *       CASES.json is a list of [template, variables as JSON text]; prints a
+ *       JSON list of {"out": ...} / {"compile_error": ...} / {"render_error": ...}.
  * tests/ref/hf_chat.py writes the same files from Python's jinja2. */
 #include "core/chat/chat.h"
 #include "core/chat/jinja.h"
@@ -51,7 +54,8 @@ static void write_file(const char *path, const char *s, size_t n)
 
 int main(int argc, char **argv)
 {
-    const char *config = NULL, *convs = NULL, *outdir = NULL, *prefix = "t", *tfile = NULL, *vfile = NULL;
+    const char *config = NULL, *convs = NULL, *outdir = NULL, *prefix = "t", *tfile = NULL, *vfile = NULL,
+               *batch = NULL;
     JinjaLimits lim;
     jinja_limits_default(&lim);
     for (int i = 1; i < argc; i++) {
@@ -63,11 +67,49 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--prefix")) prefix = v;
         else if (!strcmp(a, "--template")) tfile = v;
         else if (!strcmp(a, "--vars")) vfile = v;
+        else if (!strcmp(a, "--batch")) batch = v;
         else if (!strcmp(a, "--now")) lim.now = strtoll(v, NULL, 10);
         else { td_error("unknown option %s", a); return 2; }
         i++;
     }
     char err[600];
+    if (batch) {
+        size_t bn;
+        char *text = slurp(batch, &bn);
+        cJSON *list = cJSON_Parse(text), *res = cJSON_CreateArray();
+        if (!cJSON_IsArray(list)) {
+            td_error("%s: not a JSON list of [template, variables]", batch);
+            return 2;
+        }
+        for (cJSON *c = list->child; c; c = c->next) {
+            const cJSON *tj = cJSON_GetArrayItem(c, 0), *vj = cJSON_GetArrayItem(c, 1);
+            if (!cJSON_IsString(tj) || !cJSON_IsString(vj)) {
+                td_error("%s: an item that is not [template, variables]", batch);
+                return 2;
+            }
+            cJSON *o = cJSON_CreateObject();
+            JinjaTemplate *t;
+            if (jinja_compile(&t, tj->valuestring, strlen(tj->valuestring), err, sizeof err)) {
+                cJSON_AddStringToObject(o, "compile_error", err);
+            } else {
+                char *out;
+                if (jinja_render_json(t, vj->valuestring, strlen(vj->valuestring), &lim, &out, NULL, err, sizeof err))
+                    cJSON_AddStringToObject(o, "render_error", err);
+                else
+                    cJSON_AddStringToObject(o, "out", out);
+                td_free(out);
+                jinja_free(t);
+            }
+            cJSON_AddItemToArray(res, o);
+        }
+        char *s = cJSON_PrintUnformatted(res);
+        puts(s);
+        free(s);
+        cJSON_Delete(res);
+        cJSON_Delete(list);
+        free(text);
+        return 0;
+    }
     if (tfile) {
         size_t tn, vn;
         char *src = slurp(tfile, &tn), *vars = vfile ? slurp(vfile, &vn) : NULL;

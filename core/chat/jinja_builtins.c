@@ -808,7 +808,12 @@ static Jv f_indent(JRender *r, Jv v, const JArgs *args)
         sp->n = (size_t)w;
         ind = sp;
     }
-    const JStr *s = sstr(r, v);
+    /* jinja2 does s += "\n" first: only a string survives that */
+    if (v.t == JV_UNDEF) jr_fail_undef(r, v);
+    if (v.t == JV_LIST && !(v.flags & JV_F_NOSEQ) && !(v.flags & JV_F_TUPLE))
+        jr_fail(r, "'list' object has no attribute 'splitlines'");
+    if (v.t != JV_STR) jr_fail(r, "unsupported operand type(s) for +=: '%s' and 'str'", pytype(v));
+    const JStr *s = v.u.s;
     JStr *s2 = jarena_alloc(r->a, sizeof *s2 + s->n + 2);
     memcpy(s2->s, s->s, s->n);
     s2->s[s->n] = '\n';
@@ -832,7 +837,32 @@ static Jv f_indent(JRender *r, Jv v, const JArgs *args)
     return jbuf_value(&b);
 }
 
-static Jv f_items(JRender *r, Jv v, const JArgs *args)
+/* jinja2's map, select, reject, selectattr, rejectattr, unique and items
+ * are generators: an error inside them surfaces only when the result is
+ * iterated.  fn runs eagerly; its error (not a limit) is kept in the
+ * result. */
+static Jv lazily(JRender *r, Jv (*fn)(JRender *, Jv, const JArgs *), Jv v, const JArgs *args)
+{
+    jmp_buf saved;
+    memcpy(saved, r->jb, sizeof saved);
+    int depth = r->depth, calls = r->calls, line = r->line;
+    Jv out;
+    if (setjmp(r->jb) == 0) {
+        out = fn(r, v, args);
+    } else {
+        memcpy(r->jb, saved, sizeof saved);
+        if (r->hard) longjmp(r->jb, 1);
+        r->depth = depth;
+        r->calls = calls;
+        r->line = line;
+        out = gen(jv_list(r->a, 0));
+        out.u.l->err = jstr_new(r->a, r->err, strlen(r->err))->s;
+    }
+    memcpy(r->jb, saved, sizeof saved);
+    return out;
+}
+
+static Jv items_eager(JRender *r, Jv v, const JArgs *args)
 {
     no_args(r, args, "items");
     if (v.t == JV_UNDEF) return gen(jv_list(r->a, 0));
@@ -841,6 +871,8 @@ static Jv f_items(JRender *r, Jv v, const JArgs *args)
     for (size_t k = 0; k < v.u.d->n; k++) out.u.l->v[k] = tuple2(r, v.u.d->e[k].k, v.u.d->e[k].v);
     return gen(out);
 }
+
+static Jv f_items(JRender *r, Jv v, const JArgs *args) { return lazily(r, items_eager, v, args); }
 
 static Jv f_join(JRender *r, Jv v, const JArgs *args)
 {
@@ -894,8 +926,9 @@ static JArgs args_from(const JArgs *a, size_t off)
     return o;
 }
 
-static Jv f_map(JRender *r, Jv v, const JArgs *args)
+static Jv map_eager(JRender *r, Jv v, const JArgs *args)
 {
+    if (!jv_truthy(v)) return gen(jv_list(r->a, 0)); /* jinja2: "if value:" */
     const JList *l = jr_iter(r, v);
     Jv out = jv_list(r->a, l->n);
     if (args->npos == 0) {
@@ -918,6 +951,8 @@ static Jv f_map(JRender *r, Jv v, const JArgs *args)
     jr_work(r, l->n);
     return gen(out);
 }
+
+static Jv f_map(JRender *r, Jv v, const JArgs *args) { return lazily(r, map_eager, v, args); }
 
 static Jv min_max(JRender *r, Jv v, const JArgs *args, bool want_max, const char *fname)
 {
@@ -947,6 +982,7 @@ static Jv f_min(JRender *r, Jv v, const JArgs *args) { return min_max(r, v, args
 
 static Jv select_reject(JRender *r, Jv v, const JArgs *args, bool select, bool by_attr)
 {
+    if (!jv_truthy(v)) return gen(jv_list(r->a, 0)); /* jinja2: "if value:" */
     const JList *l = jr_iter(r, v);
     size_t off = 0;
     Jv attr = jv_undef0();
@@ -974,10 +1010,14 @@ static Jv select_reject(JRender *r, Jv v, const JArgs *args, bool select, bool b
     return gen(out);
 }
 
-static Jv f_select(JRender *r, Jv v, const JArgs *a) { return select_reject(r, v, a, true, false); }
-static Jv f_reject(JRender *r, Jv v, const JArgs *a) { return select_reject(r, v, a, false, false); }
-static Jv f_selectattr(JRender *r, Jv v, const JArgs *a) { return select_reject(r, v, a, true, true); }
-static Jv f_rejectattr(JRender *r, Jv v, const JArgs *a) { return select_reject(r, v, a, false, true); }
+static Jv sel(JRender *r, Jv v, const JArgs *a) { return select_reject(r, v, a, true, false); }
+static Jv rej(JRender *r, Jv v, const JArgs *a) { return select_reject(r, v, a, false, false); }
+static Jv selattr(JRender *r, Jv v, const JArgs *a) { return select_reject(r, v, a, true, true); }
+static Jv rejattr(JRender *r, Jv v, const JArgs *a) { return select_reject(r, v, a, false, true); }
+static Jv f_select(JRender *r, Jv v, const JArgs *a) { return lazily(r, sel, v, a); }
+static Jv f_reject(JRender *r, Jv v, const JArgs *a) { return lazily(r, rej, v, a); }
+static Jv f_selectattr(JRender *r, Jv v, const JArgs *a) { return lazily(r, selattr, v, a); }
+static Jv f_rejectattr(JRender *r, Jv v, const JArgs *a) { return lazily(r, rejattr, v, a); }
 
 static Jv f_replace(JRender *r, Jv v, const JArgs *args)
 {
@@ -1158,7 +1198,7 @@ static Jv f_trim(JRender *r, Jv v, const JArgs *args)
     return py_strip(r, sstr(r, v), hv[0] ? av[0] : jv_none(), true, true);
 }
 
-static Jv f_unique(JRender *r, Jv v, const JArgs *args)
+static Jv unique_eager(JRender *r, Jv v, const JArgs *args)
 {
     BIND("unique", "case_sensitive", "attribute");
     const JList *l = jr_iter(r, v);
@@ -1178,6 +1218,8 @@ static Jv f_unique(JRender *r, Jv v, const JArgs *args)
     out.u.l->n = m;
     return gen(out);
 }
+
+static Jv f_unique(JRender *r, Jv v, const JArgs *args) { return lazily(r, unique_eager, v, args); }
 
 static Jv f_wordcount(JRender *r, Jv v, const JArgs *args)
 {
@@ -1488,6 +1530,9 @@ Jv jbi_str_percent(JRender *r, const JStr *fmt, Jv args)
 {
     bool is_tuple = args.t == JV_LIST && (args.flags & JV_F_TUPLE);
     bool is_map = args.t == JV_DICT;
+    /* CPython treats any non-tuple, non-str object with __getitem__ (a list)
+     * as a mapping: unused, it is no "not all arguments converted" error */
+    bool mapping_like = is_map || args.t == JV_UNDEF || (args.t == JV_LIST && !(args.flags & (JV_F_TUPLE | JV_F_GEN)));
     size_t argi = 0, nargs = is_tuple ? args.u.l->n : 1;
     JBuf b;
     jbuf_init(&b, r->a, r->out ? r->out->limit : 0);
@@ -1514,6 +1559,7 @@ Jv jbi_str_percent(JRender *r, const JStr *fmt, Jv args)
                 i++;
             }
             if (depth) jr_fail(r, "incomplete format key");
+            if (args.t == JV_UNDEF) jr_fail_undef(r, args);
             if (!is_map) jr_fail(r, "format requires a mapping");
             JEntry *e = jdict_get_str(args.u.d, s + st, i - 1 - st);
             if (!e) jr_fail(r, "KeyError: '%.*s'", (int)(i - 1 - st), s + st);
@@ -1549,7 +1595,7 @@ Jv jbi_str_percent(JRender *r, const JStr *fmt, Jv args)
         }
         percent_one(r, &b, flags, width, prec, type, v);
     }
-    if (!is_map && argi < nargs) jr_fail(r, "not all arguments converted during string formatting");
+    if (!mapping_like && argi < nargs) jr_fail(r, "not all arguments converted during string formatting");
     return jbuf_value(&b);
 }
 

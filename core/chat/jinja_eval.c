@@ -39,19 +39,28 @@ void jr_fail(JRender *r, const char *fmt, ...)
     longjmp(r->jb, 1);
 }
 
+void jr_raise(JRender *r, const char *msg)
+{
+    if (msg != r->err) snprintf(r->err, sizeof r->err, "%s", msg);
+    longjmp(r->jb, 1);
+}
+
 void jr_fail_undef(JRender *r, Jv v) { jr_fail(r, "%s", jv_undef_message(r->a, v)); }
 
 void jr_work(JRender *r, uint64_t units)
 {
     r->steps += units;
-    if (r->max_steps && r->steps > r->max_steps)
+    if (r->max_steps && r->steps > r->max_steps) {
+        r->hard = true;
         jr_fail(r, "template exceeded its work limit (%llu steps: loop iterations, calls, bytes scanned)",
                 (unsigned long long)r->max_steps);
+    }
 }
 
 static void enter(JRender *r)
 {
-    if (++r->depth > r->max_depth) jr_fail(r, "template evaluation nested too deeply (more than %d levels)", r->max_depth);
+    if (++r->depth > r->max_depth) r->hard = true;
+    if (r->depth > r->max_depth) jr_fail(r, "template evaluation nested too deeply (more than %d levels)", r->max_depth);
 }
 
 /* ---------------------------------------------------------------- scopes */
@@ -229,7 +238,9 @@ Jv jr_getitem(JRender *r, Jv obj, Jv key)
 const JList *jr_iter(JRender *r, Jv v)
 {
     switch (v.t) {
-    case JV_LIST: return v.u.l;
+    case JV_LIST:
+        if (v.u.l->err) jr_raise(r, v.u.l->err);
+        return v.u.l;
     case JV_UNDEF: return jv_list(r->a, 0).u.l;
     case JV_DICT: {
         Jv l = jv_list(r->a, v.u.d->n);
@@ -433,6 +444,8 @@ static void float_divmod(double vx, double wx, double *floordiv, double *mod)
 
 static Jv binop(JRender *r, int op, Jv a, Jv b)
 {
+    /* str % x is str.__mod__ whatever x is (an Undefined is a mapping to it) */
+    if (op == JOP_MOD && a.t == JV_STR) return jbi_str_percent(r, a.u.s, b);
     if (a.t == JV_UNDEF) jr_fail_undef(r, a);
     if (b.t == JV_UNDEF) jr_fail_undef(r, b);
     static const char *sym[] = { [JOP_ADD] = "+", [JOP_SUB] = "-", [JOP_MUL] = "*", [JOP_DIV] = "/",
@@ -551,6 +564,7 @@ static bool contains(JRender *r, Jv item, Jv container)
         return nd->n <= h->n && memmem(h->s, h->n, nd->s, nd->n) != NULL;
     }
     case JV_LIST:
+        if (container.u.l->err) jr_raise(r, container.u.l->err);
         jr_work(r, container.u.l->n / 8 + 1);
         for (size_t k = 0; k < container.u.l->n; k++)
             if (jv_eq(container.u.l->v[k], item)) return true;
@@ -985,6 +999,7 @@ static int exec_body(JRender *r, JScope *s, const JBody *b)
 static void arena_fail(void *ctx, const char *msg)
 {
     JRender *r = ctx;
+    r->hard = true;
     jr_fail(r, "%s", msg);
 }
 

@@ -73,12 +73,15 @@ typedef struct JRender {
     int depth, max_depth;          /* evaluator frames */
     int calls, max_calls;          /* nested macro calls */
     int line;                      /* line being executed, for messages */
+    bool hard;                     /* the error being raised is a limit: never deferred */
     int64_t now;                   /* strftime_now's clock (seconds since the epoch), < 0: real time */
     Jv blockval;                   /* a filter block's rendered body */
 } JRender;
 
 /* Aborts the render with a message (prefixed with the line). */
 void jr_fail(JRender *r, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
+/* Aborts with msg as it is (no line prefix). */
+void jr_raise(JRender *r, const char *msg) __attribute__((noreturn));
 /* Raises the error jinja2 raises when the undefined v is used. */
 void jr_fail_undef(JRender *r, Jv v) __attribute__((noreturn));
 /* Charges units of work (a loop iteration, a call, 64 bytes scanned)

@@ -164,6 +164,7 @@ Jv jv_list(JArena *a, size_t n)
 {
     JList *l = jarena_alloc(a, sizeof *l);
     l->n = n;
+    l->err = NULL;
     l->v = jarena_zalloc(a, (n ? n : 1) * sizeof(Jv)); /* zero = JV_UNDEF */
     Jv v = { .t = JV_LIST, .u.l = l };
     return v;

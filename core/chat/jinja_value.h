@@ -107,6 +107,8 @@ typedef struct Jv {
 struct JList {
     size_t n;
     Jv *v;
+    const char *err;     /* a generator whose iteration raises this (jinja2's
+                          * map/select/... fail lazily, when iterated) */
 };
 
 typedef struct JEntry {

@@ -10,7 +10,8 @@
 # A conversation that jinja2 renders must render to the same bytes; one that
 # makes the template call raise_exception must fail with the same message;
 # one that makes jinja2 fail otherwise must fail in tandem too.
-# Then the refusals: an unsupported construct at load, naming it and its line.
+# Then random templates (tests/ref/chat_random.py) compared the same way, and
+# the refusals: an unsupported construct at load, naming it and its line.
 set -eu
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -79,6 +80,11 @@ echo "chat.sh: 4 templates x $nconv conversations: $same renderings byte-identic
 # the conversations must exercise the templates, not only their errors
 [ "$same" -ge 50 ] || fail "only $same renderings compared"
 [ "$raised" -ge 4 ] || fail "only $raised raise_exception cases compared"
+
+# ---------------------------------------------------------------- random templates
+# 1500 random combinations of the supported language (seeded): jinja2 and
+# tandem must agree on every rendering and on which ones fail
+$PY tests/ref/chat_random.py --tool "$TOOL" --seed 7 -n 1500 || fail "random templates differ from jinja2"
 
 # ---------------------------------------------------------------- refusals
 printf 'Hello\n{%% for m in messages %%}\n{{ m.content|wordwrap(10) }}\n{%% endfor %%}\n' >"$T/bad.j2"

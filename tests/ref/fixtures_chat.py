@@ -45,6 +45,9 @@ CASES = {
         ("{% if true %}   \n x{% endif %}", {}),
         ("x  {#- c #}", {}),
         ("{{- 'a' }}   {# c -#}   {{ 'b' }}", {}),
+        ("a\u00a0 {%- if true %}b{% endif %}|\n\u3000{% if true %}c{% endif %}|\n \t {%- if true -%} \u2003 d{% endif %}", {}),
+        ("{%- for m in messages %}\n    {%- if m.role == 'user' %}\n        {{- 'U:' + m.content }}\n    {%- else %}\n        {{- 'A:' + m.content }}\n    {%- endif %}\n{%- endfor %}\n", {"messages": MSGS}),
+        ("{% for m in messages %}\n  {{ m.role }}: {{ m.content }}\n{% endfor %}\n{% if add_generation_prompt %}\n  assistant:\n{% endif %}\n", {"messages": MSGS, "add_generation_prompt": True}),
     ],
     "literals": [
         ("{{ 'a\\nb\\tc\\\\d\\'e\\\"f' }}", {}),
@@ -144,6 +147,8 @@ CASES = {
         ("{% filter upper %}shout {{ 'this' }}{% endfilter %}", {}),
         ("{% generation %}gen {{ 1 }}{% set g = 2 %}{% endgeneration %}[{{ g }}]", {}),
         ("{% set range = 5 %}{{ range }}", {}),
+        ("{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}<{{ m.content }}>{% endgeneration %}{% else %}{{ m.content }}{% endif %}{% endfor %}", {"messages": MSGS}),
+        ("{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% else %}[{{ p.type }}]{% endif %}{% endfor %}{% endif %}|{% endfor %}", {"messages": [{"role": "user", "content": [{"type": "text", "text": "look: "}, {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": " ok"}]}, {"role": "assistant", "content": "plain"}]}),
     ],
     "macros": [
         ("{% macro m(a, b='x') %}[{{ a }}{{ b }}{{ g }}]{% endmacro %}{% set g = 'G' %}{{ m(1) }}{{ m(1, b=2) }}{{ m(b=3, a=4) }}", {}),
