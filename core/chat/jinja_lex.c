@@ -494,6 +494,7 @@ int jlex(JArena *a, const char *src, size_t n, JTok **toks, size_t *ntoks, char 
         }
         if (kind == '#') {
             size_t p = q + 2 + (sign ? 1 : 0), e = 0;
+            if (p >= L.n) break; /* jinja2 accepts a "{#" that ends the template */
             for (; p + 1 < L.n; p++) {
                 if (starts(&L, p, "+#}")) { e = p + 3; break; }
                 if (starts(&L, p, "-#}")) { e = skip_ws(&L, p + 3); break; }

@@ -85,6 +85,7 @@ echo "chat.sh: 4 templates x $nconv conversations: $same renderings byte-identic
 # 1500 random combinations of the supported language (seeded): jinja2 and
 # tandem must agree on every rendering and on which ones fail
 $PY tests/ref/chat_random.py --tool "$TOOL" --seed 7 -n 1500 || fail "random templates differ from jinja2"
+$PY tests/ref/chat_random.py --tool "$TOOL" --seed 7 -n 1500 --mode whitespace || fail "random whitespace differs from jinja2"
 
 # ---------------------------------------------------------------- refusals
 printf 'Hello\n{%% for m in messages %%}\n{{ m.content|wordwrap(10) }}\n{%% endfor %%}\n' >"$T/bad.j2"

@@ -9,7 +9,10 @@ literals, every supported filter, test and method, operators, conditionals,
 loops with filters, else and loop.*, set, namespace(), macros.  Most
 combinations are type errors; those must fail in both.
 
-    chat_random.py --tool BUILD/tests/chat_render [--seed 1] [-n 3000]
+    chat_random.py --tool BUILD/tests/chat_render [--seed 1] [-n 3000] [--mode language|whitespace]
+
+--mode whitespace generates text and tags with every whitespace-control sign
+instead (trim_blocks, lstrip_blocks, -, +, raw, comments).
 
 A rendering that prints an object's address in Python (generators, bound
 methods) cannot be compared and is skipped; tandem refusing a dotted filter
@@ -106,13 +109,57 @@ class Gen:
         return "  {% for m in ms %}\n    {{- m.role }}: " + self.stmt(d + 1) + "\n  {% endfor %}\n"
 
 
+# Whitespace control: text with spaces, tabs, newlines (also \r\n and NBSP)
+# around tags with every sign (-, +, none), for trim_blocks / lstrip_blocks.
+TEXT = ["a", " ", "\n", "\t", "  \n", "\n\n", " b ", "\r\n", "\u00a0", "x\n  ", "{", "}", "%", "#"]
+
+
+class WsGen:
+    def __init__(self, seed):
+        self.r = random.Random(seed)
+
+    def sign(self):
+        return self.r.choice(["", "", "-", "+"])
+
+    def tag(self, d):
+        r, sg = self.r, self.sign
+        k = r.random()
+        if k < 0.25:
+            return "{{" + r.choice(["", "-"]) + " 'v' " + r.choice(["", "-"]) + "}}"
+        if k < 0.4:
+            return "{#" + sg() + " c " + sg() + "#}"
+        if k < 0.5:
+            return "{%" + sg() + " set q = 1 " + sg() + "%}"
+        if k < 0.6 and d < 2:
+            return ("{%" + sg() + " if true " + sg() + "%}" + self.body(d + 1) + "{%" + sg() + " else " + sg() +
+                    "%}" + self.body(d + 1) + "{%" + sg() + " endif " + sg() + "%}")
+        if k < 0.75 and d < 2:
+            return ("{%" + sg() + " for i in [1, 2] " + sg() + "%}" + self.body(d + 1) + "{%" + sg() +
+                    " endfor " + sg() + "%}")
+        if k < 0.8:
+            return ("{%" + sg() + " raw " + r.choice(["", "-"]) + "%}" + self.body(2) + "{%" + sg() +
+                    " endraw " + sg() + "%}")
+        if k < 0.9 and d < 2:
+            return ("{%" + sg() + " macro mm() " + sg() + "%}" + self.body(d + 1) + "{%" + sg() +
+                    " endmacro " + sg() + "%}{{ mm() }}")
+        return r.choice(TEXT)
+
+    def body(self, d=0):
+        r = self.r
+        return "".join(r.choice(TEXT) if r.random() < 0.5 else self.tag(d) for _ in range(r.randint(0, 5)))
+
+    def stmt(self):
+        return self.body() + self.r.choice(["", "\n", "\n\n", " "])
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--tool", required=True)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("-n", type=int, default=3000)
+    p.add_argument("--mode", choices=["language", "whitespace"], default="language")
     args = p.parse_args()
-    g = Gen(args.seed)
+    g = Gen(args.seed) if args.mode == "language" else WsGen(args.seed)
     variables = json.dumps(VARS, ensure_ascii=False)
     cases = [g.stmt() for _ in range(args.n)]
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, encoding="utf-8") as f:
@@ -144,7 +191,7 @@ def main():
             bad += 1
             if bad <= 20:
                 print(f"chat_random: MISMATCH {c!r}\n  jinja2: {want!r}\n  tandem: {got!r}")
-    print(f"chat_random: seed {args.seed}, {args.n} templates: {stats['same']} identical, "
+    print(f"chat_random: {args.mode}, seed {args.seed}, {args.n} templates: {stats['same']} identical, "
           f"{stats['both_fail']} failing in both, {stats['skipped']} print addresses (skipped), "
           f"{stats['refused_early']} refused at load, {bad} mismatches")
     return 1 if bad else 0

@@ -44,6 +44,7 @@ CASES = {
         ("a\n  {%- if true %} b{% endif %}", {}),
         ("{% if true %}   \n x{% endif %}", {}),
         ("x  {#- c #}", {}),
+        ("an unterminated comment opener at the very end {#", {}),
         ("{{- 'a' }}   {# c -#}   {{ 'b' }}", {}),
         ("a\u00a0 {%- if true %}b{% endif %}|\n\u3000{% if true %}c{% endif %}|\n \t {%- if true -%} \u2003 d{% endif %}", {}),
         ("{%- for m in messages %}\n    {%- if m.role == 'user' %}\n        {{- 'U:' + m.content }}\n    {%- else %}\n        {{- 'A:' + m.content }}\n    {%- endif %}\n{%- endfor %}\n", {"messages": MSGS}),
