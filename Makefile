@@ -33,7 +33,7 @@ CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -march=native \
 LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lpthread
 LDFLAGS  := $(EXTRA_LDFLAGS)
 
-LIB_DIRS := core core/ops core/model core/chat comm checkpoint train infer infer/server rl
+LIB_DIRS := core core/ops core/model core/chat core/chat/jinja comm checkpoint train infer infer/server rl
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libtandem.a
@@ -123,7 +123,7 @@ fuzz-chat:
 	@command -v $(FUZZ_CC) >/dev/null || { echo "fuzz-chat: $(FUZZ_CC) not found (apt-get install clang)"; exit 1; }
 	@mkdir -p $(FUZZ_DIR)/corpus
 	$(FUZZ_CC) -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined \
-	  $(wildcard core/chat/*.c) core/common.c tests/fuzz/fuzz_chat.c -o $(FUZZ_DIR)/fuzz_chat \
+	  $(wildcard core/chat/*.c core/chat/jinja/*.c) core/common.c tests/fuzz/fuzz_chat.c -o $(FUZZ_DIR)/fuzz_chat \
 	  $(shell pkg-config --cflags --libs libcjson libutf8proc) -lm
 	/usr/bin/python3 tests/fuzz/make_seeds.py $(FUZZ_DIR)/seeds
 	cd $(FUZZ_DIR) && ./fuzz_chat -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -timeout=10 \

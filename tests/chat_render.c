@@ -14,7 +14,7 @@
  *       JSON list of {"out": ...} / {"compile_error": ...} / {"render_error": ...}.
  * tests/ref/hf_chat.py writes the same files from Python's jinja2. */
 #include "core/chat/chat.h"
-#include "core/chat/jinja.h"
+#include "core/chat/jinja/jinja.h"
 #include "core/common.h"
 
 #include <cjson/cJSON.h>

@@ -8,7 +8,7 @@
  * refused at load (naming the construct and its line), the hard limits, and
  * the chat layer's template selection, special tokens and message checks. */
 #include "core/chat/chat.h"
-#include "core/chat/jinja.h"
+#include "core/chat/jinja/jinja.h"
 #include "core/common.h"
 #include "tests/fixture.h"
 

@@ -27,7 +27,7 @@
 #ifndef TANDEM_CORE_CHAT_CHAT_H
 #define TANDEM_CORE_CHAT_CHAT_H
 
-#include "core/chat/jinja.h"
+#include "core/chat/jinja/jinja.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz_chat.c - libFuzzer harness for the Jinja compiler and
- * renderer (core/chat/jinja.h).
+ * renderer (core/chat/jinja/jinja.h).
  *
  * Input: a template, optionally followed by a NUL byte and a JSON object of
  * variables (default: a small chat with messages, tools and special
@@ -9,7 +9,7 @@
  *   make fuzz-chat FUZZ_SECONDS=60
  * Crashes found are kept as regression inputs in tests/fuzz/chat_crashes/
  * and replayed by tests/test_chat.c. */
-#include "core/chat/jinja.h"
+#include "core/chat/jinja/jinja.h"
 #include "core/common.h"
 
 #include <stdint.h>

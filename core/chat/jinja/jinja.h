@@ -1,4 +1,4 @@
-/* core/chat/jinja.h - a Jinja template engine for chat templates: compile a
+/* core/chat/jinja/jinja.h - a Jinja template engine for chat templates: compile a
  * template once, render it with JSON variables.
  *
  * The language is the subset of jinja2 that chat templates use (docs/chat.md
@@ -21,10 +21,10 @@
  * Thread safety: a compiled template is read-only; any number of threads may
  * render it at once (each render has its own arena).
  */
-#ifndef TANDEM_CORE_CHAT_JINJA_H
-#define TANDEM_CORE_CHAT_JINJA_H
+#ifndef TANDEM_CORE_CHAT_JINJA_JINJA_H
+#define TANDEM_CORE_CHAT_JINJA_JINJA_H
 
-#include "core/chat/jinja_value.h"
+#include "core/chat/jinja/jinja_value.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* core/chat/jinja_builtins.h - jinja2's filters and tests, Python's string,
+/* core/chat/jinja/jinja_builtins.h - jinja2's filters and tests, Python's string,
  * dict and list methods, and the global functions a chat template can call.
  *
  * Filters: abs, capitalize, center, count, d, default, dictsort, e, escape,
@@ -25,10 +25,10 @@
  * Markup type: concatenating a safe string does not escape the other
  * operand as markupsafe would).
  */
-#ifndef TANDEM_CORE_CHAT_JINJA_BUILTINS_H
-#define TANDEM_CORE_CHAT_JINJA_BUILTINS_H
+#ifndef TANDEM_CORE_CHAT_JINJA_JINJA_BUILTINS_H
+#define TANDEM_CORE_CHAT_JINJA_JINJA_BUILTINS_H
 
-#include "core/chat/jinja_eval.h"
+#include "core/chat/jinja/jinja_eval.h"
 
 /* Ids by name (-1 when unsupported), used while parsing. */
 int jbi_filter_id(const char *s, size_t n);

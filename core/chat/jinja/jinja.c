@@ -1,9 +1,9 @@
-/* core/chat/jinja.c - compile and render (see jinja.h): the parser, the
+/* core/chat/jinja/jinja.c - compile and render (see jinja.h): the parser, the
  * variables and the globals handed to the evaluator. */
-#include "core/chat/jinja.h"
-#include "core/chat/jinja_builtins.h"
-#include "core/chat/jinja_eval.h"
-#include "core/chat/jinja_parse.h"
+#include "core/chat/jinja/jinja.h"
+#include "core/chat/jinja/jinja_builtins.h"
+#include "core/chat/jinja/jinja_eval.h"
+#include "core/chat/jinja/jinja_parse.h"
 #include "core/common.h"
 
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* core/chat/jinja_lex.h - the Jinja lexer, configured as transformers
+/* core/chat/jinja/jinja_lex.h - the Jinja lexer, configured as transformers
  * configures jinja2 for chat templates.
  *
  * jinja2 (lexer.py, 3.1) with trim_blocks=True, lstrip_blocks=True,
@@ -15,10 +15,10 @@
  *   - string literals decode as Python's "unicode-escape" codec does.
  * "Whitespace" is Python's str.isspace().
  */
-#ifndef TANDEM_CORE_CHAT_JINJA_LEX_H
-#define TANDEM_CORE_CHAT_JINJA_LEX_H
+#ifndef TANDEM_CORE_CHAT_JINJA_JINJA_LEX_H
+#define TANDEM_CORE_CHAT_JINJA_JINJA_LEX_H
 
-#include "core/chat/jinja_value.h"
+#include "core/chat/jinja/jinja_value.h"
 
 typedef enum {
     JT_EOF,

@@ -1,6 +1,6 @@
-/* core/chat/jinja_value.c - arena, values, Python printing, JSON in and out
+/* core/chat/jinja/jinja_value.c - arena, values, Python printing, JSON in and out
  * (see jinja_value.h). */
-#include "core/chat/jinja_value.h"
+#include "core/chat/jinja/jinja_value.h"
 #include "core/common.h"
 
 #include <cjson/cJSON.h>
@@ -509,6 +509,20 @@ bool jpy_isspace(uint32_t cp)
     default:
         return cp >= 0x2000 && cp <= 0x200A;
     }
+}
+
+bool jpy_isalpha(uint32_t cp)
+{
+    int k = utf8proc_category((utf8proc_int32_t)cp);
+    return k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO;
+}
+
+bool jpy_isdigit(uint32_t cp) { return utf8proc_category((utf8proc_int32_t)cp) == UTF8PROC_CATEGORY_ND; }
+
+bool jpy_isnumeric(uint32_t cp)
+{
+    int k = utf8proc_category((utf8proc_int32_t)cp);
+    return k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO;
 }
 
 /* ---------------------------------------------------------------- printing */

@@ -1,4 +1,4 @@
-/* core/chat/jinja_eval.h - the evaluator of a parsed template (internal to
+/* core/chat/jinja/jinja_eval.h - the evaluator of a parsed template (internal to
  * core/chat/; the public API is jinja.h).
  *
  * Semantics are jinja2 3.1's in an ImmutableSandboxedEnvironment with the
@@ -21,11 +21,11 @@
  * longjmp to jinja_render, which returns the message; all memory is in the
  * render's arena.
  */
-#ifndef TANDEM_CORE_CHAT_JINJA_EVAL_H
-#define TANDEM_CORE_CHAT_JINJA_EVAL_H
+#ifndef TANDEM_CORE_CHAT_JINJA_JINJA_EVAL_H
+#define TANDEM_CORE_CHAT_JINJA_JINJA_EVAL_H
 
-#include "core/chat/jinja_parse.h"
-#include "core/chat/jinja_value.h"
+#include "core/chat/jinja/jinja_parse.h"
+#include "core/chat/jinja/jinja_value.h"
 
 #include <setjmp.h>
 

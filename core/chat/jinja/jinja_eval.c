@@ -1,13 +1,13 @@
-/* core/chat/jinja_eval.c - executes a parsed template (see jinja_eval.h).
+/* core/chat/jinja/jinja_eval.c - executes a parsed template (see jinja_eval.h).
  *
  * Statements write into r->out; expressions return values.  Python's
  * operator semantics are followed where a template can see them: int/float
  * promotion, bool as int, floor division and modulo with the sign of the
  * divisor, str * int, list + list, chained comparisons, and/or returning an
  * operand. */
-#include "core/chat/jinja_eval.h"
-#include "core/chat/jinja_builtins.h"
-#include "core/chat/jinja_lex.h"
+#include "core/chat/jinja/jinja_eval.h"
+#include "core/chat/jinja/jinja_builtins.h"
+#include "core/chat/jinja/jinja_lex.h"
 #include "core/common.h"
 
 #include <math.h>

@@ -1,4 +1,4 @@
-/* core/chat/jinja_parse.h - the Jinja parser and the syntax tree it builds.
+/* core/chat/jinja/jinja_parse.h - the Jinja parser and the syntax tree it builds.
  *
  * The grammar is jinja2's (parser.py, 3.1), operator precedence from low to
  * high: "a if c else b", or, and, not, comparisons (== != < <= > >= in, not
@@ -19,10 +19,10 @@
  * raise_exception, strftime_now), a macro of the template, caller, or a name
  * the template assigns (whose value is then checked when it runs).
  */
-#ifndef TANDEM_CORE_CHAT_JINJA_PARSE_H
-#define TANDEM_CORE_CHAT_JINJA_PARSE_H
+#ifndef TANDEM_CORE_CHAT_JINJA_JINJA_PARSE_H
+#define TANDEM_CORE_CHAT_JINJA_JINJA_PARSE_H
 
-#include "core/chat/jinja_value.h"
+#include "core/chat/jinja/jinja_value.h"
 
 typedef enum {
     JE_CONST,    /* cval */

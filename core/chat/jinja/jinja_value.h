@@ -1,4 +1,4 @@
-/* core/chat/jinja_value.h - the values a chat template computes with, the
+/* core/chat/jinja/jinja_value.h - the values a chat template computes with, the
  * arena they live in, and their Python spellings.
  *
  * Jinja2 runs on Python objects; a chat template only ever sees JSON-like
@@ -21,8 +21,8 @@
  * Integers are 64-bit (Python's are unbounded): arithmetic that overflows is
  * a runtime error, never a wrong number.
  */
-#ifndef TANDEM_CORE_CHAT_JINJA_VALUE_H
-#define TANDEM_CORE_CHAT_JINJA_VALUE_H
+#ifndef TANDEM_CORE_CHAT_JINJA_JINJA_VALUE_H
+#define TANDEM_CORE_CHAT_JINJA_JINJA_VALUE_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -239,5 +239,11 @@ size_t jutf8_len(const char *s, size_t n);
 size_t jutf8_offset(const char *s, size_t n, size_t i);
 /* str.isspace() of a code point (Python's definition). */
 bool jpy_isspace(uint32_t cp);
+/* Unicode categories L*, Nd and N* (utf8proc's tables): str.isalpha,
+ * isdigit and isnumeric for one code point (Python's own tables may be a
+ * Unicode version apart). */
+bool jpy_isalpha(uint32_t cp);
+bool jpy_isdigit(uint32_t cp);
+bool jpy_isnumeric(uint32_t cp);
 
 #endif

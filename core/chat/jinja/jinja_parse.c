@@ -1,9 +1,9 @@
-/* core/chat/jinja_parse.c - recursive-descent parser over jinja_lex tokens
+/* core/chat/jinja/jinja_parse.c - recursive-descent parser over jinja_lex tokens
  * (see jinja_parse.h).  Function names follow jinja2's parser.py so the two
  * can be read side by side. */
-#include "core/chat/jinja_parse.h"
-#include "core/chat/jinja_builtins.h"
-#include "core/chat/jinja_lex.h"
+#include "core/chat/jinja/jinja_parse.h"
+#include "core/chat/jinja/jinja_builtins.h"
+#include "core/chat/jinja/jinja_lex.h"
 #include "core/common.h"
 
 #include <setjmp.h>

@@ -1,12 +1,10 @@
-/* core/chat/jinja_builtins.c - filters, tests, methods and globals (see
+/* core/chat/jinja/jinja_builtins.c - filters, tests, methods and globals (see
  * jinja_builtins.h).  Each follows the jinja2 3.1 filter (filters.py),
  * test (tests.py) or Python method it is named after, including their
  * defaults and their TypeErrors. */
-#include "core/chat/jinja_builtins.h"
-#include "core/chat/jinja_casing.h"
+#include "core/chat/jinja/jinja_builtins.h"
+#include "core/chat/jinja/jinja_casing.h"
 #include "core/common.h"
-
-#include <utf8proc.h>
 
 #include <ctype.h>
 #include <math.h>
@@ -143,17 +141,9 @@ static bool cp_upper(uint32_t c) { return jcase_is_upper(c); }
 static bool cp_lower(uint32_t c) { return jcase_is_lower(c); }
 static bool cp_title(uint32_t c) { return jcase_is_title(c); }
 static bool cp_cased(uint32_t c) { return jcase_is_cased(c); }
-static bool cp_alpha(uint32_t c)
-{
-    int k = utf8proc_category((utf8proc_int32_t)c);
-    return k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO;
-}
-static bool cp_digit(uint32_t c) { return utf8proc_category((utf8proc_int32_t)c) == UTF8PROC_CATEGORY_ND; }
-static bool cp_numeric(uint32_t c)
-{
-    int k = utf8proc_category((utf8proc_int32_t)c);
-    return k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO;
-}
+static bool cp_alpha(uint32_t c) { return jpy_isalpha(c); }
+static bool cp_digit(uint32_t c) { return jpy_isdigit(c); }
+static bool cp_numeric(uint32_t c) { return jpy_isnumeric(c); }
 
 static void put_mapped(JBuf *b, uint32_t cp, int which)
 {

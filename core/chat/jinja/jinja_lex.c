@@ -1,10 +1,10 @@
-/* core/chat/jinja_lex.c - the Jinja lexer (see jinja_lex.h).
+/* core/chat/jinja/jinja_lex.c - the Jinja lexer (see jinja_lex.h).
  *
  * Mirrors jinja2's Lexer.tokeniter: in the root state, find the next "{%",
  * "{{" or "{#"; the text before it is data, trimmed by the tag's "-" sign or
  * by lstrip_blocks; inside a tag, tokens until the matching end delimiter,
  * which only counts while (), [] and {} balance. */
-#include "core/chat/jinja_lex.h"
+#include "core/chat/jinja/jinja_lex.h"
 #include "core/common.h"
 
 #include <stdio.h>
