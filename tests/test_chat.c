@@ -355,6 +355,31 @@ static void expect_chat_error(const ChatTemplate *ct, const char *doc, const cha
     td_free(out);
 }
 
+Test(chat, cjson_requests_render_as_json_text_does)
+{
+    ChatTemplate *ct = load_config(
+        "{\"chat_template\": \"{% for m in messages %}<{{ m.role }}:{{ m.content }}>{% endfor %}"
+        "{{ tools|tojson }}{{ add_generation_prompt }}{{ k }}\"}");
+    const char *msgs = "[{\"role\": \"user\", \"content\": \"h\u00e9\"}, {\"role\": \"assistant\", \"content\": null}]";
+    const char *tools = "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"n\": 3, \"x\": 0.5}}]";
+    char doc[512], err[600];
+    snprintf(doc, sizeof doc, "{\"messages\": %s, \"tools\": %s, \"chat_template_kwargs\": {\"k\": [1, true]}}", msgs, tools);
+    char *want = render_doc(ct, doc, true, err, sizeof err);
+    cr_assert(want, "%s", err);
+    cr_expect_str_eq(want, "<user:h\u00e9><assistant:None>[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"n\": 3, \"x\": 0.5}}]True[1, True]");
+    cJSON *m = cJSON_Parse(msgs), *t = cJSON_Parse(tools), *k = cJSON_Parse("{\"k\": [1, true]}");
+    char *got = NULL;
+    cr_assert(chat_template_render_cjson(ct, m, t, k, true, NULL, &got, NULL, err, sizeof err) == 0, "%s", err);
+    cr_expect_str_eq(got, want);
+    td_free(got);
+    td_free(want);
+    cJSON_Delete(m);
+    cJSON_Delete(t);
+    cJSON_Delete(k);
+    chat_template_free(ct);
+    EXPECT_NO_LEAKS();
+}
+
 Test(chat, bad_messages_are_refused_naming_the_message)
 {
     ChatTemplate *ct = load_config("{\"chat_template\": \"{% for m in messages %}{{ m.role }}{% endfor %}\"}");
