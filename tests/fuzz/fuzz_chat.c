@@ -7,8 +7,8 @@
  * Any outcome is fine except a crash, a sanitizer report, a leak, or a
  * render that returns neither output nor an error message.
  *   make fuzz-chat FUZZ_SECONDS=60
- * Crashes found are kept as regression inputs in tests/fuzz/chat_crashes/
- * and replayed by tests/test_chat.c. */
+ * A crash it finds (build/fuzz/crash-*) becomes a case in
+ * tests/ref/fixtures_chat.py or tests/test_chat.c once fixed. */
 #include "core/chat/jinja/jinja.h"
 #include "core/common.h"
 
