@@ -34,7 +34,7 @@ CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -march=native \
 LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lpthread
 LDFLAGS  := $(EXTRA_LDFLAGS)
 
-LIB_DIRS := core core/ops core/model core/tok comm checkpoint checkpoint/hf train infer infer/server rl
+LIB_DIRS := core core/ops core/model core/tok core/chat core/chat/jinja comm checkpoint checkpoint/hf train infer infer/server rl
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libtandem.a
@@ -44,6 +44,8 @@ UNIT_OBJ := $(UNIT_SRC:%.c=$(BUILD)/obj/%.o)
 UNIT_BIN := $(BUILD)/tests/unit
 MPI_SRC  := $(wildcard tests/mpi_*.c)
 MPI_BIN  := $(MPI_SRC:tests/%.c=$(BUILD)/tests/%)
+# Renders chat templates for tests/cli/chat.sh (until `tandem tokenize --chat`).
+TOOL_BIN := $(BUILD)/tests/chat_render
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
@@ -86,11 +88,15 @@ $(BUILD)/tests/mpi_%: $(BUILD)/obj/tests/mpi_%.o $(BUILD)/obj/tests/fixture.o $(
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
+$(BUILD)/tests/chat_render: $(BUILD)/obj/tests/chat_render.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-unit: $(BIN) $(UNIT_BIN) $(MPI_BIN)
+unit: $(BIN) $(UNIT_BIN) $(MPI_BIN) $(TOOL_BIN)
 
 test: deps
 	@$(MAKE) --no-print-directory unit
@@ -119,30 +125,39 @@ demo: deps
 	./bin/tandem generate --ckpt runs/demo --prompt "A computer" --max-tokens 300 --temperature 0.8 --seed 7
 
 # libFuzzer harnesses tests/fuzz/fuzz_<name>.c, each linked with the few
-# sources it tests (no MPI, no HDF5), built by clang with ASan + UBSan and
-# run for FUZZ_TIME seconds per harness on its seeds tests/fuzz/corpus/<name>
-# (read only) and build/fuzz/corpus/<name> (where new inputs go).  A crash
-# stops the run and leaves its input as build/fuzz/<name>-crash-*: once
-# fixed, add it to tests/fuzz/corpus/<name>, which tests/test_safetensors.c
-# replays in every unit run.
+# sources it tests (FUZZ_SRC_<name>: no MPI, no HDF5), built by clang with
+# ASan + UBSan and run for FUZZ_TIME seconds per harness on its seeds
+# tests/fuzz/corpus/<name> (read only; tests/fuzz/seeds_<name>.py, when
+# present, writes generated seeds into the build corpus) and
+# build/fuzz/corpus/<name> (where new inputs go), with the dictionary
+# tests/fuzz/<name>.dict when present.  A crash stops the run and leaves its
+# input as build/fuzz/<name>-crash-*: once fixed, add it to
+# tests/fuzz/corpus/<name>, which the unit tests replay.
 #   make fuzz                          every harness
 #   make fuzz-safetensors FUZZ_TIME=300
 FUZZ       ?= $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_TIME  ?= 60
 FUZZ_CC    ?= clang
-FUZZ_SRC   := checkpoint/hf/safetensors.c core/common.c core/dtype.c
+FUZZ_SRC_safetensors := checkpoint/hf/safetensors.c core/common.c core/dtype.c
+FUZZ_SRC_st_index    := $(FUZZ_SRC_safetensors)
+FUZZ_SRC_chat        := $(wildcard core/chat/*.c core/chat/jinja/*.c) core/common.c
+FUZZ_LIBS  := $(shell pkg-config --libs libcjson libutf8proc 2>/dev/null) -lm
 FUZZ_FLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined \
-              -fno-sanitize-recover=undefined -fno-omit-frame-pointer $(shell pkg-config --cflags libcjson)
+              -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
+              $(shell pkg-config --cflags libcjson libutf8proc 2>/dev/null)
 
-$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_SRC) checkpoint/hf/safetensors.h core/common.h core/dtype.h
+.SECONDEXPANSION:
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_SRC_$$*)
+	@command -v $(FUZZ_CC) >/dev/null || { echo "fuzz: $(FUZZ_CC) not found (./tandem.sh deps installs it)"; exit 1; }
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_SRC) -o $@ $(shell pkg-config --libs libcjson) -lm
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_SRC_$*) -o $@ $(FUZZ_LIBS)
 
 fuzz: $(FUZZ:%=$(BUILD)/fuzz/fuzz_%)
 	@for h in $(FUZZ); do \
-	  mkdir -p $(BUILD)/fuzz/corpus/$$h; echo "fuzz: $$h for $(FUZZ_TIME) s"; \
-	  $(BUILD)/fuzz/fuzz_$$h -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
-	    $$(for d in tests/fuzz/*.dict; do echo -dict=$$d; done | head -1) \
+	  mkdir -p $(BUILD)/fuzz/corpus/$$h tests/fuzz/corpus/$$h; echo "fuzz: $$h for $(FUZZ_TIME) s"; \
+	  if [ -f tests/fuzz/seeds_$$h.py ]; then /usr/bin/python3 tests/fuzz/seeds_$$h.py $(BUILD)/fuzz/corpus/$$h || exit 1; fi; \
+	  $(BUILD)/fuzz/fuzz_$$h -max_total_time=$(FUZZ_TIME) -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
+	    -print_final_stats=1 $$([ -f tests/fuzz/$$h.dict ] && echo -dict=tests/fuzz/$$h.dict) \
 	    -artifact_prefix=$(BUILD)/fuzz/$$h- $(BUILD)/fuzz/corpus/$$h tests/fuzz/corpus/$$h || exit 1; \
 	done
 

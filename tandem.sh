@@ -14,7 +14,7 @@ TANDEM_PKGS="make gcc libc6-dev pkg-config git ca-certificates
  openmpi-bin libopenmpi-dev libopenblas-dev libhdf5-openmpi-dev hdf5-tools
  libcriterion-dev libcjson-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev curl fortunes
  fortunes-de fortunes-es fortunes-it fortunes-ru fortunes-pl
- python3-minimal python3-numpy python3-h5py python3-torch"
+ python3-minimal python3-numpy python3-h5py python3-torch python3-jinja2"
 # make fuzz: libFuzzer harnesses (tests/fuzz) build with clang and its runtime
 TANDEM_PKGS="$TANDEM_PKGS clang libclang-rt-14-dev"
 
