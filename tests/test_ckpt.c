@@ -658,7 +658,8 @@ Test(ckpt, failed_property_call_is_named_with_the_dataset)
     hid_t f = ckpt_h5_create(tmp_path("plist.h5"), NULL);
     cr_assert(f >= 0, "cannot create the file");
     float data[8] = { 0 };
-    CkptPiece pc = { "bad/chunk", 2, { 2, 4 }, { 2, 0 }, { 0, 0 }, { 2, 4 }, data, CKPT_H5_F32, NULL };
+    CkptPiece pc = { .name = "bad/chunk", .ndim = 2, .shape = { 2, 4 }, .chunk = { 2, 0 }, .cnt = { 2, 4 },
+                     .data = data, .type = CKPT_H5_F32 };
     char err[512] = "";
     hid_t ds = ckpt_h5_create_dataset(f, &pc, err, sizeof err);
     cr_assert(ds < 0, "a dataset with a zero chunk dimension was created");
