@@ -9,14 +9,32 @@
 set -eu
 cd "$(dirname "$0")"
 
-# Debian packages the build, the tests and the demo need (SPEC section 1).
-TANDEM_PKGS="make gcc libc6-dev pkg-config git ca-certificates
+# Debian packages the build, the tests, the benchmarks and the demo need
+# (SPEC section 1).  A minimal Debian 12 (debootstrap minbase) has
+# coreutils (timeout, mktemp, seq ...), grep, sed, mawk, findutils and dash;
+# everything else a test or benchmark script calls is here (the audit of
+# tests/**, bench/**: tests/run.sh checks the programs by name):
+#   procps        pgrep (tests/mpi/dist.sh finds the rank it kills), ps, kill
+#   curl          tests/cli/serve.sh
+#   openmpi-bin   mpirun;  hdf5-tools: h5dump (tests/cli/ckpt.sh, tests/mpi/ckpt.sh)
+#   python3-*     the PyTorch references (tests/ref/*.py, bench/torch_*.py)
+#   fortunes      the demo's and the tests' corpus
+#   linux-perf    perf (bench/train.sh's profile; binutils' nm comes with gcc)
+#   nodejs npm    npm (bench/infer.sh installs the llama.cpp peer with it)
+# pkg:program means: the package, unless the program is already on PATH
+# (nodesource's nodejs bundles npm and conflicts with Debian's npm package).
+TANDEM_PKGS="make gcc libc6-dev pkg-config git ca-certificates procps curl
  openmpi-bin libopenmpi-dev libopenblas-dev libhdf5-openmpi-dev hdf5-tools
- libcriterion-dev libcjson-dev libmicrohttpd-dev curl fortunes
- python3-minimal python3-numpy python3-h5py python3-torch"
+ libcriterion-dev libcjson-dev libmicrohttpd-dev fortunes
+ python3-minimal python3-numpy python3-h5py python3-torch
+ linux-perf nodejs:node npm:npm"
 
 missing=""
 for p in $TANDEM_PKGS; do
+    case $p in
+        *:*) command -v "${p#*:}" >/dev/null 2>&1 && continue
+             p=${p%%:*} ;;
+    esac
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
         missing="$missing $p"
     fi
