@@ -31,13 +31,15 @@ step() { printf '\n== %s\n' "$*"; }
 # Every program the test scripts, tests/ref/*.py and their shell snippets
 # call (coreutils, grep, sed, mawk and dash are in every Debian; the rest
 # are in tandem.sh's TANDEM_PKGS).
-PROGRAMS="sh awk sed grep cat cp mv ln rm ls mkdir mktemp readlink tr cut sort wc head tail seq sleep
+PROGRAMS="sh awk sed grep cat cp mv ln rm ls mkdir mktemp readlink dirname tr cut sort wc head tail seq sleep
  date env timeout kill pgrep curl mpirun h5dump $PY"
+[ "${1:-}" != "--unit-only" ] || PROGRAMS="sh mkdir date timeout $PY"
 missing=""
 for p in $PROGRAMS; do
     command -v "$p" >/dev/null 2>&1 || missing="$missing $p"
 done
-[ -r /usr/share/games/fortunes/fortunes ] || missing="$missing /usr/share/games/fortunes/fortunes(package fortunes)"
+[ "${1:-}" = "--unit-only" ] || [ -r /usr/share/games/fortunes/fortunes ] ||
+    missing="$missing /usr/share/games/fortunes/fortunes(package fortunes)"
 if [ -n "$missing" ]; then
     echo "tests: missing:$missing"
     echo "tests: ./tandem.sh deps installs them (TANDEM_PKGS in tandem.sh)"
