@@ -20,7 +20,9 @@
 # FRESH_DEBS=FILE.tgz keeps debootstrap's downloaded packages (the base
 # system only) in FILE (debootstrap --make-tarball / --unpack-tarball), so
 # that a rerun does not fetch them again; the chroot is still installed
-# from scratch.  FRESH_KEEP=1 keeps DIR afterwards (unmounted).  Needs
+# from scratch; FRESH_APT_CACHE=DIR does the same for the packages
+# tandem.sh installs (bind-mounted as the chroot's apt archive cache).
+# FRESH_KEEP=1 keeps DIR afterwards (unmounted).  Needs
 # debootstrap (apt-get install debootstrap) and about 6 GB in DIR.
 set -eu
 cd "$(dirname "$0")/.."
@@ -40,7 +42,7 @@ fi
 [ -n "$mirror" ] || { echo "fresh-debian.sh: no Debian mirror in /etc/apt/sources.list*; set FRESH_MIRROR"; exit 1; }
 
 unmount_all() {   # deepest first; lazily if busy
-    for m in dev/shm dev sys proc; do
+    for m in var/cache/apt/archives dev/shm dev sys proc; do
         if grep -q " $DIR/$m " /proc/mounts 2>/dev/null; then
             umount "$DIR/$m" 2>/dev/null || umount -l "$DIR/$m" 2>/dev/null || true
         fi
@@ -79,6 +81,10 @@ echo "fresh-debian.sh: base system in $(($(date +%s) - t0)) s; apt lists: $(ls "
 
 mount -t proc proc "$DIR/proc"
 for m in sys dev dev/shm; do mount --bind "/$m" "$DIR/$m"; done
+if [ -n "${FRESH_APT_CACHE:-}" ]; then   # the .debs only: apt still installs everything
+    mkdir -p "$FRESH_APT_CACHE"
+    mount --bind "$FRESH_APT_CACHE" "$DIR/var/cache/apt/archives"
+fi
 # what an installed machine has and debootstrap leaves out: name lookups
 # for apt, and its own host name in /etc/hosts (OpenMPI looks it up)
 cp -L /etc/resolv.conf "$DIR/etc/resolv.conf"
