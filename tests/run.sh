@@ -8,7 +8,7 @@
 #
 # First it checks that every program a test calls is installed and names
 # the missing ones (./tandem.sh deps installs them all).  Every step has a
-# bound (TANDEM_TEST_TIMEOUT seconds per script, default 1800; 300 s per
+# bound (TANDEM_TEST_TIMEOUT seconds per script, default 3600; 300 s per
 # unit test): a stuck step fails with a line naming it and the suite goes
 # on.  Inside the scripts every wait has its own, shorter bound
 # (tests/bounds.sh).
@@ -21,7 +21,7 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 # One owner of the cores: BLAS threads are managed by tandem's pool.
 export OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 PY=/usr/bin/python3
-SCRIPT_S=${TANDEM_TEST_TIMEOUT:-1800}
+SCRIPT_S=${TANDEM_TEST_TIMEOUT:-3600}
 failed=""
 t_start=$(date +%s)
 

@@ -18,7 +18,7 @@ DATA=$BUILD/fortunes.bin
 [ -s "$DATA" ] || $T data prepare --input /usr/share/games/fortunes --output "$DATA" >/dev/null
 
 # the demo's run config, only the output moved (and no mid-run checkpoints)
-if ! bounded 1500 $T train configs/demo.json data="$DATA" out_dir="$W/run" save_every=0 >"$W/train.log" 2>&1; then
+if ! bounded 3600 $T train configs/demo.json data="$DATA" out_dir="$W/run" save_every=0 >"$W/train.log" 2>&1; then
     tail -5 "$W/train.log"
     echo "demo: FAIL: training configs/demo.json"
     exit 1
