@@ -3,7 +3,8 @@
 #   make            bin/tandem and build/libtandem.a
 #   make deps       install missing Debian packages (root, idempotent, fast)
 #   make test       unit tests (Criterion), PyTorch comparisons, MPI tests,
-#                   command-level tests
+#                   command-level tests; the kernel suites again on the
+#                   AVX2 and portable paths (build/avx2, build/portable)
 #   make asan-test  unit tests under AddressSanitizer + UBSan
 #   make bench      benchmarks side by side with the peers
 #   make demo       train on fortunes, save a checkpoint, sample from it
@@ -13,7 +14,9 @@
 # AVX-512, or AVX2 + FMA, when the build machine has it.  The portable path
 # computes every element with the same sequence of fused multiply-adds, so
 # results are bit-identical whichever path is compiled (tests/test_gemm.c
-# and tests/test_attention.c check this).
+# and tests/test_attention.c check this; `make test` also builds the AVX2
+# and portable paths in build/avx2 and build/portable and runs the kernel
+# suites there, so every path is checked on an AVX-512 machine too).
 # -ffp-contract=off: the compiler must never fuse a*b+c on its own; every
 # FMA in the numerics is written explicitly, so the arithmetic is the same
 # in every code path that shares a kernel.
@@ -52,7 +55,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 # The default build puts the binary in bin/; other trees (asan) keep theirs inside.
 BIN      := $(if $(filter build,$(BUILD)),bin/tandem,$(BUILD)/bin/tandem)
 
-.PHONY: all deps test unit asan-test bench demo fuzz clean check-features
+.PHONY: all deps test unit isa-unit asan-test bench demo fuzz clean check-features
 all: check-features $(BIN)
 
 deps:
@@ -98,8 +101,34 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB)
 
 unit: $(BIN) $(UNIT_BIN) $(MPI_BIN) $(TOOL_BIN)
 
+# The other kernel paths, each in its own tree (tests/run.sh runs them):
+# AVX2 + FMA (built when the CPU has both) and portable (the x86-64
+# baseline: no AVX, no FMA instructions).  On an AVX-512 machine
+# -march=native alone never compiles them.  Only what the kernel suites
+# need is built there: core/ and the optimizer, and the unit tests of the
+# code with ISA-specific paths (grep __AVX512F__ and vexp: GEMM, attention,
+# the exp of softmax / cross-entropy / SwiGLU, and their users, MoE and
+# the model), linked as $(BUILD)/tests/kernels.
+KERNEL_TESTS := tests/test_gemm.c tests/test_attention.c tests/test_softmax.c tests/test_swiglu.c \
+                tests/test_moe.c tests/test_model.c tests/fixture.c
+KERNEL_SRC   := $(foreach d,core core/ops core/model,$(wildcard $(d)/*.c)) train/optim.c
+KERNEL_OBJ   := $(KERNEL_TESTS:%.c=$(BUILD)/obj/%.o) $(KERNEL_SRC:%.c=$(BUILD)/obj/%.o)
+ISA_AVX2_FLAGS     := -mno-avx512f
+ISA_PORTABLE_FLAGS := -march=x86-64 -mtune=generic
+
+$(BUILD)/tests/kernels: $(KERNEL_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+
+isa-unit:
+	@if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then \
+	  $(MAKE) --no-print-directory BUILD=$(BUILD)/avx2 EXTRA_CFLAGS="$(ISA_AVX2_FLAGS)" $(BUILD)/avx2/tests/kernels; \
+	else echo "tandem: AVX2 + FMA kernels not built: this CPU has no AVX2 or no FMA"; fi
+	@$(MAKE) --no-print-directory BUILD=$(BUILD)/portable EXTRA_CFLAGS="$(ISA_PORTABLE_FLAGS)" \
+	  $(BUILD)/portable/tests/kernels
+
 test: deps
-	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory unit isa-unit
 	@BUILD=$(BUILD) ./tests/run.sh
 
 # Sanitized build in its own tree; runs the unit suite only (MPI and the
