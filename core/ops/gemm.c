@@ -791,6 +791,18 @@ static double imbalance(size_t n, size_t nt)
     return (double)((n + nt - 1) / nt * nt) / (double)n;
 }
 
+/* The most any range of jb can need, whatever the split: the need grows
+ * with the panels and, up to one A block, with the rows; past BW_MC rows
+ * the B block is the big one. */
+static size_t bw_job_scratch(const BwJob *jb)
+{
+    const size_t n_panels = td_round_up(jb->nj, GEMM_NR) / GEMM_NR;
+    size_t nb, na, nb1, na1;
+    bw_scratch(jb, jb->ni, n_panels, &nb, &na);
+    bw_scratch(jb, td_min(jb->ni, BW_MC), n_panels, &nb1, &na1);
+    return td_max(nb + na, nb1 + na1);
+}
+
 /* Threads own disjoint blocks of C (whole 12-row tiles or whole panels),
  * so there is nothing to reduce between them and no write is shared. */
 static void bw_product(BwJob *jb)
@@ -804,13 +816,7 @@ static void bw_product(BwJob *jb)
      * pool's start-up is not worth it.  Results do not depend on either. */
     double ii = imbalance(n_tiles, nt), ij = imbalance(n_panels, nt);
     jb->split_j = ij < ii || (ij == ii && n_panels > n_tiles);
-    /* The most any range can need, whatever the split: the need grows with
-     * the panels and, up to one A block, with the rows; past BW_MC rows the
-     * B block is the big one. */
-    size_t nb, na, nb1, na1;
-    bw_scratch(jb, jb->ni, n_panels, &nb, &na);
-    bw_scratch(jb, td_min(jb->ni, BW_MC), n_panels, &nb1, &na1);
-    jb->scratch = td_max(nb + na, nb1 + na1);
+    jb->scratch = bw_job_scratch(jb);
     if (nt == 1 || gemm_flops(jb->ni, jb->nj, jb->nr) < 1e6)
         bw_run(jb, 0, jb->ni, 0, n_panels);
     else if (jb->split_j)
@@ -842,8 +848,11 @@ void gemm_dw_acc(float *dW, const float *dy, size_t lddy, const float *x, size_t
 
 static BwJob bw_job_of(const GemmBwProblem *p)
 {
-    if (p->dw) return (BwJob){ p->out, p->ldout, p->dy, 1, p->lddy, p->in, p->ldin, p->N, p->K, p->M, 1, 0 };
-    return (BwJob){ p->out, p->ldout, p->dy, p->lddy, 1, p->in, p->ldin, p->M, p->K, p->N, 0, 0 };
+    BwJob jb = p->dw ? (BwJob){ p->out, p->ldout, p->dy, 1, p->lddy, p->in, p->ldin, p->N, p->K, p->M, 1, 0, 0 }
+                     : (BwJob){ p->out, p->ldout, p->dy, p->lddy, 1, p->in, p->ldin, p->M, p->K, p->N, 0, 0, 0 };
+    /* a group's pieces, like bw_product's ranges, ask for the whole job's */
+    if (jb.ni && jb.nj && jb.nr) jb.scratch = bw_job_scratch(&jb);
+    return jb;
 }
 
 struct bw_group { const GemmBwProblem *pr; int n; double total, target; int nt; };
