@@ -38,8 +38,11 @@ bounded 300 "$TANDEM" train configs/tiny.json data="$BUILD/fortunes.bin" steps=3
 
 # the server, on a port the kernel picks (printed in the start-up line)
 start_server() {   # start_server CKPT: sets pid and port
+    # emptied here, not by the server's redirection: the loop below must
+    # never read the previous server's start-up line (and its port)
+    : >"$TMP/serve.log"
     "$TANDEM" serve --ckpt "$1" --port 0 --kv-mb 16 --max-running 16 --max-queue 48 \
-        --max-body 65536 --drain-timeout 20 2>"$TMP/serve.log" &
+        --max-body 65536 --drain-timeout 20 2>>"$TMP/serve.log" &
     pid=$!
     port=""
     i=0

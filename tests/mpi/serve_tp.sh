@@ -40,11 +40,14 @@ serve_case() {   # serve_case RUN_CONFIG
     bounded 300 $MPI -np 2 $T train "$1" data="$DATA" steps=20 pp=2 micro_batch=4 grad_accum=2 threads=1 \
         out_dir="$run" >/dev/null 2>&1
     # three servers on free ports; each prints its port in its start-up line
-    TANDEM_THREADS=1 "$T" serve --ckpt "$run" --port 0 --quiet >/dev/null 2>"$W/s1.log" &
+    # (the logs are emptied first: port_of must never read the previous
+    # case's lines, which the servers' own redirections may not have cleared yet)
+    : >"$W/s1.log"; : >"$W/s2.log"; : >"$W/s3.log"
+    TANDEM_THREADS=1 "$T" serve --ckpt "$run" --port 0 --quiet >/dev/null 2>>"$W/s1.log" &
     pids="$pids $!"
-    $MPI -np 2 -x TANDEM_THREADS=1 "$T" serve --ckpt "$run" --port 0 --quiet tp=2 >/dev/null 2>"$W/s2.log" &
+    $MPI -np 2 -x TANDEM_THREADS=1 "$T" serve --ckpt "$run" --port 0 --quiet tp=2 >/dev/null 2>>"$W/s2.log" &
     pids="$pids $!"
-    $MPI -np 2 -x TANDEM_THREADS=1 "$T" serve --ckpt "$run" --port 0 --quiet ep=2 >/dev/null 2>"$W/s3.log" &
+    $MPI -np 2 -x TANDEM_THREADS=1 "$T" serve --ckpt "$run" --port 0 --quiet ep=2 >/dev/null 2>>"$W/s3.log" &
     pids="$pids $!"
     p1=$(port_of "$W/s1.log"); p2=$(port_of "$W/s2.log"); p3=$(port_of "$W/s3.log")
     set +e
