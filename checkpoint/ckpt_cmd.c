@@ -49,6 +49,7 @@ static void fmt_shape(char *out, size_t n, const CkptTensor *t)
 
 static bool is_moment(const char *name) { return !strncmp(name, "optimizer/", 10); }
 static bool is_weight(const char *name) { return !strncmp(name, "model/", 6) || !strcmp(name, "lm_head"); }
+static bool is_tok(const char *name) { return !strncmp(name, "tokenizer/", 10); }
 
 static int parse(Args *a, int argc, char **argv, const char *const *spec, int n_pos, const char *what)
 {
@@ -138,6 +139,14 @@ static void print_info_json(const char *path, const CkptInfo *in)
     cJSON_AddNumberToObject(topo, "pp", in->meta.pp);
     cJSON_AddNumberToObject(topo, "ep", in->meta.ep);
     add_state_json(o, in);
+    cJSON *tok = cJSON_CreateObject();
+    for (int i = 0; i < in->n_tensors; i++)
+        if (is_tok(in->tensors[i].name)) cJSON_AddNumberToObject(tok, in->tensors[i].name + 10, (double)in->tensors[i].numel);
+    if (tok->child) cJSON_AddItemToObject(o, "tokenizer", tok);
+    else {
+        cJSON_Delete(tok);
+        cJSON_AddNullToObject(o, "tokenizer");
+    }
     cJSON *arr = cJSON_AddArrayToObject(o, "tensors");
     for (int i = 0; i < in->n_tensors; i++) {
         const CkptTensor *t = &in->tensors[i];
@@ -190,6 +199,12 @@ static void print_info_text(const char *path, const CkptInfo *in)
     } else {
         printf("optimizer   none (weights only)\n");
     }
+    printf("tokenizer   ");
+    int n_tok = 0;
+    for (int i = 0; i < in->n_tensors; i++)
+        if (is_tok(in->tensors[i].name))
+            printf("%s%s (%zu bytes)", n_tok++ ? ", " : "", in->tensors[i].name + 10, in->tensors[i].numel);
+    printf("%s\n", n_tok ? "" : "none (byte-level)");
     printf("config      %s\n\n", in->config_json);
     printf("%-52s %-14s %-9s %-12s %10s\n", "tensor", "shape", "dtype", "partition", "MiB");
     for (int i = 0; i < in->n_tensors; i++) {

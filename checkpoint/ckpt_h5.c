@@ -300,6 +300,7 @@ static void types_of(CkptH5Type t, hid_t *ftype, hid_t *mtype, bool *owned)
     case CKPT_H5_F32: *ftype = H5T_IEEE_F32LE; *mtype = H5T_NATIVE_FLOAT; break;
     case CKPT_H5_BF16: *ftype = H5T_STD_U16LE; *mtype = H5T_NATIVE_UINT16; break;
     case CKPT_H5_F16: *ftype = *mtype = half_type(); *owned = true; break;
+    case CKPT_H5_U8: *ftype = H5T_STD_U8LE; *mtype = H5T_NATIVE_UINT8; break;
     default: *ftype = H5T_STD_U64LE; *mtype = H5T_NATIVE_UINT64; break;
     }
 }
@@ -351,7 +352,7 @@ int ckpt_h5_write_box(hid_t ds, const CkptPiece *pc, bool collective, char *err,
     if (n > 0) {
         H5Sselect_hyperslab(space, H5S_SELECT_SET, pc->off, NULL, pc->cnt, NULL);
         mspace = H5Screate_simple(pc->ndim, pc->cnt, NULL);
-        if (pc->type == CKPT_H5_BF16 || pc->type == CKPT_H5_F16) {
+        if ((pc->type == CKPT_H5_BF16 || pc->type == CKPT_H5_F16) && !pc->raw) {
             const float *x = pc->data;
             uint16_t *h = tmp = td_malloc(n * sizeof(uint16_t));
             if (pc->type == CKPT_H5_BF16)
@@ -407,6 +408,7 @@ static void classify(hid_t ds, hid_t t, CkptH5Desc *d)
         bool is_signed = H5Tget_sign(t) == H5T_SGN_2;
         snprintf(d->type_name, sizeof d->type_name, "%sint%zu", is_signed ? "" : "u", 8 * size);
         if (!is_signed && size == 8) d->type = CKPT_H5_U64;
+        if (!is_signed && size == 1) d->type = CKPT_H5_U8;
         if (!is_signed && size == 2) {
             char *s = NULL;
             if (ckpt_h5_get_str(ds, "dtype", &s) == 0 && !strcmp(s, "bfloat16")) {
@@ -501,6 +503,9 @@ int ckpt_h5_read_box(hid_t file, const char *name, const CkptH5Desc *d, const hs
         break;
     case CKPT_H5_U64:
         st = H5Dread(ds, H5T_NATIVE_UINT64, mspace, fspace, H5P_DEFAULT, out);
+        break;
+    case CKPT_H5_U8:
+        st = H5Dread(ds, H5T_NATIVE_UINT8, mspace, fspace, H5P_DEFAULT, out);
         break;
     default:
         st = -1;

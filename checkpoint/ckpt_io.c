@@ -96,10 +96,7 @@ static bool checksum_ok(const void *data, size_t n, const unsigned char *stored)
 
 typedef enum { CV_SAME, CV_F32_BF16, CV_F32_F16, CV_BF16_F32, CV_F16_F32 } Conv;
 
-static size_t storage_bytes(CkptH5Type t)
-{
-    return t == CKPT_H5_U64 ? 8 : t == CKPT_H5_F32 ? 4 : 2;
-}
+static size_t storage_bytes(CkptH5Type t) { return ckpt_h5_disk_size(t); }
 
 static void convert_row(void *dst, const void *src, size_t n, Conv cv, size_t esize)
 {
@@ -243,8 +240,8 @@ static void prep_chunks(void *vctx, size_t b, size_t e, int tid)
     const WriteCtx *w = vctx;
     const CkptPiece *pc = w->pc;
     static const hsize_t zero[CKPT_H5_MAX_DIMS] = { 0 };
-    Conv cv = pc->type == CKPT_H5_BF16 ? CV_F32_BF16 : pc->type == CKPT_H5_F16 ? CV_F32_F16 : CV_SAME;
-    size_t ssize = pc->type == CKPT_H5_U64 ? 8 : 4, dsize = storage_bytes(pc->type);
+    Conv cv = pc->raw ? CV_SAME : pc->type == CKPT_H5_BF16 ? CV_F32_BF16 : pc->type == CKPT_H5_F16 ? CV_F32_F16 : CV_SAME;
+    size_t dsize = storage_bytes(pc->type), ssize = pc->raw ? dsize : ckpt_h5_mem_size(pc->type);
     for (size_t j = b; j < e; j++) {
         unsigned char *dst = w->buf + j * w->slot;
         hsize_t coff[CKPT_H5_MAX_DIMS], ext[CKPT_H5_MAX_DIMS];
@@ -493,7 +490,7 @@ int ckpt_io_read_add(CkptIoRead *r, const char *name, const CkptH5Desc *d, const
         while (split < nd - 1 && t->cdim[split] == 1) split++;
         bool contiguous = true;
         for (int i = split + 1; i < nd; i++) contiguous &= t->cdim[i] == cnt[i];
-        t->direct = inside && contiguous && (d->type == CKPT_H5_F32 || d->type == CKPT_H5_U64);
+        t->direct = inside && contiguous && (d->type == CKPT_H5_F32 || d->type == CKPT_H5_U64 || d->type == CKPT_H5_U8);
         t->dst_off = 0;
         for (int i = 0; i < nd; i++) t->dst_off += (size_t)(t->coff[i] - off[i]) * bstride[i];
         for (int i = nd - 1; i >= 0; i--) {   /* next chunk coordinate */
@@ -545,7 +542,7 @@ static void run_task(Task *t, int fd, unsigned char *buf)
 {
     size_t n = t->stored - 4;
     if (t->direct) {
-        size_t esize = t->type == CKPT_H5_U64 ? 8 : 4;
+        size_t esize = ckpt_h5_mem_size(t->type);
         unsigned char *dst = (unsigned char *)t->out + t->dst_off * esize, crc[4];
         struct iovec iov[2] = { { dst, n }, { crc, 4 } };
         t->status = read_full(fd, iov, 2, t->addr, t->stored);
@@ -570,7 +567,7 @@ static void run_task(Task *t, int fd, unsigned char *buf)
         in_box[i] = lo[i] - t->boff[i];
     }
     Conv cv = t->type == CKPT_H5_BF16 ? CV_BF16_F32 : t->type == CKPT_H5_F16 ? CV_F16_F32 : CV_SAME;
-    size_t ssize = storage_bytes(t->type), dsize = t->type == CKPT_H5_U64 ? 8 : 4;
+    size_t ssize = storage_bytes(t->type), dsize = ckpt_h5_mem_size(t->type);
     copy_box(t->out, t->bcnt, in_box, dsize, buf, t->cdim, in_chunk, ssize, ext, t->ndim, cv);
 }
 

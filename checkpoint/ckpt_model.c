@@ -3,6 +3,7 @@
 #include "checkpoint/ckpt_model.h"
 #include "checkpoint/ckpt.h"
 #include "core/common.h"
+#include "core/tok/tokenizer.h"
 
 #include <hdf5.h>
 #include <stdio.h>
@@ -39,6 +40,23 @@ int ckpt_model_open(const char *path, Model *m, Topology *topo, bool with_grads,
     }
     model_pack(m);
     return 0;
+}
+
+int ckpt_open_tokenizer(const char *ckpt_or_hf_dir, Tokenizer **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    CkptTokFiles tf;
+    if (ckpt_read_tok_files(ckpt_or_hf_dir, &tf, err, err_len)) return -1;
+    int rc = 0;
+    if (tf.tokenizer_json) {
+        char why[512];
+        rc = tok_load_mem(out, tf.tokenizer_json, tf.tokenizer_json_len, tf.tokenizer_config, tf.tokenizer_config_len,
+                          why, sizeof why);
+        if (rc) snprintf(err, err_len, "%s: tokenizer: %s", ckpt_or_hf_dir, why);
+    } else
+        *out = tok_byte_level();
+    ckpt_tok_files_free(&tf);
+    return rc;
 }
 
 int h5_write_matrix(const char *path, const char *name, const float *data, size_t rows, size_t cols,
