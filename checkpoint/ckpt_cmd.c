@@ -9,9 +9,15 @@
  *   export IN OUT [--dtype ...] [--dp ...]
  *                           a serving checkpoint: reshard --weights-only
  *   diff A B                max abs / rel difference per tensor
+ *   import HF_DIR OUT [--dtype f32|bf16|f16]
+ *                           a Hugging Face model directory as a tandem checkpoint
+ *                           (checkpoint/hf/hf_load.h); --list-families prints the
+ *                           mapping tables
  */
 #include "checkpoint/ckpt_cmd.h"
 #include "checkpoint/ckpt.h"
+#include "checkpoint/hf/families.h"
+#include "checkpoint/hf/hf_load.h"
 #include "comm/comm.h"
 #include "core/args.h"
 #include "core/common.h"
@@ -36,7 +42,13 @@ static const char *g_usage =
     "                               the weight matrices in that type (default: IN's)\n"
     "  export IN OUT [--dtype ...] [--dp ...]\n"
     "                               serving checkpoint: reshard --weights-only\n"
-    "  diff A B                     max abs and max rel difference of every tensor\n";
+    "  diff A B                     max abs and max rel difference of every tensor\n"
+    "  import HF_DIR OUT [--dtype f32|bf16|f16]\n"
+    "                               a Hugging Face model directory (config.json + safetensors) as a\n"
+    "                               tandem checkpoint: weights, config, tokenizer files, and what\n"
+    "                               export --format hf needs to write it back bit for bit; --dtype\n"
+    "                               stores the matrices in that type (default: the HF files' own)\n"
+    "  import --list-families       every family's config-key and tensor tables (markdown)\n";
 
 static double mib(size_t b) { return (double)b / 1048576.0; }
 
@@ -431,6 +443,54 @@ static int cmd_diff(int argc, char **argv)
     return rc;
 }
 
+/* ---------------------------------------------------------------- import */
+
+static int cmd_import(int argc, char **argv)
+{
+    static const char *const spec[] = { "dtype=", "list-families", NULL };
+    Args a;
+    char err[1024];
+    if (args_parse(&a, argc, argv, 2, spec, err, sizeof err)) {
+        td_error("ckpt import: %s (tandem ckpt --help)", err);
+        return 2;
+    }
+    if (a.help) {
+        fputs(g_usage, stdout);
+        return 0;
+    }
+    if (args_flag(&a, "list-families")) {
+        hf_families_print();
+        return 0;
+    }
+    if (a.n_pos != 2) {
+        td_error("ckpt import: expected HF_DIR and OUT, got %d argument%s (tandem ckpt --help)", a.n_pos,
+                 a.n_pos == 1 ? "" : "s");
+        return 2;
+    }
+    CkptDtype dt;
+    const char *ds = args_get(&a, "dtype");
+    if (ds && ckpt_dtype_parse(ds, &dt)) {
+        td_error("ckpt import: --dtype must be f32, bf16 or f16 (got \"%s\")", ds);
+        return 2;
+    }
+    if (!ckpt_is_hf_dir(a.pos[0])) {
+        td_error("ckpt import: %s is not a Hugging Face model directory (config.json and model.safetensors or "
+                 "model.safetensors.index.json)", a.pos[0]);
+        return 1;
+    }
+    HfImportReport rep;
+    if (hf_import(a.pos[0], a.pos[1], ds ? &dt : NULL, &rep, err, sizeof err)) {
+        td_error("%s", err);
+        return 1;
+    }
+    printf("wrote %s: %s (%s layout), %d tensors, weights %s%s; read %.1f MiB in %.2f s (%.2f GB/s), "
+           "peak RSS %.1f MiB (largest tensor %.1f MiB)\n",
+           a.pos[1], rep.architecture, rep.layout, rep.n_tensors, ckpt_dtype_name(rep.dtype),
+           rep.tokenizer ? ", tokenizer" : "", mib(rep.bytes_read), rep.seconds,
+           rep.seconds > 0 ? (double)rep.bytes_read / rep.seconds / 1e9 : 0.0, mib(td_rss_peak()), mib(rep.largest));
+    return 0;
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 int cmd_ckpt(int argc, char **argv)
@@ -449,6 +509,7 @@ int cmd_ckpt(int argc, char **argv)
     if (!strcmp(sub, "reshard")) return reshard(argc, argv, false);
     if (!strcmp(sub, "export")) return reshard(argc, argv, true);
     if (!strcmp(sub, "diff")) return cmd_diff(argc, argv);
+    if (!strcmp(sub, "import")) return cmd_import(argc, argv);
     td_error("ckpt: unknown subcommand '%s' (tandem ckpt --help)", sub);
     return 2;
 }
