@@ -17,6 +17,7 @@
 #include "checkpoint/ckpt_cmd.h"
 #include "checkpoint/ckpt.h"
 #include "checkpoint/hf/families.h"
+#include "checkpoint/hf/hf_export.h"
 #include "checkpoint/hf/hf_load.h"
 #include "comm/comm.h"
 #include "core/args.h"
@@ -40,8 +41,12 @@ static const char *g_usage =
     "                               rewrite IN as saved by that topology (omitted sizes are 1);\n"
     "                               --weights-only drops /optimizer and /trainer; --dtype stores\n"
     "                               the weight matrices in that type (default: IN's)\n"
-    "  export IN OUT [--dtype ...] [--dp ...]\n"
+    "  export IN OUT [--dtype ...] [--dp ...] [--format tandem]\n"
     "                               serving checkpoint: reshard --weights-only\n"
+    "  export IN OUT_DIR --format hf [--dtype f32|bf16|f16] [--shard-mb 2048] [--layout v4|v5]\n"
+    "                               a Hugging Face model directory: config.json, safetensors shards\n"
+    "                               of at most --shard-mb MiB with their index, tokenizer files; an\n"
+    "                               imported model goes back bit for bit (dtypes, layout, config)\n"
     "  diff A B                     max abs and max rel difference of every tensor\n"
     "  import HF_DIR OUT [--dtype f32|bf16|f16]\n"
     "                               a Hugging Face model directory (config.json + safetensors) as a\n"
@@ -293,11 +298,16 @@ static int get_size(const Args *a, const char *name, int *out)
 
 static int reshard(int argc, char **argv, bool export_mode)
 {
-    static const char *const spec[] = { "dp=", "tp=", "pp=", "ep=", "weights-only", "dtype=", NULL };
+    static const char *const spec[] = { "dp=", "tp=", "pp=", "ep=", "weights-only", "dtype=", "format=", NULL };
     const char *what = export_mode ? "export" : "reshard";
     Args a;
     int r = parse(&a, argc, argv, spec, 2, what);
     if (r >= 0) return r;
+    const char *fmt = args_get(&a, "format");
+    if (fmt && (!export_mode || strcmp(fmt, "tandem"))) {
+        td_error("ckpt %s: --format must be tandem or hf (got \"%s\")", what, fmt);
+        return 2;
+    }
     char in[PATH_MAX], err[512];
     const char *out = a.pos[1];
     if (ckpt_resolve(a.pos[0], in, sizeof in)) return 1;
@@ -355,6 +365,58 @@ out:
     td_free(eas);
     model_free(&m);
     return rc;
+}
+
+/* ---------------------------------------------------------------- export --format hf */
+
+static int export_hf(int argc, char **argv)
+{
+    static const char *const spec[] = { "format=", "dtype=", "shard-mb=", "layout=", NULL };
+    Args a;
+    int r = parse(&a, argc, argv, spec, 2, "export");
+    if (r >= 0) return r;
+    char in[PATH_MAX], err[1024];
+    if (ckpt_resolve(a.pos[0], in, sizeof in)) return 1;
+    HfExportOpts o = { NULL, 0, 0 };
+    CkptDtype dt;
+    const char *ds = args_get(&a, "dtype"), *ls = args_get(&a, "layout");
+    if (ds && ckpt_dtype_parse(ds, &dt)) {
+        td_error("ckpt export: --dtype must be f32, bf16 or f16 (got \"%s\")", ds);
+        return 2;
+    }
+    if (ds) o.dtype = &dt;
+    if (ls && strcmp(ls, "v4") && strcmp(ls, "v5")) {
+        td_error("ckpt export: --layout must be v4 or v5 (got \"%s\")", ls);
+        return 2;
+    }
+    if (ls) o.layout = !strcmp(ls, "v4") ? HF_V4 : HF_V5;
+    double mb;
+    if (args_num(&a, "shard-mb", 2048, 1.0 / 1024, 1 << 24, &mb, err, sizeof err) < 0) {
+        td_error("ckpt export: %s", err);
+        return 2;
+    }
+    o.shard_bytes = (size_t)(mb * 1048576.0);
+    double t0 = td_now();
+    HfExportReport rep;
+    if (hf_export(in, a.pos[1], &o, &rep, err, sizeof err)) {
+        td_error("%s", err);
+        return 1;
+    }
+    if (rep.note[0]) td_info("note: %s", rep.note);
+    printf("wrote %s: %s (%s layout), %d tensors in %d safetensors file%s (%.1f MiB), config.json %s%s (%.2f s)\n",
+           a.pos[1], rep.architecture, rep.layout, rep.n_tensors, rep.n_files, rep.n_files > 1 ? "s" : "",
+           mib(rep.bytes), rep.original_config ? "as imported" : "written for the family",
+           rep.tokenizer ? ", tokenizer" : "", td_now() - t0);
+    return 0;
+}
+
+static int cmd_export(int argc, char **argv)
+{
+    for (int i = 2; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--format") && !strcmp(argv[i + 1], "hf")) return export_hf(argc, argv);
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--format=hf")) return export_hf(argc, argv);
+    return reshard(argc, argv, true);
 }
 
 /* ---------------------------------------------------------------- diff */
@@ -507,7 +569,7 @@ int cmd_ckpt(int argc, char **argv)
     if (!strcmp(sub, "info")) return cmd_info(argc, argv);
     if (!strcmp(sub, "verify")) return cmd_verify(argc, argv);
     if (!strcmp(sub, "reshard")) return reshard(argc, argv, false);
-    if (!strcmp(sub, "export")) return reshard(argc, argv, true);
+    if (!strcmp(sub, "export")) return cmd_export(argc, argv);
     if (!strcmp(sub, "diff")) return cmd_diff(argc, argv);
     if (!strcmp(sub, "import")) return cmd_import(argc, argv);
     td_error("ckpt: unknown subcommand '%s' (tandem ckpt --help)", sub);

@@ -539,6 +539,30 @@ char *hf_config_write(const HfFamily *fam, const ModelConfig *cfg, HfLayout layo
     return b.s;
 }
 
+char *hf_json_dump(const void *cjson)
+{
+    Buf b = { NULL, 0, 0 };
+    put_json(&b, cjson, 0, NULL);
+    bputs(&b, "\n");
+    return b.s;
+}
+
+char *hf_config_set_dtype(const char *text, HfLayout layout, const char *dtype_name)
+{
+    cJSON *o = cJSON_Parse(text);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    bool v4 = cJSON_GetObjectItemCaseSensitive(o, "torch_dtype") != NULL,
+         v5 = cJSON_GetObjectItemCaseSensitive(o, "dtype") != NULL;
+    if (v4 || (!v5 && layout == HF_V4)) set_item(o, "torch_dtype", cJSON_CreateString(dtype_name));
+    if (v5 || (!v4 && layout == HF_V5)) set_item(o, "dtype", cJSON_CreateString(dtype_name));
+    char *s = hf_json_dump(o);
+    cJSON_Delete(o);
+    return s;
+}
+
 /* ---------------------------------------------------------------- expressing a tandem config */
 
 bool hf_config_same_math(const ModelConfig *a, const ModelConfig *b, char *why, size_t why_len)

@@ -56,6 +56,17 @@ void hf_config_free(HfConfig *c);
 char *hf_config_write(const HfFamily *fam, const ModelConfig *cfg, HfLayout layout, const char *dtype_name,
                       const char *gen_json, char *err, size_t err_len);
 
+/* text (a config.json) with its torch_dtype / dtype key (whichever it
+ * has; for a config with neither, the one of `layout`) set to dtype_name,
+ * reprinted as transformers prints configs.  td_malloc'd, or NULL when
+ * text is not a JSON object. */
+char *hf_config_set_dtype(const char *text, HfLayout layout, const char *dtype_name);
+
+/* json.dumps(v, indent=2, sort_keys=True) of a cJSON value (passed as
+ * void * so that callers need not include cJSON), with a newline: what
+ * transformers writes.  td_malloc'd. */
+char *hf_json_dump(const void *cjson);
+
 /* The first family (hf_families order) whose config.json expresses cfg
  * exactly; NULL with one line in err naming, per family, the first thing
  * it cannot express.  Training-loss coefficients it cannot carry
