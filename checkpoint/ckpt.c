@@ -328,15 +328,15 @@ static int put_piece(Writer *w, const CkptPiece *pc)
     return agree(w->parallel, rc);
 }
 
-/* Writes /tokenizer from tok (rank 0's in a parallel save: the lengths are
- * broadcast so that every rank creates the same datasets; rank 0 writes the
- * bytes). */
+/* Writes /tokenizer from tok, a dataset per file present (rank 0's in a
+ * parallel save: the lengths are broadcast so that every rank creates the
+ * same datasets; rank 0 writes the bytes).  No file, no group. */
 static int write_tok(Writer *w, bool parallel, const CkptTokFiles *tok)
 {
     bool root = !parallel || comm_rank() == 0;
     int64_t len[TOK_FILES] = { 0, 0, 0 };
     const char *txt[TOK_FILES] = { NULL, NULL, NULL };
-    if (root && tok && tok->tokenizer_json) {
+    if (root && tok) {
         CkptTokFiles *t = (CkptTokFiles *)tok;
         for (int i = 0; i < TOK_FILES; i++) {
             size_t *n;

@@ -88,9 +88,12 @@ typedef struct {
     char *run_config;        /* JSON text of the run config, may be NULL */
     bool has_trainer;        /* load: the file had /trainer and /optimizer */
     /* Tokenizer files.  Save (ckpt_save, ckpt_export): borrowed; the
-     * /tokenizer group is written when tok.tokenizer_json != NULL (in a
-     * parallel save rank 0's files are written, by rank 0).  Load: owned
-     * copies, filled when the file has /tokenizer (all NULL otherwise). */
+     * /tokenizer group holds a dataset for each file present (normally
+     * tokenizer.json and the others; a generation_config.json alone is kept
+     * too, so that HF round trips of models without a tokenizer keep it),
+     * none when all are NULL; in a parallel save rank 0's files are
+     * written, by rank 0.  Load: owned copies, filled when the file has
+     * /tokenizer (all NULL otherwise). */
     CkptTokFiles tok;
 } CkptState;
 
