@@ -675,6 +675,7 @@ int ckpt_stream_put(CkptStream *s, const char *name, const void *data, bool raw,
         }
     }
     s->done[i] = true;
+    H5garbage_collect();
     return 0;
 }
 

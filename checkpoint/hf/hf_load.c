@@ -13,6 +13,7 @@
 #include "core/common.h"
 
 #include <cJSON.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -41,11 +42,32 @@ static void print_notes(const char *dir, const char *notes)
     if (notes[0] && comm_rank() == 0) td_info("note: %s: %s", dir, notes);
 }
 
+/* Bytes kept requested from the disk ahead of the tensor being read. */
+#define READ_AHEAD (64u << 20)
+
+static const size_t zero[PARAM_MAX_DIMS] = { 0 };
+
+typedef struct {
+    const HfBinding **b;
+    const size_t *const *off, *const *cnt;
+} Boxes;
+
+static const HfBinding *box_at(void *ctx, int i, const size_t **off, const size_t **cnt)
+{
+    const Boxes *x = ctx;
+    *off = x->off[i];
+    *cnt = x->cnt[i];
+    return x->b[i];
+}
+
 int hf_load(const char *dir, Model *m, char *err, size_t err_len)
 {
     HfModel h;
     if (hf_model_open(&h, dir, err, err_len)) return -1;
-    int rc = -1;
+    int rc = -1, n = m->n_params;
+    const HfBinding **bs = td_calloc((size_t)td_max((size_t)n, 1) * sizeof *bs);
+    const size_t **offs = td_calloc((size_t)td_max((size_t)n, 1) * sizeof *offs);
+    const size_t **cnts = td_calloc((size_t)td_max((size_t)n, 1) * sizeof *cnts);
     char *a = config_to_json(&h.hc.cfg), *b = config_to_json(&m->cfg);
     bool same = !strcmp(a, b);
     td_free(a);
@@ -54,21 +76,26 @@ int hf_load(const char *dir, Model *m, char *err, size_t err_len)
         snprintf(err, err_len, "%s: config.json describes another model than the one being loaded", dir);
         goto out;
     }
-    print_notes(dir, h.notes);
-    for (int i = 0; i < m->n_params; i++) {
+    for (int i = 0; i < n; i++) {
         Param *p = &m->params[i];
-        const HfBinding *bd = hf_model_find(&h, p->name);
-        if (!bd) {
+        bs[i] = hf_model_find(&h, p->name);
+        offs[i] = p->loff;
+        cnts[i] = p->lshape;
+        if (!bs[i]) {
             snprintf(err, err_len, "%s: no HF tensor maps %s", dir, p->name);
             goto out;
         }
-        hf_prefetch(bd);
-        int r = hf_read_box(&h, bd, p->loff, p->lshape, p->w, false, err, err_len);
-        hf_release(bd);
-        if (r) goto out;
     }
+    print_notes(dir, h.notes);
+    Boxes x = { bs, offs, cnts };
+    HfStream s = { &h, READ_AHEAD, 0, 0 };
+    for (int i = 0; i < n; i++)
+        if (hf_stream_read(&s, i, n, box_at, &x, m->params[i].w, false, err, err_len)) goto out;
     rc = 0;
 out:
+    td_free(bs);
+    td_free(offs);
+    td_free(cnts);
     hf_model_close(&h);
     return rc;
 }
@@ -86,6 +113,31 @@ static CkptDtype native_dtype(const HfModel *h)
     return other ? CKPT_F32 : bf && !f16 ? CKPT_BF16 : f16 && !bf ? CKPT_F16 : CKPT_F32;
 }
 
+/* The read of the next tensor, on its own thread. */
+typedef struct {
+    const HfModel *h;
+    const HfBinding *b;
+    const size_t *off, *cnt;
+    void *out;
+    bool raw;
+    int rc;
+    char err[512];
+} ReadJob;
+
+static void *read_job(void *arg)
+{
+    ReadJob *j = arg;
+    j->rc = hf_read_box_serial(j->h, j->b, j->off, j->cnt, j->out, j->raw, j->err, sizeof j->err);
+    return NULL;
+}
+
+/* Whether an import stores b's values as read: 16-bit matrices kept in
+ * their own type (no conversion, half the buffer). */
+static bool import_raw(const HfBinding *b, CkptDtype dtype)
+{
+    return b->ndim >= 2 && ((dtype == CKPT_BF16 && b->dtype == ST_BF16) || (dtype == CKPT_F16 && b->dtype == ST_F16));
+}
+
 int hf_import(const char *dir, const char *out, const CkptDtype *dtype_opt, HfImportReport *rep, char *err,
               size_t err_len)
 {
@@ -95,7 +147,10 @@ int hf_import(const char *dir, const char *out, const CkptDtype *dtype_opt, HfIm
     CkptDtype dtype = dtype_opt ? *dtype_opt : native_dtype(&h);
     CkptTokFiles tok;
     CkptStream *s = NULL;
-    void *buf = NULL;
+    void *buf = NULL, *buf2 = NULL;
+    const HfBinding **bs = NULL;
+    size_t (*shapes)[PARAM_MAX_DIMS] = NULL;
+    const size_t **offs = NULL, **cnts = NULL;
     int rc = -1;
     size_t read = 0, largest = 0;
     if (ckpt_tok_files_from_dir(dir, &tok, err, err_len)) goto out;
@@ -106,28 +161,63 @@ int hf_import(const char *dir, const char *out, const CkptDtype *dtype_opt, HfIm
         goto out;
     print_notes(dir, h.notes);
     int n = ckpt_stream_count(s);
+    /* every tensor whole, in the plan's order */
+    bs = td_calloc((size_t)td_max((size_t)n, 1) * sizeof *bs);
+    shapes = td_calloc((size_t)td_max((size_t)n, 1) * sizeof *shapes);
+    offs = td_calloc((size_t)td_max((size_t)n, 1) * sizeof *offs);
+    cnts = td_calloc((size_t)td_max((size_t)n, 1) * sizeof *cnts);
     for (int i = 0; i < n; i++) {
-        int ndim;
-        size_t shape[PARAM_MAX_DIMS], zero[PARAM_MAX_DIMS] = { 0 }, numel = 1;
-        const char *name = ckpt_stream_tensor(s, i, &ndim, shape);
-        const HfBinding *b = hf_model_find(&h, name);
-        if (!b) {
+        int nd;
+        const char *name = ckpt_stream_tensor(s, i, &nd, shapes[i]);
+        bs[i] = hf_model_find(&h, name);
+        offs[i] = zero;
+        cnts[i] = shapes[i];
+        if (!bs[i]) {
             snprintf(err, err_len, "%s: no HF tensor maps %s", dir, name);
             goto out;
         }
-        for (int d = 0; d < ndim; d++) numel *= shape[d];
-        /* 16-bit matrices stored as they are: no conversion, half the buffer */
-        bool raw = ndim >= 2 && ((dtype == CKPT_BF16 && b->dtype == ST_BF16) || (dtype == CKPT_F16 && b->dtype == ST_F16));
-        size_t bytes = numel * (raw ? 2 : 4);
-        largest = td_max(largest, ndim >= 2 && dtype != CKPT_F32 ? numel * 2 : numel * 4);
-        buf = td_malloc(td_max(bytes, 1));
-        hf_prefetch(b);
-        int r = hf_read_box(&h, b, zero, shape, buf, raw, err, err_len);
-        hf_release(b);
+    }
+    /* one buffer, of the largest tensor, for all (allocating one per tensor
+     * leaves glibc's heap holding the sum of their sizes) */
+    size_t buf_bytes = 1;
+    for (int i = 0; i < n; i++) {
+        size_t numel = 1;
+        for (int d = 0; d < bs[i]->ndim; d++) numel *= shapes[i][d];
+        buf_bytes = td_max(buf_bytes, numel * (import_raw(bs[i], dtype) ? 2 : 4));
+        largest = td_max(largest, bs[i]->ndim >= 2 && dtype != CKPT_F32 ? numel * 2 : numel * 4);
+    }
+    /* two buffers: tensor i+1 is read (a reader thread) while tensor i is
+     * written (the main thread and the pool) */
+    buf = td_malloc(buf_bytes);
+    buf2 = n > 1 ? td_malloc(buf_bytes) : NULL;
+    void *bufs[2] = { buf, buf2 };
+    Boxes x = { bs, offs, cnts };
+    HfStream hs = { &h, READ_AHEAD, 0, 0 };
+    if (n > 0 && hf_stream_read(&hs, 0, n, box_at, &x, buf, import_raw(bs[0], dtype), err, err_len)) goto out;
+    for (int i = 0; i < n; i++) {
+        const HfBinding *b = bs[i];
         for (int k = 0; k < b->n_src; k++) read += b->src[k]->nbytes;
-        if (r || ckpt_stream_put(s, name, buf, raw, dtype, "hf_dtype", st_dtype_name(b->dtype), err, err_len)) goto out;
-        td_free(buf);
-        buf = NULL;
+        ReadJob job = { &h, i + 1 < n ? bs[i + 1] : NULL, zero, i + 1 < n ? shapes[i + 1] : NULL, bufs[(i + 1) & 1],
+                        i + 1 < n && import_raw(bs[i + 1], dtype), 0, "" };
+        pthread_t th;
+        bool threaded = false;
+        if (job.b) {
+            /* keep the read-ahead window beyond the tensor the reader takes */
+            for (; hs.next < n && hs.requested < hs.ahead; hs.next++)
+                hs.requested += hf_prefetch(&h, bs[hs.next], zero, shapes[hs.next]);
+            hs.requested = hs.requested > job.b->src[0]->nbytes * (size_t)job.b->n_src
+                               ? hs.requested - job.b->src[0]->nbytes * (size_t)job.b->n_src : 0;
+            threaded = pthread_create(&th, NULL, read_job, &job) == 0;
+        }
+        int w = ckpt_stream_put(s, b->tandem, bufs[i & 1], import_raw(b, dtype), dtype, "hf_dtype",
+                                st_dtype_name(b->dtype), err, err_len);
+        if (job.b && !threaded) read_job(&job);
+        if (threaded) pthread_join(th, NULL);
+        if (w) goto out;
+        if (job.rc) {
+            snprintf(err, err_len, "%s", job.err);
+            goto out;
+        }
     }
     rc = ckpt_stream_close(s, true, err, err_len);
     s = NULL;
@@ -144,6 +234,11 @@ int hf_import(const char *dir, const char *out, const CkptDtype *dtype_opt, HfIm
     }
 out:
     td_free(buf);
+    td_free(buf2);
+    td_free(bs);
+    td_free(shapes);
+    td_free(offs);
+    td_free(cnts);
     if (s) ckpt_stream_close(s, false, NULL, 0);
     ckpt_tok_files_free(&tok);
     hf_model_close(&h);

@@ -14,9 +14,12 @@
 #include "core/model/topology.h"
 #include "core/pool.h"
 
+#include "core/dtype.h"
+
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #define HF_NAME_MAX 256
@@ -160,6 +163,9 @@ static int unexpected(const StCheckpoint *st, const bool *claimed, const HfFamil
 void hf_model_close(HfModel *h)
 {
     if (!h) return;
+    for (int i = 0; h->fd && i < h->st.n_files; i++)
+        if (h->fd[i] >= 0) close(h->fd[i]);
+    td_free(h->fd);
     hf_config_free(&h->hc);
     st_close(&h->st);
     td_free(h->b);
@@ -243,6 +249,15 @@ int hf_model_open(HfModel *h, const char *dir, char *err, size_t err_len)
         for (int k = 1; k < b->n_src; k++)
             if (b->src[k]->dtype != b->dtype) b->dtype = ST_F32;
     }
+    h->fd = td_malloc((size_t)td_max((size_t)h->st.n_files, 1) * sizeof *h->fd);
+    for (int i = 0; i < h->st.n_files; i++) h->fd[i] = -1;
+    for (int i = 0; i < h->st.n_files; i++) {
+        h->fd[i] = open(h->st.files[i].path, O_RDONLY | O_CLOEXEC);
+        if (h->fd[i] < 0) {
+            snprintf(err, err_len, "%s: cannot open: %s", h->st.files[i].path, strerror(errno));
+            goto out;
+        }
+    }
     snprintf(h->notes, sizeof h->notes, "%s", h->hc.notes);
     char dummy[HF_NAME_MAX];
     unexpected(&h->st, claimed, fam, cfg->num_hidden_layers, dummy, sizeof dummy, h->notes, sizeof h->notes);
@@ -263,9 +278,93 @@ const HfBinding *hf_model_find(const HfModel *h, const char *tandem)
 
 /* ---------------------------------------------------------------- reading */
 
+/* ---------------------------------------------------------------- reading */
+
+#define BOUNCE (256u << 10)   /* bytes converted at a time */
+
+static int read_full(int fd, void *dst, size_t n, off_t at)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = pread(fd, (char *)dst + got, n - got, at + (off_t)got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return k < 0 ? errno : ENODATA;
+        got += (size_t)k;
+    }
+    return 0;
+}
+
+/* n elements of t's dtype at file offset `at` -> out: raw bytes, or float32. */
+static int read_run(const HfModel *h, const StTensor *t, off_t at, size_t n, void *out, bool raw, char *err,
+                    size_t err_len)
+{
+    const int fd = h->fd[t->file];
+    const size_t esize = st_dtype_size(t->dtype);
+    int e = 0;
+    if (raw || t->dtype == ST_F32) {
+        e = read_full(fd, out, n * esize, at);
+    } else {
+        uint16_t bounce[BOUNCE / 2];
+        float *y = out;
+        for (size_t i = 0; i < n && !e; i += BOUNCE / 2) {
+            size_t m = td_min(BOUNCE / 2, n - i);
+            e = read_full(fd, bounce, m * 2, at + (off_t)(i * 2));
+            if (e) break;
+            if (t->dtype == ST_BF16) dtype_bf16_to_f32(y + i, bounce, m);
+            else dtype_f16_to_f32(y + i, bounce, m);
+        }
+    }
+    if (e) {
+        snprintf(err, err_len, "%s: tensor '%s': %s", h->st.files[t->file].path, t->name,
+                 e == ENODATA ? "the file ends early (truncated while open?)" : strerror(e));
+        return -1;
+    }
+    return 0;
+}
+
+/* The box [start, start + count) of HF tensor t into out (row-major box),
+ * as runs: the trailing dims the box takes whole merge with the last one
+ * it cuts into one contiguous run. */
+static int read_tensor_box(const HfModel *h, const StTensor *t, const uint64_t *start, const uint64_t *count,
+                           void *out, bool raw, char *err, size_t err_len)
+{
+    const int nd = t->ndim;
+    for (int i = 0; i < nd; i++)
+        if (start[i] + count[i] > t->shape[i]) {
+            snprintf(err, err_len, "tensor '%s': box outside its shape", t->name);
+            return -1;
+        }
+    if (!raw && t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16) {
+        snprintf(err, err_len, "tensor '%s': dtype %s does not convert to float32", t->name, st_dtype_name(t->dtype));
+        return -1;
+    }
+    const size_t esize = st_dtype_size(t->dtype), osize = raw ? esize : 4;
+    const off_t base = (off_t)(t->data - h->st.files[t->file].map);
+    size_t stride[ST_MAX_DIMS];
+    if (nd) stride[nd - 1] = 1;
+    for (int i = nd - 2; i >= 0; i--) stride[i] = stride[i + 1] * (size_t)t->shape[i + 1];
+    int k = nd - 1;   /* the run: dims k.. (k cut, the ones after it whole) */
+    while (k > 0 && start[k] == 0 && count[k] == t->shape[k]) k--;
+    size_t run = nd ? (size_t)count[k] * stride[k] : 1, outer = 1;
+    for (int i = 0; i < k; i++) outer *= (size_t)count[i];
+    if (nd == 0 || run == 0 || outer == 0) return nd == 0 ? read_run(h, t, base, 1, out, raw, err, err_len) : 0;
+    size_t idx[ST_MAX_DIMS] = { 0 };
+    for (size_t r = 0; r < outer; r++) {
+        size_t el = (size_t)start[k] * stride[k];
+        for (int i = 0; i < k; i++) el += (size_t)(start[i] + idx[i]) * stride[i];
+        if (read_run(h, t, base + (off_t)(el * esize), run, (char *)out + r * run * osize, raw, err, err_len))
+            return -1;
+        for (int i = k - 1; i >= 0; i--) {
+            if (++idx[i] < count[i]) break;
+            idx[i] = 0;
+        }
+    }
+    return 0;
+}
+
 /* One contiguous piece of a box: tandem box [off, off + cnt) into out. */
-static int read_piece(const HfBinding *b, const uint64_t *off, const uint64_t *cnt, void *out, bool raw, char *err,
-                      size_t err_len)
+static int read_piece(const HfModel *h, const HfBinding *b, const uint64_t *off, const uint64_t *cnt, void *out,
+                      bool raw, char *err, size_t err_len)
 {
     const int nd = b->ndim;
     const size_t esize = raw ? 2 : 4;
@@ -278,8 +377,7 @@ static int read_piece(const HfBinding *b, const uint64_t *off, const uint64_t *c
             c[i] = cnt[i];
         }
         if (b->rule->how == HFT_PART) s[b->rule->dim] += (uint64_t)b->rule->part * b->shape[b->rule->dim];
-        return raw ? st_read_slice_raw(b->src[0], s, c, out, err, err_len)
-                   : st_read_slice_f32(b->src[0], s, c, out, err, err_len);
+        return read_tensor_box(h, b->src[0], s, c, out, raw, err, err_len);
     case HFT_STACK: {
         size_t inner = 1;
         for (int i = 1; i < nd; i++) {
@@ -289,9 +387,7 @@ static int read_piece(const HfBinding *b, const uint64_t *off, const uint64_t *c
         }
         for (uint64_t e = off[0]; e < off[0] + cnt[0]; e++) {
             char *dst = (char *)out + (size_t)(e - off[0]) * inner * esize;
-            const StTensor *x = b->src[e];
-            int rc = raw ? st_read_slice_raw(x, s, c, dst, err, err_len) : st_read_slice_f32(x, s, c, (float *)dst, err, err_len);
-            if (rc) return rc;
+            if (read_tensor_box(h, b->src[e], s, c, dst, raw, err, err_len)) return -1;
         }
         return 0;
     }
@@ -300,6 +396,7 @@ static int read_piece(const HfBinding *b, const uint64_t *off, const uint64_t *c
 }
 
 typedef struct {
+    const HfModel *h;
     const HfBinding *b;
     const size_t *off, *cnt;
     void *out;
@@ -338,7 +435,7 @@ static void read_range(void *vctx, size_t p0, size_t p1, int tid)
         }
         char why[512];
         if (cnt[0] && (b->ndim < 2 || cnt[1]) &&
-            read_piece(b, off, cnt, (char *)c->out + at * esize, c->raw, why, sizeof why)) {
+            read_piece(c->h, b, off, cnt, (char *)c->out + at * esize, c->raw, why, sizeof why)) {
             /* several threads may fail: keep one message (any one names the tensor) */
             if (!c->rc) {
                 c->rc = -1;
@@ -351,13 +448,12 @@ static void read_range(void *vctx, size_t p0, size_t p1, int tid)
 int hf_read_box(const HfModel *h, const HfBinding *b, const size_t *off, const size_t *cnt, void *out, bool raw,
                 char *err, size_t err_len)
 {
-    (void)h;
     if (raw && b->dtype != ST_BF16 && b->dtype != ST_F16) {
         snprintf(err, err_len, "%s: a raw 16-bit read of %s data", b->tandem, st_dtype_name(b->dtype));
         return -1;
     }
-    ReadCtx c = { b, off, cnt, out, raw, 1, 0, 1, 1, 0, "" };
-    if (b->ndim == 0) return read_piece(b, (uint64_t[1]){ 0 }, (uint64_t[1]){ 1 }, out, raw, err, err_len);
+    ReadCtx c = { h, b, off, cnt, out, raw, 1, 0, 1, 1, 0, "" };
+    if (b->ndim == 0) return read_piece(h, b, (uint64_t[1]){ 0 }, (uint64_t[1]){ 1 }, out, raw, err, err_len);
     for (int i = 1; i < b->ndim; i++) c.inner0 *= cnt[i];
     for (int i = 2; i < b->ndim; i++) c.inner1 *= cnt[i];
     const size_t esize = raw ? 2 : 4, bytes = c.inner0 * cnt[0] * esize;
@@ -380,28 +476,77 @@ int hf_read_box(const HfModel *h, const HfBinding *b, const size_t *off, const s
     return c.rc;
 }
 
-/* ---------------------------------------------------------------- page cache */
-
-static void advise(const StTensor *t, int how)
+int hf_read_box_serial(const HfModel *h, const HfBinding *b, const size_t *off, const size_t *cnt, void *out,
+                       bool raw, char *err, size_t err_len)
 {
-    if (!t || !t->nbytes) return;
-    long pg = sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)t->data, e = a + t->nbytes;
-    uintptr_t a0 = a & ~(uintptr_t)(pg - 1);
-    /* MADV_DONTNEED on whole pages only: never a page a neighbour still reads */
-    if (how == MADV_DONTNEED) {
-        a0 = (a + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
-        e &= ~(uintptr_t)(pg - 1);
+    if (raw && b->dtype != ST_BF16 && b->dtype != ST_F16) {
+        snprintf(err, err_len, "%s: a raw 16-bit read of %s data", b->tandem, st_dtype_name(b->dtype));
+        return -1;
     }
-    if (e > a0) madvise((void *)a0, e - a0, how);
+    uint64_t o[PARAM_MAX_DIMS] = { 0 }, c[PARAM_MAX_DIMS] = { 1, 1, 1 };
+    for (int i = 0; i < b->ndim; i++) {
+        o[i] = off[i];
+        c[i] = cnt[i];
+    }
+    return read_piece(h, b, o, c, out, raw, err, err_len);
 }
 
-void hf_prefetch(const HfBinding *b)
+/* ---------------------------------------------------------------- read-ahead */
+
+static size_t advise_range(const HfModel *h, const StTensor *t, size_t from, size_t n)
 {
-    for (int i = 0; i < b->n_src; i++) advise(b->src[i], MADV_WILLNEED);
+    if (!n) return 0;
+    off_t base = (off_t)(t->data - h->st.files[t->file].map);
+    posix_fadvise(h->fd[t->file], base + (off_t)from, (off_t)n, POSIX_FADV_WILLNEED);
+    return n;
 }
 
-void hf_release(const HfBinding *b)
+size_t hf_prefetch(const HfModel *h, const HfBinding *b, const size_t *off, const size_t *cnt)
 {
-    for (int i = 0; i < b->n_src; i++) advise(b->src[i], MADV_DONTNEED);
+    size_t n = 0;
+    if (b->rule->how == HFT_STACK) {
+        for (size_t e = off[0]; e < off[0] + cnt[0] && e < (size_t)b->n_src; e++)
+            n += advise_range(h, b->src[e], 0, b->src[e]->nbytes);
+        return n;
+    }
+    const StTensor *t = b->src[0];
+    size_t rows = t->ndim ? (size_t)t->shape[0] : 1, row = rows ? t->nbytes / rows : 0;
+    size_t r0 = 0, r1 = rows;
+    bool dim0_only = b->rule->how == HFT_COPY && b->ndim >= 1;   /* a box of rows: only those */
+    for (int i = 1; dim0_only && i < b->ndim; i++) dim0_only = off[i] == 0 && cnt[i] == b->shape[i];
+    if (dim0_only) {
+        r0 = off[0];
+        r1 = off[0] + cnt[0];
+    }
+    return advise_range(h, t, r0 * row, (r1 - r0) * row);
+}
+
+int hf_stream_read(HfStream *s, int i, int n, HfBoxFn at, void *ctx, void *out, bool raw, char *err, size_t err_len)
+{
+    const size_t *off, *cnt;
+    const HfBinding *b = at(ctx, i, &off, &cnt);
+    if (s->next <= i) {   /* start (or fell behind): this box first */
+        hf_prefetch(s->h, b, off, cnt);
+        s->next = i + 1;
+        s->requested = 0;
+    }
+    while (s->next < n && s->requested < s->ahead) {
+        const size_t *o2, *c2;
+        const HfBinding *b2 = at(ctx, s->next, &o2, &c2);
+        s->requested += hf_prefetch(s->h, b2, o2, c2);
+        s->next++;
+    }
+    int rc = hf_read_box(s->h, b, off, cnt, out, raw, err, err_len);
+    /* the next box's bytes leave the window: it is now the one being read */
+    if (i + 1 < n) {
+        const size_t *o3, *c3;
+        const HfBinding *b3 = at(ctx, i + 1, &o3, &c3);
+        size_t sz = 0;
+        if (b3->rule->how == HFT_STACK)
+            for (size_t e = o3[0]; e < o3[0] + c3[0] && e < (size_t)b3->n_src; e++) sz += b3->src[e]->nbytes;
+        else
+            sz = b3->src[0]->nbytes;
+        s->requested = s->requested > sz ? s->requested - sz : 0;
+    }
+    return rc;
 }

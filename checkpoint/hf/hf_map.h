@@ -14,8 +14,11 @@
  * Then a reader asks for boxes of tandem parameters, in tandem coordinates
  * (the slice a rank owns under its topology): a copied tensor is a box of
  * one HF tensor, a stacked one touches only its experts' tensors, a part
- * of a fused tensor a box of that tensor; only the pages of the box are
- * read (mmap).  Reads are thread-safe.
+ * of a fused tensor a box of that tensor; only the bytes of the box are
+ * read.  The headers are validated through the safetensors reader's map;
+ * the bulk bytes are read with pread, in runs as long as the box allows
+ * (no page-table work, nothing left resident in the process), by the pool
+ * threads, converted to float32 on the way.  Reads are thread-safe.
  */
 #ifndef TANDEM_CHECKPOINT_HF_HF_MAP_H
 #define TANDEM_CHECKPOINT_HF_HF_MAP_H
@@ -47,6 +50,7 @@ typedef struct {
     HfBinding *b;                    /* one per tandem parameter, in model order */
     int n_b;
     const StTensor **src;            /* storage of the bindings' src */
+    int *fd;                         /* per safetensors file: the bulk reads (pread) */
     char notes[1536];                /* config notes and skipped tensors, one line; "" when none */
 } HfModel;
 
@@ -78,10 +82,27 @@ const HfBinding *hf_model_find(const HfModel *h, const char *tandem);
 int hf_read_box(const HfModel *h, const HfBinding *b, const size_t *off, const size_t *cnt, void *out, bool raw,
                 char *err, size_t err_len);
 
-/* Hints the kernel to read b's sources ahead (madvise WILLNEED), and drops
- * them from this process's resident set once read (MADV_DONTNEED: the
- * pages stay in the page cache, the mapping no longer counts them). */
-void hf_prefetch(const HfBinding *b);
-void hf_release(const HfBinding *b);
+/* The same on the calling thread alone, without the pool: for a thread
+ * that reads while the main thread does something else. */
+int hf_read_box_serial(const HfModel *h, const HfBinding *b, const size_t *off, const size_t *cnt, void *out,
+                       bool raw, char *err, size_t err_len);
+
+/* Hints the kernel to read ahead the bytes of b's box [off, off + cnt)
+ * (posix_fadvise WILLNEED: asynchronous; a stack's experts outside the
+ * box are not touched), returning about how many bytes that is. */
+size_t hf_prefetch(const HfModel *h, const HfBinding *b, const size_t *off, const size_t *cnt);
+
+/* Reads of many boxes in a row with the next ones prefetched: a window of
+ * about `ahead` bytes is kept requested ahead of the box being read. */
+typedef struct {
+    const HfModel *h;
+    size_t ahead;
+    int next;            /* first box not yet prefetched */
+    size_t requested;    /* bytes prefetched beyond the box being read */
+} HfStream;
+/* box i of n: its binding and box are given by the caller's at(); reads
+ * box i into out after topping the window up over boxes i+1 .. */
+typedef const HfBinding *(*HfBoxFn)(void *ctx, int i, const size_t **off, const size_t **cnt);
+int hf_stream_read(HfStream *s, int i, int n, HfBoxFn at, void *ctx, void *out, bool raw, char *err, size_t err_len);
 
 #endif
