@@ -428,11 +428,18 @@ void hf_families_print(void)
                layouts_str(fam->layouts));
         printf("| config.json key | tandem key | when absent | null | rule | written (export) | meaning |\n");
         printf("|---|---|---|---|---|---|---|\n");
-        for (const HfKey *k = fam->keys; k->key; k++)
+        for (const HfKey *k = fam->keys; k->key; k++) {
+            char tk[96] = "";
+            for (size_t i = 0, j = 0; k->kind == HFK_COPY && k->tkey[i] && j + 3 < sizeof tk; i++) {
+                if (k->tkey[i] == ',') tk[j++] = ',', tk[j++] = ' ';
+                else tk[j++] = k->tkey[i];
+                tk[j] = 0;
+            }
             printf("| `%s` | %s | %s | %s | %s | %s | %s |\n", k->key,
-                   k->kind == HFK_COPY ? k->tkey : k->kind == HFK_IGNORE ? "(ignored)" : "(rule)",
+                   k->kind == HFK_COPY ? tk : k->kind == HFK_IGNORE ? "(ignored)" : "(rule)",
                    k->absent ? k->absent : "-", k->null_is ? k->null_is : "-",
                    k->kind == HFK_RULE ? rule_name(k->rule) : "", layouts_str(k->write), k->doc);
+        }
         printf("\nFixed by the architecture: ");
         for (const HfConst *c = fam->consts; c->tkey; c++)
             printf("%s`%s: %s`%s", c == fam->consts ? "" : ", ", c->tkey, c->json,

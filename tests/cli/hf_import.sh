@@ -116,7 +116,7 @@ if $T rl configs/rl_vowels.json init_from="$V" out_dir="$W/rl" steps=1 prompts_p
     max_new_tokens=4 threads=1 >"$W/out" 2>&1 && [ -e "$W/rl/latest" ]; then
     pass "rl init_from=HF_DIR runs a step"; else fail "rl init_from=HF_DIR"; cat "$W/out"; fi
 expect_refused "resuming from an HF directory" "holds no optimizer state" \
-    "$TOOL" load "$V" --moments && pass "an HF directory cannot resume training (no optimizer state)"
+    $T train "$W/run.json" resume="$V" out_dir="$W/resumed" && pass "train resume=HF_DIR is refused (no optimizer state; init_from is the way)"
 
 # ---- refusals: one line, non-zero, before any weight is used; no file left
 nref=0
