@@ -736,7 +736,8 @@ static hid_t open_checked(const char *path, char *err, size_t err_len)
         return -1;
     }
     if (S_ISDIR(sb.st_mode)) {
-        snprintf(err, err_len, "%s: is a directory (give a checkpoint file, or a run directory with latest)", path);
+        snprintf(err, err_len, "%s: is a directory (give a checkpoint file, a run directory with latest, or a Hugging "
+                 "Face model directory: config.json and safetensors)", path);
         return -1;
     }
     hid_t f = ckpt_h5_open(path);
