@@ -40,6 +40,10 @@
 #define CKPT_CHUNK_BYTES (8u << 20)
 #define ERR_MAX 512
 
+/* Every dataset name tandem writes fits: the longest is a moment,
+ * "optimizer/exp_avg_sq/" + a parameter name. */
+_Static_assert(CKPT_NAME_MAX >= PARAM_NAME_MAX + sizeof "optimizer/exp_avg_sq/", "CKPT_NAME_MAX too small");
+
 const char *ckpt_dtype_name(CkptDtype t)
 {
     return t == CKPT_BF16 ? "bfloat16" : t == CKPT_F16 ? "float16" : "float32";
@@ -263,13 +267,18 @@ static int fsync_path(const char *path, bool dir)
     return rc;
 }
 
-static void dir_of(const char *path, char *out, size_t n)
+/* The directory of path (td_malloc'd). */
+static char *dir_of(const char *path)
 {
-    snprintf(out, n, "%s", path);
+    char *out = td_strdup(path[0] ? path : ".");
     char *s = strrchr(out, '/');
-    if (!s) snprintf(out, n, ".");
-    else if (s == out) out[1] = 0;
+    if (!s) {
+        td_free(out);
+        return td_strdup(".");
+    }
+    if (s == out) out[1] = 0;
     else *s = 0;
+    return out;
 }
 
 /* Whether this rank writes the elements of its slice of p: one rank per
@@ -491,8 +500,7 @@ static int save_impl(const char *path, const Model *m, const float *ea, const fl
         td_error("%s: %s", path, err);
         return -1;
     }
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char *tmp = td_sprintf("%s.tmp", path);
     bool root = !parallel || comm_rank() == 0;
     int rc = -1;
 
@@ -540,12 +548,12 @@ static int save_impl(const char *path, const Model *m, const float *ea, const fl
     if (agree(parallel, frc)) goto out;
     int prc = 0;
     if (root) {
-        char dir[PATH_MAX];
-        dir_of(path, dir, sizeof dir);
+        char *dir = dir_of(path);
         if (fsync_path(tmp, false) || rename(tmp, path) || fsync_path(dir, true)) {
             td_error("%s: cannot publish %s: %s", path, tmp, strerror(errno));
             prc = -1;
         }
+        td_free(dir);
     }
     rc = agree(parallel, prc);
 out:
@@ -553,6 +561,7 @@ out:
     ckpt_io_scratch_free(&w.scratch);
     if (w.scratch.fd >= 0) close(w.scratch.fd);
     if (rc && root) unlink(tmp);
+    td_free(tmp);
     plan_free(&pl);
     return rc;
 }
@@ -576,7 +585,7 @@ struct CkptStream {
     Writer w;
     Plan pl;
     bool *done;
-    char path[PATH_MAX], tmp[PATH_MAX];
+    char *path, *tmp;   /* owned */
 };
 
 static void stream_discard(CkptStream *s)
@@ -594,14 +603,16 @@ int ckpt_stream_open(CkptStream **out, const char *path, const ModelConfig *cfg,
 {
     *out = NULL;
     CkptStream *s = td_calloc(sizeof *s);
-    snprintf(s->path, sizeof s->path, "%s", path);
-    snprintf(s->tmp, sizeof s->tmp, "%s.tmp", path);
+    s->path = td_strdup(path);
+    s->tmp = td_sprintf("%s.tmp", path);
     s->w = (Writer){ -1, false, s->path, { NULL, 0, -1, 0, 0, 0 }, "", true };
     Topology t;
     topo_single(&t, cfg);
     char why[ERR_MAX];
     if (plan_build(&s->pl, cfg, &t, why, sizeof why)) {
         snprintf(err, err_len, "%s: %s", path, why);
+        td_free(s->path);
+        td_free(s->tmp);
         td_free(s);
         return -1;
     }
@@ -703,8 +714,7 @@ int ckpt_stream_close(CkptStream *s, bool commit, char *err, size_t err_len)
         int frc = H5Fflush(s->w.f, H5F_SCOPE_GLOBAL) < 0 ? -1 : 0;
         frc |= H5Fclose(s->w.f) < 0 ? -1 : 0;
         s->w.f = -1;
-        char dir[PATH_MAX];
-        dir_of(s->path, dir, sizeof dir);
+        char *dir = dir_of(s->path);
         if (frc) {
             ckpt_h5_why(s->w.err, sizeof s->w.err);
             snprintf(err, err_len, "%s: cannot flush %s: %s", s->path, s->tmp, s->w.err);
@@ -713,6 +723,7 @@ int ckpt_stream_close(CkptStream *s, bool commit, char *err, size_t err_len)
             snprintf(err, err_len, "%s: cannot publish %s: %s", s->path, s->tmp, strerror(errno));
             rc = -1;
         }
+        td_free(dir);
     }
     if (!commit || rc) stream_discard(s);
     else {
@@ -721,6 +732,8 @@ int ckpt_stream_close(CkptStream *s, bool commit, char *err, size_t err_len)
     }
     plan_free(&s->pl);
     td_free(s->done);
+    td_free(s->path);
+    td_free(s->tmp);
     td_free(s);
     return rc;
 }
@@ -1147,6 +1160,7 @@ out:
 typedef struct {
     char (*names)[CKPT_NAME_MAX];
     int n, cap;
+    char too_long[CKPT_NAME_MAX];   /* the start of a name that does not fit, "" if none */
 } NameList;
 
 static herr_t visit_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
@@ -1154,6 +1168,10 @@ static herr_t visit_cb(hid_t g, const char *name, const H5L_info_t *info, void *
     (void)g;
     (void)info;
     NameList *l = data;
+    if (strlen(name) >= CKPT_NAME_MAX) {   /* no tandem name is that long: say so, do not cut it */
+        if (!l->too_long[0]) memcpy(l->too_long, name, sizeof l->too_long - 1);   /* its start, for the message */
+        return 0;
+    }
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 256;
         char(*nn)[CKPT_NAME_MAX] = td_malloc((size_t)l->cap * CKPT_NAME_MAX);
@@ -1194,15 +1212,32 @@ static long canonical_rank(const Plan *pl, const char *name)
     return 3 * n + 2;
 }
 
-static int list_datasets(hid_t f, const ModelConfig *cfg, Ranked **out, NameList *names)
+/* Returns the count, or -1 with err (the walk failed, or a name is longer
+ * than any of tandem's: listing it cut would drop it from info and verify
+ * without a word). */
+static int list_datasets(hid_t f, const ModelConfig *cfg, Ranked **out, NameList *names, const char *path,
+                         char *err, size_t err_len)
 {
     memset(names, 0, sizeof *names);
-    H5Lvisit(f, H5_INDEX_NAME, H5_ITER_INC, visit_cb, names);
+    *out = NULL;
+    if (H5Lvisit(f, H5_INDEX_NAME, H5_ITER_INC, visit_cb, names) < 0 || names->too_long[0]) {
+        if (names->too_long[0])
+            snprintf(err, err_len, "%s: the object /%.*s... has a name of %d bytes or more; tandem's are shorter",
+                     path, 60, names->too_long, CKPT_NAME_MAX);
+        else {
+            char why[ERR_MAX];
+            ckpt_h5_why(why, sizeof why);
+            snprintf(err, err_len, "%s: cannot list the datasets: %s", path, why);
+        }
+        td_free(names->names);
+        names->names = NULL;
+        return -1;
+    }
     Plan pl;
     Topology t;
     topo_single(&t, cfg);
-    char err[256];
-    if (plan_build(&pl, cfg, &t, err, sizeof err)) pl.n = 0;
+    char perr[256];
+    if (plan_build(&pl, cfg, &t, perr, sizeof perr)) pl.n = 0;   /* then ranked by name only */
     Ranked *r = td_malloc((size_t)td_max((size_t)names->n, 1) * sizeof(Ranked));
     int n = 0;
     for (int i = 0; i < names->n; i++) {
@@ -1239,7 +1274,9 @@ int ckpt_info(const char *path, CkptInfo *info, char *err, size_t err_len)
     if (!rc) {
         Ranked *r;
         NameList names;
-        int n = list_datasets(f, &info->cfg, &r, &names);
+        int n = list_datasets(f, &info->cfg, &r, &names, path, err, err_len);
+        if (n < 0) rc = -1;
+        if (n < 0) n = 0;
         info->tensors = td_calloc((size_t)td_max((size_t)n, 1) * sizeof(CkptTensor));
         for (int i = 0; i < n; i++) {
             CkptTensor *t = &info->tensors[info->n_tensors];
@@ -1392,7 +1429,8 @@ int ckpt_verify(const char *path, char *err, size_t err_len)
     if (!rc) {
         Ranked *r;
         NameList names;
-        int n = list_datasets(f, &cfg, &r, &names);
+        int n = list_datasets(f, &cfg, &r, &names, path, err, err_len);
+        if (n < 0) rc = -1;
         for (int i = 0; i < n && !rc; i++) {
             CkptH5Desc d;
             if (ckpt_h5_describe(f, r[i].name, &d)) continue;
@@ -1476,12 +1514,13 @@ static int slurp(const char *path, char **out, size_t *len, char *err, size_t er
 int ckpt_tok_files_from_dir(const char *hf_dir, CkptTokFiles *out, char *err, size_t err_len)
 {
     memset(out, 0, sizeof *out);
-    char path[PATH_MAX];
     for (int i = 0; i < TOK_FILES; i++) {
         size_t *len;
         char **txt = tok_text(out, i, &len);
-        snprintf(path, sizeof path, "%s/%s", hf_dir, g_tok_names[i]);
-        if (slurp(path, txt, len, err, err_len) < 0) {
+        char *path = td_sprintf("%s/%s", hf_dir, g_tok_names[i]);
+        int r = slurp(path, txt, len, err, err_len);
+        td_free(path);
+        if (r < 0) {
             ckpt_tok_files_free(out);
             return -1;
         }
@@ -1493,26 +1532,30 @@ int ckpt_read_tok_files(const char *ckpt_path, CkptTokFiles *out, char *err, siz
 {
     memset(out, 0, sizeof *out);
     struct stat sb;
-    char file[PATH_MAX], latest[PATH_MAX];
-    snprintf(latest, sizeof latest, "%s/latest", ckpt_path);
-    if (stat(ckpt_path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        if (lstat(latest, &sb) != 0) return ckpt_tok_files_from_dir(ckpt_path, out, err, err_len);
-        ssize_t k = readlink(latest, file, sizeof file - 1);
+    char *latest = td_sprintf("%s/latest", ckpt_path), *file = NULL;
+    bool is_dir = stat(ckpt_path, &sb) == 0 && S_ISDIR(sb.st_mode), run_dir = is_dir && lstat(latest, &sb) == 0;
+    td_free(latest);
+    /* a directory without latest: an HF model directory, or one holding just the tokenizer files */
+    if (is_dir && !run_dir) return ckpt_tok_files_from_dir(ckpt_path, out, err, err_len);
+    if (run_dir) {   /* its latest */
+        char target[PATH_MAX];
+        char *link = td_sprintf("%s/latest", ckpt_path);
+        ssize_t k = readlink(link, target, sizeof target - 1);
+        td_free(link);
         if (k < 0) {
             snprintf(err, err_len, "%s: cannot read the latest link: %s", ckpt_path, strerror(errno));
             return -1;
         }
-        file[k] = 0;
-        if (file[0] != '/') {
-            char rel[PATH_MAX];
-            snprintf(rel, sizeof rel, "%s", file);
-            snprintf(file, sizeof file, "%.2000s/%.2000s", ckpt_path, rel);
-        }
+        target[k] = 0;
+        file = target[0] == '/' ? td_strdup(target) : td_sprintf("%s/%s", ckpt_path, target);
     } else {
-        snprintf(file, sizeof file, "%s", ckpt_path);
+        file = td_strdup(ckpt_path);
     }
     hid_t f = open_checked(file, err, err_len);
-    if (f < 0) return -1;
+    if (f < 0) {
+        td_free(file);
+        return -1;
+    }
     ModelConfig cfg;
     TokDesc td;
     int rc = check_root(f, file, &cfg, NULL, err, err_len);
@@ -1523,6 +1566,7 @@ int ckpt_read_tok_files(const char *ckpt_path, CkptTokFiles *out, char *err, siz
         rc = -1;
     }
     H5Fclose(f);
+    td_free(file);
     if (rc) ckpt_tok_files_free(out);
     return rc;
 }
@@ -1531,15 +1575,16 @@ int ckpt_read_tok_files(const char *ckpt_path, CkptTokFiles *out, char *err, siz
 
 int ckpt_set_latest(const char *dir, const char *file_name)
 {
-    char tmp[PATH_MAX], dst[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s/.latest.tmp.%d", dir, (int)getpid());
-    snprintf(dst, sizeof dst, "%s/latest", dir);
+    char *tmp = td_sprintf("%s/.latest.tmp.%d", dir, (int)getpid()), *dst = td_sprintf("%s/latest", dir);
     unlink(tmp);
-    if (symlink(file_name, tmp) || rename(tmp, dst)) {
+    bool bad = symlink(file_name, tmp) || rename(tmp, dst);
+    if (bad) {
         td_error("%s: cannot point latest at %s: %s", dir, file_name, strerror(errno));
         unlink(tmp);
-        return -1;
     }
+    td_free(tmp);
+    td_free(dst);
+    if (bad) return -1;
     if (fsync_path(dir, true)) {
         td_error("%s: cannot sync the directory: %s", dir, strerror(errno));
         return -1;
@@ -1555,13 +1600,22 @@ int ckpt_resolve(const char *dir_or_file, char *out, size_t out_len)
         return -1;
     }
     if (!S_ISDIR(sb.st_mode)) {
-        snprintf(out, out_len, "%s", dir_or_file);
+        if (td_snprintf(out, out_len, "%s", dir_or_file)) {
+            td_error("%s: the path is too long (%zu bytes; at most %zu)", dir_or_file, strlen(dir_or_file), out_len - 1);
+            return -1;
+        }
         return 0;
     }
     char link[PATH_MAX], target[PATH_MAX];
-    snprintf(link, sizeof link, "%s/latest", dir_or_file);
+    if (td_snprintf(link, sizeof link, "%s/latest", dir_or_file)) {
+        td_error("%s: the path is too long", dir_or_file);
+        return -1;
+    }
     if (lstat(link, &sb) != 0 && hf_is_dir(dir_or_file)) {   /* a Hugging Face model directory: itself */
-        snprintf(out, out_len, "%s", dir_or_file);
+        if (td_snprintf(out, out_len, "%s", dir_or_file)) {
+            td_error("%s: the path is too long (%zu bytes; at most %zu)", dir_or_file, strlen(dir_or_file), out_len - 1);
+            return -1;
+        }
         size_t n = strlen(out);
         while (n > 1 && out[n - 1] == '/') out[--n] = 0;
         return 0;
@@ -1572,8 +1626,11 @@ int ckpt_resolve(const char *dir_or_file, char *out, size_t out_len)
         return -1;
     }
     target[n] = 0;
-    if (target[0] == '/') snprintf(out, out_len, "%s", target);
-    else snprintf(out, out_len, "%s/%s", dir_or_file, target);
+    if (target[0] == '/' ? td_snprintf(out, out_len, "%s", target)
+                         : td_snprintf(out, out_len, "%s/%s", dir_or_file, target)) {
+        td_error("%s: latest points at %s: the path is too long (at most %zu bytes)", dir_or_file, target, out_len - 1);
+        return -1;
+    }
     if (stat(out, &sb)) {
         td_error("%s: latest points at %s: %s", dir_or_file, out, strerror(errno));
         return -1;
@@ -1606,9 +1663,9 @@ static long long step_of(const char *name, bool tmp)
 int ckpt_prune(const char *dir, int keep_last)
 {
     if (keep_last <= 0) return 0;
-    char link[PATH_MAX], keep[PATH_MAX] = "";
-    snprintf(link, sizeof link, "%s/latest", dir);
+    char keep[PATH_MAX] = "", *link = td_sprintf("%s/latest", dir);
     ssize_t ln = readlink(link, keep, sizeof keep - 1);
+    td_free(link);
     keep[ln > 0 ? ln : 0] = 0;
     const char *keep_base = strrchr(keep, '/') ? strrchr(keep, '/') + 1 : keep;
     DIR *d = opendir(dir);
@@ -1619,13 +1676,13 @@ int ckpt_prune(const char *dir, int keep_last)
     StepFile *files = NULL;
     size_t n = 0, cap = 0;
     int deleted = 0;
-    char path[PATH_MAX];
     for (struct dirent *de; (de = readdir(d));) {
         if (strlen(de->d_name) >= sizeof files->name) continue;
         if (step_of(de->d_name, true) >= 0 || !strncmp(de->d_name, ".latest.tmp.", 12)) {
             /* a save, or a switch of latest, that never finished */
-            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+            char *path = td_sprintf("%s/%s", dir, de->d_name);
             if (!unlink(path)) deleted++;
+            td_free(path);
             continue;
         }
         long long s = step_of(de->d_name, false);
@@ -1645,8 +1702,9 @@ int ckpt_prune(const char *dir, int keep_last)
     if (n) qsort(files, n, sizeof *files, cmp_step);
     for (size_t i = (size_t)keep_last; i < n; i++) {
         if (!strcmp(files[i].name, keep_base)) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, files[i].name);
+        char *path = td_sprintf("%s/%s", dir, files[i].name);
         if (unlink(path) == 0) deleted++;
+        td_free(path);
     }
     td_free(files);
     if (deleted && fsync_path(dir, true)) {

@@ -35,8 +35,16 @@
  * saved or loaded by any one process alone.
  *
  * Threads.  Bulk data moves on the thread pool (core/pool.h): call these
- * functions from the main thread, outside pool regions.  HDF5 is used from
- * the calling thread only.
+ * functions from the main thread, outside pool regions, one at a time.
+ * HDF5 is called by one thread at a time, never concurrently: the calling
+ * thread, except during a single-process save, where a writer thread
+ * stores one batch of finished chunks (H5Dwrite_chunk) while the calling
+ * thread only prepares the next batch on the pool, and is joined before
+ * the calling thread calls HDF5 again (ckpt_io.c); the pool threads of a
+ * load only pread.  The serialisation is what makes this correct: Debian's
+ * parallel HDF5 (1.10) is built without thread-safety (libhdf5.settings:
+ * "Threadsafety: no"), and MPI is never called off the main thread (the
+ * chunk path is the POSIX driver's only).
  */
 #ifndef TANDEM_CHECKPOINT_CKPT_H
 #define TANDEM_CHECKPOINT_CKPT_H
@@ -102,8 +110,9 @@ typedef struct {
 void ckpt_state_free(CkptState *st);
 
 /* Reads the tokenizer files of a checkpoint (a file, or a run directory:
- * its latest; a Hugging Face model directory is read as
- * ckpt_tok_files_from_dir does) into *out (owned; ckpt_tok_files_free).
+ * its latest; any other directory, a Hugging Face model directory or one
+ * holding only tokenizer files, is read as ckpt_tok_files_from_dir does)
+ * into *out (owned; ckpt_tok_files_free).
  * One process.  Returns 0, with every member NULL when the checkpoint has
  * none; or -1 with one line in err (unreadable file, a /tokenizer dataset
  * of the wrong type, a checksum mismatch). */

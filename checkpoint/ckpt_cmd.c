@@ -237,20 +237,19 @@ static void print_info_text(const char *path, const CkptInfo *in)
            in->n_tensors, tt.w_params, mib(tt.w_bytes), tt.o_values, mib(tt.o_bytes), mib(tt.bytes), mib(tt.stored));
 }
 
-static int cmd_info(int argc, char **argv)
+static int cmd_info(Args *a, int argc, char **argv)
 {
     static const char *const spec[] = { "json", NULL };
-    Args a;
-    int r = parse(&a, argc, argv, spec, 1, "info");
+    int r = parse(a, argc, argv, spec, 1, "info");
     if (r >= 0) return r;
     char path[PATH_MAX], err[512];
-    if (ckpt_resolve(a.pos[0], path, sizeof path)) return 1;
+    if (ckpt_resolve(a->pos[0], path, sizeof path)) return 1;
     CkptInfo in;
     if (ckpt_info(path, &in, err, sizeof err)) {
         td_error("%s", err);
         return 1;
     }
-    if (args_flag(&a, "json")) print_info_json(path, &in);
+    if (args_flag(a, "json")) print_info_json(path, &in);
     else print_info_text(path, &in);
     ckpt_info_free(&in);
     return 0;
@@ -258,14 +257,13 @@ static int cmd_info(int argc, char **argv)
 
 /* ---------------------------------------------------------------- verify */
 
-static int cmd_verify(int argc, char **argv)
+static int cmd_verify(Args *a, int argc, char **argv)
 {
     static const char *const spec[] = { NULL };
-    Args a;
-    int r = parse(&a, argc, argv, spec, 1, "verify");
+    int r = parse(a, argc, argv, spec, 1, "verify");
     if (r >= 0) return r;
     char path[PATH_MAX], err[512];
-    if (ckpt_resolve(a.pos[0], path, sizeof path)) return 1;
+    if (ckpt_resolve(a->pos[0], path, sizeof path)) return 1;
     double t0 = td_now();
     if (ckpt_verify(path, err, sizeof err)) {
         td_error("%s", err);
@@ -296,21 +294,20 @@ static int get_size(const Args *a, const char *name, int *out)
     return 0;
 }
 
-static int reshard(int argc, char **argv, bool export_mode)
+static int reshard(Args *a, int argc, char **argv, bool export_mode)
 {
     static const char *const spec[] = { "dp=", "tp=", "pp=", "ep=", "weights-only", "dtype=", "format=", NULL };
     const char *what = export_mode ? "export" : "reshard";
-    Args a;
-    int r = parse(&a, argc, argv, spec, 2, what);
+    int r = parse(a, argc, argv, spec, 2, what);
     if (r >= 0) return r;
-    const char *fmt = args_get(&a, "format");
+    const char *fmt = args_get(a, "format");
     if (fmt && (!export_mode || strcmp(fmt, "tandem"))) {
         td_error("ckpt %s: --format must be tandem or hf (got \"%s\")", what, fmt);
         return 2;
     }
     char in[PATH_MAX], err[512];
-    const char *out = a.pos[1];
-    if (ckpt_resolve(a.pos[0], in, sizeof in)) return 1;
+    const char *out = a->pos[1];
+    if (ckpt_resolve(a->pos[0], in, sizeof in)) return 1;
     ModelConfig cfg;
     CkptMeta meta;
     if (ckpt_read_config(in, &cfg, &meta, err, sizeof err)) {
@@ -318,15 +315,15 @@ static int reshard(int argc, char **argv, bool export_mode)
         return 1;
     }
     int dp, tp, pp, ep;
-    if (get_size(&a, "dp", &dp) || get_size(&a, "tp", &tp) || get_size(&a, "pp", &pp) || get_size(&a, "ep", &ep))
+    if (get_size(a, "dp", &dp) || get_size(a, "tp", &tp) || get_size(a, "pp", &pp) || get_size(a, "ep", &ep))
         return 2;
     CkptDtype dtype = meta.dtype;
-    const char *ds = args_get(&a, "dtype");
+    const char *ds = args_get(a, "dtype");
     if (ds && ckpt_dtype_parse(ds, &dtype)) {
         td_error("ckpt %s: --dtype must be f32, bf16 or f16 (got \"%s\")", what, ds);
         return 2;
     }
-    bool weights_only = export_mode || args_flag(&a, "weights-only") || !meta.has_optimizer || !meta.has_trainer;
+    bool weights_only = export_mode || args_flag(a, "weights-only") || !meta.has_optimizer || !meta.has_trainer;
     Topology as;
     if (topo_init(&as, &cfg, dp, tp, pp, ep, 0, NULL, err, sizeof err)) {
         td_error("%s: %s", out, err);
@@ -369,17 +366,16 @@ out:
 
 /* ---------------------------------------------------------------- export --format hf */
 
-static int export_hf(int argc, char **argv)
+static int export_hf(Args *a, int argc, char **argv)
 {
     static const char *const spec[] = { "format=", "dtype=", "shard-mb=", "layout=", NULL };
-    Args a;
-    int r = parse(&a, argc, argv, spec, 2, "export");
+    int r = parse(a, argc, argv, spec, 2, "export");
     if (r >= 0) return r;
     char in[PATH_MAX], err[1024];
-    if (ckpt_resolve(a.pos[0], in, sizeof in)) return 1;
+    if (ckpt_resolve(a->pos[0], in, sizeof in)) return 1;
     HfExportOpts o = { NULL, 0, 0 };
     CkptDtype dt;
-    const char *ds = args_get(&a, "dtype"), *ls = args_get(&a, "layout");
+    const char *ds = args_get(a, "dtype"), *ls = args_get(a, "layout");
     if (ds && ckpt_dtype_parse(ds, &dt)) {
         td_error("ckpt export: --dtype must be f32, bf16 or f16 (got \"%s\")", ds);
         return 2;
@@ -391,44 +387,43 @@ static int export_hf(int argc, char **argv)
     }
     if (ls) o.layout = !strcmp(ls, "v4") ? HF_V4 : HF_V5;
     double mb;
-    if (args_num(&a, "shard-mb", 2048, 1.0 / 1024, 1 << 24, &mb, err, sizeof err) < 0) {
+    if (args_num(a, "shard-mb", 2048, 1.0 / 1024, 1 << 24, &mb, err, sizeof err) < 0) {
         td_error("ckpt export: %s", err);
         return 2;
     }
     o.shard_bytes = (size_t)(mb * 1048576.0);
     double t0 = td_now();
     HfExportReport rep;
-    if (hf_export(in, a.pos[1], &o, &rep, err, sizeof err)) {
+    if (hf_export(in, a->pos[1], &o, &rep, err, sizeof err)) {
         td_error("%s", err);
         return 1;
     }
     if (rep.note[0]) td_info("note: %s", rep.note);
     printf("wrote %s: %s (%s layout), %d tensors in %d safetensors file%s (%.1f MiB), config.json %s%s (%.2f s)\n",
-           a.pos[1], rep.architecture, rep.layout, rep.n_tensors, rep.n_files, rep.n_files > 1 ? "s" : "",
+           a->pos[1], rep.architecture, rep.layout, rep.n_tensors, rep.n_files, rep.n_files > 1 ? "s" : "",
            mib(rep.bytes), rep.original_config ? "as imported" : "written for the family",
            rep.tokenizer ? ", tokenizer" : "", td_now() - t0);
     return 0;
 }
 
-static int cmd_export(int argc, char **argv)
+static int cmd_export(Args *a, int argc, char **argv)
 {
     for (int i = 2; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--format") && !strcmp(argv[i + 1], "hf")) return export_hf(argc, argv);
+        if (!strcmp(argv[i], "--format") && !strcmp(argv[i + 1], "hf")) return export_hf(a, argc, argv);
     for (int i = 2; i < argc; i++)
-        if (!strcmp(argv[i], "--format=hf")) return export_hf(argc, argv);
-    return reshard(argc, argv, true);
+        if (!strcmp(argv[i], "--format=hf")) return export_hf(a, argc, argv);
+    return reshard(a, argc, argv, true);
 }
 
 /* ---------------------------------------------------------------- diff */
 
-static int cmd_diff(int argc, char **argv)
+static int cmd_diff(Args *a, int argc, char **argv)
 {
     static const char *const spec[] = { NULL };
-    Args a;
-    int r = parse(&a, argc, argv, spec, 2, "diff");
+    int r = parse(a, argc, argv, spec, 2, "diff");
     if (r >= 0) return r;
     char pa[PATH_MAX], pb[PATH_MAX], err[512];
-    if (ckpt_resolve(a.pos[0], pa, sizeof pa) || ckpt_resolve(a.pos[1], pb, sizeof pb)) return 1;
+    if (ckpt_resolve(a->pos[0], pa, sizeof pa) || ckpt_resolve(a->pos[1], pb, sizeof pb)) return 1;
     CkptInfo ia, ib;
     if (ckpt_info(pa, &ia, err, sizeof err)) {
         td_error("%s", err);
@@ -507,47 +502,46 @@ static int cmd_diff(int argc, char **argv)
 
 /* ---------------------------------------------------------------- import */
 
-static int cmd_import(int argc, char **argv)
+static int cmd_import(Args *a, int argc, char **argv)
 {
     static const char *const spec[] = { "dtype=", "list-families", NULL };
-    Args a;
     char err[1024];
-    if (args_parse(&a, argc, argv, 2, spec, err, sizeof err)) {
+    if (args_parse(a, argc, argv, 2, spec, err, sizeof err)) {
         td_error("ckpt import: %s (tandem ckpt --help)", err);
         return 2;
     }
-    if (a.help) {
+    if (a->help) {
         fputs(g_usage, stdout);
         return 0;
     }
-    if (args_flag(&a, "list-families")) {
+    if (args_flag(a, "list-families")) {
         hf_families_print();
         return 0;
     }
-    if (a.n_pos != 2) {
-        td_error("ckpt import: expected HF_DIR and OUT, got %d argument%s (tandem ckpt --help)", a.n_pos,
-                 a.n_pos == 1 ? "" : "s");
+    if (a->n_pos != 2) {
+        td_error("ckpt import: expected HF_DIR and OUT, got %d argument%s (tandem ckpt --help)", a->n_pos,
+                 a->n_pos == 1 ? "" : "s");
         return 2;
     }
     CkptDtype dt;
-    const char *ds = args_get(&a, "dtype");
+    const char *ds = args_get(a, "dtype");
     if (ds && ckpt_dtype_parse(ds, &dt)) {
         td_error("ckpt import: --dtype must be f32, bf16 or f16 (got \"%s\")", ds);
         return 2;
     }
-    if (!ckpt_is_hf_dir(a.pos[0])) {
+    if (!ckpt_is_hf_dir(a->pos[0])) {
         td_error("ckpt import: %s is not a Hugging Face model directory (config.json and model.safetensors or "
-                 "model.safetensors.index.json)", a.pos[0]);
+                 "model.safetensors.index.json)", a->pos[0]);
         return 1;
     }
     HfImportReport rep;
-    if (hf_import(a.pos[0], a.pos[1], ds ? &dt : NULL, &rep, err, sizeof err)) {
+    if (hf_import(a->pos[0], a->pos[1], ds ? &dt : NULL, &rep, err, sizeof err)) {
         td_error("%s", err);
         return 1;
     }
     printf("wrote %s: %s (%s layout), %d tensors, weights %s%s; read %.1f MiB in %.2f s (%.2f GB/s), "
            "peak RSS %.1f MiB (largest tensor %.1f MiB)\n",
-           a.pos[1], rep.architecture, rep.layout, rep.n_tensors, ckpt_dtype_name(rep.dtype),
+           a->pos[1], rep.architecture, rep.layout, rep.n_tensors, ckpt_dtype_name(rep.dtype),
            rep.tokenizer ? ", tokenizer" : "", mib(rep.bytes_read), rep.seconds,
            rep.seconds > 0 ? (double)rep.bytes_read / rep.seconds / 1e9 : 0.0, mib(td_rss_peak()), mib(rep.largest));
     return 0;
@@ -566,12 +560,15 @@ int cmd_ckpt(int argc, char **argv)
         return 2;
     }
     const char *sub = argv[1];
-    if (!strcmp(sub, "info")) return cmd_info(argc, argv);
-    if (!strcmp(sub, "verify")) return cmd_verify(argc, argv);
-    if (!strcmp(sub, "reshard")) return reshard(argc, argv, false);
-    if (!strcmp(sub, "export")) return cmd_export(argc, argv);
-    if (!strcmp(sub, "diff")) return cmd_diff(argc, argv);
-    if (!strcmp(sub, "import")) return cmd_import(argc, argv);
-    td_error("ckpt: unknown subcommand '%s' (tandem ckpt --help)", sub);
-    return 2;
+    Args a = { 0 };   /* parsed by the subcommand, released here */
+    int rc = 2;
+    if (!strcmp(sub, "info")) rc = cmd_info(&a, argc, argv);
+    else if (!strcmp(sub, "verify")) rc = cmd_verify(&a, argc, argv);
+    else if (!strcmp(sub, "reshard")) rc = reshard(&a, argc, argv, false);
+    else if (!strcmp(sub, "export")) rc = cmd_export(&a, argc, argv);
+    else if (!strcmp(sub, "diff")) rc = cmd_diff(&a, argc, argv);
+    else if (!strcmp(sub, "import")) rc = cmd_import(&a, argc, argv);
+    else td_error("ckpt: unknown subcommand '%s' (tandem ckpt --help)", sub);
+    args_free(&a);
+    return rc;
 }

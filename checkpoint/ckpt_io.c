@@ -257,7 +257,8 @@ static void prep_chunks(void *vctx, size_t b, size_t e, int tid)
     }
 }
 
-/* One batch of prepared chunks to store (HDF5 calls: one thread at a time). */
+/* One batch of prepared chunks to store, on the writer thread (the only
+ * thread calling HDF5 while it runs). */
 typedef struct {
     hid_t ds;
     const WriteCtx *w;
@@ -288,7 +289,10 @@ static void *write_batch(void *arg)
 
 /* Batches of chunks are prepared by the pool into one half of the scratch
  * buffer while a writer thread stores the previous batch from the other
- * half (the main thread makes no HDF5 call meanwhile). */
+ * half.  The writer is the only thread in HDF5 meanwhile: the main thread
+ * makes no HDF5 call until it has joined it (HDF5 is not built
+ * thread-safe; ckpt.h), and pthread_create / pthread_join order the two
+ * threads' calls. */
 int ckpt_io_write_chunks(hid_t ds, const CkptPiece *pc, CkptIoScratch *s, char *err, size_t err_len)
 {
     WriteCtx w = { pc, { 0 }, 0, 0, storage_bytes(pc->type), NULL };
@@ -367,12 +371,15 @@ CkptIoRead *ckpt_io_read_new(const char *path, hid_t file, char *err, size_t err
     CkptIoRead *r = td_calloc(sizeof *r);
     r->fd = fd;
     r->file = file;
+    /* chunk addresses are file offsets only without a user block; when
+     * that cannot be asked, every read goes through H5Dread instead */
     hsize_t ub = 1;
     hid_t fcpl = H5Fget_create_plist(file);
     if (fcpl >= 0) {
-        H5Pget_userblock(fcpl, &ub);
+        if (H5Pget_userblock(fcpl, &ub) < 0) ub = 1;
         H5Pclose(fcpl);
     }
+    H5Eclear2(H5E_DEFAULT);
     r->usable = ub == 0;
     return r;
 }
@@ -397,7 +404,8 @@ static size_t pool_name(CkptIoRead *r, const char *name)
         td_free(r->names);
         r->names = nn;
     }
-    snprintf(r->names[r->n_names], CKPT_NAME_MAX, "%s", name);
+    TD_CHECK(!td_snprintf(r->names[r->n_names], CKPT_NAME_MAX, "%s", name), "dataset name %s: over %d bytes", name,
+             CKPT_NAME_MAX - 1);
     return r->n_names++;
 }
 

@@ -650,6 +650,29 @@ Test(ckpt, latest_resolve_prune)
     cr_expect_str_eq(out, want);
 }
 
+/* A property-list call that fails is named with the dataset: H5Pset_chunk
+ * refuses a chunk with a zero dimension (it used to be ignored, and the
+ * error was H5Dcreate's, about filters on an unchunked layout). */
+Test(ckpt, failed_property_call_is_named_with_the_dataset)
+{
+    hid_t f = ckpt_h5_create(tmp_path("plist.h5"), NULL);
+    cr_assert(f >= 0, "cannot create the file");
+    float data[8] = { 0 };
+    CkptPiece pc = { .name = "bad/chunk", .ndim = 2, .shape = { 2, 4 }, .chunk = { 2, 0 }, .cnt = { 2, 4 },
+                     .data = data, .type = CKPT_H5_F32 };
+    char err[512] = "";
+    hid_t ds = ckpt_h5_create_dataset(f, &pc, err, sizeof err);
+    cr_assert(ds < 0, "a dataset with a zero chunk dimension was created");
+    cr_assert(strstr(err, "dataset /bad/chunk") && strstr(err, "H5Pset_chunk failed"), "message \"%s\"", err);
+    /* the next failure is not blamed on it */
+    pc.name = "good";
+    pc.chunk[1] = 4;
+    ds = ckpt_h5_create_dataset(f, &pc, err, sizeof err);
+    cr_assert(ds >= 0, "%s", err);
+    H5Dclose(ds);
+    H5Fclose(f);
+}
+
 /* ---------------------------------------------------------------- tokenizer files */
 
 static void write_text(const char *path, const char *s, size_t n)

@@ -29,13 +29,14 @@ bool hf_is_dir(const char *path)
 {
     struct stat sb;
     if (stat(path, &sb) || !S_ISDIR(sb.st_mode)) return false;
-    char p[4096];
-    snprintf(p, sizeof p, "%s/%s", path, HF_CONFIG_NAME);
-    if (access(p, F_OK)) return false;
-    snprintf(p, sizeof p, "%s/%s", path, ST_SINGLE_NAME);
-    if (!access(p, F_OK)) return true;
-    snprintf(p, sizeof p, "%s/%s", path, ST_INDEX_NAME);
-    return !access(p, F_OK);
+    static const char *const need[3] = { HF_CONFIG_NAME, ST_SINGLE_NAME, ST_INDEX_NAME };
+    bool have[3];
+    for (int i = 0; i < 3; i++) {
+        char *p = td_sprintf("%s/%s", path, need[i]);
+        have[i] = access(p, F_OK) == 0;
+        td_free(p);
+    }
+    return have[0] && (have[1] || have[2]);
 }
 
 void hf_config_free(HfConfig *c)
@@ -352,17 +353,18 @@ out:
 int hf_config_read(HfConfig *c, const char *dir, char *err, size_t err_len)
 {
     memset(c, 0, sizeof *c);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, HF_CONFIG_NAME);
+    char *path = td_sprintf("%s/%s", dir, HF_CONFIG_NAME);
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        td_free(path);
         return -1;
     }
     struct stat sb;
     if (fstat(fileno(f), &sb) || sb.st_size > (16 << 20)) {
         fclose(f);
         snprintf(err, err_len, "%s: not a config file (over 16 MiB)", path);
+        td_free(path);
         return -1;
     }
     char *text = td_malloc((size_t)sb.st_size + 1);
@@ -372,6 +374,7 @@ int hf_config_read(HfConfig *c, const char *dir, char *err, size_t err_len)
     int rc = got == (size_t)sb.st_size ? hf_config_parse(c, text, path, err, err_len) : -1;
     if (got != (size_t)sb.st_size) snprintf(err, err_len, "%s: read error", path);
     td_free(text);
+    td_free(path);
     return rc;
 }
 

@@ -162,9 +162,7 @@ static void shard_name(char *out, size_t n, int i, int n_files)
 /* Writes path via path.tmp + rename. */
 static int write_text(const char *dir, const char *name, const char *text, size_t len, char *err, size_t err_len)
 {
-    char path[PATH_MAX], tmp[PATH_MAX + 8];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char *path = td_sprintf("%s/%s", dir, name), *tmp = td_sprintf("%s.tmp", path);
     FILE *fp = fopen(tmp, "wb");
     int rc = !fp || write_all(fp, text, len) || fflush(fp) || fsync(fileno(fp));
     if (fp && fclose(fp)) rc = 1;
@@ -172,9 +170,10 @@ static int write_text(const char *dir, const char *name, const char *text, size_
     if (rc) {
         snprintf(err, err_len, "%s: cannot write: %s", path, strerror(errno));
         unlink(tmp);
-        return -1;
     }
-    return 0;
+    td_free(path);
+    td_free(tmp);
+    return rc ? -1 : 0;
 }
 
 /* One safetensors file: the tensors of shard `shard`. */
@@ -205,10 +204,9 @@ static int write_shard(const Src *s, OutT *ts, int n, int shard, int n_files, co
     char *hj = cJSON_PrintUnformatted(h);
     cJSON_Delete(h);
     size_t hl = strlen(hj), padded = (hl + 7) / 8 * 8;
-    char name[64], path[PATH_MAX], tmpf[PATH_MAX + 8];
+    char name[64];
     shard_name(name, sizeof name, shard, n_files);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmpf, sizeof tmpf, "%s.tmp", path);
+    char *path = td_sprintf("%s/%s", dir, name), *tmpf = td_sprintf("%s.tmp", path);
     FILE *fp = fopen(tmpf, "wb");
     int rc = -1;
     if (!fp) {
@@ -245,6 +243,8 @@ static int write_shard(const Src *s, OutT *ts, int n, int shard, int n_files, co
 out:
     if (fp) fclose(fp);
     if (rc) unlink(tmpf);
+    td_free(path);
+    td_free(tmpf);
     cJSON_free(hj);
     td_free(in);
     return rc;
