@@ -20,9 +20,9 @@ W=$(mktemp -d /tmp/tandem-servehf.XXXXXX)
 pids=""
 cleanup() { for p in $pids; do kill -TERM "$p" 2>/dev/null || true; done; sleep 1; rm -rf "$W"; }
 trap cleanup EXIT
-port_of() {
+port_of() {   # the port a server's start-up line names, waiting up to 30 s for it
     i=0
-    until grep -q "serving" "$1" 2>/dev/null; do
+    until grep -q "serving.*on http://127.0.0.1:[0-9]" "$1" 2>/dev/null; do
         i=$((i + 1)); [ $i -lt 150 ] || { echo "FAIL server did not start within 30 s:" >&2; cat "$1" >&2; return 1; }
         sleep 0.2
     done
@@ -40,13 +40,18 @@ EOF
 fail=0
 for fam in qwen3_moe qwen2_moe mixtral olmoe; do
     D=$W/$fam
-    TANDEM_THREADS=1 "$T" serve --ckpt "$D" --port 0 --quiet >/dev/null 2>"$W/s1.log" &
+    # a log per server and family: a server still stopping never writes into the next one's
+    L=$W/$fam
+    TANDEM_THREADS=1 "$T" serve --ckpt "$D" --port 0 --quiet >/dev/null 2>"$L.s1.log" &
     pids="$pids $!"
-    $MPI -np 2 -x TANDEM_THREADS=1 "$T" serve --ckpt "$D" --port 0 --quiet tp=2 >/dev/null 2>"$W/s2.log" &
+    $MPI -np 2 -x TANDEM_THREADS=1 "$T" serve --ckpt "$D" --port 0 --quiet tp=2 >/dev/null 2>"$L.s2.log" &
     pids="$pids $!"
-    $MPI -np 2 -x TANDEM_THREADS=1 "$T" serve --ckpt "$D" --port 0 --quiet ep=2 >/dev/null 2>"$W/s3.log" &
+    $MPI -np 2 -x TANDEM_THREADS=1 "$T" serve --ckpt "$D" --port 0 --quiet ep=2 >/dev/null 2>"$L.s3.log" &
     pids="$pids $!"
-    p1=$(port_of "$W/s1.log") && p2=$(port_of "$W/s2.log") && p3=$(port_of "$W/s3.log") || { fail=1; break; }
+    p1=$(port_of "$L.s1.log") && p2=$(port_of "$L.s2.log") && p3=$(port_of "$L.s3.log") || { fail=1; break; }
+    if [ -z "$p1" ] || [ -z "$p2" ] || [ -z "$p3" ]; then
+        echo "FAIL $fam: a server gave no port:"; cat "$L".s?.log; fail=1; break
+    fi
     set +e
     $PY - "$p1" "$p2" "$p3" "$fam" <<'PYEOF'
 import json, sys, threading, http.client

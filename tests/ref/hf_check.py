@@ -214,6 +214,8 @@ def prepare_bad(w, st):
            cfg=lambda c: c.update({"foo_bar": 1, "sliding_window": 512})),
         ok("dropout", base, "attention_dropout 0.1 (training-time noise) is not applied",
            cfg=lambda c: c.update({"attention_dropout": 0.1})),
+        ok("tied", base, "read past lm_head.weight (tie_word_embeddings",
+           cfg=lambda c: c.__setitem__("tie_word_embeddings", True)),
         ok("inv_freq", base, "read past model.layers.0.self_attn.rotary_emb.inv_freq",
            tensors=("model.safetensors", lambda t: t.__setitem__("model.layers.0.self_attn.rotary_emb.inv_freq",
                                                                  torch.zeros(8)))),
