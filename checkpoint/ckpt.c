@@ -17,6 +17,8 @@
 #include "checkpoint/ckpt.h"
 #include "checkpoint/ckpt_h5.h"
 #include "checkpoint/ckpt_io.h"
+#include "checkpoint/hf/hf_config.h"
+#include "checkpoint/hf/hf_load.h"
 #include "comm/comm.h"
 #include "core/common.h"
 
@@ -25,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -296,7 +299,21 @@ typedef struct {
     const char *path;
     CkptIoScratch scratch;
     char err[ERR_MAX];
+    bool quiet;              /* failures leave "<path>: <why>" in err instead of printing it */
 } Writer;
+
+/* A failure of the writer: printed, or kept in w->err (quiet). */
+static void writer_fail(Writer *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void writer_fail(Writer *w, const char *fmt, ...)
+{
+    char msg[ERR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (w->quiet) snprintf(w->err, sizeof w->err, "%s", msg);
+    else td_error("%s", msg);
+}
 
 /* Creates the dataset of pc and writes this rank's box of it, on every
  * rank; 0 or -1 agreed by all.  A single process holding the whole tensor
@@ -316,19 +333,19 @@ static int put_piece(Writer *w, const CkptPiece *pc)
             rc = -1;
         }
     }
-    if (rc) td_error("%s: %s", w->path, w->err);
+    if (rc) writer_fail(w, "%s: %.400s", w->path, w->err);
     return agree(w->parallel, rc);
 }
 
-/* Writes /tokenizer from tok (rank 0's in a parallel save: the lengths are
- * broadcast so that every rank creates the same datasets; rank 0 writes the
- * bytes). */
+/* Writes /tokenizer from tok, a dataset per file present (rank 0's in a
+ * parallel save: the lengths are broadcast so that every rank creates the
+ * same datasets; rank 0 writes the bytes).  No file, no group. */
 static int write_tok(Writer *w, bool parallel, const CkptTokFiles *tok)
 {
     bool root = !parallel || comm_rank() == 0;
     int64_t len[TOK_FILES] = { 0, 0, 0 };
     const char *txt[TOK_FILES] = { NULL, NULL, NULL };
-    if (root && tok && tok->tokenizer_json) {
+    if (root && tok) {
         CkptTokFiles *t = (CkptTokFiles *)tok;
         for (int i = 0; i < TOK_FILES; i++) {
             size_t *n;
@@ -378,10 +395,10 @@ static void piece_of(CkptPiece *pc, const Entry *e, const char *name, const Mode
     pc->data = slab + p->offset;
 }
 
-static int write_root(Writer *w, const Model *m, const CkptState *st, const Topology *rec)
+static int write_root(Writer *w, const ModelConfig *model_cfg, const CkptState *st, const Topology *rec)
 {
     hid_t f = w->f;
-    char *cfg = config_to_json(&m->cfg);
+    char *cfg = config_to_json(model_cfg);
     int rc = ckpt_h5_put_str(f, "format", CKPT_FORMAT) || ckpt_h5_put_i64(f, "format_version", CKPT_FORMAT_VERSION) ||
              ckpt_h5_put_str(f, "config", cfg) || ckpt_h5_put_i64(f, "step", st ? st->step : 0) ||
              ckpt_h5_put_i64(f, "tokens_seen", st ? st->tokens_seen : 0);
@@ -399,7 +416,7 @@ static int write_root(Writer *w, const Model *m, const CkptState *st, const Topo
     }
     if (rc) {
         ckpt_h5_why(w->err, sizeof w->err);
-        td_error("%s: cannot write the %s: %s", w->path, what, w->err);
+        writer_fail(w, "%s: cannot write the %s: %.400s", w->path, what, w->err);
     }
     return agree(w->parallel, rc ? -1 : 0);
 }
@@ -476,7 +493,7 @@ static int save_impl(const char *path, const Model *m, const float *ea, const fl
         return -1;
     }
     TD_CHECK((ea == NULL) == (eas == NULL), "ckpt_save: exp_avg and exp_avg_sq go together");
-    Writer w = { -1, parallel, path, { NULL, 0, -1, 0, 0, 0 }, "" };
+    Writer w = { -1, parallel, path, { NULL, 0, -1, 0, 0, 0 }, "", false };
     Plan pl = { NULL, 0 };
     char err[ERR_MAX];
     if (plan_build(&pl, &m->cfg, rec, err, sizeof err)) {
@@ -496,7 +513,7 @@ static int save_impl(const char *path, const Model *m, const float *ea, const fl
     /* a single writer starts the disk early (ckpt_io_write_chunks), so the
      * final fsync has little left to do */
     if (!parallel) w.scratch.fd = open(tmp, O_RDONLY | O_CLOEXEC);
-    if (write_root(&w, m, st, rec)) goto out;
+    if (write_root(&w, &m->cfg, st, rec)) goto out;
     if (write_tok(&w, parallel, st ? &st->tok : NULL)) goto out;
 
     char name[CKPT_NAME_MAX];
@@ -562,6 +579,165 @@ int ckpt_export(const char *path, const Model *m, const float *exp_avg, const fl
     return save_impl(path, m, exp_avg, exp_avg_sq, st, dtype, as ? as : &m->topo, true);
 }
 
+/* ---------------------------------------------------------------- streaming writes */
+
+struct CkptStream {
+    Writer w;
+    Plan pl;
+    bool *done;
+    char *path, *tmp;   /* owned */
+};
+
+static void stream_discard(CkptStream *s)
+{
+    if (s->w.f >= 0) H5Fclose(s->w.f);
+    s->w.f = -1;
+    ckpt_io_scratch_free(&s->w.scratch);
+    if (s->w.scratch.fd >= 0) close(s->w.scratch.fd);
+    s->w.scratch.fd = -1;
+    unlink(s->tmp);
+}
+
+int ckpt_stream_open(CkptStream **out, const char *path, const ModelConfig *cfg, const CkptTokFiles *tok, char *err,
+                     size_t err_len)
+{
+    *out = NULL;
+    CkptStream *s = td_calloc(sizeof *s);
+    s->path = td_strdup(path);
+    s->tmp = td_sprintf("%s.tmp", path);
+    s->w = (Writer){ -1, false, s->path, { NULL, 0, -1, 0, 0, 0 }, "", true };
+    Topology t;
+    topo_single(&t, cfg);
+    char why[ERR_MAX];
+    if (plan_build(&s->pl, cfg, &t, why, sizeof why)) {
+        snprintf(err, err_len, "%s: %s", path, why);
+        td_free(s->path);
+        td_free(s->tmp);
+        td_free(s);
+        return -1;
+    }
+    s->done = td_calloc((size_t)td_max((size_t)s->pl.n, 1));
+    s->w.f = ckpt_h5_create(s->tmp, NULL);
+    if (s->w.f < 0) {
+        ckpt_h5_why(why, sizeof why);
+        snprintf(err, err_len, "%s: cannot create %s: %s (%s)", path, s->tmp, why, strerror(errno));
+        ckpt_stream_close(s, false, NULL, 0);
+        return -1;
+    }
+    s->w.scratch.fd = open(s->tmp, O_RDONLY | O_CLOEXEC);
+    if (write_root(&s->w, cfg, NULL, &t) || write_tok(&s->w, false, tok)) {
+        snprintf(err, err_len, "%s", s->w.err);
+        ckpt_stream_close(s, false, NULL, 0);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+int ckpt_stream_count(const CkptStream *s) { return s->pl.n; }
+
+const char *ckpt_stream_tensor(const CkptStream *s, int i, int *ndim, size_t *shape)
+{
+    const Entry *e = &s->pl.e[i];
+    *ndim = e->ndim;
+    for (int d = 0; d < e->ndim; d++) shape[d] = (size_t)e->shape[d];
+    return e->name;
+}
+
+int ckpt_stream_put(CkptStream *s, const char *name, const void *data, bool raw, CkptDtype dtype,
+                    const char *attr_key, const char *attr_val, char *err, size_t err_len)
+{
+    int i = 0;
+    while (i < s->pl.n && strcmp(s->pl.e[i].name, name)) i++;
+    if (i == s->pl.n || s->done[i]) {
+        snprintf(err, err_len, "%s: tensor %s %s", s->path, name, i == s->pl.n ? "is not in the model" : "written twice");
+        return -1;
+    }
+    const Entry *e = &s->pl.e[i];
+    CkptPiece pc;
+    memset(&pc, 0, sizeof pc);
+    pc.name = e->name;
+    pc.ndim = e->ndim;
+    for (int d = 0; d < e->ndim; d++) {
+        pc.shape[d] = pc.cnt[d] = e->shape[d];
+        pc.chunk[d] = e->chunk[d];
+    }
+    pc.type = e->ndim >= 2 ? h5type_of(dtype) : CKPT_H5_F32;
+    pc.raw = raw;
+    if (raw && pc.type != CKPT_H5_BF16 && pc.type != CKPT_H5_F16) {
+        snprintf(err, err_len, "%s: tensor %s: raw 16-bit data for a %s dataset", s->path, name,
+                 ckpt_dtype_name(e->ndim >= 2 ? dtype : CKPT_F32));
+        return -1;
+    }
+    pc.partition = e->partition;
+    pc.data = data;
+    if (put_piece(&s->w, &pc)) {
+        snprintf(err, err_len, "%s", s->w.err);
+        return -1;
+    }
+    if (attr_key) {
+        hid_t ds = H5Dopen2(s->w.f, e->name, H5P_DEFAULT);
+        int rc = ds < 0 || ckpt_h5_put_str(ds, attr_key, attr_val);
+        if (ds >= 0) H5Dclose(ds);
+        if (rc) {
+            ckpt_h5_why(s->w.err, sizeof s->w.err);
+            snprintf(err, err_len, "%s: dataset /%s: cannot write attribute %s: %s", s->path, e->name, attr_key, s->w.err);
+            return -1;
+        }
+    }
+    s->done[i] = true;
+    H5garbage_collect();
+    return 0;
+}
+
+int ckpt_stream_root_attr(CkptStream *s, const char *key, const char *value, char *err, size_t err_len)
+{
+    if (ckpt_h5_put_str(s->w.f, key, value)) {
+        ckpt_h5_why(s->w.err, sizeof s->w.err);
+        snprintf(err, err_len, "%s: cannot write attribute %s: %s", s->path, key, s->w.err);
+        return -1;
+    }
+    return 0;
+}
+
+int ckpt_stream_close(CkptStream *s, bool commit, char *err, size_t err_len)
+{
+    if (!s) return 0;
+    int rc = 0;
+    for (int i = 0; commit && i < s->pl.n; i++)
+        if (!s->done[i]) {
+            snprintf(err, err_len, "%s: tensor %s was never written: nothing saved", s->path, s->pl.e[i].name);
+            commit = false;
+            rc = -1;
+        }
+    if (commit) {
+        int frc = H5Fflush(s->w.f, H5F_SCOPE_GLOBAL) < 0 ? -1 : 0;
+        frc |= H5Fclose(s->w.f) < 0 ? -1 : 0;
+        s->w.f = -1;
+        char *dir = dir_of(s->path);
+        if (frc) {
+            ckpt_h5_why(s->w.err, sizeof s->w.err);
+            snprintf(err, err_len, "%s: cannot flush %s: %s", s->path, s->tmp, s->w.err);
+            rc = -1;
+        } else if (fsync_path(s->tmp, false) || rename(s->tmp, s->path) || fsync_path(dir, true)) {
+            snprintf(err, err_len, "%s: cannot publish %s: %s", s->path, s->tmp, strerror(errno));
+            rc = -1;
+        }
+        td_free(dir);
+    }
+    if (!commit || rc) stream_discard(s);
+    else {
+        ckpt_io_scratch_free(&s->w.scratch);
+        if (s->w.scratch.fd >= 0) close(s->w.scratch.fd);
+    }
+    plan_free(&s->pl);
+    td_free(s->done);
+    td_free(s->path);
+    td_free(s->tmp);
+    td_free(s);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- opening and root checks */
 
 /* Opens path read-only with a one-line reason on failure. */
@@ -573,7 +749,8 @@ static hid_t open_checked(const char *path, char *err, size_t err_len)
         return -1;
     }
     if (S_ISDIR(sb.st_mode)) {
-        snprintf(err, err_len, "%s: is a directory (give a checkpoint file, or a run directory with latest)", path);
+        snprintf(err, err_len, "%s: is a directory (give a checkpoint file, a run directory with latest, or a Hugging "
+                 "Face model directory: config.json and safetensors)", path);
         return -1;
     }
     hid_t f = ckpt_h5_open(path);
@@ -696,8 +873,11 @@ static int read_meta(hid_t f, const char *path, CkptMeta *meta, char *err, size_
     return 0;
 }
 
+bool ckpt_is_hf_dir(const char *path) { return hf_is_dir(path); }
+
 int ckpt_read_config(const char *path, ModelConfig *cfg, CkptMeta *meta, char *err, size_t err_len)
 {
+    if (hf_is_dir(path)) return hf_read_config(path, cfg, meta, err, err_len);
     hid_t f = open_checked(path, err, err_len);
     if (f < 0) return -1;
     int rc = check_root(f, path, cfg, NULL, err, err_len);
@@ -900,6 +1080,31 @@ fail:
     return -1;
 }
 
+/* ckpt_load of a Hugging Face directory: weights (this rank's slices) and
+ * its tokenizer files; no optimizer or trainer state. */
+static int load_hf(const char *path, Model *m, bool moments, CkptState *st, bool parallel, char *err, size_t err_len)
+{
+    int rc = 0;
+    if (moments) {
+        snprintf(err, err_len, "%s: a Hugging Face directory holds no optimizer state (start from it with init_from, "
+                 "or import it: tandem ckpt import)", path);
+        rc = -1;
+    }
+    if (!rc && st) rc = ckpt_tok_files_from_dir(path, &st->tok, err, err_len);
+    if (!rc) rc = hf_load(path, m, err, err_len);
+    bool failed_here = rc != 0;
+    rc = agree(parallel, rc);
+    if (rc) {
+        share_error(parallel, failed_here, err, err_len);
+        memset(m->w, 0, m->n_w * sizeof(float));
+        if (st) {
+            ckpt_state_free(st);
+            memset(st, 0, sizeof *st);
+        }
+    }
+    return rc;
+}
+
 int ckpt_load(const char *path, Model *m, float *exp_avg, float *exp_avg_sq, CkptState *st, char *err,
               size_t err_len)
 {
@@ -911,6 +1116,7 @@ int ckpt_load(const char *path, Model *m, float *exp_avg, float *exp_avg_sq, Ckp
         return -1;
     }
     if (st) memset(st, 0, sizeof *st);
+    if (hf_is_dir(path)) return load_hf(path, m, exp_avg != NULL, st, parallel, err, err_len);
     ParamDesc *pd = td_calloc((size_t)td_max((size_t)m->n_params, 1) * sizeof(ParamDesc));
     CkptH5Desc drng, rrng;
     TokDesc td;
@@ -1308,12 +1514,13 @@ static int slurp(const char *path, char **out, size_t *len, char *err, size_t er
 int ckpt_tok_files_from_dir(const char *hf_dir, CkptTokFiles *out, char *err, size_t err_len)
 {
     memset(out, 0, sizeof *out);
-    char path[PATH_MAX];
     for (int i = 0; i < TOK_FILES; i++) {
         size_t *len;
         char **txt = tok_text(out, i, &len);
-        snprintf(path, sizeof path, "%s/%s", hf_dir, g_tok_names[i]);
-        if (slurp(path, txt, len, err, err_len) < 0) {
+        char *path = td_sprintf("%s/%s", hf_dir, g_tok_names[i]);
+        int r = slurp(path, txt, len, err, err_len);
+        td_free(path);
+        if (r < 0) {
             ckpt_tok_files_free(out);
             return -1;
         }
@@ -1325,26 +1532,30 @@ int ckpt_read_tok_files(const char *ckpt_path, CkptTokFiles *out, char *err, siz
 {
     memset(out, 0, sizeof *out);
     struct stat sb;
-    char file[PATH_MAX], latest[PATH_MAX];
-    snprintf(latest, sizeof latest, "%s/latest", ckpt_path);
-    if (stat(ckpt_path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        if (lstat(latest, &sb) != 0) return ckpt_tok_files_from_dir(ckpt_path, out, err, err_len);
-        ssize_t k = readlink(latest, file, sizeof file - 1);
+    char *latest = td_sprintf("%s/latest", ckpt_path), *file = NULL;
+    bool is_dir = stat(ckpt_path, &sb) == 0 && S_ISDIR(sb.st_mode), run_dir = is_dir && lstat(latest, &sb) == 0;
+    td_free(latest);
+    /* a directory without latest: an HF model directory, or one holding just the tokenizer files */
+    if (is_dir && !run_dir) return ckpt_tok_files_from_dir(ckpt_path, out, err, err_len);
+    if (run_dir) {   /* its latest */
+        char target[PATH_MAX];
+        char *link = td_sprintf("%s/latest", ckpt_path);
+        ssize_t k = readlink(link, target, sizeof target - 1);
+        td_free(link);
         if (k < 0) {
             snprintf(err, err_len, "%s: cannot read the latest link: %s", ckpt_path, strerror(errno));
             return -1;
         }
-        file[k] = 0;
-        if (file[0] != '/') {
-            char rel[PATH_MAX];
-            snprintf(rel, sizeof rel, "%s", file);
-            snprintf(file, sizeof file, "%.2000s/%.2000s", ckpt_path, rel);
-        }
+        target[k] = 0;
+        file = target[0] == '/' ? td_strdup(target) : td_sprintf("%s/%s", ckpt_path, target);
     } else {
-        snprintf(file, sizeof file, "%s", ckpt_path);
+        file = td_strdup(ckpt_path);
     }
     hid_t f = open_checked(file, err, err_len);
-    if (f < 0) return -1;
+    if (f < 0) {
+        td_free(file);
+        return -1;
+    }
     ModelConfig cfg;
     TokDesc td;
     int rc = check_root(f, file, &cfg, NULL, err, err_len);
@@ -1355,6 +1566,7 @@ int ckpt_read_tok_files(const char *ckpt_path, CkptTokFiles *out, char *err, siz
         rc = -1;
     }
     H5Fclose(f);
+    td_free(file);
     if (rc) ckpt_tok_files_free(out);
     return rc;
 }
@@ -1398,6 +1610,15 @@ int ckpt_resolve(const char *dir_or_file, char *out, size_t out_len)
     if (td_snprintf(link, sizeof link, "%s/latest", dir_or_file)) {
         td_error("%s: the path is too long", dir_or_file);
         return -1;
+    }
+    if (lstat(link, &sb) != 0 && hf_is_dir(dir_or_file)) {   /* a Hugging Face model directory: itself */
+        if (td_snprintf(out, out_len, "%s", dir_or_file)) {
+            td_error("%s: the path is too long (%zu bytes; at most %zu)", dir_or_file, strlen(dir_or_file), out_len - 1);
+            return -1;
+        }
+        size_t n = strlen(out);
+        while (n > 1 && out[n - 1] == '/') out[--n] = 0;
+        return 0;
     }
     ssize_t n = readlink(link, target, sizeof target - 1);
     if (n < 0) {

@@ -96,9 +96,12 @@ typedef struct {
     char *run_config;        /* JSON text of the run config, may be NULL */
     bool has_trainer;        /* load: the file had /trainer and /optimizer */
     /* Tokenizer files.  Save (ckpt_save, ckpt_export): borrowed; the
-     * /tokenizer group is written when tok.tokenizer_json != NULL (in a
-     * parallel save rank 0's files are written, by rank 0).  Load: owned
-     * copies, filled when the file has /tokenizer (all NULL otherwise). */
+     * /tokenizer group holds a dataset for each file present (normally
+     * tokenizer.json and the others; a generation_config.json alone is kept
+     * too, so that HF round trips of models without a tokenizer keep it),
+     * none when all are NULL; in a parallel save rank 0's files are
+     * written, by rank 0.  Load: owned copies, filled when the file has
+     * /tokenizer (all NULL otherwise). */
     CkptTokFiles tok;
 } CkptState;
 
@@ -107,8 +110,9 @@ typedef struct {
 void ckpt_state_free(CkptState *st);
 
 /* Reads the tokenizer files of a checkpoint (a file, or a run directory:
- * its latest; a Hugging Face model directory is read as
- * ckpt_tok_files_from_dir does) into *out (owned; ckpt_tok_files_free).
+ * its latest; any other directory, a Hugging Face model directory or one
+ * holding only tokenizer files, is read as ckpt_tok_files_from_dir does)
+ * into *out (owned; ckpt_tok_files_free).
  * One process.  Returns 0, with every member NULL when the checkpoint has
  * none; or -1 with one line in err (unreadable file, a /tokenizer dataset
  * of the wrong type, a checksum mismatch). */
@@ -156,7 +160,44 @@ int ckpt_save(const char *path, const Model *m, const float *exp_avg, const floa
 int ckpt_export(const char *path, const Model *m, const float *exp_avg, const float *exp_avg_sq,
                 const CkptState *st, CkptDtype dtype, const Topology *as);
 
+/* Streaming, single-process writes of a weights-only checkpoint, one
+ * tensor at a time, so that a writer holds one tensor in memory, not the
+ * model (`tandem ckpt import`).  The file is what ckpt_export writes for a
+ * one-process topology: the same plan (every tensor of cfg, in model
+ * order, chunked and tagged as a one-process save), root attributes with
+ * step 0, /topology, and the tokenizer files (tok may be NULL; borrowed).
+ * ckpt_stream_open creates PATH.tmp; ckpt_stream_put writes one tensor of
+ * the plan (each exactly once, any order) from data: float32 (the whole
+ * tensor, row-major), or with raw set the 16-bit values of the storage
+ * type, which must then be dtype (matrices only: 1-D tensors are always
+ * float32); attr_key (may be NULL) adds a string attribute to its dataset.
+ * ckpt_stream_root_attr adds a string attribute to the root.
+ * ckpt_stream_close(commit) checks that every tensor was written, flushes,
+ * fsyncs and renames to PATH; without commit (or on failure) it deletes
+ * PATH.tmp.  It frees s either way (NULL is fine).  Each returns 0 or -1
+ * with one line in err. */
+typedef struct CkptStream CkptStream;
+int ckpt_stream_open(CkptStream **out, const char *path, const ModelConfig *cfg, const CkptTokFiles *tok, char *err,
+                     size_t err_len);
+/* Tensors of the plan and, for i < count, the name (borrowed), rank and
+ * global shape of the i-th. */
+int ckpt_stream_count(const CkptStream *s);
+const char *ckpt_stream_tensor(const CkptStream *s, int i, int *ndim, size_t *shape);
+int ckpt_stream_put(CkptStream *s, const char *name, const void *data, bool raw, CkptDtype dtype,
+                    const char *attr_key, const char *attr_val, char *err, size_t err_len);
+int ckpt_stream_root_attr(CkptStream *s, const char *key, const char *value, char *err, size_t err_len);
+int ckpt_stream_close(CkptStream *s, bool commit, char *err, size_t err_len);
+
 /* ---------------------------------------------------------------- loading */
+
+/* Hugging Face model directories (config.json + safetensors, SPEC section
+ * 9) are accepted wherever a checkpoint is read: ckpt_resolve returns the
+ * directory itself, ckpt_read_config maps its config.json (meta: step 0,
+ * one process, the dtype of its torch_dtype), ckpt_load reads each rank's
+ * slices straight from the safetensors and the tokenizer files into
+ * st->tok (no optimizer state: moments must be NULL).  The mapping, its
+ * refusals and its messages: checkpoint/hf/, docs/import.md. */
+bool ckpt_is_hf_dir(const char *path);
 
 /* Opens path, checks format and format_version, parses the config
  * attribute into *cfg and fills *meta (may be NULL).  Any process may
@@ -231,7 +272,7 @@ float *ckpt_read_tensor(const char *path, const char *name, size_t *numel, char 
 int ckpt_set_latest(const char *dir, const char *file_name);
 
 /* DIR -> the file DIR/latest points at ("DIR/step_00000010.h5"); a file ->
- * itself.  Returns 0, or -1 after one td_error line (no latest, missing). */
+ * itself; a Hugging Face model directory (without latest) -> itself.  Returns 0, or -1 after one td_error line (no latest, missing). */
 int ckpt_resolve(const char *dir_or_file, char *out, size_t out_len);
 
 /* Deletes step_*.h5 files of dir beyond the newest keep_last (by step

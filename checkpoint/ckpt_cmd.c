@@ -9,9 +9,16 @@
  *   export IN OUT [--dtype ...] [--dp ...]
  *                           a serving checkpoint: reshard --weights-only
  *   diff A B                max abs / rel difference per tensor
+ *   import HF_DIR OUT [--dtype f32|bf16|f16]
+ *                           a Hugging Face model directory as a tandem checkpoint
+ *                           (checkpoint/hf/hf_load.h); --list-families prints the
+ *                           mapping tables
  */
 #include "checkpoint/ckpt_cmd.h"
 #include "checkpoint/ckpt.h"
+#include "checkpoint/hf/families.h"
+#include "checkpoint/hf/hf_export.h"
+#include "checkpoint/hf/hf_load.h"
 #include "comm/comm.h"
 #include "core/args.h"
 #include "core/common.h"
@@ -34,9 +41,19 @@ static const char *g_usage =
     "                               rewrite IN as saved by that topology (omitted sizes are 1);\n"
     "                               --weights-only drops /optimizer and /trainer; --dtype stores\n"
     "                               the weight matrices in that type (default: IN's)\n"
-    "  export IN OUT [--dtype ...] [--dp ...]\n"
+    "  export IN OUT [--dtype ...] [--dp ...] [--format tandem]\n"
     "                               serving checkpoint: reshard --weights-only\n"
-    "  diff A B                     max abs and max rel difference of every tensor\n";
+    "  export IN OUT_DIR --format hf [--dtype f32|bf16|f16] [--shard-mb 2048] [--layout v4|v5]\n"
+    "                               a Hugging Face model directory: config.json, safetensors shards\n"
+    "                               of at most --shard-mb MiB with their index, tokenizer files; an\n"
+    "                               imported model goes back bit for bit (dtypes, layout, config)\n"
+    "  diff A B                     max abs and max rel difference of every tensor\n"
+    "  import HF_DIR OUT [--dtype f32|bf16|f16]\n"
+    "                               a Hugging Face model directory (config.json + safetensors) as a\n"
+    "                               tandem checkpoint: weights, config, tokenizer files, and what\n"
+    "                               export --format hf needs to write it back bit for bit; --dtype\n"
+    "                               stores the matrices in that type (default: the HF files' own)\n"
+    "  import --list-families       every family's config-key and tensor tables (markdown)\n";
 
 static double mib(size_t b) { return (double)b / 1048576.0; }
 
@@ -279,10 +296,15 @@ static int get_size(const Args *a, const char *name, int *out)
 
 static int reshard(Args *a, int argc, char **argv, bool export_mode)
 {
-    static const char *const spec[] = { "dp=", "tp=", "pp=", "ep=", "weights-only", "dtype=", NULL };
+    static const char *const spec[] = { "dp=", "tp=", "pp=", "ep=", "weights-only", "dtype=", "format=", NULL };
     const char *what = export_mode ? "export" : "reshard";
     int r = parse(a, argc, argv, spec, 2, what);
     if (r >= 0) return r;
+    const char *fmt = args_get(a, "format");
+    if (fmt && (!export_mode || strcmp(fmt, "tandem"))) {
+        td_error("ckpt %s: --format must be tandem or hf (got \"%s\")", what, fmt);
+        return 2;
+    }
     char in[PATH_MAX], err[512];
     const char *out = a->pos[1];
     if (ckpt_resolve(a->pos[0], in, sizeof in)) return 1;
@@ -340,6 +362,57 @@ out:
     td_free(eas);
     model_free(&m);
     return rc;
+}
+
+/* ---------------------------------------------------------------- export --format hf */
+
+static int export_hf(Args *a, int argc, char **argv)
+{
+    static const char *const spec[] = { "format=", "dtype=", "shard-mb=", "layout=", NULL };
+    int r = parse(a, argc, argv, spec, 2, "export");
+    if (r >= 0) return r;
+    char in[PATH_MAX], err[1024];
+    if (ckpt_resolve(a->pos[0], in, sizeof in)) return 1;
+    HfExportOpts o = { NULL, 0, 0 };
+    CkptDtype dt;
+    const char *ds = args_get(a, "dtype"), *ls = args_get(a, "layout");
+    if (ds && ckpt_dtype_parse(ds, &dt)) {
+        td_error("ckpt export: --dtype must be f32, bf16 or f16 (got \"%s\")", ds);
+        return 2;
+    }
+    if (ds) o.dtype = &dt;
+    if (ls && strcmp(ls, "v4") && strcmp(ls, "v5")) {
+        td_error("ckpt export: --layout must be v4 or v5 (got \"%s\")", ls);
+        return 2;
+    }
+    if (ls) o.layout = !strcmp(ls, "v4") ? HF_V4 : HF_V5;
+    double mb;
+    if (args_num(a, "shard-mb", 2048, 1.0 / 1024, 1 << 24, &mb, err, sizeof err) < 0) {
+        td_error("ckpt export: %s", err);
+        return 2;
+    }
+    o.shard_bytes = (size_t)(mb * 1048576.0);
+    double t0 = td_now();
+    HfExportReport rep;
+    if (hf_export(in, a->pos[1], &o, &rep, err, sizeof err)) {
+        td_error("%s", err);
+        return 1;
+    }
+    if (rep.note[0]) td_info("note: %s", rep.note);
+    printf("wrote %s: %s (%s layout), %d tensors in %d safetensors file%s (%.1f MiB), config.json %s%s (%.2f s)\n",
+           a->pos[1], rep.architecture, rep.layout, rep.n_tensors, rep.n_files, rep.n_files > 1 ? "s" : "",
+           mib(rep.bytes), rep.original_config ? "as imported" : "written for the family",
+           rep.tokenizer ? ", tokenizer" : "", td_now() - t0);
+    return 0;
+}
+
+static int cmd_export(Args *a, int argc, char **argv)
+{
+    for (int i = 2; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--format") && !strcmp(argv[i + 1], "hf")) return export_hf(a, argc, argv);
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--format=hf")) return export_hf(a, argc, argv);
+    return reshard(a, argc, argv, true);
 }
 
 /* ---------------------------------------------------------------- diff */
@@ -427,6 +500,53 @@ static int cmd_diff(Args *a, int argc, char **argv)
     return rc;
 }
 
+/* ---------------------------------------------------------------- import */
+
+static int cmd_import(Args *a, int argc, char **argv)
+{
+    static const char *const spec[] = { "dtype=", "list-families", NULL };
+    char err[1024];
+    if (args_parse(a, argc, argv, 2, spec, err, sizeof err)) {
+        td_error("ckpt import: %s (tandem ckpt --help)", err);
+        return 2;
+    }
+    if (a->help) {
+        fputs(g_usage, stdout);
+        return 0;
+    }
+    if (args_flag(a, "list-families")) {
+        hf_families_print();
+        return 0;
+    }
+    if (a->n_pos != 2) {
+        td_error("ckpt import: expected HF_DIR and OUT, got %d argument%s (tandem ckpt --help)", a->n_pos,
+                 a->n_pos == 1 ? "" : "s");
+        return 2;
+    }
+    CkptDtype dt;
+    const char *ds = args_get(a, "dtype");
+    if (ds && ckpt_dtype_parse(ds, &dt)) {
+        td_error("ckpt import: --dtype must be f32, bf16 or f16 (got \"%s\")", ds);
+        return 2;
+    }
+    if (!ckpt_is_hf_dir(a->pos[0])) {
+        td_error("ckpt import: %s is not a Hugging Face model directory (config.json and model.safetensors or "
+                 "model.safetensors.index.json)", a->pos[0]);
+        return 1;
+    }
+    HfImportReport rep;
+    if (hf_import(a->pos[0], a->pos[1], ds ? &dt : NULL, &rep, err, sizeof err)) {
+        td_error("%s", err);
+        return 1;
+    }
+    printf("wrote %s: %s (%s layout), %d tensors, weights %s%s; read %.1f MiB in %.2f s (%.2f GB/s), "
+           "peak RSS %.1f MiB (largest tensor %.1f MiB)\n",
+           a->pos[1], rep.architecture, rep.layout, rep.n_tensors, ckpt_dtype_name(rep.dtype),
+           rep.tokenizer ? ", tokenizer" : "", mib(rep.bytes_read), rep.seconds,
+           rep.seconds > 0 ? (double)rep.bytes_read / rep.seconds / 1e9 : 0.0, mib(td_rss_peak()), mib(rep.largest));
+    return 0;
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 int cmd_ckpt(int argc, char **argv)
@@ -445,8 +565,9 @@ int cmd_ckpt(int argc, char **argv)
     if (!strcmp(sub, "info")) rc = cmd_info(&a, argc, argv);
     else if (!strcmp(sub, "verify")) rc = cmd_verify(&a, argc, argv);
     else if (!strcmp(sub, "reshard")) rc = reshard(&a, argc, argv, false);
-    else if (!strcmp(sub, "export")) rc = reshard(&a, argc, argv, true);
+    else if (!strcmp(sub, "export")) rc = cmd_export(&a, argc, argv);
     else if (!strcmp(sub, "diff")) rc = cmd_diff(&a, argc, argv);
+    else if (!strcmp(sub, "import")) rc = cmd_import(&a, argc, argv);
     else td_error("ckpt: unknown subcommand '%s' (tandem ckpt --help)", sub);
     args_free(&a);
     return rc;

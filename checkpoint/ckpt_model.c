@@ -22,8 +22,9 @@ int ckpt_model_open(const char *path, Model *m, Topology *topo, bool with_grads,
         return -1;
     }
     bool is_dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-    if ((is_dir && lstat(latest, &st) != 0) || (!is_dir && access(path, R_OK) != 0)) {
-        snprintf(err, err_len, "%s: no checkpoint there (expected a .h5 file or a run directory with a latest)", path);
+    if ((is_dir && lstat(latest, &st) != 0 && !ckpt_is_hf_dir(path)) || (!is_dir && access(path, R_OK) != 0)) {
+        snprintf(err, err_len, "%s: no checkpoint there (expected a .h5 file, a run directory with a latest, or a "
+                 "Hugging Face model directory)", path);
         return -1;
     }
     if (ckpt_resolve(path, file, sizeof file)) {   /* prints its own line */

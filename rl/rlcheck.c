@@ -391,7 +391,7 @@ static int rlcheck_cmd_run(Args *ap, int argc, char **argv)
         td_error("score: %s: %s", ckpt, strerror(errno));
         return 1;
     }
-    const bool is_dir = S_ISDIR(st.st_mode);
+    const bool is_dir = S_ISDIR(st.st_mode) && !ckpt_is_hf_dir(ckpt);   /* a run directory: one checkpoint per version */
     RFile f;
     if (read_rollout(&f, path, err, sizeof err)) {
         td_error("score: %s", err);

@@ -246,7 +246,7 @@ static int setup_model(Trainer *tr, CkptState *st, bool *resumed)
         char latest[1100];
         snprintf(latest, sizeof latest, "%s/latest", rc->resume);
         bool is_dir = stat(rc->resume, &sb) == 0 && S_ISDIR(sb.st_mode);
-        bool first_launch = (is_dir && lstat(latest, &sb) != 0) ||
+        bool first_launch = (is_dir && lstat(latest, &sb) != 0 && !ckpt_is_hf_dir(rc->resume)) ||
                             (!is_dir && access(rc->resume, F_OK) != 0 && !strstr(rc->resume, ".h5"));
         if (!first_launch) {
             if (ckpt_resolve(rc->resume, src, sizeof src)) return -1;

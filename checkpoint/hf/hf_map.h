@@ -1,0 +1,108 @@
+/* checkpoint/hf/hf_map.h - a Hugging Face model directory mapped onto
+ * tandem's parameters (SPEC section 9): the config (hf_config.h), the
+ * safetensors (safetensors.h) and, for every tandem parameter, the HF
+ * tensors it is made of and how (families.h).
+ *
+ * hf_model_open validates everything before any weight is read: the
+ * architecture and config; the layout (v4 or v5: the one whose names the
+ * files hold exactly); every tensor the config implies is present, with
+ * the shape it implies and a float dtype (F32, F16, BF16); every tensor of
+ * the files is mapped or one of the family's skips.  A failure is one line
+ * naming the tensor or key, and nothing is mapped; a model that opens is
+ * mapped whole.
+ *
+ * Then a reader asks for boxes of tandem parameters, in tandem coordinates
+ * (the slice a rank owns under its topology): a copied tensor is a box of
+ * one HF tensor, a stacked one touches only its experts' tensors, a part
+ * of a fused tensor a box of that tensor; only the bytes of the box are
+ * read.  The headers are validated through the safetensors reader's map;
+ * the bulk bytes are read with pread, in runs as long as the box allows
+ * (no page-table work, nothing left resident in the process), by the pool
+ * threads, converted to float32 on the way.  Reads are thread-safe.
+ */
+#ifndef TANDEM_CHECKPOINT_HF_HF_MAP_H
+#define TANDEM_CHECKPOINT_HF_HF_MAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "checkpoint/hf/families.h"
+#include "checkpoint/hf/hf_config.h"
+#include "checkpoint/hf/safetensors.h"
+#include "core/model/model.h"
+
+typedef struct {
+    char tandem[PARAM_NAME_MAX];     /* tandem parameter */
+    const HfTensor *rule;
+    int layer;                       /* -1 outside the layers */
+    int ndim;
+    size_t shape[PARAM_MAX_DIMS];    /* tandem global shape */
+    const StTensor **src;            /* its HF tensors (one, or one per expert for a stack); borrowed */
+    int n_src;
+    StDtype dtype;                   /* theirs (F32 when they differ) */
+} HfBinding;
+
+typedef struct {
+    HfConfig hc;                     /* config, family, config.json text */
+    HfLayout layout;                 /* the layout the files have */
+    StCheckpoint st;
+    HfBinding *b;                    /* one per tandem parameter, in model order */
+    int n_b;
+    const StTensor **src;            /* storage of the bindings' src */
+    int *fd;                         /* per safetensors file: the bulk reads (pread) */
+    char notes[1536];                /* config notes and skipped tensors, one line; "" when none */
+} HfModel;
+
+/* The rule of family fam mapping tandem parameter `tandem` in `layout`;
+ * *layer gets its layer (-1 when it has none).  NULL when none. */
+const HfTensor *hf_rule_for(const HfFamily *fam, HfLayout layout, const char *tandem, int *layer);
+
+/* The HF tensors rule r makes of a tandem parameter of global shape
+ * (ndim, shape) in layer `layer`: fn is called once per HF tensor with its
+ * name, shape and expert (-1 unless a stack).  Returns the count, or -1
+ * when a name does not fit. */
+typedef int (*HfEachFn)(void *ctx, const char *hf_name, int ndim, const uint64_t *hf_shape, int expert);
+int hf_expand(const HfTensor *r, int layer, int ndim, const size_t *shape, HfEachFn fn, void *ctx);
+
+/* Opens and validates dir (see above).  Returns 0, or -1 with one line in
+ * err ("DIR: ..."), h zeroed.  hf_model_close releases h (safe on a zeroed
+ * struct and twice). */
+int hf_model_open(HfModel *h, const char *dir, char *err, size_t err_len);
+void hf_model_close(HfModel *h);
+
+/* The binding of a tandem parameter, or NULL. */
+const HfBinding *hf_model_find(const HfModel *h, const char *tandem);
+
+/* Reads the box [off, off + cnt) of binding b, in tandem coordinates, into
+ * out (row-major over the box): float32 (exact for F32/F16/BF16), or, raw,
+ * the stored 16-bit values (b->dtype must be F16 or BF16).  Uses the
+ * thread pool (pieces of the box on its threads); call from the main
+ * thread.  Returns 0, or -1 with one line in err. */
+int hf_read_box(const HfModel *h, const HfBinding *b, const size_t *off, const size_t *cnt, void *out, bool raw,
+                char *err, size_t err_len);
+
+/* The same on the calling thread alone, without the pool: for a thread
+ * that reads while the main thread does something else. */
+int hf_read_box_serial(const HfModel *h, const HfBinding *b, const size_t *off, const size_t *cnt, void *out,
+                       bool raw, char *err, size_t err_len);
+
+/* Hints the kernel to read ahead the bytes of b's box [off, off + cnt)
+ * (posix_fadvise WILLNEED: asynchronous; a stack's experts outside the
+ * box are not touched), returning about how many bytes that is. */
+size_t hf_prefetch(const HfModel *h, const HfBinding *b, const size_t *off, const size_t *cnt);
+
+/* Reads of many boxes in a row with the next ones prefetched: a window of
+ * about `ahead` bytes is kept requested ahead of the box being read. */
+typedef struct {
+    const HfModel *h;
+    size_t ahead;
+    int next;            /* first box not yet prefetched */
+    size_t requested;    /* bytes prefetched beyond the box being read */
+} HfStream;
+/* box i of n: its binding and box are given by the caller's at(); reads
+ * box i into out after topping the window up over boxes i+1 .. */
+typedef const HfBinding *(*HfBoxFn)(void *ctx, int i, const size_t **off, const size_t **cnt);
+int hf_stream_read(HfStream *s, int i, int n, HfBoxFn at, void *ctx, void *out, bool raw, char *err, size_t err_len);
+
+#endif
