@@ -8,10 +8,13 @@
  *                           the same state recorded under another topology
  *   export IN OUT [--dtype ...] [--dp ...]
  *                           a serving checkpoint: reshard --weights-only
+ *   export IN OUT.gguf --format gguf ...
+ *                           a GGUF file for llama.cpp (checkpoint/gguf/)
  *   diff A B                max abs / rel difference per tensor
  */
 #include "checkpoint/ckpt_cmd.h"
 #include "checkpoint/ckpt.h"
+#include "checkpoint/gguf/gguf_export.h"
 #include "comm/comm.h"
 #include "core/args.h"
 #include "core/common.h"
@@ -36,6 +39,8 @@ static const char *g_usage =
     "                               the weight matrices in that type (default: IN's)\n"
     "  export IN OUT [--dtype ...] [--dp ...]\n"
     "                               serving checkpoint: reshard --weights-only\n"
+    "  export IN OUT.gguf --format gguf [--dtype f32|f16|q8_0] [--tokenizer DIR] [--arch NAME]\n"
+    "                               a GGUF file for llama.cpp (docs/gguf.md)\n"
     "  diff A B                     max abs and max rel difference of every tensor\n";
 
 static double mib(size_t b) { return (double)b / 1048576.0; }
@@ -432,7 +437,13 @@ int cmd_ckpt(int argc, char **argv)
     if (!strcmp(sub, "info")) return cmd_info(argc, argv);
     if (!strcmp(sub, "verify")) return cmd_verify(argc, argv);
     if (!strcmp(sub, "reshard")) return reshard(argc, argv, false);
-    if (!strcmp(sub, "export")) return reshard(argc, argv, true);
+    if (!strcmp(sub, "export")) {
+        for (int i = 2; i < argc; i++)   /* --format gguf: checkpoint/gguf */
+            if ((!strcmp(argv[i], "--format") && i + 1 < argc && !strcmp(argv[i + 1], "gguf")) ||
+                !strcmp(argv[i], "--format=gguf"))
+                return gguf_export_cmd(argc, argv);
+        return reshard(argc, argv, true);
+    }
     if (!strcmp(sub, "diff")) return cmd_diff(argc, argv);
     td_error("ckpt: unknown subcommand '%s' (tandem ckpt --help)", sub);
     return 2;
