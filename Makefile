@@ -3,7 +3,8 @@
 #   make            bin/tandem and build/libtandem.a
 #   make deps       install missing Debian packages (root, idempotent, fast)
 #   make test       unit tests (Criterion), PyTorch comparisons, MPI tests,
-#                   command-level tests
+#                   command-level tests; the kernel suites again on the
+#                   AVX2 and portable paths (build/avx2, build/portable)
 #   make asan-test  unit tests under AddressSanitizer + UBSan
 #   make bench      benchmarks side by side with the peers
 #   make demo       train on fortunes, save a checkpoint, sample from it
@@ -13,7 +14,9 @@
 # AVX-512, or AVX2 + FMA, when the build machine has it.  The portable path
 # computes every element with the same sequence of fused multiply-adds, so
 # results are bit-identical whichever path is compiled (tests/test_gemm.c
-# and tests/test_attention.c check this).
+# and tests/test_attention.c check this; `make test` also builds the AVX2
+# and portable paths in build/avx2 and build/portable and runs the kernel
+# suites there, so every path is checked on an AVX-512 machine too).
 # -ffp-contract=off: the compiler must never fuse a*b+c on its own; every
 # FMA in the numerics is written explicitly, so the arithmetic is the same
 # in every code path that shares a kernel.
@@ -34,7 +37,7 @@ CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -march=native \
 LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lpthread
 LDFLAGS  := $(EXTRA_LDFLAGS)
 
-LIB_DIRS := core core/ops core/model core/tok comm checkpoint checkpoint/hf checkpoint/gguf train infer infer/server rl
+LIB_DIRS := core core/ops core/model core/tok core/chat core/chat/jinja comm checkpoint checkpoint/hf checkpoint/gguf train infer infer/server rl
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libtandem.a
@@ -44,13 +47,15 @@ UNIT_OBJ := $(UNIT_SRC:%.c=$(BUILD)/obj/%.o)
 UNIT_BIN := $(BUILD)/tests/unit
 MPI_SRC  := $(wildcard tests/mpi_*.c)
 MPI_BIN  := $(MPI_SRC:tests/%.c=$(BUILD)/tests/%)
+# Renders chat templates for tests/cli/chat.sh (until `tandem tokenize --chat`).
+TOOL_BIN := $(BUILD)/tests/chat_render
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 # The default build puts the binary in bin/; other trees (asan) keep theirs inside.
 BIN      := $(if $(filter build,$(BUILD)),bin/tandem,$(BUILD)/bin/tandem)
 
-.PHONY: all deps test unit asan-test bench demo fuzz clean check-features
+.PHONY: all deps test unit isa-unit asan-test bench demo fuzz clean check-features
 all: check-features $(BIN)
 
 deps:
@@ -86,14 +91,44 @@ $(BUILD)/tests/mpi_%: $(BUILD)/obj/tests/mpi_%.o $(BUILD)/obj/tests/fixture.o $(
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
+$(BUILD)/tests/chat_render: $(BUILD)/obj/tests/chat_render.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-unit: $(BIN) $(UNIT_BIN) $(MPI_BIN)
+unit: $(BIN) $(UNIT_BIN) $(MPI_BIN) $(TOOL_BIN)
+
+# The other kernel paths, each in its own tree (tests/run.sh runs them):
+# AVX2 + FMA (built when the CPU has both) and portable (the x86-64
+# baseline: no AVX, no FMA instructions).  On an AVX-512 machine
+# -march=native alone never compiles them.  Only what the kernel suites
+# need is built there: core/ and the optimizer, and the unit tests of the
+# code with ISA-specific paths (grep __AVX512F__ and vexp: GEMM, attention,
+# the exp of softmax / cross-entropy / SwiGLU, and their users, MoE and
+# the model), linked as $(BUILD)/tests/kernels.
+KERNEL_TESTS := tests/test_gemm.c tests/test_attention.c tests/test_softmax.c tests/test_swiglu.c \
+                tests/test_moe.c tests/test_model.c tests/fixture.c
+KERNEL_SRC   := $(foreach d,core core/ops core/model,$(wildcard $(d)/*.c)) train/optim.c
+KERNEL_OBJ   := $(KERNEL_TESTS:%.c=$(BUILD)/obj/%.o) $(KERNEL_SRC:%.c=$(BUILD)/obj/%.o)
+ISA_AVX2_FLAGS     := -mno-avx512f
+ISA_PORTABLE_FLAGS := -march=x86-64 -mtune=generic
+
+$(BUILD)/tests/kernels: $(KERNEL_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+
+isa-unit:
+	@if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then \
+	  $(MAKE) --no-print-directory BUILD=$(BUILD)/avx2 EXTRA_CFLAGS="$(ISA_AVX2_FLAGS)" $(BUILD)/avx2/tests/kernels; \
+	else echo "tandem: AVX2 + FMA kernels not built: this CPU has no AVX2 or no FMA"; fi
+	@$(MAKE) --no-print-directory BUILD=$(BUILD)/portable EXTRA_CFLAGS="$(ISA_PORTABLE_FLAGS)" \
+	  $(BUILD)/portable/tests/kernels
 
 test: deps
-	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory unit isa-unit
 	@BUILD=$(BUILD) ./tests/run.sh
 
 # Sanitized build in its own tree; runs the unit suite only (MPI and the
@@ -119,30 +154,39 @@ demo: deps
 	./bin/tandem generate --ckpt runs/demo --prompt "A computer" --max-tokens 300 --temperature 0.8 --seed 7
 
 # libFuzzer harnesses tests/fuzz/fuzz_<name>.c, each linked with the few
-# sources it tests (no MPI, no HDF5), built by clang with ASan + UBSan and
-# run for FUZZ_TIME seconds per harness on its seeds tests/fuzz/corpus/<name>
-# (read only) and build/fuzz/corpus/<name> (where new inputs go).  A crash
-# stops the run and leaves its input as build/fuzz/<name>-crash-*: once
-# fixed, add it to tests/fuzz/corpus/<name>, which tests/test_safetensors.c
-# replays in every unit run.
+# sources it tests (FUZZ_SRC_<name>: no MPI, no HDF5), built by clang with
+# ASan + UBSan and run for FUZZ_TIME seconds per harness on its seeds
+# tests/fuzz/corpus/<name> (read only; tests/fuzz/seeds_<name>.py, when
+# present, writes generated seeds into the build corpus) and
+# build/fuzz/corpus/<name> (where new inputs go), with the dictionary
+# tests/fuzz/<name>.dict when present.  A crash stops the run and leaves its
+# input as build/fuzz/<name>-crash-*: once fixed, add it to
+# tests/fuzz/corpus/<name>, which the unit tests replay.
 #   make fuzz                          every harness
 #   make fuzz-safetensors FUZZ_TIME=300
 FUZZ       ?= $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_TIME  ?= 60
 FUZZ_CC    ?= clang
-FUZZ_SRC   := checkpoint/hf/safetensors.c core/common.c core/dtype.c
+FUZZ_SRC_safetensors := checkpoint/hf/safetensors.c core/common.c core/dtype.c
+FUZZ_SRC_st_index    := $(FUZZ_SRC_safetensors)
+FUZZ_SRC_chat        := $(wildcard core/chat/*.c core/chat/jinja/*.c) core/common.c
+FUZZ_LIBS  := $(shell pkg-config --libs libcjson libutf8proc 2>/dev/null) -lm
 FUZZ_FLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined \
-              -fno-sanitize-recover=undefined -fno-omit-frame-pointer $(shell pkg-config --cflags libcjson)
+              -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
+              $(shell pkg-config --cflags libcjson libutf8proc 2>/dev/null)
 
-$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_SRC) checkpoint/hf/safetensors.h core/common.h core/dtype.h
+.SECONDEXPANSION:
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_SRC_$$*)
+	@command -v $(FUZZ_CC) >/dev/null || { echo "fuzz: $(FUZZ_CC) not found (./tandem.sh deps installs it)"; exit 1; }
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_SRC) -o $@ $(shell pkg-config --libs libcjson) -lm
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_SRC_$*) -o $@ $(FUZZ_LIBS)
 
 fuzz: $(FUZZ:%=$(BUILD)/fuzz/fuzz_%)
 	@for h in $(FUZZ); do \
-	  mkdir -p $(BUILD)/fuzz/corpus/$$h; echo "fuzz: $$h for $(FUZZ_TIME) s"; \
-	  $(BUILD)/fuzz/fuzz_$$h -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
-	    $$(for d in tests/fuzz/*.dict; do echo -dict=$$d; done | head -1) \
+	  mkdir -p $(BUILD)/fuzz/corpus/$$h tests/fuzz/corpus/$$h; echo "fuzz: $$h for $(FUZZ_TIME) s"; \
+	  if [ -f tests/fuzz/seeds_$$h.py ]; then /usr/bin/python3 tests/fuzz/seeds_$$h.py $(BUILD)/fuzz/corpus/$$h || exit 1; fi; \
+	  $(BUILD)/fuzz/fuzz_$$h -max_total_time=$(FUZZ_TIME) -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
+	    -print_final_stats=1 $$([ -f tests/fuzz/$$h.dict ] && echo -dict=tests/fuzz/$$h.dict) \
 	    -artifact_prefix=$(BUILD)/fuzz/$$h- $(BUILD)/fuzz/corpus/$$h tests/fuzz/corpus/$$h || exit 1; \
 	done
 

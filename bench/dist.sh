@@ -15,6 +15,9 @@ PY=/usr/bin/python3
 MPI="mpirun --oversubscribe --allow-run-as-root"
 W=$(mktemp -d /tmp/tandem-bench-dist.XXXXXX)
 trap 'rm -rf "$W"' EXIT
+# tandem's GEMM rate at start-up (gemm_eff) and its backward on builds
+# without AVX-512 use OpenBLAS: on the kernels bench/blas_core.sh picks
+. bench/blas_core.sh
 DATA=$BUILD/fortunes.bin
 [ -s "$DATA" ] || $T data prepare --input /usr/share/games/fortunes --output "$DATA" 2>/dev/null
 S="configs/small.json data=$DATA steps=8 eval_every=0 save_every=0 shuffle=false"

@@ -97,6 +97,9 @@ loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 note() { echo "  $*"; }
 
 echo "== inference: tandem vs llama.cpp and PyTorch ($(nproc) cores, load average $(loadavg))"
+# PyTorch's matmul and membw's sgemm/sgemv roofs are OpenBLAS: on the
+# fastest correct kernels (llama.cpp uses its own)
+. bench/blas_core.sh
 
 # ---------------------------------------------------------------- peers present?
 HAVE_TORCH=0

@@ -12,8 +12,9 @@
 #   - attention forward and backward at T = 256, 1024, 4096 (B=1, H=8,
 #     Hkv=4, hd=64; causal FLOPs), and one decode step's attention.
 # It prints a table and, last, one JSON line starting with {"bench":"ops".
-# Shared machines are noisy: compare the ratios measured side by side in
-# one run, not numbers across runs.
+# OpenBLAS runs the kernels bench/blas_core.sh picks (the fastest correct
+# ones here; printed).  Shared machines are noisy: compare the ratios
+# measured side by side in one run, not numbers across runs.
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -23,4 +24,5 @@ BIN=$BUILD/bench/ops
 # OPS_BENCH_THREADS for the own-threads reference); no environment caps.
 unset OPENBLAS_NUM_THREADS OMP_NUM_THREADS GOTO_NUM_THREADS
 echo "== operators: linear and attention vs OpenBLAS ($(nproc) cores)"
+. bench/blas_core.sh
 "$BIN" --threads "${OPS_BENCH_THREADS:-2}" --reps "${OPS_BENCH_REPS:-5}"

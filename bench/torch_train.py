@@ -35,18 +35,20 @@ keep freed blocks for reuse (see MALLOC_TUNE below).
 Batches: micro_batch x seq_len windows at random offsets of --data (a
 `tandem data prepare` token file, training split), or random bytes without it.
 OpenBLAS does every product: its kernels are whatever OPENBLAS_CORETYPE or its
-CPU detection picks (bench/train.sh unsets an inherited Haswell on AVX-512
-machines); the JSON line records them.
+CPU detection picks (bench/train.sh sets the fastest correct ones,
+bench/blas_core.sh); the JSON line records them.
 
 --check-ref compares this model with tests/ref/tandem_ref.py in float64 on
 small random configs (GQA, dense first layer, shared expert, tied and untied
 head, with and without norm_topk_prob): loss and every gradient.
 
 Prints one JSON line: tokens_per_s (median over the timed steps), step_s
-(median), mfu (tandem's FLOP formula: 6 x active params per token + 6 x L x H
-x hd x T per token, against a peak measured here with torch.matmul on 1024^3
-float32 at the same thread count, best of 4), peak_gflops, the loss of the
-first and last step and every timed step's seconds.  Exits non-zero if the
+(median), flops_per_token (tandem's FLOP formula: 6 x active params per token
++ 6 x L x H x hd x T), gemm_eff (model FLOPs per second against the rate
+torch.matmul reaches on 1024^3 float32 at the same thread count, best of 4:
+peak_gflops; an efficiency against a GEMM, not MFU, which bench/train.sh
+computes against the machine's measured FMA peak), the loss of the first and
+last step and every timed step's seconds.  Exits non-zero if the
 initial loss is far from ln(V) or the loss did not decrease.
 """
 import os
@@ -425,7 +427,7 @@ def main():
                optim="single" if a.optim_single else "foreach", openblas_core=blas_core(), batch=[B, T],
                active_params=active_params(c), flops_per_token=flops_tok,
                tokens_per_s=round(tok_s, 1), step_s=round(step_s, 4),
-               mfu=round(flops_tok * tok_s / (peak * 1e9), 4), peak_gflops=round(peak, 1),
+               gemm_eff=round(flops_tok * tok_s / (peak * 1e9), 4), peak_gflops=round(peak, 1),
                loss_first=round(losses[0], 4), loss_last=round(losses[-1], 4),
                steps_timed=len(times), step_times=[round(t, 4) for t in times],
                minor_faults_per_step=int(statistics.median(faults)))

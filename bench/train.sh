@@ -6,11 +6,16 @@
 # `tandem train` and with bench/torch_train.py (the same model, batch and
 # AdamW in PyTorch 1.13, Debian's python3-torch, 2 threads,
 # OMP_WAIT_POLICY=PASSIVE: PyTorch at its best here) and reports tokens/s of
-# both, their ratio, and the MFU of both (tandem's as metrics.jsonl reports
-# it: against the best 1024^3 GEMM rate it measures at start-up, its kernel's
-# or cblas_sgemm's, and against cblas_sgemm's alone, mfu_sgemm; PyTorch's
-# against torch.matmul 1024^3 measured by the script; the FLOP count is
-# tandem's: 6 x active params + 6 x L x H x hd x T per token).  Each number is the median over the steps after the first 3
+# both, their ratio, and for both (the FLOP count is tandem's: 6 x active
+# params + 6 x L x H x hd x T per token):
+#   MFU       model FLOPs per second over the machine's FMA peak, as
+#             metrics.jsonl's mfu measures it at the start of each tandem
+#             run (core/fma_peak.h: a register-only FMA loop on the run's
+#             threads); PyTorch's over the same peak;
+#   GEMM eff  over the best GEMM rate measured at start-up: tandem's
+#             metrics.jsonl gemm_eff (its kernel or cblas_sgemm on 1024^3),
+#             PyTorch's over torch.matmul 1024^3 measured by the script.
+# Each number is the median over the steps after the first 3
 # (first-touch memory, allocator warm-up), pooled over TRAIN_BENCH_ROUNDS
 # rounds.  The runs are interleaved A B B A (tandem, torch, torch, tandem,
 # ...) so that a linear drift of the machine's load hits both sides alike;
@@ -21,32 +26,29 @@
 # Target: tandem >= 1.3x PyTorch's tokens/s on both configs, MFU >= 65% on
 # medium.  Shared machines are noisy: trust the ratios measured side by side,
 # not absolute numbers across runs; the load average is printed with them.
-# A run's MFU divides by the peak measured once at its start: under a
-# varying load that snapshot can be low and the MFU absurd (> 100%), so the
-# table also gives MFU against the best peak measured anywhere in the bench
-# (all runs, both sides: the machine's quiet-moment GEMM rate), and the ratio
-# of the fastest steps of each side (the least disturbed ones).
+# A run's peaks are measured once at its start: under a varying load that
+# snapshot can be low and the figures flattering, so the table also gives
+# MFU against the best FMA peak measured anywhere in the bench (the
+# machine's quiet-moment figure), and the ratio of the fastest steps of
+# each side (the least disturbed ones).
 #
 # OpenBLAS kernels: both sides use OpenBLAS (PyTorch for every product,
-# tandem for its sgemm peak; tandem's products are its own AVX-512 kernels
-# when built with them).  An inherited OPENBLAS_CORETYPE=Haswell (this
-# machine's environment sets it) makes OpenBLAS use AVX2 kernels on an
-# AVX-512 CPU: half the sgemm speed, so PyTorch would run handicapped and
-# tandem's MFU would be measured against half the real peak.  By default
-# (TRAIN_BENCH_BLAS=auto) the bench unsets it and lets OpenBLAS pick its best
-# kernels for the CPU; TRAIN_BENCH_BLAS=inherit keeps the environment's, any
-# other value is exported as OPENBLAS_CORETYPE.  PyTorch also runs with
-# glibc malloc tunables that keep freed memory for reuse (see
+# tandem for its sgemm rate; tandem's products are its own AVX-512 kernels
+# when built with them).  bench/blas_core.sh sets OPENBLAS_CORETYPE to the
+# fastest kernel family that computes correctly here (OpenBLAS's own
+# detection can pick SSE3 kernels on an AVX-512 CPU, and an inherited
+# OPENBLAS_CORETYPE can be wrong too): BENCH_BLAS=inherit keeps the
+# environment's, any other value is used as OPENBLAS_CORETYPE.  PyTorch
+# also runs with glibc malloc tunables that keep freed memory for reuse (see
 # bench/torch_train.py: page faults cost 2x on a medium step otherwise).
 #
 # Knobs (environment): TRAIN_BENCH_CONFIGS ("small medium"),
 # TRAIN_BENCH_STEPS_SMALL (30), TRAIN_BENCH_STEPS_MEDIUM (8),
 # TRAIN_BENCH_ROUNDS (2), TRAIN_BENCH_THREADS (2), TRAIN_BENCH_PROFILE
 # (medium; "none" skips the profile), TRAIN_BENCH_PROFILE_STEPS (2),
-# TRAIN_BENCH_PROFILE_MAX_S (20: the profile window's cap), TRAIN_BENCH_BLAS
-# (auto), PYTHON
-# (/usr/bin/python3).  Last line printed: one JSON object starting with
-# {"bench":"train".
+# TRAIN_BENCH_PROFILE_MAX_S (20: the profile window's cap), BENCH_BLAS
+# (auto), PYTHON (/usr/bin/python3).  Last line printed: one JSON object
+# starting with {"bench":"train".
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -70,18 +72,6 @@ fi
 # Each side sets its own threads: tandem's pool (OpenBLAS single-threaded
 # inside it), torch.set_num_threads in the script; no environment caps.
 unset OPENBLAS_NUM_THREADS OMP_NUM_THREADS GOTO_NUM_THREADS MKL_NUM_THREADS TANDEM_THREADS
-ENV_CORETYPE=${OPENBLAS_CORETYPE:-}
-case ${TRAIN_BENCH_BLAS:-auto} in
-    auto) unset OPENBLAS_CORETYPE ;;
-    inherit) ;;
-    *) OPENBLAS_CORETYPE=$TRAIN_BENCH_BLAS; export OPENBLAS_CORETYPE ;;
-esac
-BLAS_CORE=$("$PY" -c '
-import ctypes
-f = ctypes.CDLL("libopenblas.so.0").openblas_get_corename
-f.restype = ctypes.c_char_p
-print(f().decode())' 2>/dev/null || echo unknown)
-
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tandem-bench-train.XXXXXX")
 TPID=""
 PPID_PERF=""
@@ -141,7 +131,8 @@ run_torch() {   # config round
 T_START=$(date +%s)
 LOAD_START=$(load)
 echo "== training throughput: tandem vs PyTorch $("$PY" -c 'import torch; print(torch.__version__)') ($THREADS threads, $(nproc) cores, load $LOAD_START)"
-echo "   OpenBLAS kernels: $BLAS_CORE (OPENBLAS_CORETYPE ${OPENBLAS_CORETYPE:-unset}; the environment had ${ENV_CORETYPE:-none})"
+ENV_CORETYPE=${OPENBLAS_CORETYPE:-}
+. bench/blas_core.sh
 for c in $CONFIGS; do
     [ "$(steps_of "$c")" -gt "$SKIP" ] || { echo "bench/train.sh: $c needs more than $SKIP steps"; exit 1; }
     r=1
@@ -208,75 +199,80 @@ configs = sys.argv[12:]
 med = statistics.median
 res = {}
 for c in configs:
-    t_tok, t_mfu, t_mfu_sg, p_tok, p_mfu, per_round, t_peaks, t_kpeaks, p_peaks = [], [], [], [], [], [], [], [], []
+    t_tok, t_mfu, t_ge, t_sge, p_tok, p_ge, per_round, t_fma, t_gemm, t_sgemm, p_peaks = ([] for _ in range(11))
     for r in range(1, rounds + 1):
         rows = [json.loads(l) for l in open("%s/%s.tandem.%d.metrics.jsonl" % (tmp, c, r)) if l.strip()]
         rows = [x for x in rows if x["step"] > skip]
         tj = json.load(open("%s/%s.torch.%d.json" % (tmp, c, r)))
-        # the peaks this run divided by (measured once at its start), from
-        # its own numbers: "mfu" is against its best GEMM rate (tandem's
-        # kernel or cblas_sgemm; older builds: cblas_sgemm), "mfu_sgemm"
-        # (newer builds) against cblas_sgemm's
+        fpt = tj["flops_per_token"]
+        # the peaks this tandem run divided by (measured once at its start),
+        # from its own figures: mfu against the FMA peak, gemm_eff against
+        # the best GEMM rate, sgemm_eff against cblas_sgemm's
         x = rows[-1]
-        t_kpeaks.append(round(tj["flops_per_token"] * x["tokens_per_s"] / x["mfu"] * 1e-9, 1))
-        t_peaks.append(round(tj["flops_per_token"] * x["tokens_per_s"] / x.get("mfu_sgemm", x["mfu"]) * 1e-9, 1))
+        peak_of = lambda key: round(fpt * x["tokens_per_s"] / x[key] * 1e-9, 1)
+        t_fma.append(peak_of("mfu"))
+        t_gemm.append(peak_of("gemm_eff"))
+        t_sgemm.append(peak_of("sgemm_eff"))
         ntok = tj["batch"][0] * tj["batch"][1]
         ptok = [ntok / s for s in tj["step_times"]]
         p_peaks.append(tj["peak_gflops"])
         t_tok += [x["tokens_per_s"] for x in rows]
         t_mfu += [x["mfu"] for x in rows]
-        t_mfu_sg += [x.get("mfu_sgemm", x["mfu"]) for x in rows]
+        t_ge += [x["gemm_eff"] for x in rows]
+        t_sge += [x["sgemm_eff"] for x in rows]
         p_tok += ptok
-        p_mfu += [tj["flops_per_token"] * v / (tj["peak_gflops"] * 1e9) for v in ptok]
+        p_ge += [fpt * v / (tj["peak_gflops"] * 1e9) for v in ptok]
         per_round.append(dict(tandem_tok_s=round(med([x["tokens_per_s"] for x in rows]), 1),
                               torch_tok_s=round(med(ptok), 1),
                               ratio=round(med([x["tokens_per_s"] for x in rows]) / med(ptok), 3),
-                              tandem_gemm_peak=t_kpeaks[-1], tandem_sgemm_peak=t_peaks[-1],
-                              torch_matmul_peak=p_peaks[-1],
-                              torch_loss=[tj["loss_first"], tj["loss_last"]]))
-    fpt = tj["flops_per_token"]
+                              tandem_fma_peak=t_fma[-1], tandem_gemm_peak=t_gemm[-1], tandem_sgemm_peak=t_sgemm[-1],
+                              torch_matmul_peak=p_peaks[-1], torch_loss=[tj["loss_first"], tj["loss_last"]]))
     res[c] = dict(steps=len(rows) + skip, timed_steps_per_side=len(t_tok),
                   tandem_tok_s=round(med(t_tok), 1), torch_tok_s=round(med(p_tok), 1),
                   ratio=round(med(t_tok) / med(p_tok), 3),
                   tandem_tok_s_best=round(max(t_tok), 1), torch_tok_s_best=round(max(p_tok), 1),
                   ratio_best=round(max(t_tok) / max(p_tok), 3),
-                  tandem_mfu=round(med(t_mfu), 4), tandem_mfu_sgemm=round(med(t_mfu_sg), 4),
-                  torch_mfu=round(med(p_mfu), 4),
-                  flops_per_token=fpt, tandem_gemm_peak=t_kpeaks, tandem_sgemm_peak=t_peaks,
+                  tandem_mfu=round(med(t_mfu), 4), tandem_gemm_eff=round(med(t_ge), 4),
+                  tandem_sgemm_eff=round(med(t_sge), 4), torch_gemm_eff=round(med(p_ge), 4),
+                  flops_per_token=fpt, tandem_fma_peak=t_fma, tandem_gemm_peak=t_gemm, tandem_sgemm_peak=t_sgemm,
                   torch_matmul_peak=p_peaks, rounds=per_round)
 
-all_peaks = [p for v in res.values() for p in v["tandem_gemm_peak"] + v["tandem_sgemm_peak"] + v["torch_matmul_peak"]]
-best = max(all_peaks)
-unsteady = max(all_peaks) > 1.5 * min(all_peaks)
+# the machine's FMA peak: the best any run measured (a disturbed
+# measurement reads low); both sides' MFU against it
+fma_all = [p for v in res.values() for p in v["tandem_fma_peak"]]
+best = max(fma_all)
+unsteady = max(fma_all) > 1.5 * min(fma_all)
 for v in res.values():
     v["tandem_mfu_vs_best_peak"] = round(v["flops_per_token"] * v["tandem_tok_s"] / (best * 1e9), 4)
     v["torch_mfu_vs_best_peak"] = round(v["flops_per_token"] * v["torch_tok_s"] / (best * 1e9), 4)
-print("\n  %-7s %12s %12s %7s  %-17s %-17s  %s" % ("", "", "", "", "   tandem MFU", "   torch MFU", ""))
-print("  %-7s %12s %12s %7s  %8s %8s  %8s %8s   %s" % ("config", "tandem tok/s", "torch tok/s", "ratio",
-                                                      "reported", "best pk", "own pk", "best pk", "targets"))
+print("\n  %-7s %12s %12s %7s  %-26s %-9s  %-17s  %s" % ("", "", "", "", "    MFU (FMA peak)", "", " GEMM efficiency", ""))
+print("  %-7s %12s %12s %7s  %8s %8s %8s  %8s %8s   %s" % ("config", "tandem tok/s", "torch tok/s", "ratio",
+                                                        "tandem", "tandem*", "torch*", "tandem", "torch", "targets"))
 for c, v in res.items():
     tgt = ["ratio >= 1.3 " + ("ok" if v["ratio"] >= 1.3 else "MISSED")]
     if c == "medium":
         tgt.append("MFU >= 65%% %s (reported), %s (best peak)" % (
             "ok" if v["tandem_mfu"] >= 0.65 else "MISSED", "ok" if v["tandem_mfu_vs_best_peak"] >= 0.65 else "MISSED"))
-    print("  %-7s %12.0f %12.0f %6.2fx  %7.1f%% %7.1f%%  %7.1f%% %7.1f%%   %s" % (
+    print("  %-7s %12.0f %12.0f %6.2fx  %7.1f%% %7.1f%% %7.1f%%  %7.1f%% %7.1f%%   %s" % (
         c, v["tandem_tok_s"], v["torch_tok_s"], v["ratio"], 100 * v["tandem_mfu"], 100 * v["tandem_mfu_vs_best_peak"],
-        100 * v["torch_mfu"], 100 * v["torch_mfu_vs_best_peak"], ", ".join(tgt)))
+        100 * v["torch_mfu_vs_best_peak"], 100 * v["tandem_gemm_eff"], 100 * v["torch_gemm_eff"], ", ".join(tgt)))
+print("  MFU: tandem as metrics.jsonl reports it (its run's FMA peak); * against the best FMA peak of the bench,")
+print("  %.0f GFLOP/s%s.  GEMM efficiency: against the best GEMM rate measured at start-up (tandem's"
+      % (best, " -- the runs' peaks differ by > 1.5x: the load varied, per-run figures are unreliable" if unsteady else ""))
+print("  metrics.jsonl gemm_eff: its kernel or cblas_sgemm on 1024^3), PyTorch's against torch.matmul 1024^3.")
 print("  medians over %s timed steps per side (after %d warm-up steps, %d rounds A B B A);"
       % ("/".join(str(v["timed_steps_per_side"]) for v in res.values()), skip, rounds))
 print("  per-round tandem/torch ratios: %s; of the fastest steps (least disturbed): %s" % (
     "; ".join("%s %s" % (c, " ".join("%.2f" % x["ratio"] for x in v["rounds"])) for c, v in res.items()),
     "; ".join("%s %.0f/%.0f = %.2f" % (c, v["tandem_tok_s_best"], v["torch_tok_s_best"], v["ratio_best"])
               for c, v in res.items())))
-print("  1024^3 GEMM peaks (GFLOP/s, one per run): tandem's MFU peak %s, its cblas_sgemm %s, torch.matmul %s;"
-      % (" ".join("%.0f" % p for v in res.values() for p in v["tandem_gemm_peak"]),
+print("  peaks (GFLOP/s, one per run): FMA %s; tandem's best GEMM %s, its cblas_sgemm %s; torch.matmul %s"
+      % (" ".join("%.0f" % p for p in fma_all),
+         " ".join("%.0f" % p for v in res.values() for p in v["tandem_gemm_peak"]),
          " ".join("%.0f" % p for v in res.values() for p in v["tandem_sgemm_peak"]),
          " ".join("%.0f" % p for v in res.values() for p in v["torch_matmul_peak"])))
-print("  best %.0f%s" % (best, " -- they differ by > 1.5x: the load varied, own-peak MFUs are unreliable" if unsteady else ""))
-print("  tandem's MFU as it reports it (metrics.jsonl mfu), medians %s; against its cblas_sgemm %s"
-      % (" ".join("%s %.1f%%" % (c, 100 * v["tandem_mfu"]) for c, v in res.items()),
-         " ".join("%s %.1f%%" % (c, 100 * v["tandem_mfu_sgemm"]) for c, v in res.items())))
-print("  OpenBLAS kernels %s; load %s at the start, %s at the end; %s s" % (blas_core, load0, load1, wall))
+print("  OpenBLAS kernels %s (OPENBLAS_CORETYPE %s); load %s at the start, %s at the end; %s s"
+      % (blas_core, coretype or "unset", load0, load1, wall))
 
 # ---------------------------------------------------------------- profile
 profile = None
@@ -377,7 +373,7 @@ elif prof_note:
 
 out = dict(bench="train", threads=int(threads), load_start=load0, load_end=load1, wall_s=int(wall),
            skip_steps=skip, rounds=rounds, openblas_core=blas_core, openblas_coretype=coretype or None,
-           env_openblas_coretype=env_coretype or None, best_peak_gflops=best, configs=res)
+           env_openblas_coretype=env_coretype or None, best_fma_peak_gflops=best, configs=res)
 if profile:
     out["profile"] = profile
 print("\n" + json.dumps(out))

@@ -37,6 +37,10 @@
 #define CKPT_CHUNK_BYTES (8u << 20)
 #define ERR_MAX 512
 
+/* Every dataset name tandem writes fits: the longest is a moment,
+ * "optimizer/exp_avg_sq/" + a parameter name. */
+_Static_assert(CKPT_NAME_MAX >= PARAM_NAME_MAX + sizeof "optimizer/exp_avg_sq/", "CKPT_NAME_MAX too small");
+
 const char *ckpt_dtype_name(CkptDtype t)
 {
     return t == CKPT_BF16 ? "bfloat16" : t == CKPT_F16 ? "float16" : "float32";
@@ -64,6 +68,71 @@ void ckpt_state_free(CkptState *st)
     st->rank_rng = NULL;
     st->run_config = NULL;
     st->n_rank_rng = 0;
+    ckpt_tok_files_free(&st->tok);
+}
+
+/* ---------------------------------------------------------------- tokenizer files */
+
+/* The datasets of /tokenizer, in CkptTokFiles order. */
+#define TOK_FILES 3
+static const char *const g_tok_names[TOK_FILES] = { "tokenizer.json", "tokenizer_config.json",
+                                                    "generation_config.json" };
+#define TOK_CHUNK (1u << 20)   /* bytes per chunk */
+
+static char **tok_text(CkptTokFiles *t, int i, size_t **len)
+{
+    switch (i) {
+    case 0: *len = &t->tokenizer_json_len; return &t->tokenizer_json;
+    case 1: *len = &t->tokenizer_config_len; return &t->tokenizer_config;
+    default: *len = &t->generation_config_len; return &t->generation_config;
+    }
+}
+
+void ckpt_tok_files_free(CkptTokFiles *t)
+{
+    if (!t) return;
+    td_free(t->tokenizer_json);
+    td_free(t->tokenizer_config);
+    td_free(t->generation_config);
+    memset(t, 0, sizeof *t);
+}
+
+/* Which /tokenizer datasets the file has (have[i]), each checked to be 1-D
+ * uint8 (d[i] describes it). */
+static int tok_validate(hid_t f, const char *path, CkptH5Desc *d, bool *have, char *err, size_t err_len)
+{
+    char name[CKPT_NAME_MAX];
+    for (int i = 0; i < TOK_FILES; i++) {
+        snprintf(name, sizeof name, "tokenizer/%s", g_tok_names[i]);
+        have[i] = ckpt_h5_exists(f, name) && ckpt_h5_describe(f, name, &d[i]) == 0;
+        if (have[i] && (d[i].type != CKPT_H5_U8 || d[i].ndim != 1)) {
+            snprintf(err, err_len, "%s: dataset /%s: expected 1-D uint8 (the file's bytes), found %s with %d dims",
+                     path, name, d[i].type_name, d[i].ndim);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Allocates out's texts for the datasets tok_validate found and queues
+ * their reads on rd (or reads them at once when rd is NULL). */
+static int tok_read(hid_t f, CkptIoRead *rd, const CkptH5Desc *d, const bool *have, CkptTokFiles *out, char *err,
+                    size_t err_len)
+{
+    char name[CKPT_NAME_MAX];
+    for (int i = 0; i < TOK_FILES; i++) {
+        if (!have[i] || d[i].shape[0] == 0) continue;
+        size_t *len, n = (size_t)d[i].shape[0];
+        char **txt = tok_text(out, i, &len);
+        *txt = td_calloc(n + 1);
+        *len = n;
+        snprintf(name, sizeof name, "tokenizer/%s", g_tok_names[i]);
+        hsize_t off[1] = { 0 }, cnt[1] = { n };
+        int rc = rd ? ckpt_io_read_add(rd, name, &d[i], off, cnt, *txt, err, err_len)
+                    : ckpt_h5_read_box(f, name, &d[i], off, cnt, *txt, err, err_len);
+        if (rc) return -1;
+    }
+    return 0;
 }
 
 /* ---------------------------------------------------------------- the plan */
@@ -195,13 +264,18 @@ static int fsync_path(const char *path, bool dir)
     return rc;
 }
 
-static void dir_of(const char *path, char *out, size_t n)
+/* The directory of path (td_malloc'd). */
+static char *dir_of(const char *path)
 {
-    snprintf(out, n, "%s", path);
+    char *out = td_strdup(path[0] ? path : ".");
     char *s = strrchr(out, '/');
-    if (!s) snprintf(out, n, ".");
-    else if (s == out) out[1] = 0;
+    if (!s) {
+        td_free(out);
+        return td_strdup(".");
+    }
+    if (s == out) out[1] = 0;
     else *s = 0;
+    return out;
 }
 
 /* Whether this rank writes the elements of its slice of p: one rank per
@@ -244,6 +318,41 @@ static int put_piece(Writer *w, const CkptPiece *pc)
     }
     if (rc) td_error("%s: %s", w->path, w->err);
     return agree(w->parallel, rc);
+}
+
+/* Writes /tokenizer from tok (rank 0's in a parallel save: the lengths are
+ * broadcast so that every rank creates the same datasets; rank 0 writes the
+ * bytes). */
+static int write_tok(Writer *w, bool parallel, const CkptTokFiles *tok)
+{
+    bool root = !parallel || comm_rank() == 0;
+    int64_t len[TOK_FILES] = { 0, 0, 0 };
+    const char *txt[TOK_FILES] = { NULL, NULL, NULL };
+    if (root && tok && tok->tokenizer_json) {
+        CkptTokFiles *t = (CkptTokFiles *)tok;
+        for (int i = 0; i < TOK_FILES; i++) {
+            size_t *n;
+            txt[i] = *tok_text(t, i, &n);
+            len[i] = txt[i] ? (int64_t)*n : 0;
+        }
+    }
+    if (parallel) comm_bcast(COMM_WORLD, len, sizeof len, 0);
+    char name[CKPT_NAME_MAX];
+    for (int i = 0; i < TOK_FILES; i++) {
+        if (len[i] <= 0) continue;   /* absent (an empty file is not stored) */
+        CkptPiece pc;
+        memset(&pc, 0, sizeof pc);
+        snprintf(name, sizeof name, "tokenizer/%s", g_tok_names[i]);
+        pc.name = name;
+        pc.ndim = 1;
+        pc.shape[0] = (hsize_t)len[i];
+        pc.chunk[0] = (hsize_t)td_min((size_t)len[i], TOK_CHUNK);
+        pc.cnt[0] = root ? (hsize_t)len[i] : 0;
+        pc.data = txt[i];
+        pc.type = CKPT_H5_U8;
+        if (put_piece(w, &pc)) return -1;
+    }
+    return 0;
 }
 
 /* The moments / weights of plan entry e for this rank as a piece. */
@@ -374,8 +483,7 @@ static int save_impl(const char *path, const Model *m, const float *ea, const fl
         td_error("%s: %s", path, err);
         return -1;
     }
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char *tmp = td_sprintf("%s.tmp", path);
     bool root = !parallel || comm_rank() == 0;
     int rc = -1;
 
@@ -389,6 +497,7 @@ static int save_impl(const char *path, const Model *m, const float *ea, const fl
      * final fsync has little left to do */
     if (!parallel) w.scratch.fd = open(tmp, O_RDONLY | O_CLOEXEC);
     if (write_root(&w, m, st, rec)) goto out;
+    if (write_tok(&w, parallel, st ? &st->tok : NULL)) goto out;
 
     char name[CKPT_NAME_MAX];
     for (int i = 0; i < pl.n; i++) {
@@ -422,12 +531,12 @@ static int save_impl(const char *path, const Model *m, const float *ea, const fl
     if (agree(parallel, frc)) goto out;
     int prc = 0;
     if (root) {
-        char dir[PATH_MAX];
-        dir_of(path, dir, sizeof dir);
+        char *dir = dir_of(path);
         if (fsync_path(tmp, false) || rename(tmp, path) || fsync_path(dir, true)) {
             td_error("%s: cannot publish %s: %s", path, tmp, strerror(errno));
             prc = -1;
         }
+        td_free(dir);
     }
     rc = agree(parallel, prc);
 out:
@@ -435,6 +544,7 @@ out:
     ckpt_io_scratch_free(&w.scratch);
     if (w.scratch.fd >= 0) close(w.scratch.fd);
     if (rc && root) unlink(tmp);
+    td_free(tmp);
     plan_free(&pl);
     return rc;
 }
@@ -689,8 +799,14 @@ typedef struct {
     CkptH5Desc w, ea, eas;
 } ParamDesc;
 
+/* The /tokenizer datasets a load found. */
+typedef struct {
+    CkptH5Desc d[TOK_FILES];
+    bool have[TOK_FILES];
+} TokDesc;
+
 static int load_validate(hid_t f, const char *path, const Model *m, bool moments, CkptState *st, ParamDesc *pd,
-                         CkptH5Desc *drng, CkptH5Desc *rrng, bool *trainer, char *err, size_t err_len)
+                         CkptH5Desc *drng, CkptH5Desc *rrng, bool *trainer, TokDesc *td, char *err, size_t err_len)
 {
     ModelConfig cfg;
     if (check_root(f, path, &cfg, NULL, err, err_len)) return -1;
@@ -731,6 +847,7 @@ static int load_validate(hid_t f, const char *path, const Model *m, bool moments
     if (st) {
         st->step = meta.step;
         st->tokens_seen = meta.tokens_seen;
+        if (tok_validate(f, path, td->d, td->have, err, err_len)) return -1;
     }
     return 0;
 }
@@ -748,7 +865,8 @@ static int queue_param(CkptIoRead *rd, const char *name, const CkptH5Desc *d, co
 
 /* Reads this rank's boxes: every chunk they touch, once, on the pool. */
 static int load_data(hid_t f, const char *path, Model *m, float *ea, float *eas, CkptState *st, const ParamDesc *pd,
-                     const CkptH5Desc *drng, const CkptH5Desc *rrng, bool trainer, char *err, size_t err_len)
+                     const CkptH5Desc *drng, const CkptH5Desc *rrng, bool trainer, const TokDesc *td, char *err,
+                     size_t err_len)
 {
     char name[CKPT_NAME_MAX], why[ERR_MAX];
     CkptIoRead *rd = ckpt_io_read_new(path, f, err, err_len);
@@ -772,6 +890,7 @@ static int load_data(hid_t f, const char *path, Model *m, float *ea, float *eas,
             goto fail;
         st->has_trainer = true;
     }
+    if (st && tok_read(f, rd, td->d, td->have, &st->tok, why, sizeof why)) goto fail;
     if (ckpt_io_read_run(rd, why, sizeof why)) goto fail;
     ckpt_io_read_free(rd);
     return 0;
@@ -794,19 +913,21 @@ int ckpt_load(const char *path, Model *m, float *exp_avg, float *exp_avg_sq, Ckp
     if (st) memset(st, 0, sizeof *st);
     ParamDesc *pd = td_calloc((size_t)td_max((size_t)m->n_params, 1) * sizeof(ParamDesc));
     CkptH5Desc drng, rrng;
+    TokDesc td;
+    memset(&td, 0, sizeof td);
     bool trainer = false;
     int rc = 0;
     hid_t f = open_checked(path, err, err_len);
     if (f < 0) rc = -1;
     if (!rc)
-        rc = load_validate(f, path, m, exp_avg != NULL, st, pd, &drng, &rrng, &trainer, err, err_len);
+        rc = load_validate(f, path, m, exp_avg != NULL, st, pd, &drng, &rrng, &trainer, &td, err, err_len);
     bool failed_here = rc != 0;
     rc = agree(parallel, rc);
     if (rc) {
         share_error(parallel, failed_here, err, err_len);
         goto out;
     }
-    rc = load_data(f, path, m, exp_avg, exp_avg_sq, st, pd, &drng, &rrng, trainer, err, err_len);
+    rc = load_data(f, path, m, exp_avg, exp_avg_sq, st, pd, &drng, &rrng, trainer, &td, err, err_len);
     failed_here = rc != 0;
     rc = agree(parallel, rc);
     if (rc) {
@@ -833,6 +954,7 @@ out:
 typedef struct {
     char (*names)[CKPT_NAME_MAX];
     int n, cap;
+    char too_long[CKPT_NAME_MAX];   /* the start of a name that does not fit, "" if none */
 } NameList;
 
 static herr_t visit_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
@@ -840,6 +962,10 @@ static herr_t visit_cb(hid_t g, const char *name, const H5L_info_t *info, void *
     (void)g;
     (void)info;
     NameList *l = data;
+    if (strlen(name) >= CKPT_NAME_MAX) {   /* no tandem name is that long: say so, do not cut it */
+        if (!l->too_long[0]) memcpy(l->too_long, name, sizeof l->too_long - 1);   /* its start, for the message */
+        return 0;
+    }
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 256;
         char(*nn)[CKPT_NAME_MAX] = td_malloc((size_t)l->cap * CKPT_NAME_MAX);
@@ -880,15 +1006,32 @@ static long canonical_rank(const Plan *pl, const char *name)
     return 3 * n + 2;
 }
 
-static int list_datasets(hid_t f, const ModelConfig *cfg, Ranked **out, NameList *names)
+/* Returns the count, or -1 with err (the walk failed, or a name is longer
+ * than any of tandem's: listing it cut would drop it from info and verify
+ * without a word). */
+static int list_datasets(hid_t f, const ModelConfig *cfg, Ranked **out, NameList *names, const char *path,
+                         char *err, size_t err_len)
 {
     memset(names, 0, sizeof *names);
-    H5Lvisit(f, H5_INDEX_NAME, H5_ITER_INC, visit_cb, names);
+    *out = NULL;
+    if (H5Lvisit(f, H5_INDEX_NAME, H5_ITER_INC, visit_cb, names) < 0 || names->too_long[0]) {
+        if (names->too_long[0])
+            snprintf(err, err_len, "%s: the object /%.*s... has a name of %d bytes or more; tandem's are shorter",
+                     path, 60, names->too_long, CKPT_NAME_MAX);
+        else {
+            char why[ERR_MAX];
+            ckpt_h5_why(why, sizeof why);
+            snprintf(err, err_len, "%s: cannot list the datasets: %s", path, why);
+        }
+        td_free(names->names);
+        names->names = NULL;
+        return -1;
+    }
     Plan pl;
     Topology t;
     topo_single(&t, cfg);
-    char err[256];
-    if (plan_build(&pl, cfg, &t, err, sizeof err)) pl.n = 0;
+    char perr[256];
+    if (plan_build(&pl, cfg, &t, perr, sizeof perr)) pl.n = 0;   /* then ranked by name only */
     Ranked *r = td_malloc((size_t)td_max((size_t)names->n, 1) * sizeof(Ranked));
     int n = 0;
     for (int i = 0; i < names->n; i++) {
@@ -925,7 +1068,9 @@ int ckpt_info(const char *path, CkptInfo *info, char *err, size_t err_len)
     if (!rc) {
         Ranked *r;
         NameList names;
-        int n = list_datasets(f, &info->cfg, &r, &names);
+        int n = list_datasets(f, &info->cfg, &r, &names, path, err, err_len);
+        if (n < 0) rc = -1;
+        if (n < 0) n = 0;
         info->tensors = td_calloc((size_t)td_max((size_t)n, 1) * sizeof(CkptTensor));
         for (int i = 0; i < n; i++) {
             CkptTensor *t = &info->tensors[info->n_tensors];
@@ -976,7 +1121,7 @@ static int read_all(hid_t f, const char *path, const char *name, const CkptH5Des
     if (d->type == CKPT_H5_OTHER || d->ndim < 1) return 0;   /* not ours: nothing to check */
     size_t row = 1;
     for (int i = 1; i < d->ndim; i++) row *= (size_t)d->shape[i];
-    size_t esize = d->type == CKPT_H5_U64 ? 8 : 4;
+    size_t esize = ckpt_h5_mem_size(d->type);
     size_t rows = td_max(1, (64u << 20) / td_max(row * esize, 1));
     if (d->chunk[0]) rows = td_max(rows / d->chunk[0], 1) * d->chunk[0];
     rows = td_min(rows, (size_t)d->shape[0]);
@@ -1050,11 +1195,36 @@ int ckpt_verify(const char *path, char *err, size_t err_len)
         if (!rc) rc = check_u64_dataset(f, path, "trainer/rank_rng", 2, s24, true, &d, err, err_len);
         ckpt_state_free(&st);
     }
+    /* tokenizer files: 1-D uint8, and each is JSON */
+    if (!rc) {
+        TokDesc td;
+        CkptTokFiles tok;
+        memset(&tok, 0, sizeof tok);
+        rc = tok_validate(f, path, td.d, td.have, err, err_len);
+        char why[ERR_MAX];
+        if (!rc && tok_read(f, NULL, td.d, td.have, &tok, why, sizeof why)) {
+            snprintf(err, err_len, "%s: %s", path, why);
+            rc = -1;
+        }
+        for (int i = 0; !rc && i < TOK_FILES; i++) {
+            size_t *len;
+            char *txt = *tok_text(&tok, i, &len);
+            cJSON *j = txt ? cJSON_ParseWithLength(txt, *len) : NULL;
+            if (txt && !j) {
+                snprintf(err, err_len, "%s: dataset /tokenizer/%s: not JSON (error near byte %ld)", path,
+                         g_tok_names[i], (long)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - txt : 0));
+                rc = -1;
+            }
+            cJSON_Delete(j);
+        }
+        ckpt_tok_files_free(&tok);
+    }
     /* data: every dataset in full */
     if (!rc) {
         Ranked *r;
         NameList names;
-        int n = list_datasets(f, &cfg, &r, &names);
+        int n = list_datasets(f, &cfg, &r, &names, path, err, err_len);
+        if (n < 0) rc = -1;
         for (int i = 0; i < n && !rc; i++) {
             CkptH5Desc d;
             if (ckpt_h5_describe(f, r[i].name, &d)) continue;
@@ -1097,19 +1267,112 @@ float *ckpt_read_tensor(const char *path, const char *name, size_t *numel, char 
     return out;
 }
 
+/* Reads path whole into a NUL-terminated td_malloc'd buffer: 1 read, 0
+ * absent, -1 unreadable (err set). */
+static int slurp(const char *path, char **out, size_t *len, char *err, size_t err_len)
+{
+    *out = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (errno == ENOENT) return 0;
+        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) || !S_ISREG(sb.st_mode)) {
+        snprintf(err, err_len, "%s: not a regular file", path);
+        fclose(f);
+        return -1;
+    }
+    size_t n = (size_t)sb.st_size;
+    char *buf = td_malloc(n + 1);
+    size_t got = fread(buf, 1, n, f);
+    bool bad = ferror(f) || got != n;
+    fclose(f);
+    if (bad) {
+        snprintf(err, err_len, "%s: read error (%zu of %zu bytes)", path, got, n);
+        td_free(buf);
+        return -1;
+    }
+    buf[n] = 0;
+    if (n == 0) {   /* empty: as absent */
+        td_free(buf);
+        return 0;
+    }
+    *out = buf;
+    *len = n;
+    return 1;
+}
+
+int ckpt_tok_files_from_dir(const char *hf_dir, CkptTokFiles *out, char *err, size_t err_len)
+{
+    memset(out, 0, sizeof *out);
+    char path[PATH_MAX];
+    for (int i = 0; i < TOK_FILES; i++) {
+        size_t *len;
+        char **txt = tok_text(out, i, &len);
+        snprintf(path, sizeof path, "%s/%s", hf_dir, g_tok_names[i]);
+        if (slurp(path, txt, len, err, err_len) < 0) {
+            ckpt_tok_files_free(out);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int ckpt_read_tok_files(const char *ckpt_path, CkptTokFiles *out, char *err, size_t err_len)
+{
+    memset(out, 0, sizeof *out);
+    struct stat sb;
+    char file[PATH_MAX], latest[PATH_MAX];
+    snprintf(latest, sizeof latest, "%s/latest", ckpt_path);
+    if (stat(ckpt_path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        if (lstat(latest, &sb) != 0) return ckpt_tok_files_from_dir(ckpt_path, out, err, err_len);
+        ssize_t k = readlink(latest, file, sizeof file - 1);
+        if (k < 0) {
+            snprintf(err, err_len, "%s: cannot read the latest link: %s", ckpt_path, strerror(errno));
+            return -1;
+        }
+        file[k] = 0;
+        if (file[0] != '/') {
+            char rel[PATH_MAX];
+            snprintf(rel, sizeof rel, "%s", file);
+            snprintf(file, sizeof file, "%.2000s/%.2000s", ckpt_path, rel);
+        }
+    } else {
+        snprintf(file, sizeof file, "%s", ckpt_path);
+    }
+    hid_t f = open_checked(file, err, err_len);
+    if (f < 0) return -1;
+    ModelConfig cfg;
+    TokDesc td;
+    int rc = check_root(f, file, &cfg, NULL, err, err_len);
+    if (!rc) rc = tok_validate(f, file, td.d, td.have, err, err_len);
+    char why[ERR_MAX];
+    if (!rc && tok_read(f, NULL, td.d, td.have, out, why, sizeof why)) {
+        snprintf(err, err_len, "%s: %s", file, why);
+        rc = -1;
+    }
+    H5Fclose(f);
+    if (rc) ckpt_tok_files_free(out);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- run directories */
 
 int ckpt_set_latest(const char *dir, const char *file_name)
 {
-    char tmp[PATH_MAX], dst[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s/.latest.tmp.%d", dir, (int)getpid());
-    snprintf(dst, sizeof dst, "%s/latest", dir);
+    char *tmp = td_sprintf("%s/.latest.tmp.%d", dir, (int)getpid()), *dst = td_sprintf("%s/latest", dir);
     unlink(tmp);
-    if (symlink(file_name, tmp) || rename(tmp, dst)) {
+    bool bad = symlink(file_name, tmp) || rename(tmp, dst);
+    if (bad) {
         td_error("%s: cannot point latest at %s: %s", dir, file_name, strerror(errno));
         unlink(tmp);
-        return -1;
     }
+    td_free(tmp);
+    td_free(dst);
+    if (bad) return -1;
     if (fsync_path(dir, true)) {
         td_error("%s: cannot sync the directory: %s", dir, strerror(errno));
         return -1;
@@ -1125,19 +1388,28 @@ int ckpt_resolve(const char *dir_or_file, char *out, size_t out_len)
         return -1;
     }
     if (!S_ISDIR(sb.st_mode)) {
-        snprintf(out, out_len, "%s", dir_or_file);
+        if (td_snprintf(out, out_len, "%s", dir_or_file)) {
+            td_error("%s: the path is too long (%zu bytes; at most %zu)", dir_or_file, strlen(dir_or_file), out_len - 1);
+            return -1;
+        }
         return 0;
     }
     char link[PATH_MAX], target[PATH_MAX];
-    snprintf(link, sizeof link, "%s/latest", dir_or_file);
+    if (td_snprintf(link, sizeof link, "%s/latest", dir_or_file)) {
+        td_error("%s: the path is too long", dir_or_file);
+        return -1;
+    }
     ssize_t n = readlink(link, target, sizeof target - 1);
     if (n < 0) {
         td_error("%s: no checkpoint: %s: %s", dir_or_file, link, strerror(errno));
         return -1;
     }
     target[n] = 0;
-    if (target[0] == '/') snprintf(out, out_len, "%s", target);
-    else snprintf(out, out_len, "%s/%s", dir_or_file, target);
+    if (target[0] == '/' ? td_snprintf(out, out_len, "%s", target)
+                         : td_snprintf(out, out_len, "%s/%s", dir_or_file, target)) {
+        td_error("%s: latest points at %s: the path is too long (at most %zu bytes)", dir_or_file, target, out_len - 1);
+        return -1;
+    }
     if (stat(out, &sb)) {
         td_error("%s: latest points at %s: %s", dir_or_file, out, strerror(errno));
         return -1;
@@ -1170,9 +1442,9 @@ static long long step_of(const char *name, bool tmp)
 int ckpt_prune(const char *dir, int keep_last)
 {
     if (keep_last <= 0) return 0;
-    char link[PATH_MAX], keep[PATH_MAX] = "";
-    snprintf(link, sizeof link, "%s/latest", dir);
+    char keep[PATH_MAX] = "", *link = td_sprintf("%s/latest", dir);
     ssize_t ln = readlink(link, keep, sizeof keep - 1);
+    td_free(link);
     keep[ln > 0 ? ln : 0] = 0;
     const char *keep_base = strrchr(keep, '/') ? strrchr(keep, '/') + 1 : keep;
     DIR *d = opendir(dir);
@@ -1183,13 +1455,13 @@ int ckpt_prune(const char *dir, int keep_last)
     StepFile *files = NULL;
     size_t n = 0, cap = 0;
     int deleted = 0;
-    char path[PATH_MAX];
     for (struct dirent *de; (de = readdir(d));) {
         if (strlen(de->d_name) >= sizeof files->name) continue;
         if (step_of(de->d_name, true) >= 0 || !strncmp(de->d_name, ".latest.tmp.", 12)) {
             /* a save, or a switch of latest, that never finished */
-            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+            char *path = td_sprintf("%s/%s", dir, de->d_name);
             if (!unlink(path)) deleted++;
+            td_free(path);
             continue;
         }
         long long s = step_of(de->d_name, false);
@@ -1209,8 +1481,9 @@ int ckpt_prune(const char *dir, int keep_last)
     if (n) qsort(files, n, sizeof *files, cmp_step);
     for (size_t i = (size_t)keep_last; i < n; i++) {
         if (!strcmp(files[i].name, keep_base)) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, files[i].name);
+        char *path = td_sprintf("%s/%s", dir, files[i].name);
         if (unlink(path) == 0) deleted++;
+        td_free(path);
     }
     td_free(files);
     if (deleted && fsync_path(dir, true)) {

@@ -11,6 +11,8 @@
  *   /optimizer/exp_avg/<weight path>, /optimizer/exp_avg_sq/<weight path>
  *   /trainer                  attrs step tokens_seen micro_batches lr [run_config]
  *   /trainer/data_rng [4] u64, /trainer/rank_rng [world, 4] u64
+ *   /tokenizer/tokenizer.json, tokenizer_config.json, generation_config.json
+ *                             [n] uint8: the files' bytes, when the model has them
  *
  * Saving: every rank of the job writes only its own slice of each tensor
  * through parallel HDF5 (MPI-IO, collective transfers); one rank per
@@ -33,8 +35,16 @@
  * saved or loaded by any one process alone.
  *
  * Threads.  Bulk data moves on the thread pool (core/pool.h): call these
- * functions from the main thread, outside pool regions.  HDF5 is used from
- * the calling thread only.
+ * functions from the main thread, outside pool regions, one at a time.
+ * HDF5 is called by one thread at a time, never concurrently: the calling
+ * thread, except during a single-process save, where a writer thread
+ * stores one batch of finished chunks (H5Dwrite_chunk) while the calling
+ * thread only prepares the next batch on the pool, and is joined before
+ * the calling thread calls HDF5 again (ckpt_io.c); the pool threads of a
+ * load only pread.  The serialisation is what makes this correct: Debian's
+ * parallel HDF5 (1.10) is built without thread-safety (libhdf5.settings:
+ * "Threadsafety: no"), and MPI is never called off the main thread (the
+ * chunk path is the POSIX driver's only).
  */
 #ifndef TANDEM_CHECKPOINT_CKPT_H
 #define TANDEM_CHECKPOINT_CKPT_H
@@ -54,6 +64,16 @@
 /* Storage type of the weight matrices (tensors with ndim >= 2).  1-D norms
  * and the optimizer moments are always float32. */
 typedef enum { CKPT_F32, CKPT_BF16, CKPT_F16 } CkptDtype;
+
+/* The tokenizer files of a model (SPEC section 10), as bytes: stored in a
+ * checkpoint under /tokenizer, read from a Hugging Face directory.  Each
+ * text is NUL-terminated after its len bytes (so it can be parsed as a
+ * string) but may hold any bytes; NULL when absent. */
+typedef struct {
+    char *tokenizer_json;    size_t tokenizer_json_len;     /* NULL when absent */
+    char *tokenizer_config;  size_t tokenizer_config_len;   /* NULL when absent */
+    char *generation_config; size_t generation_config_len; /* NULL when absent */
+} CkptTokFiles;
 
 /* Optimizer and trainer state beside the weights.
  * On save the pointers are borrowed.  On load rank_rng and run_config are
@@ -75,10 +95,31 @@ typedef struct {
     int64_t adam_step;       /* AdamW bias-correction step */
     char *run_config;        /* JSON text of the run config, may be NULL */
     bool has_trainer;        /* load: the file had /trainer and /optimizer */
+    /* Tokenizer files.  Save (ckpt_save, ckpt_export): borrowed; the
+     * /tokenizer group is written when tok.tokenizer_json != NULL (in a
+     * parallel save rank 0's files are written, by rank 0).  Load: owned
+     * copies, filled when the file has /tokenizer (all NULL otherwise). */
+    CkptTokFiles tok;
 } CkptState;
 
-/* Releases what ckpt_load allocated in st; safe on a zeroed struct and twice. */
+/* Releases what ckpt_load allocated in st (tok included); safe on a zeroed
+ * struct and twice. */
 void ckpt_state_free(CkptState *st);
+
+/* Reads the tokenizer files of a checkpoint (a file, or a run directory:
+ * its latest; a Hugging Face model directory is read as
+ * ckpt_tok_files_from_dir does) into *out (owned; ckpt_tok_files_free).
+ * One process.  Returns 0, with every member NULL when the checkpoint has
+ * none; or -1 with one line in err (unreadable file, a /tokenizer dataset
+ * of the wrong type, a checksum mismatch). */
+int ckpt_read_tok_files(const char *ckpt_path, CkptTokFiles *out, char *err, size_t n);
+/* Reads hf_dir/tokenizer.json, tokenizer_config.json and
+ * generation_config.json, those that exist, into *out (owned).  An empty
+ * file counts as absent.  Returns 0 (all NULL when there are none), or -1
+ * with one line in err when one exists but cannot be read. */
+int ckpt_tok_files_from_dir(const char *hf_dir, CkptTokFiles *out, char *err, size_t n);
+/* Frees and zeroes; safe on a zeroed struct and twice. */
+void ckpt_tok_files_free(CkptTokFiles *t);
 
 /* What a checkpoint says about itself (root, /topology, which groups). */
 typedef struct {

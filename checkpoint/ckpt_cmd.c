@@ -54,6 +54,7 @@ static void fmt_shape(char *out, size_t n, const CkptTensor *t)
 
 static bool is_moment(const char *name) { return !strncmp(name, "optimizer/", 10); }
 static bool is_weight(const char *name) { return !strncmp(name, "model/", 6) || !strcmp(name, "lm_head"); }
+static bool is_tok(const char *name) { return !strncmp(name, "tokenizer/", 10); }
 
 static int parse(Args *a, int argc, char **argv, const char *const *spec, int n_pos, const char *what)
 {
@@ -143,6 +144,14 @@ static void print_info_json(const char *path, const CkptInfo *in)
     cJSON_AddNumberToObject(topo, "pp", in->meta.pp);
     cJSON_AddNumberToObject(topo, "ep", in->meta.ep);
     add_state_json(o, in);
+    cJSON *tok = cJSON_CreateObject();
+    for (int i = 0; i < in->n_tensors; i++)
+        if (is_tok(in->tensors[i].name)) cJSON_AddNumberToObject(tok, in->tensors[i].name + 10, (double)in->tensors[i].numel);
+    if (tok->child) cJSON_AddItemToObject(o, "tokenizer", tok);
+    else {
+        cJSON_Delete(tok);
+        cJSON_AddNullToObject(o, "tokenizer");
+    }
     cJSON *arr = cJSON_AddArrayToObject(o, "tensors");
     for (int i = 0; i < in->n_tensors; i++) {
         const CkptTensor *t = &in->tensors[i];
@@ -195,6 +204,12 @@ static void print_info_text(const char *path, const CkptInfo *in)
     } else {
         printf("optimizer   none (weights only)\n");
     }
+    printf("tokenizer   ");
+    int n_tok = 0;
+    for (int i = 0; i < in->n_tensors; i++)
+        if (is_tok(in->tensors[i].name))
+            printf("%s%s (%zu bytes)", n_tok++ ? ", " : "", in->tensors[i].name + 10, in->tensors[i].numel);
+    printf("%s\n", n_tok ? "" : "none (byte-level)");
     printf("config      %s\n\n", in->config_json);
     printf("%-52s %-14s %-9s %-12s %10s\n", "tensor", "shape", "dtype", "partition", "MiB");
     for (int i = 0; i < in->n_tensors; i++) {
@@ -210,20 +225,19 @@ static void print_info_text(const char *path, const CkptInfo *in)
            in->n_tensors, tt.w_params, mib(tt.w_bytes), tt.o_values, mib(tt.o_bytes), mib(tt.bytes), mib(tt.stored));
 }
 
-static int cmd_info(int argc, char **argv)
+static int cmd_info(Args *a, int argc, char **argv)
 {
     static const char *const spec[] = { "json", NULL };
-    Args a;
-    int r = parse(&a, argc, argv, spec, 1, "info");
+    int r = parse(a, argc, argv, spec, 1, "info");
     if (r >= 0) return r;
     char path[PATH_MAX], err[512];
-    if (ckpt_resolve(a.pos[0], path, sizeof path)) return 1;
+    if (ckpt_resolve(a->pos[0], path, sizeof path)) return 1;
     CkptInfo in;
     if (ckpt_info(path, &in, err, sizeof err)) {
         td_error("%s", err);
         return 1;
     }
-    if (args_flag(&a, "json")) print_info_json(path, &in);
+    if (args_flag(a, "json")) print_info_json(path, &in);
     else print_info_text(path, &in);
     ckpt_info_free(&in);
     return 0;
@@ -231,14 +245,13 @@ static int cmd_info(int argc, char **argv)
 
 /* ---------------------------------------------------------------- verify */
 
-static int cmd_verify(int argc, char **argv)
+static int cmd_verify(Args *a, int argc, char **argv)
 {
     static const char *const spec[] = { NULL };
-    Args a;
-    int r = parse(&a, argc, argv, spec, 1, "verify");
+    int r = parse(a, argc, argv, spec, 1, "verify");
     if (r >= 0) return r;
     char path[PATH_MAX], err[512];
-    if (ckpt_resolve(a.pos[0], path, sizeof path)) return 1;
+    if (ckpt_resolve(a->pos[0], path, sizeof path)) return 1;
     double t0 = td_now();
     if (ckpt_verify(path, err, sizeof err)) {
         td_error("%s", err);
@@ -269,16 +282,15 @@ static int get_size(const Args *a, const char *name, int *out)
     return 0;
 }
 
-static int reshard(int argc, char **argv, bool export_mode)
+static int reshard(Args *a, int argc, char **argv, bool export_mode)
 {
     static const char *const spec[] = { "dp=", "tp=", "pp=", "ep=", "weights-only", "dtype=", NULL };
     const char *what = export_mode ? "export" : "reshard";
-    Args a;
-    int r = parse(&a, argc, argv, spec, 2, what);
+    int r = parse(a, argc, argv, spec, 2, what);
     if (r >= 0) return r;
     char in[PATH_MAX], err[512];
-    const char *out = a.pos[1];
-    if (ckpt_resolve(a.pos[0], in, sizeof in)) return 1;
+    const char *out = a->pos[1];
+    if (ckpt_resolve(a->pos[0], in, sizeof in)) return 1;
     ModelConfig cfg;
     CkptMeta meta;
     if (ckpt_read_config(in, &cfg, &meta, err, sizeof err)) {
@@ -286,15 +298,15 @@ static int reshard(int argc, char **argv, bool export_mode)
         return 1;
     }
     int dp, tp, pp, ep;
-    if (get_size(&a, "dp", &dp) || get_size(&a, "tp", &tp) || get_size(&a, "pp", &pp) || get_size(&a, "ep", &ep))
+    if (get_size(a, "dp", &dp) || get_size(a, "tp", &tp) || get_size(a, "pp", &pp) || get_size(a, "ep", &ep))
         return 2;
     CkptDtype dtype = meta.dtype;
-    const char *ds = args_get(&a, "dtype");
+    const char *ds = args_get(a, "dtype");
     if (ds && ckpt_dtype_parse(ds, &dtype)) {
         td_error("ckpt %s: --dtype must be f32, bf16 or f16 (got \"%s\")", what, ds);
         return 2;
     }
-    bool weights_only = export_mode || args_flag(&a, "weights-only") || !meta.has_optimizer || !meta.has_trainer;
+    bool weights_only = export_mode || args_flag(a, "weights-only") || !meta.has_optimizer || !meta.has_trainer;
     Topology as;
     if (topo_init(&as, &cfg, dp, tp, pp, ep, 0, NULL, err, sizeof err)) {
         td_error("%s: %s", out, err);
@@ -337,14 +349,13 @@ out:
 
 /* ---------------------------------------------------------------- diff */
 
-static int cmd_diff(int argc, char **argv)
+static int cmd_diff(Args *a, int argc, char **argv)
 {
     static const char *const spec[] = { NULL };
-    Args a;
-    int r = parse(&a, argc, argv, spec, 2, "diff");
+    int r = parse(a, argc, argv, spec, 2, "diff");
     if (r >= 0) return r;
     char pa[PATH_MAX], pb[PATH_MAX], err[512];
-    if (ckpt_resolve(a.pos[0], pa, sizeof pa) || ckpt_resolve(a.pos[1], pb, sizeof pb)) return 1;
+    if (ckpt_resolve(a->pos[0], pa, sizeof pa) || ckpt_resolve(a->pos[1], pb, sizeof pb)) return 1;
     CkptInfo ia, ib;
     if (ckpt_info(pa, &ia, err, sizeof err)) {
         td_error("%s", err);
@@ -423,6 +434,16 @@ static int cmd_diff(int argc, char **argv)
 
 /* ---------------------------------------------------------------- dispatch */
 
+/* `export ... --format F` (or --format=F) */
+static bool export_format_is(int argc, char **argv, const char *f)
+{
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--format") && i + 1 < argc && !strcmp(argv[i + 1], f)) return true;
+        if (!strncmp(argv[i], "--format=", 9) && !strcmp(argv[i] + 9, f)) return true;
+    }
+    return false;
+}
+
 int cmd_ckpt(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -434,17 +455,15 @@ int cmd_ckpt(int argc, char **argv)
         return 2;
     }
     const char *sub = argv[1];
-    if (!strcmp(sub, "info")) return cmd_info(argc, argv);
-    if (!strcmp(sub, "verify")) return cmd_verify(argc, argv);
-    if (!strcmp(sub, "reshard")) return reshard(argc, argv, false);
-    if (!strcmp(sub, "export")) {
-        for (int i = 2; i < argc; i++)   /* --format gguf: checkpoint/gguf */
-            if ((!strcmp(argv[i], "--format") && i + 1 < argc && !strcmp(argv[i + 1], "gguf")) ||
-                !strcmp(argv[i], "--format=gguf"))
-                return gguf_export_cmd(argc, argv);
-        return reshard(argc, argv, true);
-    }
-    if (!strcmp(sub, "diff")) return cmd_diff(argc, argv);
-    td_error("ckpt: unknown subcommand '%s' (tandem ckpt --help)", sub);
-    return 2;
+    Args a = { 0 };   /* parsed by the subcommand, released here */
+    int rc = 2;
+    if (!strcmp(sub, "info")) rc = cmd_info(&a, argc, argv);
+    else if (!strcmp(sub, "verify")) rc = cmd_verify(&a, argc, argv);
+    else if (!strcmp(sub, "reshard")) rc = reshard(&a, argc, argv, false);
+    else if (!strcmp(sub, "export") && export_format_is(argc, argv, "gguf")) rc = gguf_export_cmd(argc, argv);
+    else if (!strcmp(sub, "export")) rc = reshard(&a, argc, argv, true);
+    else if (!strcmp(sub, "diff")) rc = cmd_diff(&a, argc, argv);
+    else td_error("ckpt: unknown subcommand '%s' (tandem ckpt --help)", sub);
+    args_free(&a);
+    return rc;
 }

@@ -33,23 +33,21 @@ static hid_t half_type(void)
     return t;
 }
 
-/* ---------------------------------------------------------------- files */
+/* ---------------------------------------------------------------- errors of set-up calls */
 
-static hid_t file_access(void *comm)
+/* The property-list call that failed last, for ckpt_h5_why (HDF5 is used
+ * by one thread at a time: see ckpt.h). */
+static char g_failed_call[48];
+
+/* rc of an HDF5 call: true when it succeeded; otherwise remembers its name. */
+static bool h5ok(long long rc, const char *call)
 {
-    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-    /* v2 object headers and superblock: metadata carries checksums too,
-     * and every HDF5 >= 1.8 reads the file (h5py, h5dump, other languages). */
-    H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18);
-    H5Pset_alignment(fapl, CKPT_ALIGN_THRESHOLD, CKPT_ALIGN);
-    H5Pset_meta_block_size(fapl, 128u << 10);
-    if (comm) {
-        H5Pset_fapl_mpio(fapl, *(MPI_Comm *)comm, MPI_INFO_NULL);
-        H5Pset_all_coll_metadata_ops(fapl, 1);
-        H5Pset_coll_metadata_write(fapl, 1);
-    }
-    return fapl;
+    if (rc >= 0) return true;
+    if (!g_failed_call[0]) snprintf(g_failed_call, sizeof g_failed_call, "%s", call);
+    return false;
 }
+
+/* ---------------------------------------------------------------- files */
 
 /* Closes a property list without losing the error stack of the call
  * before it (every successful API call clears the stack). */
@@ -60,10 +58,32 @@ static void close_plist_keep_errors(hid_t plist)
     if (errs >= 0) H5Eset_current_stack(errs);
 }
 
+/* The file access list, or -1 (the failed call remembered). */
+static hid_t file_access(void *comm)
+{
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (!h5ok(fapl, "H5Pcreate(H5P_FILE_ACCESS)")) return -1;
+    /* v2 object headers and superblock: metadata carries checksums too,
+     * and every HDF5 >= 1.8 reads the file (h5py, h5dump, other languages). */
+    bool ok = h5ok(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18), "H5Pset_libver_bounds") &&
+              h5ok(H5Pset_alignment(fapl, CKPT_ALIGN_THRESHOLD, CKPT_ALIGN), "H5Pset_alignment") &&
+              h5ok(H5Pset_meta_block_size(fapl, 128u << 10), "H5Pset_meta_block_size");
+    if (ok && comm)
+        ok = h5ok(H5Pset_fapl_mpio(fapl, *(MPI_Comm *)comm, MPI_INFO_NULL), "H5Pset_fapl_mpio") &&
+             h5ok(H5Pset_all_coll_metadata_ops(fapl, 1), "H5Pset_all_coll_metadata_ops") &&
+             h5ok(H5Pset_coll_metadata_write(fapl, 1), "H5Pset_coll_metadata_write");
+    if (!ok) {
+        close_plist_keep_errors(fapl);
+        return -1;
+    }
+    return fapl;
+}
+
 hid_t ckpt_h5_create(const char *path, void *comm)
 {
     ckpt_h5_init();
     hid_t fapl = file_access(comm);
+    if (fapl < 0) return -1;
     hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     close_plist_keep_errors(fapl);
     return f;
@@ -99,8 +119,11 @@ void ckpt_h5_why(char *out, size_t n)
         snprintf(out, n, "checksum mismatch (Fletcher32): the data is corrupt");
     else if (w.truncated)
         snprintf(out, n, "file is truncated");
+    else if (g_failed_call[0])
+        snprintf(out, n, "%s failed: %s", g_failed_call, w.inner[0] ? w.inner : "no reason given");
     else
         snprintf(out, n, "%s", w.inner[0] ? w.inner : "HDF5 call failed");
+    g_failed_call[0] = 0;
 }
 
 /* ---------------------------------------------------------------- attributes */
@@ -253,33 +276,41 @@ int ckpt_h5_get_f64(hid_t obj, const char *name, double *v)
 
 bool ckpt_h5_exists(hid_t loc, const char *path)
 {
-    char buf[CKPT_NAME_MAX + 8];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf;; p++) {
+    char *buf = td_strdup(path);   /* any length */
+    bool found = true;
+    for (char *p = buf; found; p++) {
         if (*p == '/' || *p == 0) {
             char c = *p;
             *p = 0;
-            if (buf[0] && H5Lexists(loc, buf, H5P_DEFAULT) <= 0) return false;
-            if (!c) return true;
+            if (buf[0] && H5Lexists(loc, buf, H5P_DEFAULT) <= 0) found = false;
+            if (!c) break;
             *p = c;
         }
     }
+    td_free(buf);
+    return found;
 }
 
+/* Link creation: intermediate groups, UTF-8 names; -1 when a call fails
+ * (remembered for ckpt_h5_why). */
 static hid_t link_create_plist(void)
 {
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
-    H5Pset_create_intermediate_group(lcpl, 1);
-    H5Pset_char_encoding(lcpl, H5T_CSET_UTF8);
-    return lcpl;
+    if (!h5ok(lcpl, "H5Pcreate(H5P_LINK_CREATE)")) return -1;
+    if (h5ok(H5Pset_create_intermediate_group(lcpl, 1), "H5Pset_create_intermediate_group") &&
+        h5ok(H5Pset_char_encoding(lcpl, H5T_CSET_UTF8), "H5Pset_char_encoding"))
+        return lcpl;
+    close_plist_keep_errors(lcpl);
+    return -1;
 }
 
 hid_t ckpt_h5_group(hid_t file, const char *path)
 {
     if (ckpt_h5_exists(file, path)) return H5Gopen2(file, path, H5P_DEFAULT);
     hid_t lcpl = link_create_plist();
+    if (lcpl < 0) return -1;
     hid_t g = H5Gcreate2(file, path, lcpl, H5P_DEFAULT, H5P_DEFAULT);
-    H5Pclose(lcpl);
+    close_plist_keep_errors(lcpl);
     return g;
 }
 
@@ -300,6 +331,7 @@ static void types_of(CkptH5Type t, hid_t *ftype, hid_t *mtype, bool *owned)
     case CKPT_H5_F32: *ftype = H5T_IEEE_F32LE; *mtype = H5T_NATIVE_FLOAT; break;
     case CKPT_H5_BF16: *ftype = H5T_STD_U16LE; *mtype = H5T_NATIVE_UINT16; break;
     case CKPT_H5_F16: *ftype = *mtype = half_type(); *owned = true; break;
+    case CKPT_H5_U8: *ftype = H5T_STD_U8LE; *mtype = H5T_NATIVE_UINT8; break;
     default: *ftype = H5T_STD_U64LE; *mtype = H5T_NATIVE_UINT64; break;
     }
 }
@@ -310,13 +342,14 @@ hid_t ckpt_h5_create_dataset(hid_t file, const CkptPiece *pc, char *err, size_t 
     bool owned;
     types_of(pc->type, &ftype, &mtype, &owned);
     hid_t space = H5Screate_simple(pc->ndim, pc->shape, NULL);
-    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    H5Pset_chunk(dcpl, pc->ndim, pc->chunk);
-    H5Pset_fletcher32(dcpl);
-    /* every element is written: no fill pass */
-    H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
-    hid_t lcpl = link_create_plist();
-    hid_t ds = H5Dcreate2(file, pc->name, ftype, space, lcpl, dcpl, H5P_DEFAULT);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE), lcpl = -1, ds = -1;
+    /* chunked along the shards, Fletcher32; every element is written: no fill pass */
+    bool ok = h5ok(space, "H5Screate_simple") && h5ok(dcpl, "H5Pcreate(H5P_DATASET_CREATE)") &&
+              h5ok(H5Pset_chunk(dcpl, pc->ndim, pc->chunk), "H5Pset_chunk") &&
+              h5ok(H5Pset_fletcher32(dcpl), "H5Pset_fletcher32") &&
+              h5ok(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
+    if (ok) lcpl = link_create_plist();
+    if (lcpl >= 0) ds = H5Dcreate2(file, pc->name, ftype, space, lcpl, dcpl, H5P_DEFAULT);
     const char *stage = "create";
     if (ds >= 0) {
         stage = "write the attributes of";
@@ -331,9 +364,9 @@ hid_t ckpt_h5_create_dataset(hid_t file, const CkptPiece *pc, char *err, size_t 
         ckpt_h5_why(why, sizeof why);
         snprintf(err, err_len, "cannot %s dataset /%s: %s", stage, pc->name, why);
     }
-    H5Pclose(lcpl);
-    H5Pclose(dcpl);
-    H5Sclose(space);
+    if (lcpl >= 0) H5Pclose(lcpl);
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (space >= 0) H5Sclose(space);
     if (owned) H5Tclose(ftype);
     return ds;
 }
@@ -351,7 +384,7 @@ int ckpt_h5_write_box(hid_t ds, const CkptPiece *pc, bool collective, char *err,
     if (n > 0) {
         H5Sselect_hyperslab(space, H5S_SELECT_SET, pc->off, NULL, pc->cnt, NULL);
         mspace = H5Screate_simple(pc->ndim, pc->cnt, NULL);
-        if (pc->type == CKPT_H5_BF16 || pc->type == CKPT_H5_F16) {
+        if ((pc->type == CKPT_H5_BF16 || pc->type == CKPT_H5_F16) && !pc->raw) {
             const float *x = pc->data;
             uint16_t *h = tmp = td_malloc(n * sizeof(uint16_t));
             if (pc->type == CKPT_H5_BF16)
@@ -368,15 +401,23 @@ int ckpt_h5_write_box(hid_t ds, const CkptPiece *pc, bool collective, char *err,
         buf = &dummy;
     }
     hid_t dxpl = H5Pcreate(H5P_DATASET_XFER);
-    if (collective) H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
-    int rc = H5Dwrite(ds, mtype, mspace, space, dxpl, buf) < 0 ? -1 : 0;
+    bool ok = h5ok(dxpl, "H5Pcreate(H5P_DATASET_XFER)") &&
+              (!collective || h5ok(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE), "H5Pset_dxpl_mpio"));
+    if (!ok && collective) {
+        /* the other ranks are entering the collective write: returning
+         * would leave them waiting for this one forever */
+        char why[300];
+        ckpt_h5_why(why, sizeof why);
+        TD_CHECK(false, "cannot write dataset /%s collectively: %s", pc->name, why);
+    }
+    int rc = !ok || H5Dwrite(ds, mtype, mspace, space, dxpl, buf) < 0 ? -1 : 0;
     if (rc) {
         char why[300];
         ckpt_h5_why(why, sizeof why);
         snprintf(err, err_len, "cannot write dataset /%s: %s", pc->name, why);
     }
     td_free(tmp);
-    H5Pclose(dxpl);
+    if (dxpl >= 0) H5Pclose(dxpl);
     H5Sclose(mspace);
     H5Sclose(space);
     if (owned) H5Tclose(ftype);
@@ -407,6 +448,7 @@ static void classify(hid_t ds, hid_t t, CkptH5Desc *d)
         bool is_signed = H5Tget_sign(t) == H5T_SGN_2;
         snprintf(d->type_name, sizeof d->type_name, "%sint%zu", is_signed ? "" : "u", 8 * size);
         if (!is_signed && size == 8) d->type = CKPT_H5_U64;
+        if (!is_signed && size == 1) d->type = CKPT_H5_U8;
         if (!is_signed && size == 2) {
             char *s = NULL;
             if (ckpt_h5_get_str(ds, "dtype", &s) == 0 && !strcmp(s, "bfloat16")) {
@@ -441,23 +483,29 @@ int ckpt_h5_describe(hid_t file, const char *name, CkptH5Desc *d)
     hid_t t = H5Dget_type(ds);
     classify(ds, t, d);
     H5Tclose(t);
+    /* Layout and filters decide whether the chunk path (ckpt_io.h) may read
+     * it.  When they cannot be queried, chunk stays 0 and n_filters -1: the
+     * dataset is read through HDF5's own pipeline, which does its checks. */
+    d->n_filters = -1;
     hid_t dcpl = H5Dget_create_plist(ds);
-    if (H5Pget_layout(dcpl) == H5D_CHUNKED) {
-        int cn = H5Pget_chunk(dcpl, CKPT_H5_MAX_DIMS, d->chunk);
-        if (cn != nd) memset(d->chunk, 0, sizeof d->chunk);
+    if (dcpl >= 0) {
+        H5D_layout_t lay = H5Pget_layout(dcpl);
+        if (lay == H5D_CHUNKED && H5Pget_chunk(dcpl, CKPT_H5_MAX_DIMS, d->chunk) != nd)
+            memset(d->chunk, 0, sizeof d->chunk);
+        int nf = lay < 0 ? -1 : H5Pget_nfilters(dcpl);
+        d->n_filters = nf;
+        for (int i = 0; i < nf; i++) {
+            unsigned flags, cd[8];
+            size_t ncd = 8;
+            char fname[64];
+            unsigned cfg;
+            H5Z_filter_t id = H5Pget_filter2(dcpl, (unsigned)i, &flags, &ncd, cd, sizeof fname, fname, &cfg);
+            if (id < 0) d->n_filters = -1;
+            if (id == H5Z_FILTER_FLETCHER32) d->fletcher32 = true;
+        }
+        H5Pclose(dcpl);
     }
-    int nf = H5Pget_nfilters(dcpl);
-    d->n_filters = nf;
-    for (int i = 0; i < nf; i++) {
-        unsigned flags, cd[8];
-        size_t ncd = 8;
-        char fname[64];
-        unsigned cfg;
-        if (H5Pget_filter2(dcpl, (unsigned)i, &flags, &ncd, cd, sizeof fname, fname, &cfg) ==
-            H5Z_FILTER_FLETCHER32)
-            d->fletcher32 = true;
-    }
-    H5Pclose(dcpl);
+    H5Eclear2(H5E_DEFAULT);
     d->stored_bytes = (size_t)H5Dget_storage_size(ds);
     H5Dclose(ds);
     return 0;
@@ -501,6 +549,9 @@ int ckpt_h5_read_box(hid_t file, const char *name, const CkptH5Desc *d, const hs
         break;
     case CKPT_H5_U64:
         st = H5Dread(ds, H5T_NATIVE_UINT64, mspace, fspace, H5P_DEFAULT, out);
+        break;
+    case CKPT_H5_U8:
+        st = H5Dread(ds, H5T_NATIVE_UINT8, mspace, fspace, H5P_DEFAULT, out);
         break;
     default:
         st = -1;

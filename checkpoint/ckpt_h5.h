@@ -23,8 +23,20 @@
 
 #define CKPT_H5_MAX_DIMS 4
 
-/* Storage types.  BF16: uint16 with the attribute dtype="bfloat16". */
-typedef enum { CKPT_H5_F32, CKPT_H5_BF16, CKPT_H5_F16, CKPT_H5_U64, CKPT_H5_OTHER } CkptH5Type;
+/* Storage types.  BF16: uint16 with the attribute dtype="bfloat16".  U8:
+ * raw bytes (the files of /tokenizer). */
+typedef enum { CKPT_H5_F32, CKPT_H5_BF16, CKPT_H5_F16, CKPT_H5_U64, CKPT_H5_U8, CKPT_H5_OTHER } CkptH5Type;
+
+/* Bytes of one element on disk, and in memory (float types are float32 in
+ * memory unless a piece says raw). */
+static inline size_t ckpt_h5_disk_size(CkptH5Type t)
+{
+    return t == CKPT_H5_U64 ? 8 : t == CKPT_H5_F32 ? 4 : t == CKPT_H5_U8 ? 1 : 2;
+}
+static inline size_t ckpt_h5_mem_size(CkptH5Type t)
+{
+    return t == CKPT_H5_U64 ? 8 : t == CKPT_H5_U8 ? 1 : 4;
+}
 
 /* Switches HDF5's automatic error printing off (once per process). */
 void ckpt_h5_init(void);
@@ -67,8 +79,9 @@ typedef struct {
     hsize_t chunk[CKPT_H5_MAX_DIMS];
     hsize_t off[CKPT_H5_MAX_DIMS];    /* this rank's hyperslab ... */
     hsize_t cnt[CKPT_H5_MAX_DIMS];    /* ... (any zero: nothing to write) */
-    const void *data;                 /* float32 box (F32/BF16/F16) or uint64 (U64), row-major */
+    const void *data;                 /* float32 box (F32/BF16/F16), uint64 (U64) or bytes (U8), row-major */
     CkptH5Type type;
+    bool raw;                         /* BF16/F16: data already holds the 16-bit values (no conversion) */
     const char *partition;            /* attribute; NULL: none */
 } CkptPiece;
 
@@ -99,7 +112,7 @@ int ckpt_h5_describe(hid_t file, const char *name, CkptH5Desc *d);
 
 /* Reads the box [off, off + cnt) of dataset `name` whose description is d
  * into out with H5Dread: float32 for F32/BF16/F16 (upcast), uint64 for
- * U64.  0, or -1 with the reason in err ("checksum mismatch ...").  The
+ * U64, bytes for U8.  0, or -1 with the reason in err ("checksum mismatch ...").  The
  * fast path is checkpoint/ckpt_io.h; this one serves everything else. */
 int ckpt_h5_read_box(hid_t file, const char *name, const CkptH5Desc *d, const hsize_t *off,
                      const hsize_t *cnt, void *out, char *err, size_t err_len);

@@ -96,10 +96,7 @@ static bool checksum_ok(const void *data, size_t n, const unsigned char *stored)
 
 typedef enum { CV_SAME, CV_F32_BF16, CV_F32_F16, CV_BF16_F32, CV_F16_F32 } Conv;
 
-static size_t storage_bytes(CkptH5Type t)
-{
-    return t == CKPT_H5_U64 ? 8 : t == CKPT_H5_F32 ? 4 : 2;
-}
+static size_t storage_bytes(CkptH5Type t) { return ckpt_h5_disk_size(t); }
 
 static void convert_row(void *dst, const void *src, size_t n, Conv cv, size_t esize)
 {
@@ -243,8 +240,8 @@ static void prep_chunks(void *vctx, size_t b, size_t e, int tid)
     const WriteCtx *w = vctx;
     const CkptPiece *pc = w->pc;
     static const hsize_t zero[CKPT_H5_MAX_DIMS] = { 0 };
-    Conv cv = pc->type == CKPT_H5_BF16 ? CV_F32_BF16 : pc->type == CKPT_H5_F16 ? CV_F32_F16 : CV_SAME;
-    size_t ssize = pc->type == CKPT_H5_U64 ? 8 : 4, dsize = storage_bytes(pc->type);
+    Conv cv = pc->raw ? CV_SAME : pc->type == CKPT_H5_BF16 ? CV_F32_BF16 : pc->type == CKPT_H5_F16 ? CV_F32_F16 : CV_SAME;
+    size_t dsize = storage_bytes(pc->type), ssize = pc->raw ? dsize : ckpt_h5_mem_size(pc->type);
     for (size_t j = b; j < e; j++) {
         unsigned char *dst = w->buf + j * w->slot;
         hsize_t coff[CKPT_H5_MAX_DIMS], ext[CKPT_H5_MAX_DIMS];
@@ -260,7 +257,8 @@ static void prep_chunks(void *vctx, size_t b, size_t e, int tid)
     }
 }
 
-/* One batch of prepared chunks to store (HDF5 calls: one thread at a time). */
+/* One batch of prepared chunks to store, on the writer thread (the only
+ * thread calling HDF5 while it runs). */
 typedef struct {
     hid_t ds;
     const WriteCtx *w;
@@ -291,7 +289,10 @@ static void *write_batch(void *arg)
 
 /* Batches of chunks are prepared by the pool into one half of the scratch
  * buffer while a writer thread stores the previous batch from the other
- * half (the main thread makes no HDF5 call meanwhile). */
+ * half.  The writer is the only thread in HDF5 meanwhile: the main thread
+ * makes no HDF5 call until it has joined it (HDF5 is not built
+ * thread-safe; ckpt.h), and pthread_create / pthread_join order the two
+ * threads' calls. */
 int ckpt_io_write_chunks(hid_t ds, const CkptPiece *pc, CkptIoScratch *s, char *err, size_t err_len)
 {
     WriteCtx w = { pc, { 0 }, 0, 0, storage_bytes(pc->type), NULL };
@@ -370,12 +371,15 @@ CkptIoRead *ckpt_io_read_new(const char *path, hid_t file, char *err, size_t err
     CkptIoRead *r = td_calloc(sizeof *r);
     r->fd = fd;
     r->file = file;
+    /* chunk addresses are file offsets only without a user block; when
+     * that cannot be asked, every read goes through H5Dread instead */
     hsize_t ub = 1;
     hid_t fcpl = H5Fget_create_plist(file);
     if (fcpl >= 0) {
-        H5Pget_userblock(fcpl, &ub);
+        if (H5Pget_userblock(fcpl, &ub) < 0) ub = 1;
         H5Pclose(fcpl);
     }
+    H5Eclear2(H5E_DEFAULT);
     r->usable = ub == 0;
     return r;
 }
@@ -400,7 +404,8 @@ static size_t pool_name(CkptIoRead *r, const char *name)
         td_free(r->names);
         r->names = nn;
     }
-    snprintf(r->names[r->n_names], CKPT_NAME_MAX, "%s", name);
+    TD_CHECK(!td_snprintf(r->names[r->n_names], CKPT_NAME_MAX, "%s", name), "dataset name %s: over %d bytes", name,
+             CKPT_NAME_MAX - 1);
     return r->n_names++;
 }
 
@@ -493,7 +498,7 @@ int ckpt_io_read_add(CkptIoRead *r, const char *name, const CkptH5Desc *d, const
         while (split < nd - 1 && t->cdim[split] == 1) split++;
         bool contiguous = true;
         for (int i = split + 1; i < nd; i++) contiguous &= t->cdim[i] == cnt[i];
-        t->direct = inside && contiguous && (d->type == CKPT_H5_F32 || d->type == CKPT_H5_U64);
+        t->direct = inside && contiguous && (d->type == CKPT_H5_F32 || d->type == CKPT_H5_U64 || d->type == CKPT_H5_U8);
         t->dst_off = 0;
         for (int i = 0; i < nd; i++) t->dst_off += (size_t)(t->coff[i] - off[i]) * bstride[i];
         for (int i = nd - 1; i >= 0; i--) {   /* next chunk coordinate */
@@ -545,7 +550,7 @@ static void run_task(Task *t, int fd, unsigned char *buf)
 {
     size_t n = t->stored - 4;
     if (t->direct) {
-        size_t esize = t->type == CKPT_H5_U64 ? 8 : 4;
+        size_t esize = ckpt_h5_mem_size(t->type);
         unsigned char *dst = (unsigned char *)t->out + t->dst_off * esize, crc[4];
         struct iovec iov[2] = { { dst, n }, { crc, 4 } };
         t->status = read_full(fd, iov, 2, t->addr, t->stored);
@@ -570,7 +575,7 @@ static void run_task(Task *t, int fd, unsigned char *buf)
         in_box[i] = lo[i] - t->boff[i];
     }
     Conv cv = t->type == CKPT_H5_BF16 ? CV_BF16_F32 : t->type == CKPT_H5_F16 ? CV_F16_F32 : CV_SAME;
-    size_t ssize = storage_bytes(t->type), dsize = t->type == CKPT_H5_U64 ? 8 : 4;
+    size_t ssize = storage_bytes(t->type), dsize = ckpt_h5_mem_size(t->type);
     copy_box(t->out, t->bcnt, in_box, dsize, buf, t->cdim, in_chunk, ssize, ext, t->ndim, cv);
 }
 

@@ -3,8 +3,10 @@
 #include "checkpoint/ckpt_model.h"
 #include "checkpoint/ckpt.h"
 #include "core/common.h"
+#include "core/tok/tokenizer.h"
 
 #include <hdf5.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -13,9 +15,12 @@
 int ckpt_model_open(const char *path, Model *m, Topology *topo, bool with_grads, size_t kv_block,
                     char *err, size_t err_len)
 {
-    char file[1024], latest[1100];
+    char file[PATH_MAX], latest[PATH_MAX];
     struct stat st;
-    snprintf(latest, sizeof latest, "%s/latest", path);
+    if (td_snprintf(latest, sizeof latest, "%s/latest", path)) {
+        snprintf(err, err_len, "%s: the path is too long", path);
+        return -1;
+    }
     bool is_dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
     if ((is_dir && lstat(latest, &st) != 0) || (!is_dir && access(path, R_OK) != 0)) {
         snprintf(err, err_len, "%s: no checkpoint there (expected a .h5 file or a run directory with a latest)", path);
@@ -41,11 +46,31 @@ int ckpt_model_open(const char *path, Model *m, Topology *topo, bool with_grads,
     return 0;
 }
 
+int ckpt_open_tokenizer(const char *ckpt_or_hf_dir, Tokenizer **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    CkptTokFiles tf;
+    if (ckpt_read_tok_files(ckpt_or_hf_dir, &tf, err, err_len)) return -1;
+    int rc = 0;
+    if (tf.tokenizer_json) {
+        char why[512];
+        rc = tok_load_mem(out, tf.tokenizer_json, tf.tokenizer_json_len, tf.tokenizer_config, tf.tokenizer_config_len,
+                          why, sizeof why);
+        if (rc) snprintf(err, err_len, "%s: tokenizer: %s", ckpt_or_hf_dir, why);
+    } else
+        *out = tok_byte_level();
+    ckpt_tok_files_free(&tf);
+    return rc;
+}
+
 int h5_write_matrix(const char *path, const char *name, const float *data, size_t rows, size_t cols,
                     const char *attr, double attr_value, char *err, size_t err_len)
 {
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char tmp[PATH_MAX];
+    if (td_snprintf(tmp, sizeof tmp, "%s.tmp", path)) {   /* the system's limit: it could not be opened */
+        snprintf(err, err_len, "%s: the path is longer than %d bytes", path, PATH_MAX - 5);
+        return -1;
+    }
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (f < 0) {

@@ -16,6 +16,16 @@
 int ckpt_model_open(const char *path, Model *m, Topology *topo, bool with_grads, size_t kv_block,
                     char *err, size_t err_len);
 
+/* The tokenizer of a checkpoint or a Hugging Face model directory, for
+ * the commands that read or write text: a tandem checkpoint's /tokenizer
+ * (ckpt_read_tok_files; a run directory means its latest), an HF
+ * directory's tokenizer.json + tokenizer_config.json (tok_load_dir), or
+ * the built-in byte-level tokenizer when there is none.  One process.
+ * Returns 0 and *out (free with tok_free), or -1 with one line in err
+ * (unreadable checkpoint, a tokenizer.json tandem cannot load). */
+struct Tokenizer;
+int ckpt_open_tokenizer(const char *ckpt_or_hf_dir, struct Tokenizer **out, char *err, size_t err_len);
+
 /* Writes OUT.h5 with dataset name [rows, cols] float32 and a double
  * attribute on the root (attr may be NULL).  Written to a temporary name
  * and renamed.  Returns 0 or -1 with one line in err. */

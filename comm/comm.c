@@ -2,6 +2,7 @@
 #include "comm/comm.h"
 #include "core/common.h"
 
+#include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,9 +49,18 @@ static bool launched_by_mpirun(void)
 int comm_init(int *argc, char ***argv)
 {
     if (C.active || !launched_by_mpirun()) return 0;
+    /* FUNNELED: tandem's own threads (the pool, the HTTP server, the
+     * checkpoint writer) never call MPI, only the main thread does */
     int provided;
     if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
-        td_error("MPI_Init failed");
+        td_error("MPI_Init_thread failed");
+        return -1;
+    }
+    if (provided < MPI_THREAD_FUNNELED) {
+        td_error("MPI provides thread support level %d (MPI_THREAD_SINGLE); tandem runs threads beside the MPI "
+                 "calls of its main thread and needs MPI_THREAD_FUNNELED (%d)",
+                 provided, MPI_THREAD_FUNNELED);
+        MPI_Finalize();
         return -1;
     }
     C.active = true;
@@ -166,14 +176,26 @@ void comm_barrier(CommGroup g)
     TIMED(g, 0, "Barrier", MPI_Barrier(C.g[g]));
 }
 
-/* MPI counts are int: large buffers go in chunks. */
-#define CHUNK ((size_t)1 << 28)
+/* MPI counts and displacements are int.  Calls that stream a buffer go in
+ * pieces of at most g_chunk elements (bytes for the byte calls); the
+ * variable-block calls make one MPI call while every count and
+ * displacement is at most g_one_call (INT_MAX), and go block by block
+ * beyond.  comm_set_chunk_limit lowers both so that tests run every cut
+ * path on small buffers. */
+#define CHUNK_DEFAULT ((size_t)1 << 28)
+static size_t g_chunk = CHUNK_DEFAULT, g_one_call = INT_MAX;
+
+void comm_set_chunk_limit(size_t n)
+{
+    g_chunk = n ? td_min(n, CHUNK_DEFAULT) : CHUNK_DEFAULT;
+    g_one_call = n ? td_min(n, (size_t)INT_MAX) : (size_t)INT_MAX;
+}
 
 void comm_allreduce_f32(CommGroup g, float *buf, size_t n)
 {
     if (trivial(g)) return;
-    for (size_t o = 0; o < n; o += CHUNK) {
-        int c = (int)td_min(CHUNK, n - o);
+    for (size_t o = 0; o < n; o += g_chunk) {
+        int c = (int)td_min(g_chunk, n - o);
         TIMED(g, (size_t)c * 4, "Allreduce", MPI_Allreduce(MPI_IN_PLACE, buf + o, c, MPI_FLOAT, MPI_SUM, C.g[g]));
     }
 }
@@ -181,49 +203,50 @@ void comm_allreduce_f32(CommGroup g, float *buf, size_t n)
 void comm_allreduce_f64(CommGroup g, double *buf, size_t n)
 {
     if (trivial(g)) return;
-    TIMED(g, n * 8, "Allreduce", MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, C.g[g]));
+    for (size_t o = 0; o < n; o += g_chunk) {
+        int c = (int)td_min(g_chunk, n - o);
+        TIMED(g, (size_t)c * 8, "Allreduce", MPI_Allreduce(MPI_IN_PLACE, buf + o, c, MPI_DOUBLE, MPI_SUM, C.g[g]));
+    }
 }
 
 void comm_allreduce_max_f64(CommGroup g, double *buf, size_t n)
 {
     if (trivial(g)) return;
-    TIMED(g, n * 8, "Allreduce", MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_MAX, C.g[g]));
+    for (size_t o = 0; o < n; o += g_chunk) {
+        int c = (int)td_min(g_chunk, n - o);
+        TIMED(g, (size_t)c * 8, "Allreduce", MPI_Allreduce(MPI_IN_PLACE, buf + o, c, MPI_DOUBLE, MPI_MAX, C.g[g]));
+    }
 }
 
 void comm_allreduce_min_i32(CommGroup g, int32_t *buf, size_t n)
 {
     if (trivial(g)) return;
-    TIMED(g, n * 4, "Allreduce", MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_INT32_T, MPI_MIN, C.g[g]));
+    for (size_t o = 0; o < n; o += g_chunk) {
+        int c = (int)td_min(g_chunk, n - o);
+        TIMED(g, (size_t)c * 4, "Allreduce", MPI_Allreduce(MPI_IN_PLACE, buf + o, c, MPI_INT32_T, MPI_MIN, C.g[g]));
+    }
 }
 
 void comm_bcast(CommGroup g, void *buf, size_t bytes, int root)
 {
     if (trivial(g)) return;
-    for (size_t o = 0; o < bytes; o += CHUNK) {
-        int c = (int)td_min(CHUNK, bytes - o);
+    for (size_t o = 0; o < bytes; o += g_chunk) {
+        int c = (int)td_min(g_chunk, bytes - o);
         TIMED(g, C.grank[g] == root ? (size_t)c : 0, "Bcast",
               MPI_Bcast((char *)buf + o, c, MPI_BYTE, root, C.g[g]));
     }
 }
 
-void comm_allgather_f32(CommGroup g, float *out, const float *in, size_t n)
+/* Counts (and, with displs, the displacements and their end) all within
+ * one MPI call's int? */
+static bool fits_one_call(const size_t *counts, const size_t *displs, int n)
 {
-    if (trivial(g)) {
-        if (out != in) memmove(out, in, n * sizeof(float));
-        return;
+    size_t end = 0;
+    for (int i = 0; i < n; i++) {
+        if (counts[i] > g_one_call || (displs && displs[i] > g_one_call)) return false;
+        end = td_max(end, (displs ? displs[i] : end) + counts[i]);
     }
-    TIMED(g, n * 4 * (size_t)(C.gsize[g] - 1), "Allgather",
-          MPI_Allgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, C.g[g]));
-}
-
-void comm_reduce_scatter_f32(CommGroup g, float *out, const float *in, size_t n)
-{
-    if (trivial(g)) {
-        if (out != in) memmove(out, in, n * sizeof(float));
-        return;
-    }
-    TIMED(g, n * 4 * (size_t)(C.gsize[g] - 1), "Reduce_scatter_block",
-          MPI_Reduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, C.g[g]));
+    return end <= g_one_call;
 }
 
 void comm_reduce_scatter_v_f32(CommGroup g, float *out, const float *in, const size_t *counts)
@@ -233,30 +256,53 @@ void comm_reduce_scatter_v_f32(CommGroup g, float *out, const float *in, const s
         if (out != in) memmove(out, in, counts[0] * sizeof(float));
         return;
     }
-    int c[n];
     size_t tot = 0;
-    for (int i = 0; i < n; i++) {
-        TD_CHECK(counts[i] < (1u << 31), "reduce_scatter_v: block beyond 2^31 elements");
-        c[i] = (int)counts[i];
-        tot += counts[i];
+    for (int i = 0; i < n; i++) tot += counts[i];
+    if (fits_one_call(counts, NULL, n)) {
+        int c[n];
+        for (int i = 0; i < n; i++) c[i] = (int)counts[i];
+        TIMED(g, tot * 4, "Reduce_scatter", MPI_Reduce_scatter(in, out, c, MPI_FLOAT, MPI_SUM, C.g[g]));
+        return;
     }
-    TIMED(g, tot * 4, "Reduce_scatter", MPI_Reduce_scatter(in, out, c, MPI_FLOAT, MPI_SUM, C.g[g]));
+    /* beyond an int: each block summed onto its owner, in chunks */
+    size_t at = 0;
+    for (int r = 0; r < n; r++) {
+        for (size_t o = 0; o < counts[r]; o += g_chunk) {
+            int c = (int)td_min(g_chunk, counts[r] - o);
+            bool mine = r == C.grank[g];
+            TIMED(g, (size_t)c * 4, "Reduce",
+                  MPI_Reduce(in + at + o, mine ? out + o : NULL, c, MPI_FLOAT, MPI_SUM, r, C.g[g]));
+        }
+        at += counts[r];
+    }
 }
 
 void comm_allgather_v_f32(CommGroup g, float *buf, const size_t *counts)
 {
     int n = comm_group_size(g);
     if (trivial(g)) return;
-    int c[n], dsp[n];
-    size_t o = 0;
-    for (int i = 0; i < n; i++) {
-        TD_CHECK(o < (1u << 31) && counts[i] < (1u << 31), "allgather_v: beyond 2^31 elements");
-        c[i] = (int)counts[i];
-        dsp[i] = (int)o;
-        o += counts[i];
+    if (fits_one_call(counts, NULL, n)) {
+        int c[n], dsp[n];
+        size_t o = 0;
+        for (int i = 0; i < n; i++) {
+            c[i] = (int)counts[i];
+            dsp[i] = (int)o;
+            o += counts[i];
+        }
+        TIMED(g, counts[C.grank[g]] * 4 * (size_t)(n - 1), "Allgatherv",
+              MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c, dsp, MPI_FLOAT, C.g[g]));
+        return;
     }
-    TIMED(g, counts[C.grank[g]] * 4 * (size_t)(n - 1), "Allgatherv",
-          MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c, dsp, MPI_FLOAT, C.g[g]));
+    /* beyond an int: each block broadcast from its owner, in chunks */
+    size_t at = 0;
+    for (int r = 0; r < n; r++) {
+        for (size_t o = 0; o < counts[r]; o += g_chunk) {
+            int c = (int)td_min(g_chunk, counts[r] - o);
+            TIMED(g, r == C.grank[g] ? (size_t)c * 4 * (size_t)(n - 1) : 0, "Bcast",
+                  MPI_Bcast(buf + at + o, c, MPI_FLOAT, r, C.g[g]));
+        }
+        at += counts[r];
+    }
 }
 
 void comm_alltoallv(CommGroup g, const void *send, const size_t *sc, const size_t *sd,
@@ -267,28 +313,25 @@ void comm_alltoallv(CommGroup g, const void *send, const size_t *sc, const size_
         memmove((char *)recv + rd[0], (const char *)send + sd[0], sc[0]);
         return;
     }
-    int isc[n], isd[n], irc[n], ird[n];
-    size_t sent = 0;
-    for (int i = 0; i < n; i++) {
-        TD_CHECK(sc[i] < (1u << 31) && sd[i] < (1u << 31) && rc[i] < (1u << 31) && rd[i] < (1u << 31),
-                 "alltoallv: counts beyond 2 GiB");
-        isc[i] = (int)sc[i]; isd[i] = (int)sd[i]; irc[i] = (int)rc[i]; ird[i] = (int)rd[i];
-        if (i != C.grank[g]) sent += sc[i];
+    const int me = C.grank[g];
+    if (fits_one_call(sc, sd, n) && fits_one_call(rc, rd, n)) {
+        int isc[n], isd[n], irc[n], ird[n];
+        size_t sent = 0;
+        for (int i = 0; i < n; i++) {
+            isc[i] = (int)sc[i]; isd[i] = (int)sd[i]; irc[i] = (int)rc[i]; ird[i] = (int)rd[i];
+            if (i != me) sent += sc[i];
+        }
+        TIMED(g, sent, "Alltoallv",
+              MPI_Alltoallv(send, isc, isd, MPI_BYTE, recv, irc, ird, MPI_BYTE, C.g[g]));
+        return;
     }
-    TIMED(g, sent, "Alltoallv",
-          MPI_Alltoallv(send, isc, isd, MPI_BYTE, recv, irc, ird, MPI_BYTE, C.g[g]));
-}
-
-void comm_send(CommGroup g, const void *buf, size_t bytes, int dst, int tag)
-{
-    TD_CHECK(C.active, "comm_send without MPI");
-    TIMED(g, bytes, "Send", MPI_Send(buf, (int)bytes, MPI_BYTE, dst, tag, C.g[g]));
-}
-
-void comm_recv(CommGroup g, void *buf, size_t bytes, int src, int tag)
-{
-    TD_CHECK(C.active, "comm_recv without MPI");
-    TIMED(g, 0, "Recv", MPI_Recv(buf, (int)bytes, MPI_BYTE, src, tag, C.g[g], MPI_STATUS_IGNORE));
+    /* beyond an int: pairwise exchanges, step s sends to me + s and
+     * receives from me - s (both sides of a pair meet at the same step) */
+    memmove((char *)recv + rd[me], (const char *)send + sd[me], sc[me]);
+    for (int s = 1; s < n; s++) {
+        int dst = (me + s) % n, src = (me - s + n) % n;
+        comm_sendrecv(g, (const char *)send + sd[dst], sc[dst], dst, (char *)recv + rd[src], rc[src], src, 0x7a11);
+    }
 }
 
 #define MAX_PENDING 4096
@@ -301,9 +344,9 @@ static struct {
 void comm_iallreduce_f32(CommGroup g, float *buf, size_t n)
 {
     if (trivial(g) || n == 0) return;
-    for (size_t o = 0; o < n; o += CHUNK) {
+    for (size_t o = 0; o < n; o += g_chunk) {
         if (P.n == MAX_PENDING) comm_wait_all();
-        int c = (int)td_min(CHUNK, n - o);
+        int c = (int)td_min(g_chunk, n - o);
         double t0 = td_now();
         check(MPI_Iallreduce(MPI_IN_PLACE, buf + o, c, MPI_FLOAT, MPI_SUM, C.g[g], &P.req[P.n]),
               "Iallreduce", g);
@@ -338,11 +381,24 @@ void comm_sendrecv(CommGroup g, const void *sbuf, size_t sbytes, int dst, void *
 {
     if (dst < 0 && src < 0) return;
     TD_CHECK(C.active, "comm_sendrecv without MPI");
-    TD_CHECK(sbytes < (1u << 31) && rbytes < (1u << 31), "sendrecv: message beyond 2 GiB");
-    TIMED(g, dst >= 0 ? sbytes : 0, "Sendrecv",
-          MPI_Sendrecv(sbuf, dst >= 0 ? (int)sbytes : 0, MPI_BYTE, dst >= 0 ? dst : MPI_PROC_NULL, tag,
-                       rbuf, src >= 0 ? (int)rbytes : 0, MPI_BYTE, src >= 0 ? src : MPI_PROC_NULL, tag,
-                       C.g[g], MPI_STATUS_IGNORE));
+    if (dst < 0) sbytes = 0;
+    if (src < 0) rbytes = 0;
+    /* piece k of each direction goes in call k; a direction with fewer
+     * pieces sends or receives nothing (MPI_PROC_NULL) in the calls after
+     * its last.  Messages between two ranks are matched in order, so the
+     * peer, whose own calls cut the same bytes the same way, reads piece k
+     * as piece k. */
+    size_t ns = (sbytes + g_chunk - 1) / g_chunk, nr = (rbytes + g_chunk - 1) / g_chunk;
+    size_t calls = td_max(ns, nr);
+    for (size_t k = 0; k < calls; k++) {
+        size_t o = k * g_chunk;
+        int cs = k < ns ? (int)td_min(g_chunk, sbytes - o) : 0, cr = k < nr ? (int)td_min(g_chunk, rbytes - o) : 0;
+        const void *sp = cs ? (const char *)sbuf + o : sbuf;
+        void *rp = cr ? (char *)rbuf + o : rbuf;
+        TIMED(g, (size_t)cs, "Sendrecv",
+              MPI_Sendrecv(sp, cs, MPI_BYTE, k < ns ? dst : MPI_PROC_NULL, tag, rp, cr, MPI_BYTE,
+                           k < nr ? src : MPI_PROC_NULL, tag, C.g[g], MPI_STATUS_IGNORE));
+    }
 }
 
 void comm_stats(CommGroup g, CommStat *out) { *out = C.st[g]; }

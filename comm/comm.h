@@ -72,10 +72,6 @@ void comm_allreduce_f64(CommGroup g, double *buf, size_t n);  /* sum, in place *
 void comm_allreduce_max_f64(CommGroup g, double *buf, size_t n);
 void comm_allreduce_min_i32(CommGroup g, int32_t *buf, size_t n);
 void comm_bcast(CommGroup g, void *buf, size_t bytes, int root);
-/* out (n * size) = concatenation of every rank's in (n). */
-void comm_allgather_f32(CommGroup g, float *out, const float *in, size_t n);
-/* in (n * size) summed over ranks, rank r keeps block r (n) in out. */
-void comm_reduce_scatter_f32(CommGroup g, float *out, const float *in, size_t n);
 /* Variable blocks (counts[r] elements for rank r, in rank order):
  * reduce_scatter_v sums `in` (sum counts) over the group and gives rank r
  * its block in out; allgather_v fills buf (sum counts) in place from every
@@ -86,9 +82,6 @@ void comm_allgather_v_f32(CommGroup g, float *buf, const size_t *counts);
  * bytes, one per rank of the group. */
 void comm_alltoallv(CommGroup g, const void *send, const size_t *send_counts, const size_t *send_displs,
                     void *recv, const size_t *recv_counts, const size_t *recv_displs);
-/* Point to point within a group (ranks of the group). */
-void comm_send(CommGroup g, const void *buf, size_t bytes, int dst, int tag);
-void comm_recv(CommGroup g, void *buf, size_t bytes, int src, int tag);
 
 /* Non-blocking in-place sum (MPI_Iallreduce) of buf over the group; the
  * request joins the pending set, completed by comm_wait_all.  comm_poll
@@ -105,6 +98,14 @@ void comm_wait_all(void);
  * skipped. */
 void comm_sendrecv(CommGroup g, const void *sbuf, size_t sbytes, int dst, void *rbuf, size_t rbytes,
                    int src, int tag);
+
+/* MPI counts are int: every call above whose count could pass INT_MAX is
+ * cut into calls of at most 2^28 elements (bytes for the byte calls);
+ * variable blocks (reduce_scatter_v, allgather_v, alltoallv) whose counts
+ * or displacements pass INT_MAX go block by block (Reduce / Bcast onto or
+ * from the owner, pairwise Sendrecv).  Tests lower both limits to n (0
+ * restores them) to run those paths on small buffers. */
+void comm_set_chunk_limit(size_t n);
 
 /* Statistics since the last reset. */
 void comm_stats(CommGroup g, CommStat *out);

@@ -1,5 +1,10 @@
-/* core/args.c - command-line options (args.h). */
+/* core/args.c - command-line options (args.h).
+ *
+ * One pass over argv records every value with the option it belongs to
+ * (or -1: positional); the values of each "+" option are then laid out
+ * contiguously, in the order given, in one block sized from argc. */
 #include "core/args.h"
+#include "core/common.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -15,10 +20,42 @@ static int find(const Args *a, const char *name, size_t len)
     return -1;
 }
 
+void args_free(Args *a)
+{
+    td_free(a->mem);
+    memset(a, 0, sizeof *a);
+}
+
+static int fail(Args *a, char *err, size_t n, const char *fmt, int len, const char *nm)
+{
+    snprintf(err, n, fmt, len, nm);
+    args_free(a);
+    return -1;
+}
+
 int args_parse(Args *a, int argc, char **argv, int first, const char *const *spec, char *err, size_t n)
 {
     memset(a, 0, sizeof *a);
-    for (int i = 0; spec[i] && i < ARGS_MAX; i++) a->name[a->n_opt++] = spec[i];
+    int n_opt = 0;
+    while (spec[n_opt]) n_opt++;
+    size_t na = argc > first ? (size_t)(argc - first) : 0;
+    /* name, value, multi (n_opt pointers each), then the values of "+"
+     * options and the positionals (at most na together), the owner of
+     * each recorded value, and n_multi */
+    size_t ptrs = 3 * (size_t)n_opt + 2 * na + 1;
+    char *mem = td_calloc(ptrs * sizeof(void *) + (na + (size_t)n_opt + 1) * sizeof(int));
+    a->mem = mem;
+    a->name = (const char **)mem;
+    a->value = a->name + n_opt;
+    a->multi = (const char ***)(a->value + n_opt);
+    const char **vals = (const char **)(a->multi + n_opt);   /* na: recorded values, then grouped */
+    a->pos = vals + na;
+    int *owner = (int *)(a->pos + na + 1);
+    a->n_multi = owner + na;
+    a->n_opt = n_opt;
+    for (int i = 0; i < n_opt; i++) a->name[i] = spec[i];
+
+    size_t nv = 0;   /* "+" values recorded, in argv order */
     for (int i = first; i < argc; i++) {
         const char *s = argv[i];
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
@@ -26,45 +63,51 @@ int args_parse(Args *a, int argc, char **argv, int first, const char *const *spe
             continue;
         }
         if (strncmp(s, "--", 2) || !s[2]) {
-            if (a->n_pos == ARGS_MAX) {
-                snprintf(err, n, "too many arguments");
-                return -1;
-            }
             a->pos[a->n_pos++] = s;
             continue;
         }
         const char *nm = s + 2, *eq = strchr(nm, '=');
         size_t len = eq ? (size_t)(eq - nm) : strlen(nm);
         int o = find(a, nm, len);
-        if (o < 0) {
-            snprintf(err, n, "unknown option --%.*s", (int)len, nm);
-            return -1;
-        }
+        if (o < 0) return fail(a, err, n, "unknown option --%.*s", (int)len, nm);
         char kind = a->name[o][strcspn(a->name[o], "=+")];
         if (kind == 0) {
-            if (eq) {
-                snprintf(err, n, "option --%.*s takes no value", (int)len, nm);
-                return -1;
-            }
+            if (eq) return fail(a, err, n, "option --%.*s takes no value", (int)len, nm);
             a->value[o] = "";
         } else if (kind == '=') {
             if (eq) a->value[o] = eq + 1;
             else if (i + 1 < argc) a->value[o] = argv[++i];
-            else {
-                snprintf(err, n, "option --%.*s needs a value", (int)len, nm);
-                return -1;
-            }
+            else return fail(a, err, n, "option --%.*s needs a value", (int)len, nm);
         } else {  /* '+': one or more values */
-            if (eq) a->multi[o][a->n_multi[o]++] = eq + 1;
-            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) && a->n_multi[o] < ARGS_MAX)
-                a->multi[o][a->n_multi[o]++] = argv[++i];
-            if (!a->n_multi[o]) {
-                snprintf(err, n, "option --%.*s needs at least one value", (int)len, nm);
-                return -1;
+            int got = 0;
+            if (eq) {
+                owner[nv] = o;
+                vals[nv++] = eq + 1;
+                got++;
             }
-            a->value[o] = a->multi[o][0];
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) {
+                owner[nv] = o;
+                vals[nv++] = argv[++i];
+                got++;
+            }
+            if (!got) return fail(a, err, n, "option --%.*s needs at least one value", (int)len, nm);
+            a->n_multi[o] += got;
         }
     }
+    /* group the "+" values by option, keeping their order: a counting
+     * sort through the free tail of pos (positionals never fill it all:
+     * positionals + values <= na) */
+    const char **tmp = a->pos + a->n_pos;
+    size_t at = 0;
+    for (int o = 0; o < n_opt; o++) {
+        size_t start = at;
+        for (size_t k = 0; k < nv; k++)
+            if (owner[k] == o) tmp[at++] = vals[k];
+        a->multi[o] = vals + start;
+    }
+    memcpy(vals, tmp, nv * sizeof *vals);
+    for (int o = 0; o < n_opt; o++)
+        if (a->n_multi[o]) a->value[o] = a->multi[o][0];   /* args_get: the first value */
     return 0;
 }
 
@@ -101,7 +144,7 @@ int args_num(const Args *a, const char *name, double dflt, double lo, double hi,
 int args_multi(const Args *a, const char *name, const char *const **vals)
 {
     int o = find(a, name, strlen(name));
-    if (o < 0) return 0;
+    if (o < 0 || !a->n_multi[o]) return 0;
     *vals = a->multi[o];
     return a->n_multi[o];
 }

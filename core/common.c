@@ -15,14 +15,49 @@ int td_errors_rank0_only = 0;
 
 static _Atomic size_t g_mem_current, g_mem_peak;
 
+/* The whole line, however long (a message may quote long paths). */
 static void vprint_line(const char *tag, const char *fmt, va_list ap)
 {
-    char buf[1024];
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_list aq;
+    va_copy(aq, ap);
+    int k = vsnprintf(NULL, 0, fmt, aq);
+    va_end(aq);
+    char small[512], *buf = small;
+    size_t cap = sizeof small;
+    if (k >= (int)sizeof small) {
+        char *big = malloc((size_t)k + 1);   /* without memory: the line's start */
+        if (big) buf = big, cap = (size_t)k + 1;
+    }
+    small[0] = 0;
+    vsnprintf(buf, cap, fmt, ap);
     if (td_log_rank >= 0)
         fprintf(stderr, "[rank %d] tandem: %s%s\n", td_log_rank, tag, buf);
     else
         fprintf(stderr, "tandem: %s%s\n", tag, buf);
+    if (buf != small) free(buf);
+}
+
+char *td_sprintf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    TD_CHECK(k >= 0, "td_sprintf: bad format \"%s\"", fmt);
+    char *s = td_malloc((size_t)k + 1);
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)k + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+int td_snprintf(char *out, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(out, n, fmt, ap);
+    va_end(ap);
+    return k >= 0 && (size_t)k < n ? 0 : -1;
 }
 
 void td_fatal(const char *file, int line, const char *fmt, ...)

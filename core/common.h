@@ -58,6 +58,13 @@ size_t td_mem_peak(void);
 /* Resident set size high-water mark of the process, bytes (from /proc). */
 size_t td_rss_peak(void);
 
+/* snprintf that says whether the whole result fitted: 0, or -1 when out
+ * (n bytes) holds only a prefix.  For paths and names built from input:
+ * a cut path names another file, so the caller refuses it instead. */
+int td_snprintf(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The formatted string in memory of its own size (td_malloc'd: td_free). */
+char *td_sprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Monotonic seconds. */
 double td_now(void);
 

@@ -40,6 +40,7 @@ void engine_init(Engine *e, const Model *m, const EngineOpts *o)
     e->ids = td_malloc(N * sizeof(int32_t));
     e->pos = td_malloc(N * sizeof(int32_t));
     e->sel_rows = td_malloc(e->o.max_running * sizeof(int32_t));
+    e->routes = td_malloc((e->o.max_running * (size_t)e->n_moe * m->k + 1) * sizeof(int32_t));
     e->seqs = td_malloc(e->o.max_running * sizeof(AttnSeq));
     e->batch = td_malloc(e->o.max_running * sizeof(Request *));
     e->running = td_malloc(e->o.max_running * sizeof(Request *));
@@ -57,6 +58,7 @@ void engine_free(Engine *e)
     td_free(e->ids);
     td_free(e->pos);
     td_free(e->sel_rows);
+    td_free(e->routes);
     td_free(e->seqs);
     td_free(e->batch);
     td_free(e->running);
@@ -91,12 +93,46 @@ void request_free(Request *r)
     td_free(r);
 }
 
+EngineRefusal engine_check(const Engine *e, const int32_t *prompt, size_t n_prompt, int max_tokens, char *err,
+                           size_t err_len)
+{
+    const int V = e->m->cfg.vocab_size;
+    const size_t ctx = (size_t)e->m->cfg.max_position_embeddings;
+    for (size_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V) {
+            snprintf(err, err_len, "prompt token id %d at position %zu is outside the vocabulary (vocab_size %d)",
+                     (int)prompt[i], i, V);
+            return ENGINE_BAD_TOKEN;
+        }
+    if (n_prompt == 0) {
+        snprintf(err, err_len, "the prompt is empty");
+        return ENGINE_EMPTY_PROMPT;
+    }
+    if (n_prompt >= ctx) {
+        snprintf(err, err_len,
+                 "the prompt has %zu tokens; the model's context of %zu positions leaves room for at most %zu",
+                 n_prompt, ctx, ctx - 1);
+        return ENGINE_PROMPT_TOO_LONG;
+    }
+    /* positions whose keys and values are cached at most: every token but
+     * the last one sampled (a request ends at max_tokens or at the context) */
+    size_t gen = max_tokens > 0 ? (size_t)max_tokens : 1;
+    size_t held = td_min(n_prompt + gen, ctx) - 1;
+    size_t whole = (size_t)e->kv.n_blocks * e->kv.bs;
+    if (kvcache_blocks_for(&e->kv, held) > e->kv.n_blocks) {
+        snprintf(err, err_len,
+                 "the prompt (%zu tokens) plus max_tokens (%d) needs %zu positions of KV cache; the whole cache "
+                 "holds %zu (%d blocks of %zu)",
+                 n_prompt, max_tokens, held, whole, (int)e->kv.n_blocks, e->kv.bs);
+        return ENGINE_NO_ROOM;
+    }
+    return ENGINE_OK;
+}
+
 int engine_submit(Engine *e, Request *r)
 {
-    const size_t max_pos = (size_t)e->m->cfg.max_position_embeddings;
-    if (r->n_prompt == 0 || r->n_prompt >= max_pos ||
-        kvcache_blocks_for(&e->kv, r->n_prompt + 1) > e->kv.n_blocks)
-        return -2;
+    r->refusal = engine_check(e, r->prompt, r->n_prompt, r->gp.max_tokens, r->error, sizeof r->error);
+    if (r->refusal != ENGINE_OK) return -2;
     r->t_submit = td_now();
     pthread_mutex_lock(&e->mu);
     if (e->st.waiting >= e->o.max_queue) {
@@ -363,9 +399,7 @@ void engine_follow(Engine *e)
         }
         for (size_t s = 0; s < n_sel; s++) e->sel_rows[s] = (int32_t)buf[o++];
         td_free(buf);
-        size_t per = (size_t)e->n_moe * e->m->k;
-        int32_t routes[n_sel * (per ? per : 1) + 1];
-        engine_forward(e, rows, n_seq, n_sel, routes);
+        engine_forward(e, rows, n_seq, n_sel, e->routes);
     }
     td_free(tables);
 }
@@ -415,12 +449,24 @@ size_t engine_step(Engine *e)
         if (!take[i]) continue;
         bool ok = kvcache_reserve(&e->kv, &r->kv, r->n_fed + take[i]);
         while (!ok) {
+            if (e->n_running == 1) {
+                /* alone, and the whole cache is still too small: preempting
+                 * it would readmit it to the same end forever.  engine_check
+                 * refuses such requests at submit; this ends any that slips
+                 * through (a bug) instead of looping. */
+                snprintf(r->error, sizeof r->error,
+                         "the request needs %d KV blocks for %zu positions; the whole cache has %d",
+                         (int)kvcache_blocks_for(&e->kv, r->n_fed + take[i]), r->n_fed + take[i],
+                         (int)e->kv.n_blocks);
+                finish(e, r, "error");
+                break;
+            }
             /* running[] is in admission order: the youngest is the last, so
              * take[] stays aligned with what remains */
             if (preempt_youngest(e) == r) break;
             ok = kvcache_reserve(&e->kv, &r->kv, r->n_fed + take[i]);
         }
-        if (!ok) break;   /* r itself was preempted: it was the youngest */
+        if (!ok) break;   /* r itself was preempted (the youngest) or ended */
     }
     /* 3. rows, in admission order */
     size_t rows = 0, n_seq = 0, n_sel = 0, seq_take[nr + 1];
@@ -448,8 +494,8 @@ size_t engine_step(Engine *e)
     }
 
     if (e->distributed) engine_bcast_batch(e, rows, n_seq, n_sel, false);
-    size_t per = (size_t)e->n_moe * m->k;
-    int32_t routes[n_sel * (per ? per : 1) + 1];
+    const size_t per = (size_t)e->n_moe * m->k;
+    int32_t *routes = e->routes;   /* (n_sel, per) */
     engine_forward(e, rows, n_seq, n_sel, routes);
 
     /* sample, append, finish */

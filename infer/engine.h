@@ -10,6 +10,9 @@
  * preempted: its blocks are freed and it is recomputed later (prompt plus
  * what it generated); since every op is row-invariant the recomputation
  * gives the same bits, so preemption never changes a request's output.
+ * Preemption only ever waits for older requests to finish: a request that
+ * could not fit the whole cache alone would wait forever, so engine_submit
+ * refuses it (engine_check is the one place that says what can run).
  *
  * Threads: engine_step runs on one thread (it owns the thread pool);
  * engine_submit and engine_cancel may be called from any thread.
@@ -31,6 +34,15 @@
 #define ENGINE_STOP_LEN 64
 
 typedef enum { REQ_WAITING, REQ_RUNNING, REQ_DONE } ReqState;
+
+/* What makes a request impossible to run (engine_check). */
+typedef enum {
+    ENGINE_OK = 0,
+    ENGINE_BAD_TOKEN,       /* a prompt id outside [0, vocab_size) */
+    ENGINE_EMPTY_PROMPT,
+    ENGINE_PROMPT_TOO_LONG, /* the prompt leaves no room in the context */
+    ENGINE_NO_ROOM,         /* prompt + max_tokens cannot fit the whole KV cache */
+} EngineRefusal;
 
 typedef struct Request Request;
 /* Called on the engine thread after each new token (out[n_out-1]) and once
@@ -63,6 +75,8 @@ struct Request {
     int32_t *routes;                      /* (n_out, n_moe_layers, k) when want_routes */
     size_t n_out, cap;
     char finish_reason[16];               /* "length", "stop", "cancelled", "error" */
+    EngineRefusal refusal;                /* why engine_submit returned -2 */
+    char error[256];                      /* one line: why it was refused or ended with "error" */
     double t_submit, t_first, t_last;     /* seconds (td_now) */
     double itl_sum;                       /* sum of inter-token gaps */
     /* engine state */
@@ -97,6 +111,7 @@ typedef struct {
     LayerActs la;
     float *x, *hn, *rstd, *logits;
     int32_t *ids, *pos, *sel_rows;
+    int32_t *routes;          /* (max_running, n_moe, k): experts of the rows that get logits */
     AttnSeq *seqs;
     Request **batch;          /* requests in the current batch */
     void *sample_scratch;
@@ -120,8 +135,21 @@ void engine_free(Engine *e);
 Request *request_new(const int32_t *prompt, size_t n_prompt, const GenParams *gp);
 void request_free(Request *r);
 
+/* Whether a request for prompt[0..n_prompt) generating up to max_tokens
+ * can ever run on e: every id in [0, vocab_size), a prompt that is not
+ * empty and shorter than max_position_embeddings, and the positions it can
+ * come to hold in the KV cache (prompt + max_tokens - 1, at most the
+ * context less one: the last token is never fed) within the whole cache.
+ * Returns ENGINE_OK, or the first problem with one line in err naming it
+ * (the token and the vocabulary size; the sizes and the cache).  Reads
+ * only sizes fixed at engine_init: any thread. */
+EngineRefusal engine_check(const Engine *e, const int32_t *prompt, size_t n_prompt, int max_tokens, char *err,
+                           size_t err_len);
 /* Queues r; returns 0, -1 when the queue is full (the caller answers 429),
- * -2 when the prompt does not fit the context or the cache at all. */
+ * -2 when engine_check refuses it (r->refusal and the line in r->error; a
+ * caller answers 400 with it).  Every request passes here, so no id outside
+ * the vocabulary ever reaches the embedding and no request can wait
+ * forever for cache blocks.  Any thread. */
 int engine_submit(Engine *e, Request *r);
 /* Asks for r to stop; it finishes with "cancelled" at the next step. */
 void engine_cancel(Request *r);

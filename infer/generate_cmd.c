@@ -9,6 +9,7 @@
 
 #include <cJSON.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,14 +58,14 @@ int infer_gen_params(GenParams *gp, const Args *a, char *err, size_t n)
     return 0;
 }
 
-/* "1,2,3" -> ids; returns count or -1. */
-static long parse_ids(const char *s, int32_t *out, size_t cap, int V)
+/* "1,2,3" -> ids (the vocabulary is the engine's check); returns count or -1. */
+static long parse_ids(const char *s, int32_t *out, size_t cap)
 {
     size_t n = 0;
     while (*s) {
         char *end;
         long x = strtol(s, &end, 10);
-        if (end == s || x < 0 || x >= V || n == cap) return -1;
+        if (end == s || x < 0 || x > INT32_MAX || n == cap) return -1;
         out[n++] = (int32_t)x;
         s = end;
         if (*s == ',') s++;
@@ -97,31 +98,30 @@ static void stream_cb(Request *r, bool done, void *user)
     fflush(stdout);
 }
 
-int cmd_generate(int argc, char **argv)
+static int generate_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "prompt=", "prompt-ids=", "max-tokens=", "temperature=",
                                         "top-k=", "top-p=", "seed=", "stop+", "logprobs=", "json", NULL };
-    Args a;
     char err[512];
-    if (args_parse(&a, argc, argv, 1, spec, err, sizeof err)) {
+    if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("generate: %s", err);
         return 2;
     }
-    if (a.help) {
+    if (ap->help) {
         fputs(g_gen_help, stdout);
         return 0;
     }
-    const char *ckpt = args_get(&a, "ckpt"), *prompt = args_get(&a, "prompt"), *pids = args_get(&a, "prompt-ids");
+    const char *ckpt = args_get(ap, "ckpt"), *prompt = args_get(ap, "prompt"), *pids = args_get(ap, "prompt-ids");
     if (!ckpt || !!prompt == !!pids) {
         td_error("generate: --ckpt and one of --prompt / --prompt-ids are required");
         return 2;
     }
     GenParams gp;
-    if (infer_gen_params(&gp, &a, err, sizeof err)) {
+    if (infer_gen_params(&gp, ap, err, sizeof err)) {
         td_error("generate: %s", err);
         return 2;
     }
-    bool json = args_flag(&a, "json");
+    bool json = args_flag(ap, "json");
     Model m;
     if (ckpt_model_open(ckpt, &m, NULL, false, 16, err, sizeof err)) {
         if (err[0]) td_error("generate: %s", err);
@@ -129,10 +129,10 @@ int cmd_generate(int argc, char **argv)
     }
     size_t cap = prompt ? strlen(prompt) : strlen(pids) + 1;
     int32_t *ids = td_malloc((cap ? cap : 1) * sizeof(int32_t));
-    long n_ids = prompt ? (long)text_to_tokens(ids, prompt, strlen(prompt)) : parse_ids(pids, ids, cap, m.cfg.vocab_size);
+    long n_ids = prompt ? (long)text_to_tokens(ids, prompt, strlen(prompt)) : parse_ids(pids, ids, cap);
     int rc = 1;
     if (n_ids <= 0) {
-        td_error("generate: %s", n_ids < 0 ? "--prompt-ids must be comma-separated ids below vocab_size"
+        td_error("generate: %s", n_ids < 0 ? "--prompt-ids must be comma-separated non-negative integers"
                                            : "the prompt is empty");
         td_free(ids);
         model_free(&m);
@@ -151,9 +151,8 @@ int cmd_generate(int argc, char **argv)
     r->cb = stream_cb;
     r->user = &ss;
     int sub = engine_submit(&e, r);
-    if (sub == -2) {
-        td_error("generate: the prompt (%ld tokens) does not fit the context of %d positions", n_ids,
-                 m.cfg.max_position_embeddings);
+    if (sub == -2) {   /* ids outside the vocabulary, a prompt too long for the context or the cache */
+        td_error("generate: %s", r->error);
         rc = 2;
         goto out;
     }
@@ -202,5 +201,13 @@ out:
     engine_free(&e);
     td_free(ids);
     model_free(&m);
+    return rc;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    Args a = { 0 };
+    int rc = generate_run(&a, argc, argv);
+    args_free(&a);
     return rc;
 }

@@ -242,29 +242,18 @@ static int prompts_read(const char *path, Prompt **out, size_t *n_out, char *err
     return 0;
 }
 
-/* The prompts against the model and the cache: ids in the vocabulary, the
- * prompt shorter than the context, prompt plus generation within the KV
- * cache (a request larger than the whole cache could never run). */
+/* The prompts against the model and the cache, all before anything is
+ * generated: what the engine would refuse at submit (engine_check: ids in
+ * the vocabulary, the prompt shorter than the context, prompt plus
+ * generation within the whole KV cache). */
 static int prompts_check(const Prompt *p, size_t np, const Engine *e, int max_tokens, const char *path,
                          char *err, size_t n)
 {
-    const ModelConfig *c = &e->m->cfg;
     for (size_t i = 0; i < np; i++) {
-        for (size_t t = 0; t < p[i].n; t++)
-            if (p[i].ids[t] >= c->vocab_size) {
-                snprintf(err, n, "%s:%ld: token id %d is outside the vocabulary (vocab_size %d)", path,
-                         p[i].line, p[i].ids[t], c->vocab_size);
-                return -1;
-            }
-        if (p[i].n >= (size_t)c->max_position_embeddings) {
-            snprintf(err, n, "%s:%ld: the prompt (%zu tokens) does not fit the context of %d positions", path,
-                     p[i].line, p[i].n, c->max_position_embeddings);
-            return -1;
-        }
-        size_t total = td_min(p[i].n + (size_t)max_tokens, (size_t)c->max_position_embeddings);
-        if (kvcache_blocks_for(&e->kv, total) > e->kv.n_blocks) {
-            snprintf(err, n, "%s:%ld: the prompt plus --max-tokens needs %d KV blocks, the cache has %d (raise --kv-mb)",
-                     path, p[i].line, kvcache_blocks_for(&e->kv, total), e->kv.n_blocks);
+        char why[256];
+        EngineRefusal r = engine_check(e, p[i].ids, p[i].n, max_tokens, why, sizeof why);
+        if (r != ENGINE_OK) {
+            snprintf(err, n, "%s:%ld: %s%s", path, p[i].line, why, r == ENGINE_NO_ROOM ? " (raise --kv-mb)" : "");
             return -1;
         }
     }
@@ -363,9 +352,9 @@ struct Rollout {
     FILE *out;
     bool out_failed;
     Buf line;
-    int64_t versions[64];     /* distinct versions written (first 64) */
-    long version_count[64];
-    int n_versions;
+    int64_t *versions;        /* distinct versions written (owned) ... */
+    long *version_count;      /* ... and samples of each */
+    int n_versions, cap_versions;
     bool progress;
     double t0, t_progress;
 };
@@ -377,10 +366,22 @@ static void note_version(Rollout *ro, int64_t v)
             ro->version_count[i]++;
             return;
         }
-    if (ro->n_versions < 64) {
-        ro->versions[ro->n_versions] = v;
-        ro->version_count[ro->n_versions++] = 1;
+    if (ro->n_versions == ro->cap_versions) {
+        int cap = ro->cap_versions ? 2 * ro->cap_versions : 16;
+        int64_t *nv = td_malloc((size_t)cap * sizeof *nv);
+        long *nc = td_malloc((size_t)cap * sizeof *nc);
+        if (ro->n_versions) {
+            memcpy(nv, ro->versions, (size_t)ro->n_versions * sizeof *nv);
+            memcpy(nc, ro->version_count, (size_t)ro->n_versions * sizeof *nc);
+        }
+        td_free(ro->versions);
+        td_free(ro->version_count);
+        ro->versions = nv;
+        ro->version_count = nc;
+        ro->cap_versions = cap;
     }
+    ro->versions[ro->n_versions] = v;
+    ro->version_count[ro->n_versions++] = 1;
 }
 
 static void write_sample(Rollout *ro, const Job *j)
@@ -443,17 +444,20 @@ static void job_cb(Request *r, bool done, void *user)
 static bool latest_target(const char *dir, char *out, size_t n)
 {
     char link[PATH_MAX];
-    snprintf(link, sizeof link, "%s/latest", dir);
+    if (td_snprintf(link, sizeof link, "%s/latest", dir)) return false;   /* refused at start-up */
     ssize_t k = readlink(link, out, n - 1);
     if (k < 0) return false;
     out[k] = 0;
     return true;
 }
 
+/* The file latest's target names, into out (TARGET_PATH_MAX: the
+ * directory, checked at start-up, and a readlink result always fit). */
+#define TARGET_PATH_MAX (2 * PATH_MAX)
 static void target_path(const Rollout *ro, const char *target, char *out, size_t n)
 {
-    if (target[0] == '/') snprintf(out, n, "%s", target);
-    else snprintf(out, n, "%s/%s", ro->dir, target);
+    int cut = target[0] == '/' ? td_snprintf(out, n, "%s", target) : td_snprintf(out, n, "%s/%s", ro->dir, target);
+    TD_CHECK(!cut, "rollout: %s/%s does not fit %zu bytes", ro->dir, target, n);
 }
 
 /* First load: config, model, packed weights.  Returns 0 or -1 with err. */
@@ -511,7 +515,7 @@ static int follow_first(Rollout *ro)
     bool warned = false;
     for (;;) {
         if (latest_target(ro->dir, ro->wanted, sizeof ro->wanted)) {
-            char file[PATH_MAX + 8];
+            char file[TARGET_PATH_MAX];
             target_path(ro, ro->wanted, file, sizeof file);
             if (load_first(ro, file, err, sizeof err) == 0) {
                 snprintf(ro->loaded, sizeof ro->loaded, "%s", ro->wanted);
@@ -550,7 +554,7 @@ static int follow_poll(Rollout *ro)
     if (!ro->held) engine_hold(&ro->e, true);
     ro->held = true;
     if (engine_admitted_live(&ro->e) > 0) return 0;
-    char file[PATH_MAX + 8];
+    char file[TARGET_PATH_MAX];
     target_path(ro, ro->wanted, file, sizeof file);
     int64_t old = ro->version;
     double t0 = td_now();
@@ -601,6 +605,8 @@ static void rollout_free(Rollout *ro)
     td_free(ro->jobs);
     td_free(ro->finished);
     td_free(ro->line.s);
+    td_free(ro->versions);
+    td_free(ro->version_count);
     if (ro->have_engine) engine_free(&ro->e);
     if (ro->have_model) model_free(&ro->m);
     if (ro->out && ro->out != stdout) fclose(ro->out);
@@ -612,34 +618,37 @@ typedef struct {
     double v;
 } NumOpt;
 
-int cmd_rollout(int argc, char **argv)
+static int rollout_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "follow=", "prompts=", "n=", "output=", "max-tokens=",
                                         "temperature=", "top-k=", "top-p=", "seed=", "stop+", "kv-mb=",
                                         "max-running=", "max-batch-tokens=", "prefill-chunk=", "wait-timeout=",
                                         NULL };
-    Args a;
     char err[1024];
-    if (args_parse(&a, argc, argv, 1, spec, err, sizeof err)) {
+    if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("rollout: %s", err);
         return 2;
     }
-    if (a.help) {
+    if (ap->help) {
         fputs(g_rollout_help, stdout);
         return 0;
     }
-    const char *ckpt = args_get(&a, "ckpt"), *follow = args_get(&a, "follow");
-    const char *prompts_path = args_get(&a, "prompts"), *out_path = args_get(&a, "output");
-    if (!!ckpt == !!follow || !prompts_path || a.n_pos) {
+    const char *ckpt = args_get(ap, "ckpt"), *follow = args_get(ap, "follow");
+    const char *prompts_path = args_get(ap, "prompts"), *out_path = args_get(ap, "output");
+    if (!!ckpt == !!follow || !prompts_path || ap->n_pos) {
         td_error("rollout: one of --ckpt / --follow and --prompts are required (tandem rollout --help)");
         return 2;
     }
+    if (follow && strlen(follow) + sizeof "/latest" > PATH_MAX) {
+        td_error("rollout: --follow %s: the path is longer than %zu bytes", follow, PATH_MAX - sizeof "/latest");
+        return 2;
+    }
     GenParams gp;
-    if (infer_gen_params(&gp, &a, err, sizeof err)) {
+    if (infer_gen_params(&gp, ap, err, sizeof err)) {
         td_error("rollout: %s", err);
         return 2;
     }
-    if (!args_get(&a, "max-tokens")) gp.max_tokens = 64;
+    if (!args_get(ap, "max-tokens")) gp.max_tokens = 64;
     gp.want_routes = true;
     gp.keep_stop = true;   /* ids are every sampled token, the stop string included */
     enum { NS, KV, RUN, BATCH, CHUNK, WAIT, N_NUM };
@@ -652,7 +661,7 @@ int cmd_rollout(int argc, char **argv)
         [WAIT] = { "wait-timeout", 60, 0, 1e7, 0 },
     };
     for (int i = 0; i < N_NUM; i++)
-        if (args_num(&a, num[i].name, num[i].dflt, num[i].lo, num[i].hi, &num[i].v, err, sizeof err) < 0) {
+        if (args_num(ap, num[i].name, num[i].dflt, num[i].lo, num[i].hi, &num[i].v, err, sizeof err) < 0) {
             td_error("rollout: %s", err);
             return 2;
         }
@@ -738,7 +747,7 @@ int cmd_rollout(int argc, char **argv)
             }
             int s = engine_submit(&ro.e, j->r);
             if (s == -1) break;   /* queue full: the request waits for the next step */
-            TD_CHECK(s == 0, "rollout: prompt %zu was checked but refused (%d)", j->prompt, s);
+            TD_CHECK(s == 0, "rollout: prompt %zu was checked but refused: %s", j->prompt, j->r->error);
             next++;
         }
         engine_step(&ro.e);
@@ -759,15 +768,24 @@ int cmd_rollout(int argc, char **argv)
         fprintf(stderr, "\n");
     }
     double dt = td_now() - ro.t0;
-    char vs[512] = "";
-    for (int i = 0, o = 0; i < ro.n_versions && o < (int)sizeof vs - 40; i++)
-        o += snprintf(vs + o, sizeof vs - (size_t)o, "%s%lld (%ld samples)", i ? ", " : "",
-                      (long long)ro.versions[i], ro.version_count[i]);
+    Buf vs = { NULL, 0, 0 };
+    buf_printf(&vs, "%s", "");
+    for (int i = 0; i < ro.n_versions; i++)
+        buf_printf(&vs, "%s%lld (%ld samples)", i ? ", " : "", (long long)ro.versions[i], ro.version_count[i]);
     td_info("rollout: %zu samples, %zu tokens in %.2f s (%.0f tokens/s), policy versions %s", ro.n_done, ro.tokens,
-            dt, dt > 0 ? (double)ro.tokens / dt : 0.0, vs);
+            dt, dt > 0 ? (double)ro.tokens / dt : 0.0, vs.s);
+    td_free(vs.s);
     rc = 0;
 out:
     rollout_free(&ro);
     prompts_free(prompts, np);
+    return rc;
+}
+
+int cmd_rollout(int argc, char **argv)
+{
+    Args a = { 0 };
+    int rc = rollout_run(&a, argc, argv);
+    args_free(&a);
     return rc;
 }

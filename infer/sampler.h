@@ -35,9 +35,10 @@ typedef struct {
     float top_logp[SAMPLER_TOP_MAX];
 } Sampled;
 
-/* Picks from logits (V).  scratch: at least 2 V floats + V ints worth of
- * bytes (sampler_scratch_bytes).  n_top alternatives (<= SAMPLER_TOP_MAX)
- * by log-probability, ties to the lower id. */
+/* Picks from logits (V, no NaN).  scratch: sampler_scratch_bytes(V)
+ * bytes (20 V + 64), owned by the caller, one pick at a time.  n_top
+ * alternatives (<= SAMPLER_TOP_MAX) by log-probability, ties to the lower
+ * id.  O(V) per pick (radix selection and sorting, sampler.c). */
 void sampler_pick(Sampled *out, const float *logits, size_t V, const SamplingParams *p, Rng *rng,
                   int n_top, void *scratch);
 size_t sampler_scratch_bytes(size_t V);

@@ -11,6 +11,7 @@
 #include "infer/engine.h"
 #include "infer/server/server.h"
 
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,24 +70,23 @@ typedef struct {
     double v;
 } NumOpt;
 
-int cmd_serve(int argc, char **argv)
+static int serve_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "port=", "host=", "model-name=", "kv-mb=", "max-running=",
                                         "max-queue=", "max-batch-tokens=", "prefill-chunk=", "max-body=",
                                         "max-n=", "max-connections=", "idle-timeout=", "drain-timeout=",
                                         "quiet", "tp=", "ep=", NULL };
-    Args a;
     char err[512];
-    if (args_parse(&a, argc, argv, 1, spec, err, sizeof err)) {
+    if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("serve: %s", err);
         return 2;
     }
-    if (a.help) {
+    if (ap->help) {
         fputs(g_serve_help, stdout);
         return 0;
     }
-    const char *ckpt = args_get(&a, "ckpt");
-    if (!ckpt || !args_get(&a, "port")) {
+    const char *ckpt = args_get(ap, "ckpt");
+    if (!ckpt || !args_get(ap, "port")) {
         td_error("serve: --ckpt and --port are required (tandem serve --help)");
         return 2;
     }
@@ -105,29 +105,29 @@ int cmd_serve(int argc, char **argv)
         [DRAIN] = { "drain-timeout", 30, 0, 1e7, 0 },
     };
     for (int i = 0; i < N_NUM; i++)
-        if (args_num(&a, num[i].name, num[i].dflt, num[i].lo, num[i].hi, &num[i].v, err, sizeof err) < 0) {
+        if (args_num(ap, num[i].name, num[i].dflt, num[i].lo, num[i].hi, &num[i].v, err, sizeof err) < 0) {
             td_error("serve: %s", err);
             return 2;
         }
     /* tp=T ep=E as key=value (like tandem train) or --tp/--ep */
     int tp = 1, ep = 1;
-    for (int i = 0; i < a.n_pos; i++) {
-        if (!strncmp(a.pos[i], "tp=", 3)) tp = atoi(a.pos[i] + 3);
-        else if (!strncmp(a.pos[i], "ep=", 3)) ep = atoi(a.pos[i] + 3);
+    for (int i = 0; i < ap->n_pos; i++) {
+        if (!strncmp(ap->pos[i], "tp=", 3)) tp = atoi(ap->pos[i] + 3);
+        else if (!strncmp(ap->pos[i], "ep=", 3)) ep = atoi(ap->pos[i] + 3);
         else {
-            td_error("serve: unexpected argument \"%s\" (tandem serve --help)", a.pos[i]);
+            td_error("serve: unexpected argument \"%s\" (tandem serve --help)", ap->pos[i]);
             return 2;
         }
     }
-    if (args_get(&a, "tp")) tp = atoi(args_get(&a, "tp"));
-    if (args_get(&a, "ep")) ep = atoi(args_get(&a, "ep"));
+    if (args_get(ap, "tp")) tp = atoi(args_get(ap, "tp"));
+    if (args_get(ap, "ep")) ep = atoi(args_get(ap, "ep"));
     td_errors_rank0_only = 1;   /* set-up problems are the same on every rank */
     if (tp < 1 || ep < 1 || tp * ep != comm_size()) {
         td_error("serve: tp=%d x ep=%d must equal the number of ranks (%d)", tp, ep, comm_size());
         return 2;
     }
-    char file[1024], name[1024];
-    if (ckpt_resolve(ckpt, file, sizeof file)) snprintf(file, sizeof file, "%s", ckpt);
+    char file[PATH_MAX], name[PATH_MAX];
+    if (ckpt_resolve(ckpt, file, sizeof file)) return 1;   /* printed */
     model_name_of(name, sizeof name, file);
 
     Model m;
@@ -169,15 +169,15 @@ int cmd_serve(int argc, char **argv)
 
     ServerOpts so;
     server_opts_default(&so);
-    so.host = args_str(&a, "host", so.host);
+    so.host = args_str(ap, "host", so.host);
     so.port = (int)num[PORT].v;
     so.max_body = (size_t)num[BODY].v;
     so.max_n = (int)num[MAXN].v;
     so.max_connections = (int)num[CONNS].v;
     so.idle_timeout = (unsigned)num[IDLE].v;
     so.drain_timeout = num[DRAIN].v;
-    so.model_name = args_str(&a, "model-name", name);
-    so.quiet = args_flag(&a, "quiet");
+    so.model_name = args_str(ap, "model-name", name);
+    so.quiet = args_flag(ap, "quiet");
 
     /* The signal handlers only set g_stop; the engine loop polls it.  The
      * HTTP threads start with the signals blocked so that they reach this
@@ -218,4 +218,12 @@ int cmd_serve(int argc, char **argv)
     model_free(&m);
     fprintf(stderr, "tandem: serve: stopped\n");
     return 0;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    Args a = { 0 };
+    int rc = serve_run(&a, argc, argv);
+    args_free(&a);
+    return rc;
 }

@@ -94,11 +94,29 @@ static void prompt_from_text(Prompt *p, const char *text, const char *id)
     p->target = first_int(p->ids, p->n);
 }
 
+static const char *const g_words[] = { "Hello", "Write", "Say", "Tell", "Sing", "Now", "Then", "Why",
+                                       "What", "Look", "Here", "Yes", "Well", "So", "Oh", "Go" };
+
+/* The largest byte token any built-in prompt of the task can hold (they
+ * are "Length N:" or "<word>: "), to check them against the vocabulary
+ * once, before the run. */
+static int builtin_max_token(const char *task)
+{
+    const char *s = "Length 0123456789:";
+    int mx = 0;
+    if (strcmp(task, "target_length")) {
+        s = ": ";
+        for (size_t w = 0; w < sizeof g_words / sizeof *g_words; w++)
+            for (const char *c = g_words[w]; *c; c++) mx = td_max(mx, (int)(unsigned char)*c);
+    }
+    for (; *s; s++) mx = td_max(mx, (int)(unsigned char)*s);
+    return mx;
+}
+
 /* Built-in prompts, a function of (seed, step, index) only. */
 static void builtin_prompt(Prompt *p, const char *task, uint64_t seed, int64_t step, int i, int max_new)
 {
-    static const char *const words[] = { "Hello", "Write", "Say", "Tell", "Sing", "Now", "Then", "Why",
-                                         "What", "Look", "Here", "Yes", "Well", "So", "Oh", "Go" };
+    const char *const *words = g_words;
     uint64_t key = rng_mix64(seed ^ rng_mix64((uint64_t)step * 7919u + (uint64_t)i));
     char text[64], id[64];
     snprintf(id, sizeof id, "s%lld-p%d", (long long)step, i);
@@ -107,7 +125,7 @@ static void builtin_prompt(Prompt *p, const char *task, uint64_t seed, int64_t s
         int n = 2 + (int)(key % (uint64_t)(hi > 2 ? hi - 1 : 1));
         snprintf(text, sizeof text, "Length %d:", n);
     } else {
-        snprintf(text, sizeof text, "%s: ", words[key % (sizeof words / sizeof *words)]);
+        snprintf(text, sizeof text, "%s: ", words[key % (sizeof g_words / sizeof *g_words)]);
     }
     prompt_from_text(p, text, id);
 }
@@ -139,25 +157,37 @@ static int load_prompts(const char *path, int V, int max_len, Prompt **out, int 
             v = nv;
         }
         Prompt *p = &v[n];
-        char idbuf[64];
-        if (cJSON_IsString(id)) snprintf(idbuf, sizeof idbuf, "%s", id->valuestring);
-        else if (cJSON_IsNumber(id)) snprintf(idbuf, sizeof idbuf, "%.0f", id->valuedouble);
-        else snprintf(idbuf, sizeof idbuf, "%d", n);
+        char idbuf[sizeof p->id];
+        bool id_long = cJSON_IsString(id)   ? td_snprintf(idbuf, sizeof idbuf, "%s", id->valuestring)
+                       : cJSON_IsNumber(id) ? td_snprintf(idbuf, sizeof idbuf, "%.0f", id->valuedouble)
+                                            : td_snprintf(idbuf, sizeof idbuf, "%d", n);
         const char *why = NULL;
         if (!cJSON_IsObject(o)) why = "not a JSON object";
+        else if (id_long) why = "\"id\" is longer than 63 bytes";
         else if (cJSON_IsString(pt) && pt->valuestring[0]) prompt_from_text(p, pt->valuestring, idbuf);
         else if (cJSON_IsArray(pi) && cJSON_GetArraySize(pi) > 0) {
             p->n = (size_t)cJSON_GetArraySize(pi);
             p->ids = td_malloc(p->n * sizeof(int32_t));
             size_t k = 0;
             for (const cJSON *x = pi->child; x; x = x->next) {
-                if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= V || x->valuedouble != floor(x->valuedouble))
-                    why = "prompt_ids must be integers in [0, vocab_size)";
-                p->ids[k++] = (int32_t)x->valuedouble;
+                bool ok = cJSON_IsNumber(x) && x->valuedouble >= 0 && x->valuedouble <= INT32_MAX &&
+                          x->valuedouble == floor(x->valuedouble);
+                if (!ok) why = "prompt_ids must be non-negative integers";
+                p->ids[k++] = ok ? (int32_t)x->valuedouble : 0;
             }
             snprintf(p->id, sizeof p->id, "%s", idbuf);
             p->target = first_int(p->ids, p->n);
         } else why = "needs a non-empty \"prompt\" string or \"prompt_ids\" list";
+        /* the trainer's forward embeds the prompts too: text bytes and ids
+         * alike must be inside the vocabulary */
+        char vocab_why[160];
+        for (size_t t = 0; !why && t < p->n; t++)
+            if (p->ids[t] >= V) {
+                snprintf(vocab_why, sizeof vocab_why,
+                         "prompt token id %d at position %zu is outside the vocabulary (vocab_size %d)",
+                         (int)p->ids[t], t, V);
+                why = vocab_why;
+            }
         if (!why && (int)p->n > max_len) why = "prompt too long for the context";
         cJSON_Delete(o);
         if (why) {
@@ -418,7 +448,7 @@ static Sample *rollout(Rl *r, const Prompt *prompts, int first, int count, int64
         gp.seed = rng_mix64((uint64_t)rc->seed ^ rng_mix64((uint64_t)step * 1000003u + (uint64_t)((first + i / G) * G + i % G)));
         req[i] = request_new(p->ids, p->n, &gp);
         int s = engine_submit(&r->eng, req[i]);
-        TD_CHECK(s == 0, "rollout: engine refused a request (%d)", s);
+        TD_CHECK(s == 0, "rl: the engine refused a checked prompt: %s", req[i]->error);
     }
     while (engine_step(&r->eng) > 0) {}
     Sample *out = td_calloc((size_t)(n > 0 ? n : 1) * sizeof(Sample));
@@ -730,6 +760,12 @@ static int rl_setup(Rl *r)
 
     /* prompts and the longest sequence */
     r->max_prompt = 24;   /* built-in prompts are short */
+    if (!rc->prompts[0] && builtin_max_token(rc->task) >= cfg.vocab_size) {
+        td_error("rl: the built-in %s prompts are text, byte tokens up to %d, outside the model's vocabulary "
+                 "(vocab_size %d); give prompts=FILE with prompt_ids",
+                 rc->task, builtin_max_token(rc->task), cfg.vocab_size);
+        return -1;
+    }
     if (rc->prompts[0]) {
         if (load_prompts(rc->prompts, cfg.vocab_size, cfg.max_position_embeddings - 1, &r->file_prompts,
                          &r->n_file_prompts))

@@ -323,7 +323,10 @@ static int score_group(const Model *m, const RFile *f, size_t *idx, size_t n, si
 static int ckpt_for_version(const char *ckpt, bool is_dir, int64_t v, char *out, size_t n, char *err, size_t en)
 {
     if (is_dir) {
-        snprintf(out, n, "%s/step_%08lld.h5", ckpt, (long long)v);
+        if (td_snprintf(out, n, "%s/step_%08lld.h5", ckpt, (long long)v)) {
+            snprintf(err, en, "--ckpt %.700s: the path is too long", ckpt);
+            return -1;
+        }
         if (access(out, R_OK)) {
             snprintf(err, en, "no checkpoint for policy_version %lld: %.700s: %s", (long long)v, out, strerror(errno));
             return -1;
@@ -338,7 +341,10 @@ static int ckpt_for_version(const char *ckpt, bool is_dir, int64_t v, char *out,
                  "several versions)", (long long)v, ckpt, (long long)meta.step);
         return -1;
     }
-    snprintf(out, n, "%s", ckpt);
+    if (td_snprintf(out, n, "%s", ckpt)) {
+        snprintf(err, en, "--ckpt %.700s: the path is too long", ckpt);
+        return -1;
+    }
     return 0;
 }
 
@@ -348,14 +354,13 @@ static int cmp_i64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-int rlcheck_cmd(int argc, char **argv)
+static int rlcheck_cmd_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "rollout=", "ckpt=", "batch=", NULL };
-    Args a;
     char err[1024];
     bool help = false;   /* "--rollout --help": --help is not the file name */
     for (int i = 1; i < argc; i++) help |= !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
-    if (!help && args_parse(&a, argc, argv, 1, spec, err, sizeof err)) {
+    if (!help && args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("score: %s", err);
         return 2;
     }
@@ -371,13 +376,13 @@ int rlcheck_cmd(int argc, char **argv)
                "Exit 0 whatever the measurement; 2 for a malformed file.\n");
         return 0;
     }
-    const char *path = args_get(&a, "rollout"), *ckpt = args_get(&a, "ckpt");
+    const char *path = args_get(ap, "rollout"), *ckpt = args_get(ap, "ckpt");
     double B;
-    if (!path || !ckpt || a.n_pos) {
+    if (!path || !ckpt || ap->n_pos) {
         td_error("score: --rollout and --ckpt are required (tandem score --rollout --help)");
         return 2;
     }
-    if (args_num(&a, "batch", 8, 1, 4096, &B, err, sizeof err) < 0) {
+    if (args_num(ap, "batch", 8, 1, 4096, &B, err, sizeof err) < 0) {
         td_error("score: %s", err);
         return 2;
     }
@@ -446,5 +451,13 @@ int rlcheck_cmd(int argc, char **argv)
     td_free(idx);
     td_free(vers);
     rfile_free(&f);
+    return rc;
+}
+
+int rlcheck_cmd(int argc, char **argv)
+{
+    Args a = { 0 };
+    int rc = rlcheck_cmd_run(&a, argc, argv);
+    args_free(&a);
     return rc;
 }

@@ -125,6 +125,11 @@ static void fill_weights(Model *m)
     }
 }
 
+/* Tokenizer files: rank 0 passes them, the other ranks none (a parallel
+ * save writes rank 0's); every rank must load them back. */
+static const char g_tok_json[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"mpi_ckpt\": true}";
+static const char g_gen_json[] = "{\"eos_token_id\": 2}";
+
 static void fill_state(CkptState *st, uint64_t own[1][4], int64_t step)
 {
     memset(st, 0, sizeof *st);
@@ -142,6 +147,12 @@ static void fill_state(CkptState *st, uint64_t own[1][4], int64_t step)
     st->weight_decay = 0.1;
     st->adam_step = step;
     st->run_config = "{\"tag\":\"mpi_ckpt\"}";
+    if (g_rank == 0) {
+        st->tok.tokenizer_json = (char *)g_tok_json;
+        st->tok.tokenizer_json_len = sizeof g_tok_json - 1;
+        st->tok.generation_config = (char *)g_gen_json;
+        st->tok.generation_config_len = sizeof g_gen_json - 1;
+    }
 }
 
 static int parse_cfg(ModelConfig *cfg, const char *json)
@@ -271,6 +282,12 @@ static int check_load(const char *path, const Ref *ref, CkptDtype dt, int saved_
         st.data_rng[3] != 44 || st.n_rank_rng != saved_world || !st.run_config ||
         strcmp(st.run_config, "{\"tag\":\"mpi_ckpt\"}")) {
         FAIL("%s: trainer state differs (step %lld, rows %d)", path, (long long)st.step, st.n_rank_rng);
+        bad++;
+    }
+    if (!st.tok.tokenizer_json || st.tok.tokenizer_json_len != sizeof g_tok_json - 1 ||
+        memcmp(st.tok.tokenizer_json, g_tok_json, sizeof g_tok_json - 1) || st.tok.tokenizer_config ||
+        !st.tok.generation_config || strcmp(st.tok.generation_config, g_gen_json)) {
+        FAIL("%s: the tokenizer files differ from rank 0's (tokenizer.json %zu bytes)", path, st.tok.tokenizer_json_len);
         bad++;
     }
     for (int r = 0; r < st.n_rank_rng && !bad; r++)

@@ -1,8 +1,17 @@
 #!/bin/sh
 # tests/run.sh - the whole test suite, as `make test` runs it.
-#   tests/run.sh              fixtures + unit + MPI + command-level tests
+#   tests/run.sh              fixtures + unit + other kernel paths + MPI +
+#                             command-level tests
 #   tests/run.sh --unit-only  fixtures + unit tests (what asan-test runs)
-# Needs the binaries built by `make unit` in $BUILD (default build).
+# Needs the binaries built by `make unit` in $BUILD (default build) and,
+# for the other kernel paths, by `make isa-unit` ($BUILD/avx2, $BUILD/portable).
+#
+# First it checks that every program a test calls is installed and names
+# the missing ones (./tandem.sh deps installs them all).  Every step has a
+# bound (TANDEM_TEST_TIMEOUT seconds per script, default 3600; 300 s per
+# unit test): a stuck step fails with a line naming it and the suite goes
+# on.  Inside the scripts every wait has its own, shorter bound
+# (tests/bounds.sh).
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -12,10 +21,30 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 # One owner of the cores: BLAS threads are managed by tandem's pool.
 export OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 PY=/usr/bin/python3
+SCRIPT_S=${TANDEM_TEST_TIMEOUT:-3600}
 failed=""
 t_start=$(date +%s)
 
 step() { printf '\n== %s\n' "$*"; }
+
+# ---------------------------------------------------------------- programs
+# Every program the test scripts, tests/ref/*.py and their shell snippets
+# call (coreutils, grep, sed, mawk and dash are in every Debian; the rest
+# are in tandem.sh's TANDEM_PKGS).
+PROGRAMS="sh awk sed grep cat cp mv ln rm ls mkdir mktemp readlink dirname tr cut sort wc head tail seq sleep
+ date env timeout kill pgrep curl mpirun h5dump $PY"
+[ "${1:-}" != "--unit-only" ] || PROGRAMS="sh mkdir date timeout $PY"
+missing=""
+for p in $PROGRAMS; do
+    command -v "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+[ "${1:-}" = "--unit-only" ] || [ -r /usr/share/games/fortunes/fortunes ] ||
+    missing="$missing /usr/share/games/fortunes/fortunes(package fortunes)"
+if [ -n "$missing" ]; then
+    echo "tests: missing:$missing"
+    echo "tests: ./tandem.sh deps installs them (TANDEM_PKGS in tandem.sh)"
+    exit 1
+fi
 
 step "PyTorch fixtures"
 if ! $PY -c 'import torch, h5py, numpy' 2>/dev/null; then
@@ -26,22 +55,51 @@ fi
 mkdir -p "$TANDEM_FIXTURES"
 for s in tests/ref/fixtures_*.py; do
     [ -e "$s" ] || continue
-    $PY "$s" --out "$TANDEM_FIXTURES" || failed="$failed $s"
+    rc=0
+    timeout -k 10 600 $PY "$s" --out "$TANDEM_FIXTURES" || rc=$?
+    [ $rc -ne 124 ] || echo "FAIL $s: still running after 600 s (killed)"
+    [ $rc -eq 0 ] || failed="$failed $s"
 done
 
 step "unit tests (Criterion)"
 # Criterion runs tests in parallel; each test uses one tandem thread.
-if ! TANDEM_THREADS=1 "$BUILD/tests/unit" --jobs 2 --short-filename; then
+if ! TANDEM_THREADS=1 "$BUILD/tests/unit" --jobs 2 --short-filename --timeout 300; then
     failed="$failed unit"
 fi
 
 if [ "${1:-}" != "--unit-only" ]; then
+    # The kernel suites on the paths -march=native did not compile here
+    # (Makefile: isa-unit).  Each compares its path with the same naive FMA
+    # chains, bit for bit, so every path agrees with every other.
+    for isa in avx2 portable; do
+        case $isa in
+            avx2) label="AVX2 + FMA"
+                  runs=0; grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && runs=1 ;;
+            portable) label="portable (x86-64 baseline)"; runs=1 ;;
+        esac
+        step "kernel suites, $label path ($BUILD/$isa)"
+        if [ $runs = 0 ]; then
+            echo "tests: $label path skipped: this CPU has no AVX2 or no FMA"
+            continue
+        fi
+        bin=$BUILD/$isa/tests/kernels
+        if [ ! -x "$bin" ]; then
+            echo "FAIL $bin missing (make isa-unit builds it)"
+            failed="$failed $isa-kernels"
+            continue
+        fi
+        TANDEM_THREADS=1 "$bin" --jobs 2 --short-filename --timeout 300 || failed="$failed $isa-kernels"
+    done
+
     # MPI tests (tests/mpi/*.sh launch the mpi_* binaries with mpirun) and
     # command-level tests (tests/cli/*.sh drive bin/tandem end to end).
     for t in tests/mpi/*.sh tests/cli/*.sh; do
         [ -e "$t" ] || continue
         step "command: $t"
-        BUILD=$BUILD sh "$t" || failed="$failed $t"
+        rc=0
+        BUILD=$BUILD timeout -k 30 "$SCRIPT_S" sh "$t" || rc=$?
+        [ $rc -ne 124 ] || echo "FAIL $t: still running after $SCRIPT_S s (killed; TANDEM_TEST_TIMEOUT)"
+        [ $rc -eq 0 ] || failed="$failed $t"
     done
 fi
 

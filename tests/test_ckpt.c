@@ -649,3 +649,135 @@ Test(ckpt, latest_resolve_prune)
     snprintf(want, sizeof want, "%s/step_00000060.h5", dir);
     cr_expect_str_eq(out, want);
 }
+
+/* A property-list call that fails is named with the dataset: H5Pset_chunk
+ * refuses a chunk with a zero dimension (it used to be ignored, and the
+ * error was H5Dcreate's, about filters on an unchunked layout). */
+Test(ckpt, failed_property_call_is_named_with_the_dataset)
+{
+    hid_t f = ckpt_h5_create(tmp_path("plist.h5"), NULL);
+    cr_assert(f >= 0, "cannot create the file");
+    float data[8] = { 0 };
+    CkptPiece pc = { .name = "bad/chunk", .ndim = 2, .shape = { 2, 4 }, .chunk = { 2, 0 }, .cnt = { 2, 4 },
+                     .data = data, .type = CKPT_H5_F32 };
+    char err[512] = "";
+    hid_t ds = ckpt_h5_create_dataset(f, &pc, err, sizeof err);
+    cr_assert(ds < 0, "a dataset with a zero chunk dimension was created");
+    cr_assert(strstr(err, "dataset /bad/chunk") && strstr(err, "H5Pset_chunk failed"), "message \"%s\"", err);
+    /* the next failure is not blamed on it */
+    pc.name = "good";
+    pc.chunk[1] = 4;
+    ds = ckpt_h5_create_dataset(f, &pc, err, sizeof err);
+    cr_assert(ds >= 0, "%s", err);
+    H5Dclose(ds);
+    H5Fclose(f);
+}
+
+/* ---------------------------------------------------------------- tokenizer files */
+
+static void write_text(const char *path, const char *s, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "%s", path);
+    cr_assert(fwrite(s, 1, n, f) == n);
+    fclose(f);
+}
+
+/* A tokenizer.json of 2.5 MiB (three 1 MiB chunks, the last partial), a
+ * small tokenizer_config.json, an empty generation_config.json (absent):
+ * saved, verified, listed, loaded and read back byte for byte; absent files
+ * stay NULL; a tokenizer.json that is not JSON fails ckpt_verify. */
+Test(ckpt, tokenizer_files_roundtrip)
+{
+    size_t n = (5u << 20) / 2 + 77;
+    char *big = td_malloc(n);
+    static const char head[] = "{\"model\": {\"vocab\": \"", tail[] = "\"}}";
+    memcpy(big, head, sizeof head - 1);
+    for (size_t i = sizeof head - 1; i < n; i++) big[i] = (char)('a' + (i * 131u + (i >> 13)) % 26);
+    memcpy(big + n - (sizeof tail - 1), tail, sizeof tail - 1);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s", tmp_path("hfdir"));
+    mkdir(dir, 0755);
+    char p[700];
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    write_text(p, big, n);
+    const char *cfgtxt = "{\"chat_template\": \"{{ x }}\"}";
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    write_text(p, cfgtxt, strlen(cfgtxt));
+    snprintf(p, sizeof p, "%s/generation_config.json", dir);
+    write_text(p, "", 0);   /* empty: as absent */
+
+    char err[512];
+    CkptTokFiles tf;
+    cr_assert(ckpt_tok_files_from_dir(dir, &tf, err, sizeof err) == 0, "%s", err);
+    cr_assert(tf.tokenizer_json && tf.tokenizer_json_len == n && !memcmp(tf.tokenizer_json, big, n));
+    cr_assert(tf.tokenizer_config && tf.tokenizer_config_len == strlen(cfgtxt));
+    cr_expect(tf.tokenizer_config[tf.tokenizer_config_len] == 0, "NUL-terminated");
+    cr_expect(tf.generation_config == NULL && tf.generation_config_len == 0);
+
+    Saved s;
+    make_model(&s, CFG, 5);
+    s.st.tok = tf;   /* borrowed by the save */
+    char path[700], again[700], none[700];
+    snprintf(path, sizeof path, "%s", tmp_path("tok.h5"));
+    snprintf(again, sizeof again, "%s", tmp_path("tok2.h5"));
+    snprintf(none, sizeof none, "%s", tmp_path("notok.h5"));
+    cr_assert(ckpt_save(path, &s.m, NULL, NULL, &s.st, CKPT_BF16) == 0);
+    cr_expect(ckpt_verify(path, err, sizeof err) == 0, "%s", err);
+
+    CkptTokFiles back;
+    cr_assert(ckpt_read_tok_files(path, &back, err, sizeof err) == 0, "%s", err);
+    cr_expect(back.tokenizer_json_len == n && !memcmp(back.tokenizer_json, big, n), "tokenizer.json byte for byte");
+    cr_expect(back.tokenizer_config_len == strlen(cfgtxt) && !strcmp(back.tokenizer_config, cfgtxt));
+    cr_expect(back.generation_config == NULL);
+    ckpt_tok_files_free(&back);
+    ckpt_tok_files_free(&back);   /* safe twice */
+
+    /* ckpt_load fills st.tok (owned) */
+    Model m;
+    fresh(&m, path);
+    CkptState st;
+    memset(&st, 0, sizeof st);
+    cr_assert(ckpt_load(path, &m, NULL, NULL, &st, err, sizeof err) == 0, "%s", err);
+    cr_expect(st.tok.tokenizer_json_len == n && !memcmp(st.tok.tokenizer_json, big, n));
+    cr_expect(st.tok.tokenizer_config && !strcmp(st.tok.tokenizer_config, cfgtxt));
+    /* and a save from that state carries them on */
+    cr_assert(ckpt_save(again, &m, NULL, NULL, &st, CKPT_F32) == 0);
+    ckpt_state_free(&st);
+    ckpt_state_free(&st);
+    cr_assert(ckpt_read_tok_files(again, &back, err, sizeof err) == 0, "%s", err);
+    cr_expect(back.tokenizer_json_len == n && !memcmp(back.tokenizer_json, big, n));
+    ckpt_tok_files_free(&back);
+
+    /* a checkpoint without a tokenizer: 0 and NULLs */
+    s.st.tok = (CkptTokFiles){ 0 };
+    cr_assert(ckpt_save(none, &s.m, NULL, NULL, &s.st, CKPT_F32) == 0);
+    cr_assert(ckpt_read_tok_files(none, &back, err, sizeof err) == 0, "%s", err);
+    cr_expect(!back.tokenizer_json && !back.tokenizer_config && !back.generation_config);
+    /* the HF directory is read like a checkpoint */
+    cr_assert(ckpt_read_tok_files(dir, &back, err, sizeof err) == 0, "%s", err);
+    cr_expect(back.tokenizer_json_len == n);
+    ckpt_tok_files_free(&back);
+
+    CkptInfo in;
+    cr_assert(ckpt_info(path, &in, err, sizeof err) == 0, "%s", err);
+    int found = 0;
+    for (int i = 0; i < in.n_tensors; i++)
+        if (!strcmp(in.tensors[i].name, "tokenizer/tokenizer.json"))
+            found = in.tensors[i].numel == n && !strcmp(in.tensors[i].dtype, "uint8");
+    cr_expect(found, "ckpt_info lists /tokenizer/tokenizer.json as uint8 [n]");
+    ckpt_info_free(&in);
+
+    /* not JSON: refused by verify, naming the dataset */
+    tf.tokenizer_json[0] = '#';
+    s.st.tok = tf;
+    char bad[700];
+    snprintf(bad, sizeof bad, "%s", tmp_path("badtok.h5"));
+    cr_assert(ckpt_save(bad, &s.m, NULL, NULL, &s.st, CKPT_F32) == 0);
+    cr_expect(ckpt_verify(bad, err, sizeof err) != 0 && strstr(err, "/tokenizer/tokenizer.json: not JSON"), "%s", err);
+
+    ckpt_tok_files_free(&tf);
+    model_free(&m);
+    free_saved(&s);
+    td_free(big);
+}

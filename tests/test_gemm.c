@@ -52,6 +52,8 @@
 #include "tests/fixture.h"
 
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <math.h>
 #include <string.h>
@@ -594,26 +596,67 @@ Test(gemm, dx_dw_portable_path_close_to_compiled_path)
     EXPECT_NO_LEAKS();
 }
 
-Test(gemm, scratch_is_kept_released_by_exiting_threads_and_freed)
+/* pool_test_hook for a region in which both threads must take a share:
+ * a helper calls the hook once on seeing the region and once after each
+ * claim; the caller, after its first claim, waits (at most 30 s) until
+ * the helper has claimed a range too. */
+static pthread_t g_main;
+static _Atomic int g_helper_hooks, g_helper_timed_out;
+static void both_threads_claim(void)
 {
-    /* The per-thread packing scratch of the backward products: grown by a
-     * call, kept for the next, given back when a pool helper exits, freed
-     * by gemm_scratch_free, and grown again by the next call. */
+    if (!pthread_equal(pthread_self(), g_main)) {
+        atomic_fetch_add(&g_helper_hooks, 1);
+        return;
+    }
+    const double t0 = td_now();
+    while (atomic_load(&g_helper_hooks) < 2)
+        if (td_now() - t0 > 30) {
+            atomic_store(&g_helper_timed_out, 1);
+            return;
+        }
+}
+
+Test(gemm, scratch_is_sized_by_the_shape_kept_released_by_exiting_threads_and_freed)
+{
+    /* The per-thread packing scratch of the backward products (gemm.h): a
+     * thread grows it to what the shape needs, whichever rows of it the
+     * pool gave that thread, keeps it for the next call, gives it back
+     * when it exits; gemm_scratch_free frees it and the next call grows it
+     * again.  Which thread claims which range is the pool's affair, so
+     * nothing here depends on it: one thread first, then a region where
+     * both threads are made to take a share. */
     const size_t M = 600, N = 600, K = 600;
     BwCase c = bw_case(M, N, K, 0, 5000);
     float *dx = fixture_copy(c.dx0, M * K), *dW = fixture_copy(c.dW0, N * K);
+    pool_init(1);
+    gemm_scratch_free();
+    gemm_dw_acc(dW, c.dy, N, c.x, K, M, N, K);
+    const size_t S = gemm_scratch_bytes();   /* what dW of 600^3 needs, all 600 rows on one thread */
+    gemm_dw_acc(dW, c.dy, N, c.x, K, M, N, K);
+    cr_expect_eq(gemm_scratch_bytes(), S, "a second call of the same shape keeps the scratch (%zu -> %zu bytes)",
+                 S, gemm_scratch_bytes());
     pool_init(2);
-    gemm_dw_acc(dW, c.dy, N, c.x, K, M, N, K);
-    size_t two = gemm_scratch_bytes();
-    gemm_dw_acc(dW, c.dy, N, c.x, K, M, N, K);
-    cr_expect_eq(gemm_scratch_bytes(), two, "a second call of the same shape keeps the scratch");
+    g_main = pthread_self();
+    atomic_store(&g_helper_hooks, 0);
+    pool_test_hook = both_threads_claim;
+    gemm_dw_acc(dW, c.dy, N, c.x, K, M, N, K);   /* 8 ranges of 72 or 84 rows; both threads take some */
+    pool_test_hook = NULL;
+    cr_expect(!atomic_load(&g_helper_timed_out), "the helper claimed no range of dW within 30 s");
+    cr_expect_eq(gemm_scratch_bytes(), 2 * S,
+                 "each thread that ran a share of dW holds what the shape needs: %zu bytes, want 2 x %zu",
+                 gemm_scratch_bytes(), S);
+    for (int i = 0; i < 3; i++) {   /* whoever claims what: nothing grows */
+        gemm_dw_acc(dW, c.dy, N, c.x, K, M, N, K);
+        cr_expect_eq(gemm_scratch_bytes(), 2 * S, "call %d on 2 threads: %zu bytes, want 2 x %zu (kept)", i,
+                     gemm_scratch_bytes(), S);
+    }
     pool_init(1);   /* joins the helper thread */
-    size_t one = gemm_scratch_bytes();
+    const size_t one = gemm_scratch_bytes();
+    cr_expect_eq(one, S, "the helper's scratch is released when it exits: %zu bytes left, want %zu", one, S);
 #ifdef __AVX512F__
-    cr_expect_gt(two, 0, "2 threads hold scratch after dW of 600^3");
-    cr_expect_lt(one, two, "the helper's scratch is released when it exits (%zu -> %zu bytes)", two, one);
+    cr_expect_gt(S, 0, "dW of 600^3 packs its operands");
 #else
-    (void)one;   /* the portable backward is BLAS: no scratch of ours */
+    cr_expect_eq(S, 0, "the portable backward is BLAS: no scratch of ours");
 #endif
     gemm_scratch_free();
     cr_expect_eq(gemm_scratch_bytes(), 0, "gemm_scratch_free releases everything");

@@ -15,7 +15,10 @@
 
 static void teardown(void) { pool_free(); }
 
-TestSuite(pool, .fini = teardown, .timeout = 30);
+/* A bound for a hung region, not a speed limit: 20000 regions with random
+ * sleeps take ~10 s on a quiet 2-core machine and several times that on a
+ * loaded one (the suite ran past 30 s at load average 20). */
+TestSuite(pool, .fini = teardown, .timeout = 300);
 
 #define MAX_RANGES 64
 
@@ -101,13 +104,27 @@ Test(pool, ranges_are_contiguous_on_grain_multiples)
     cr_expect_eq(r.end[0], 100);
 }
 
-/* A helper that stalls 50 ms after claiming a range (a vCPU taken by the
- * host): the caller runs every other range meanwhile, not just its own
- * static share. */
+/* A helper that stalls (a vCPU taken by the host) while the caller works:
+ * the caller runs every range itself, not just its own static share.  The
+ * stall is not a fixed time, which a loaded machine could outlast on the
+ * caller's side too: the helper, in the hook it calls on seeing the region
+ * (before it claims anything), waits until all 8 ranges have run.  A pool
+ * that left the helper a share would never get there: the helper gives up
+ * after 10 s and runs its share, and the counts below fail. */
 static pthread_t g_main;
+static struct rec *g_stall_rec;
+static _Atomic int g_stall_timed_out;
 static void stall_helpers(void)
 {
-    if (!pthread_equal(pthread_self(), g_main)) usleep(50000);
+    if (pthread_equal(pthread_self(), g_main)) return;
+    const double t0 = td_now();
+    while (atomic_load(&g_stall_rec->calls) < 8) {
+        if (td_now() - t0 > 10) {
+            atomic_store(&g_stall_timed_out, 1);
+            return;
+        }
+        usleep(100);
+    }
 }
 
 Test(pool, a_stalled_helper_leaves_its_share_to_the_caller)
@@ -116,6 +133,7 @@ Test(pool, a_stalled_helper_leaves_its_share_to_the_caller)
     pool_init(2);
     g_main = pthread_self();
     memset(&r, 0, sizeof r);
+    g_stall_rec = &r;
     pool_test_hook = stall_helpers;
     pool_for(1000, 1, record, &r);
     pool_test_hook = NULL;
@@ -124,7 +142,8 @@ Test(pool, a_stalled_helper_leaves_its_share_to_the_caller)
     for (int i = 0; i < calls; i++) by_caller += r.tid[i] == 0;
     cr_expect_eq(bad, 0, "%d items not run exactly once", bad);
     cr_expect_eq(calls, 8);
-    cr_expect_geq(by_caller, 7, "the caller ran %d of %d ranges while the helper stalled", by_caller, calls);
+    cr_expect(!atomic_load(&g_stall_timed_out), "the caller did not run all 8 ranges within 10 s of the stall");
+    cr_expect_eq(by_caller, 8, "the caller ran %d of %d ranges while the helper stalled", by_caller, calls);
 }
 
 /* Regression: a helper preempted between seeing region g and claiming its

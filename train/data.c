@@ -122,11 +122,10 @@ static int collect(PathList *out, const char *path)
     struct dirent *e;
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.' || ends_with(e->d_name, ".dat")) continue;
-        char full[4096];
-        snprintf(full, sizeof full, "%s/%s", path, e->d_name);
+        char *full = td_sprintf("%s/%s", path, e->d_name);
         struct stat ls;
-        if (lstat(full, &ls) != 0 || !S_ISREG(ls.st_mode)) continue;  /* skip symlinks, subdirs */
-        list_add(&names, full);
+        if (lstat(full, &ls) == 0 && S_ISREG(ls.st_mode)) list_add(&names, full);  /* skip symlinks, subdirs */
+        td_free(full);
     }
     closedir(d);
     if (names.n) qsort(names.v, (size_t)names.n, sizeof(char *), cmp_str);
@@ -145,12 +144,20 @@ static int read_all(const char *path, uint8_t **buf, size_t *len)
         td_error("data prepare: cannot open %s: %s", path, strerror(errno));
         return -1;
     }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        td_error("data prepare: cannot size %s: %s", path, strerror(errno));
+        fclose(f);
+        return -1;
+    }
     *buf = td_malloc(n > 0 ? (size_t)n : 1);
     *len = n > 0 ? fread(*buf, 1, (size_t)n, f) : 0;
+    bool short_read = *len != (size_t)n || ferror(f);   /* a read error must not cut the data */
     fclose(f);
+    if (short_read) {
+        td_error("data prepare: reading %s gave %zu of its %ld bytes", path, *len, n);
+        return -1;
+    }
     return 0;
 }
 
@@ -234,8 +241,7 @@ int data_prepare(const char *const *inputs, int n_inputs, const char *output, do
         rc = -1;
     }
     if (rc == 0) {
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp", output);
+        char *tmp = td_sprintf("%s.tmp", output);
         FILE *f = fopen(tmp, "wb");
         if (!f) {
             td_error("data prepare: cannot write %s: %s", tmp, strerror(errno));
@@ -266,6 +272,7 @@ int data_prepare(const char *const *inputs, int n_inputs, const char *output, do
                         (unsigned long long)n_val, (long long)V, width, output);
             }
         }
+        td_free(tmp);
     }
     for (int i = 0; i < files.n; i++) {
         td_free(ft[i].bytes);

@@ -91,11 +91,15 @@ static int set_model(RunConfig *rc, const cJSON *v, const char *base_dir, char *
         snprintf(err, n, "run config: \"model\" must be a path to a model config or an object");
         return -1;
     }
-    char path[1024];
-    snprintf(path, sizeof path, "%s", v->valuestring);
+    char path[sizeof rc->model_src];
+    if (td_snprintf(path, sizeof path, "%s", v->valuestring)) {
+        snprintf(err, n, "run config: the \"model\" path is longer than %zu bytes", sizeof path - 1);
+        return -1;
+    }
     if (v->valuestring[0] != '/' && base_dir && access(path, R_OK) != 0) {
-        snprintf(path, sizeof path, "%s/%s", base_dir, v->valuestring);
-        if (access(path, R_OK) != 0) snprintf(path, sizeof path, "%s", v->valuestring);
+        /* beside the run config, when it is there */
+        if (td_snprintf(path, sizeof path, "%s/%s", base_dir, v->valuestring) || access(path, R_OK) != 0)
+            snprintf(path, sizeof path, "%s", v->valuestring);
     }
     snprintf(rc->model_src, sizeof rc->model_src, "%s", path);
     rc->model_given = true;
@@ -190,10 +194,9 @@ static int apply_override(RunConfig *rc, const char *kv, char *err, size_t n)
         return -1;
     }
     char name[64];
-    snprintf(name, sizeof name, "%.*s", (int)(eq - kv), kv);
-    const struct key *k = find(name);
-    if (!k) {
-        snprintf(err, n, "override: unknown key \"%s\"", name);
+    const struct key *k = td_snprintf(name, sizeof name, "%.*s", (int)(eq - kv), kv) ? NULL : find(name);
+    if (!k) {   /* a name too long for the buffer is no key either */
+        snprintf(err, n, "override: unknown key \"%.*s\"", (int)(eq - kv), kv);
         return -1;
     }
     cJSON *v = cJSON_Parse(eq + 1);
@@ -274,9 +277,9 @@ int runcfg_load(RunConfig *rc, const char *path, int n_over, char *const *over, 
             snprintf(err, n, "run config: %s is not a JSON object", path);
             return -1;
         }
-        char dir[1024];
-        snprintf(dir, sizeof dir, "%s", path);
+        char *dir = td_strdup(path);   /* dirname writes into it */
         int r = apply_object(rc, root, dirname(dir), err, n);
+        td_free(dir);
         cJSON_Delete(root);
         if (r) return -1;
     }

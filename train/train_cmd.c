@@ -40,10 +40,9 @@ int cmd_train(int argc, char **argv)
     return r;
 }
 
-int cmd_data(int argc, char **argv)
+static int data_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "input+", "output=", "val-fraction=", "tokenizer=", "no-special", NULL };
-    Args a;
     char err[256];
     if (argc < 2 || strcmp(argv[1], "prepare")) {
         if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
@@ -54,11 +53,11 @@ int cmd_data(int argc, char **argv)
         td_error("usage: tandem data prepare --input PATH... --output DATA.bin [--val-fraction 0.05] [--tokenizer DIR]");
         return 2;
     }
-    if (args_parse(&a, argc, argv, 2, spec, err, sizeof err)) {
+    if (args_parse(ap, argc, argv, 2, spec, err, sizeof err)) {
         td_error("data prepare: %s", err);
         return 2;
     }
-    if (a.help) {
+    if (ap->help) {
         printf("usage: tandem data prepare --input PATH... --output DATA.bin [--val-fraction 0.05]\n"
                "                          [--tokenizer DIR [--no-special]]\n"
                "Byte-level tokens (V = 256) of the inputs (files; directories: their regular\n"
@@ -69,29 +68,37 @@ int cmd_data(int argc, char **argv)
         return 0;
     }
     const char *const *inputs = NULL;
-    int n_in = args_multi(&a, "input", &inputs);
-    const char *out = args_get(&a, "output");
+    int n_in = args_multi(ap, "input", &inputs);
+    const char *out = args_get(ap, "output");
     double vf;
     if (!n_in || !out) {
         td_error("data prepare: --input and --output are required");
         return 2;
     }
-    if (args_num(&a, "val-fraction", 0.05, 0, 0.99, &vf, err, sizeof err) < 0) {
+    if (args_num(ap, "val-fraction", 0.05, 0, 0.99, &vf, err, sizeof err) < 0) {
         td_error("data prepare: %s", err);
         return 2;
     }
-    const char *tdir = args_get(&a, "tokenizer");
+    const char *tdir = args_get(ap, "tokenizer");
     Tokenizer *tok = NULL;
     if (tdir && tok_load_dir(&tok, tdir, err, sizeof err)) {
         td_error("data prepare: %s", err);
         return 1;
     }
-    if (!tdir && args_flag(&a, "no-special")) {
+    if (!tdir && args_flag(ap, "no-special")) {
         td_error("data prepare: --no-special needs --tokenizer");
         return 2;
     }
-    int rc = data_prepare(inputs, n_in, out, vf, tok, !args_flag(&a, "no-special")) ? 1 : 0;
+    int rc = data_prepare(inputs, n_in, out, vf, tok, !args_flag(ap, "no-special")) ? 1 : 0;
     tok_free(tok);
+    return rc;
+}
+
+int cmd_data(int argc, char **argv)
+{
+    Args a = { 0 };
+    int rc = data_run(&a, argc, argv);
+    args_free(&a);
     return rc;
 }
 
@@ -190,16 +197,15 @@ static int32_t *read_tokens(const char *data, const char *text, size_t *len, con
     return t;
 }
 
-int cmd_score(int argc, char **argv)
+static int score_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "data=", "text=", "seq-len=", "output=", "batch=", NULL };
-    Args a;
     char err[512];
-    if (args_parse(&a, argc, argv, 1, spec, err, sizeof err)) {
+    if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("score: %s", err);
         return 2;
     }
-    if (a.help) {
+    if (ap->help) {
         printf("usage: tandem score --ckpt CKPT (--data DATA.bin | --text FILE) --seq-len T --output OUT.h5 [--batch 8]\n"
                "Scores consecutive whole windows from the start of the token stream: window i\n"
                "has inputs [iT, (i+1)T) and targets [iT+1, (i+1)T+1).  Writes /logprobs [N, T]\n"
@@ -208,16 +214,16 @@ int cmd_score(int argc, char **argv)
                "output against the training forward (tandem score --rollout --help).\n");
         return 0;
     }
-    const char *ckpt = args_get(&a, "ckpt"), *data = args_get(&a, "data"), *text = args_get(&a, "text");
-    const char *out = args_get(&a, "output");
+    const char *ckpt = args_get(ap, "ckpt"), *data = args_get(ap, "data"), *text = args_get(ap, "text");
+    const char *out = args_get(ap, "output");
     double T, B;
     if (!ckpt || !out || !!data == !!text) {
         td_error("score: --ckpt, --output and one of --data / --text are required");
         return 2;
     }
-    if (args_num(&a, "seq-len", -1, 1, 1 << 20, &T, err, sizeof err) != 0 ||
-        args_num(&a, "batch", 8, 1, 4096, &B, err, sizeof err) < 0) {
-        td_error("score: %s", args_get(&a, "seq-len") ? err : "--seq-len is required");
+    if (args_num(ap, "seq-len", -1, 1, 1 << 20, &T, err, sizeof err) != 0 ||
+        args_num(ap, "batch", 8, 1, 4096, &B, err, sizeof err) < 0) {
+        td_error("score: %s", args_get(ap, "seq-len") ? err : "--seq-len is required");
         return 2;
     }
     size_t len;
@@ -255,24 +261,31 @@ int cmd_score(int argc, char **argv)
     return rc ? 1 : 0;
 }
 
-int cmd_eval(int argc, char **argv)
+int cmd_score(int argc, char **argv)
+{
+    Args a = { 0 };
+    int rc = score_run(&a, argc, argv);
+    args_free(&a);
+    return rc;
+}
+
+static int eval_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "data=", "text=", "seq-len=", "batch=", "split=", "max-windows=", NULL };
-    Args a;
     char err[512];
-    if (args_parse(&a, argc, argv, 1, spec, err, sizeof err)) {
+    if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("eval: %s", err);
         return 2;
     }
-    if (a.help) {
+    if (ap->help) {
         printf("usage: tandem eval --ckpt CKPT (--data DATA.bin [--split val|train|all] | --text FILE)\n"
                "                   [--seq-len 256] [--batch 8] [--max-windows N]\n"
                "Mean loss and perplexity over consecutive windows of the split (default val),\n"
                "printed as one JSON object.\n");
         return 0;
     }
-    const char *ckpt = args_get(&a, "ckpt"), *data = args_get(&a, "data"), *text = args_get(&a, "text");
-    const char *split = args_str(&a, "split", "val");
+    const char *ckpt = args_get(ap, "ckpt"), *data = args_get(ap, "data"), *text = args_get(ap, "text");
+    const char *split = args_str(ap, "split", "val");
     double T, B, maxw;
     if (!ckpt || !!data == !!text) {
         td_error("eval: --ckpt and one of --data / --text are required");
@@ -282,9 +295,9 @@ int cmd_eval(int argc, char **argv)
         td_error("eval: --split must be val, train or all");
         return 2;
     }
-    if (args_num(&a, "seq-len", 256, 1, 1 << 20, &T, err, sizeof err) < 0 ||
-        args_num(&a, "batch", 8, 1, 4096, &B, err, sizeof err) < 0 ||
-        args_num(&a, "max-windows", 1e12, 1, 1e12, &maxw, err, sizeof err) < 0) {
+    if (args_num(ap, "seq-len", 256, 1, 1 << 20, &T, err, sizeof err) < 0 ||
+        args_num(ap, "batch", 8, 1, 4096, &B, err, sizeof err) < 0 ||
+        args_num(ap, "max-windows", 1e12, 1, 1e12, &maxw, err, sizeof err) < 0) {
         td_error("eval: %s", err);
         return 2;
     }
@@ -320,4 +333,12 @@ int cmd_eval(int argc, char **argv)
     td_free(tok);
     scorer_close(&s);
     return rc ? 1 : 0;
+}
+
+int cmd_eval(int argc, char **argv)
+{
+    Args a = { 0 };
+    int rc = eval_run(&a, argc, argv);
+    args_free(&a);
+    return rc;
 }

@@ -4,13 +4,16 @@
 #include "comm/comm.h"
 #include "core/model/backprop.h"
 #include "core/common.h"
+#include "core/fma_peak.h"
 #include "core/ops/gemm.h"
 #include "core/pool.h"
 #include "train/data.h"
 #include "train/optim.h"
 
+#include <cJSON.h>
 #include <cblas.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -49,7 +52,7 @@ typedef struct {
     Loader loader;
     int64_t step, tokens_seen;
     int n_moe_global;      /* MoE layers of the whole model (aux/z means) */
-    double peak_sgemm, peak_kernel, flops_per_token;
+    double peak_sgemm, peak_kernel, peak_fma, flops_per_token;   /* GFLOP/s per rank, measured at start-up */
     FILE *metrics;
     bool tty, rank0;
     int n_local;
@@ -64,7 +67,8 @@ typedef struct {
     double ep_min, ep_max; /* ... its min and max over the ep group */
     double bubble;         /* pipeline: mean fraction of the step stages spend waiting */
     /* summary */
-    double t_start, last_loss, last_val, tok_s_sum, mfu_sum, mfu_sgemm, mfu_sgemm_sum;
+    double t_start, last_loss, last_val, tok_s_sum, mfu_sum;
+    double gemm_eff, sgemm_eff, gemm_eff_sum, sgemm_eff_sum;   /* this step's, and the sums for the summary */
     int n_timed;
     char last_ckpt[1200];
 } Trainer;
@@ -260,12 +264,19 @@ static int setup_model(Trainer *tr, CkptState *st, bool *resumed)
     }
     int stages[TOPO_MAX_PP], n_st = 0;
     if (rc->pp_layers[0]) {
-        const char *s = rc->pp_layers;
-        while (*s && n_st < TOPO_MAX_PP) {
-            stages[n_st++] = atoi(s);
-            s = strchr(s, ',');
-            if (!s) break;
-            s++;
+        /* every entry is counted, also past TOPO_MAX_PP, so that a longer
+         * list is refused rather than cut to pp */
+        for (const char *s = rc->pp_layers;;) {
+            char *end;
+            long v = strtol(s, &end, 10);
+            if (end == s || v < 0 || v > INT_MAX || (*end && *end != ',')) {
+                td_error("run config: pp_layers \"%s\" must be comma-separated layer counts", rc->pp_layers);
+                return -1;
+            }
+            if (n_st < TOPO_MAX_PP) stages[n_st] = (int)v;
+            n_st++;
+            if (!*end) break;
+            s = end + 1;
         }
         if (n_st != rc->pp) {
             td_error("run config: pp_layers \"%s\" names %d stages, pp=%d", rc->pp_layers, n_st, rc->pp);
@@ -426,9 +437,11 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
     if (!tr->rank0 || !tr->metrics) return;
     FILE *f = tr->metrics;
     fprintf(f, "{\"step\":%lld,\"loss\":%.9g,\"ce\":%.9g,\"aux\":%.6f,\"z\":%.6f,\"lr\":%.6e,"
-               "\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"mfu_sgemm\":%.4f,\"step_s\":%.4f,\"comm_s\":%.4f,"
+               "\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"gemm_eff\":%.4f,\"sgemm_eff\":%.4f,"
+               "\"step_s\":%.4f,\"comm_s\":%.4f,"
                "\"tokens_seen\":%lld,\"peak_mem_mb\":%.1f,\"act_mem_mb\":%.1f",
-            (long long)tr->step, loss, ce, lp_sum->aux, lp_sum->z, lr, gnorm, tok_s, mfu, tr->mfu_sgemm, step_s, comm_s,
+            (long long)tr->step, loss, ce, lp_sum->aux, lp_sum->z, lr, gnorm, tok_s, mfu, tr->gemm_eff, tr->sgemm_eff,
+            step_s, comm_s,
             (long long)tr->tokens_seen, td_mem_peak() / 1048576.0, tr->slots[0].acts.arena.size / 1048576.0);
     for (int g = COMM_DP; g < COMM_N_GROUPS; g++) {
         if (comm_group_size((CommGroup)g) <= 1) continue;
@@ -451,6 +464,102 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
     if (!isnan(val)) fprintf(f, ",\"val_loss\":%.6f", val);
     fprintf(f, "}\n");
     fflush(f);
+}
+
+/* The step of a metrics row, or -1 when the line is not one (a line cut
+ * short by a crash). */
+static int64_t metrics_row_step(const char *line)
+{
+    cJSON *o = cJSON_Parse(line);
+    const cJSON *s = o ? cJSON_GetObjectItemCaseSensitive(o, "step") : NULL;
+    int64_t step = cJSON_IsNumber(s) && s->valuedouble >= 0 ? (int64_t)s->valuedouble : -1;
+    cJSON_Delete(o);
+    return step;
+}
+
+/* On resume from `step`: path keeps the history up to that step, each
+ * step once.  Rows after it belong to the abandoned continuation; where an
+ * earlier restart left a step twice, the later row (the continuation that
+ * went on) wins.  Written to path.tmp, fsync'ed and renamed, so the rows
+ * kept survive a crash here.  0, or -1 (printed). */
+static int metrics_rewind(const char *path, int64_t step)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT) return 0;   /* resuming into a new out_dir */
+        td_error("cannot read %s: %s", path, strerror(errno));
+        return -1;
+    }
+    char **rows = NULL, *line = NULL;
+    int64_t *steps = NULL;
+    size_t nr = 0, cap = 0, lcap = 0, dropped = 0;
+    ssize_t len;
+    while ((len = getline(&line, &lcap, f)) > 0) {
+        int64_t s = metrics_row_step(line);
+        if (s < 0) {
+            dropped++;
+            continue;
+        }
+        while (nr > 0 && steps[nr - 1] >= s) {   /* a restart: what followed step s - 1 before is superseded */
+            td_free(rows[--nr]);
+            dropped++;
+        }
+        if (nr == cap) {
+            cap = cap ? 2 * cap : 256;
+            char **nrw = td_malloc(cap * sizeof *nrw);
+            int64_t *nst = td_malloc(cap * sizeof *nst);
+            if (nr) {
+                memcpy(nrw, rows, nr * sizeof *rows);
+                memcpy(nst, steps, nr * sizeof *steps);
+            }
+            td_free(rows);
+            td_free(steps);
+            rows = nrw;
+            steps = nst;
+        }
+        rows[nr] = td_strdup(line);
+        steps[nr++] = s;
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    free(line);
+    size_t keep = nr;
+    while (keep > 0 && steps[keep - 1] > step) keep--;
+    dropped += nr - keep;
+    int rc = 0;
+    if (bad) {
+        td_error("cannot read %s", path);
+        rc = -1;
+    } else if (dropped) {
+        char tmp[PATH_MAX];
+        if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
+            td_error("%s: path too long", path);
+            rc = -1;
+        }
+        FILE *o = rc ? NULL : fopen(tmp, "w");
+        if (!rc && !o) {
+            td_error("cannot write %s: %s", tmp, strerror(errno));
+            rc = -1;
+        }
+        for (size_t i = 0; o && i < keep; i++) {
+            size_t l = strlen(rows[i]);
+            bool nl = l && rows[i][l - 1] == '\n';
+            if (fwrite(rows[i], 1, l, o) != l || (!nl && fputc('\n', o) == EOF)) rc = -1;
+        }
+        if (o && (fflush(o) || fsync(fileno(o)))) rc = -1;
+        if (o && fclose(o)) rc = -1;
+        if (o && !rc && rename(tmp, path)) rc = -1;
+        if (o && rc) {
+            td_error("cannot rewrite %s: %s", path, strerror(errno));
+            unlink(tmp);
+        }
+        if (!rc) td_info("metrics: %s keeps %zu rows up to step %lld (dropped %zu after it or repeated)", path, keep,
+                         (long long)step, dropped);
+    }
+    for (size_t i = 0; i < nr; i++) td_free(rows[i]);
+    td_free(rows);
+    td_free(steps);
+    return rc;
 }
 
 /* Forward of the next micro-batch into slot sl. */
@@ -672,11 +781,14 @@ static int train_step(Trainer *tr)
         comm_allreduce_f64(COMM_PP, &b, 1);
         tr->bubble = b / tr->topo.pp;
     }
-    /* MFU against the best GEMM rate measured on these cores at start-up
-     * (tandem's kernel; cblas_sgemm is slower here), and against sgemm */
-    double peak = fmax(tr->peak_kernel, tr->peak_sgemm);
-    double mfu = tr->flops_per_token * tok_s / (peak * 1e9 * comm_size());
-    tr->mfu_sgemm = tr->flops_per_token * tok_s / (tr->peak_sgemm * 1e9 * comm_size());
+    /* MFU: model FLOPs per second over the FMA peak measured on these
+     * cores at start-up (core/fma_peak.h); gemm_eff over the best GEMM rate
+     * measured at start-up (tandem's kernel or cblas_sgemm), sgemm_eff over
+     * cblas_sgemm's: efficiencies against what a GEMM reaches here */
+    const double model_flops = tr->flops_per_token * tok_s / (1e9 * comm_size());
+    double mfu = model_flops / tr->peak_fma;
+    tr->gemm_eff = model_flops / fmax(tr->peak_kernel, tr->peak_sgemm);
+    tr->sgemm_eff = model_flops / tr->peak_sgemm;
     double val = NAN;
     if (rc->eval_every > 0 && (tr->step % rc->eval_every == 0 || tr->step == rc->steps)) {
         val = evaluate(tr);
@@ -687,7 +799,8 @@ static int train_step(Trainer *tr)
     if (tr->step > 1) {   /* the first step pays for first-touch memory */
         tr->tok_s_sum += tok_s;
         tr->mfu_sum += mfu;
-        tr->mfu_sgemm_sum += tr->mfu_sgemm;
+        tr->gemm_eff_sum += tr->gemm_eff;
+        tr->sgemm_eff_sum += tr->sgemm_eff;
         tr->n_timed++;
     }
     double avg = tr->n_timed ? (td_now() - tr->t_start) / (double)tr->step : step_s;
@@ -716,14 +829,15 @@ static void summary(Trainer *tr)
     if (!isnan(tr->last_val))
         fprintf(stderr, ", validation %.4f (perplexity %.2f)\n", tr->last_val, exp(tr->last_val));
     fprintf(stderr,
-            "  throughput   %.0f tokens/s, MFU %.1f%% of the best GEMM rate measured here (tandem's kernel,\n"
-            "               %.0f GFLOP/s per rank), %.1f%% of cblas_sgemm's (%.0f GFLOP/s per rank)\n"
+            "  throughput   %.0f tokens/s, MFU %.1f%% of the FMA peak measured here (%.0f GFLOP/s per rank)\n"
+            "  GEMM eff.    %.1f%% of the best GEMM rate measured at start-up (%.0f GFLOP/s per rank),\n"
+            "               %.1f%% of cblas_sgemm's (%.0f GFLOP/s per rank)\n"
             "  memory       peak %.1f MiB allocated (activations %.1f MiB), RSS %.1f MiB\n"
             "  checkpoint   %s\n"
             "  metrics      %s/metrics.jsonl\n",
             tr->n_timed ? tr->tok_s_sum / tr->n_timed : 0.0, tr->n_timed ? 100 * tr->mfu_sum / tr->n_timed : 0.0,
-            fmax(tr->peak_kernel, tr->peak_sgemm), tr->n_timed ? 100 * tr->mfu_sgemm_sum / tr->n_timed : 0.0,
-            tr->peak_sgemm, td_mem_peak() / 1048576.0, tr->slots[0].acts.arena.size / 1048576.0,
+            tr->peak_fma, tr->n_timed ? 100 * tr->gemm_eff_sum / tr->n_timed : 0.0, fmax(tr->peak_kernel, tr->peak_sgemm),
+            tr->n_timed ? 100 * tr->sgemm_eff_sum / tr->n_timed : 0.0, tr->peak_sgemm, td_mem_peak() / 1048576.0, tr->slots[0].acts.arena.size / 1048576.0,
             td_rss_peak() / 1048576.0, tr->last_ckpt[0] ? tr->last_ckpt : "(none)", rc->out_dir);
 }
 
@@ -813,6 +927,7 @@ int train_run(const RunConfig *rc)
     if (tr.rank0) {
         char p[1100];
         snprintf(p, sizeof p, "%s/metrics.jsonl", rc->out_dir);
+        if (resumed && metrics_rewind(p, tr.step)) goto out;
         tr.metrics = fopen(p, resumed ? "a" : "w");
         if (!tr.metrics) {
             td_error("cannot write %s: %s", p, strerror(errno));
@@ -820,6 +935,9 @@ int train_run(const RunConfig *rc)
         }
     }
     train_measure_peak(&tr.peak_sgemm, &tr.peak_kernel);
+    /* no GEMM outruns the FMA units: a lower FMA figure was a disturbed
+     * measurement (core/fma_peak.h), and the MFU never exceeds gemm_eff */
+    tr.peak_fma = fmax(fma_peak_gflops(), fmax(tr.peak_kernel, tr.peak_sgemm));
     const ModelConfig *c = &tr.m.cfg;
     tr.flops_per_token = 6.0 * (double)config_active_param_count(c) +
                          6.0 * c->num_hidden_layers * (double)c->num_attention_heads * c->head_dim * (double)T;
@@ -827,10 +945,12 @@ int train_run(const RunConfig *rc)
         char pc[16];
         fmt_count(pc, sizeof pc, (double)config_param_count(c));
         td_info("train: %s params, %d layers, %d experts top-%d | world %d (dp %d tp %d pp %d ep %d) | "
-                "batch %d x %d x %d accum | %d steps | weights %.1f MiB, activations %.1f MiB | peak GEMM %.0f GFLOP/s",
+                "batch %d x %d x %d accum | %d steps | weights %.1f MiB, activations %.1f MiB | "
+                "FMA peak %.0f, best GEMM %.0f GFLOP/s",
                 pc, c->num_hidden_layers, c->num_local_experts, c->num_experts_per_tok, tr.topo.world,
                 tr.topo.dp, tr.topo.tp, tr.topo.pp, tr.topo.ep, rc->micro_batch, rc->seq_len, rc->grad_accum,
-                rc->steps, model_weight_bytes(&tr.m) / 1048576.0, tr.n_slots * tr.slots[0].acts.arena.size / 1048576.0, fmax(tr.peak_kernel, tr.peak_sgemm));
+                rc->steps, model_weight_bytes(&tr.m) / 1048576.0, tr.n_slots * tr.slots[0].acts.arena.size / 1048576.0, tr.peak_fma,
+                fmax(tr.peak_kernel, tr.peak_sgemm));
     }
     td_errors_rank0_only = 0;   /* from here on, failures can be one rank's own */
     signal(SIGINT, on_signal);

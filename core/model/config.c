@@ -3,6 +3,7 @@
 #include "core/common.h"
 
 #include <cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,14 +63,18 @@ static const struct key g_keys[] = {
 #undef KEY
 #define N_KEYS (sizeof g_keys / sizeof g_keys[0])
 
+/* A derived size, or -1 when it does not fit an int (config_validate
+ * refuses it naming the key). */
+static int derived(long long v) { return v > INT_MAX ? -1 : (int)v; }
+
 static void derive(ModelConfig *c, const bool *given)
 {
     (void)given;
     if (c->num_key_value_heads == 0) c->num_key_value_heads = c->num_attention_heads;
     if (c->head_dim == 0 && c->num_attention_heads > 0)
         c->head_dim = c->hidden_size / c->num_attention_heads;
-    if (c->intermediate_size == 0) c->intermediate_size = 4 * c->hidden_size;
-    if (c->moe_intermediate_size == 0) c->moe_intermediate_size = 2 * c->hidden_size;
+    if (c->intermediate_size == 0) c->intermediate_size = derived(4LL * c->hidden_size);
+    if (c->moe_intermediate_size == 0) c->moe_intermediate_size = derived(2LL * c->hidden_size);
 }
 
 int config_from_cjson(ModelConfig *cfg, const void *obj, char *err, size_t err_len)
@@ -185,6 +190,21 @@ int config_load(ModelConfig *cfg, const char *path, char *err, size_t err_len)
     return rc;
 }
 
+/* config_param_count in double: no overflow however large the values
+ * (config_validate bounds it before any size_t product is formed). */
+static double param_count_f64(const ModelConfig *c)
+{
+    const double d = c->hidden_size, V = c->vocab_size, hd = c->head_dim;
+    const double attn = 2 * d + 2 * (double)c->num_attention_heads * hd * d + 2 * (double)c->num_key_value_heads * hd * d;
+    const double dense = 3 * (double)c->intermediate_size * d;
+    const double E = c->num_local_experts, F = c->moe_intermediate_size;
+    const double S = c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size
+                                                            : F * (double)c->n_shared_experts;
+    const double moe = E * d + E * 3 * F * d + 3 * S * d + d;
+    const int n_moe = config_n_moe_layers(c), L = c->num_hidden_layers;
+    return V * d * (c->tie_word_embeddings ? 1 : 2) + d + L * attn + (L - n_moe) * dense + n_moe * moe;
+}
+
 #define REQUIRE(cond, ...)                                   \
     do {                                                     \
         if (!(cond)) {                                       \
@@ -207,6 +227,9 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len)
             "\"head_dim\" must be even and in [2, 256] (got %d)", c->head_dim);
     REQUIRE(c->first_k_dense_replace >= 0 && c->first_k_dense_replace <= c->num_hidden_layers,
             "\"first_k_dense_replace\" must be in [0, num_hidden_layers] (got %d)", c->first_k_dense_replace);
+    REQUIRE(c->intermediate_size >= 0 && c->moe_intermediate_size >= 0,
+            "\"intermediate_size\" and \"moe_intermediate_size\" must be in [0, %d] (their defaults, 4 and 2 "
+            "times hidden_size, must fit too)", INT_MAX);
     REQUIRE(c->decoder_sparse_step >= 1, "\"decoder_sparse_step\" must be >= 1 (got %d)", c->decoder_sparse_step);
     for (int i = 0; i < c->n_mlp_only_layers; i++)
         REQUIRE(c->mlp_only_layers[i] < c->num_hidden_layers,
@@ -236,10 +259,23 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len)
             "\"max_position_embeddings\" must be in [1, 1048576] (got %d)", c->max_position_embeddings);
     REQUIRE(c->router_aux_loss_coef >= 0, "\"router_aux_loss_coef\" must be >= 0");
     REQUIRE(c->router_z_loss_coef >= 0, "\"router_z_loss_coef\" must be >= 0");
-    /* keep every tensor's element count within int range of BLAS calls */
-    double big = (double)c->num_local_experts * c->moe_intermediate_size * c->hidden_size;
-    double shared = (double)config_shared_width(c) * c->hidden_size;
-    REQUIRE(big < 2e9 && shared < 2e9 && (double)c->vocab_size * c->hidden_size < 2e9, "model too large for this build");
+    /* What the build can address.  A GEMM dimension is an int (cblas):
+     * rows and columns of every weight matrix, one expert at a time (the
+     * stacked [E, F, d] tensors are never one GEMM operand), so the
+     * products of config values that form one (H*hd, Hkv*hd, the shared
+     * experts' F*S) must fit.  Every tensor and slab is counted in size_t
+     * floats: the whole model, with gradients, moments and packed copies,
+     * stays far below 2^64 bytes when it has at most 2^58 parameters. */
+    const long long qd = (long long)c->num_attention_heads * c->head_dim;
+    const long long kvd = (long long)c->num_key_value_heads * c->head_dim;
+    const long long sd = c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size
+                         : (long long)c->moe_intermediate_size * c->n_shared_experts;
+    REQUIRE(qd <= INT_MAX, "num_attention_heads x head_dim = %lld exceeds %d (a matrix dimension)", qd, INT_MAX);
+    REQUIRE(kvd <= INT_MAX, "num_key_value_heads x head_dim = %lld exceeds %d (a matrix dimension)", kvd, INT_MAX);
+    REQUIRE(!any_moe || sd <= INT_MAX, "the shared experts' width %lld exceeds %d (a matrix dimension)",
+            sd, INT_MAX);
+    const double n = param_count_f64(c);
+    REQUIRE(n <= 0x1p58, "the model has %.4g parameters; this build addresses at most 2^58", n);
     return 0;
 }
 

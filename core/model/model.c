@@ -19,7 +19,8 @@ static Param *add(Model *m, const char *name, int ndim, const size_t *shape, int
     const Topology *t = &m->topo;
     Param *p = &m->params[m->n_params++];
     memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "%s", name);
+    TD_CHECK(!td_snprintf(p->name, sizeof p->name, "%s", name), "parameter name %s: over %d bytes", name,
+             PARAM_NAME_MAX - 1);
     p->ndim = ndim;
     p->tp_dim = tp_dim;
     p->ep_dim = ep_dim;
@@ -64,6 +65,14 @@ void param_partition(const Param *p, const Topology *t, char *out, size_t out_le
     snprintf(out, out_len, "%s", buf[0] ? buf : "replicated");
 }
 
+/* "model/layers/<l>/<s>": at most 53 bytes ("mlp/shared_experts/gate_proj"
+ * after 10 digits), well within PARAM_NAME_MAX. */
+static const char *layer_name(char *n, size_t cap, int l, const char *s)
+{
+    TD_CHECK(!td_snprintf(n, cap, "model/layers/%d/%s", l, s), "layer %d: name of %s over %zu bytes", l, s, cap - 1);
+    return n;
+}
+
 static void layer_params(Model *m, int l)
 {
     const ModelConfig *c = &m->cfg;
@@ -71,7 +80,7 @@ static void layer_params(Model *m, int l)
     const size_t H = (size_t)c->num_attention_heads, Hkv = (size_t)c->num_key_value_heads;
     Layer *L = &m->layers[l];
     char n[PARAM_NAME_MAX];
-#define NAME(s) (snprintf(n, sizeof n, "model/layers/%d/%s", l, s), n)
+#define NAME(s) layer_name(n, sizeof n, l, s)
     L->ln1 = add(m, NAME("input_layernorm"), 1, (size_t[]){ d }, -1, -1, l, false, false);
     L->q = add(m, NAME("self_attn/q_proj"), 2, (size_t[]){ H * hd, d }, 0, -1, l, true, true);
     L->k = add(m, NAME("self_attn/k_proj"), 2, (size_t[]){ Hkv * hd, d }, 0, -1, l, true, true);

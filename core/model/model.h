@@ -32,7 +32,7 @@
 #include "core/model/config.h"
 #include "core/ops/moe.h"
 #include "core/ops/rope.h"
-#include "core/tensor.h"
+#include "core/arena.h"
 #include "core/model/topology.h"
 
 #define PARAM_NAME_MAX 96

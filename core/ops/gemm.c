@@ -508,7 +508,9 @@ void gemm_xwt_group(const GemmProblem *pr, int n)
  * avoids).  dy itself (dx) is read in place, rows as x in the forward.
  *
  * Scratch: each thread keeps one buffer for its packed blocks, grown on
- * demand and kept for the next call: at most BW_B_FLOATS + 8 * 16 * (KC + 1)
+ * demand to what any range of the call could need (so the size depends on
+ * the shape, not on which ranges a thread claimed) and kept for the next
+ * call: at most BW_B_FLOATS + 8 * 16 * (KC + 1)
  * floats (~4.3 MiB), kc x J floats for J <= 2048.  See gemm_scratch_free.
  */
 
@@ -738,23 +740,37 @@ typedef struct {
     size_t ni, nj, nr;   /* I, J, R */
     int cola;          /* A is dy^T (a_rs == 1) */
     int split_j;       /* the pool splits panels of J, else rows of I */
+    size_t scratch;    /* floats: the most any range of this job needs */
 } BwJob;
 
-/* C[i0..i1, panels p0..p1) += A B over all of R, block by block (see the
- * section comment). */
-static void bw_run(const BwJob *jb, size_t i0, size_t i1, size_t p0, size_t p1)
+/* Floats of packed B (*nb) and of packed dy^T (*na) that bw_run needs for
+ * a range of ni rows and n_pan panels of C. */
+static void bw_scratch(const BwJob *jb, size_t ni, size_t n_pan, size_t *nb, size_t *na)
 {
-    const size_t ni = i1 - i0, kc_max = td_min(BW_KC, jb->nr), ap_ld = kc_max + 1;
+    const size_t kc_max = td_min(BW_KC, jb->nr), ap_ld = kc_max + 1;
     const int pack_b_ = ni > MR_MAX && jb->ldb > BW_LD_INPLACE;                /* panels reused by tiles */
-    const int pack_a_ = jb->cola && p1 - p0 > 1 && jb->a_ks > BW_LD_INPLACE;  /* tiles reused by panels */
+    const int pack_a_ = jb->cola && n_pan > 1 && jb->a_ks > BW_LD_INPLACE;    /* tiles reused by panels */
     /* Panels per B block: all of J <= 2048, so that A is read (and dy^T
      * packed) once per reduction block; 256 KiB when I is one A block, as
      * A is then cheap to re-read and a B block that stays in L2 is worth
      * more (dW with N = 64, K = 1024: ~10% faster). */
     const size_t ncp = td_max(1, (ni <= BW_MC ? BW_B_SMALL : BW_B_FLOATS) / (kc_max * GEMM_NR));
-    const size_t nb = pack_b_ ? kc_max * GEMM_NR * td_min(ncp, p1 - p0) : 0;
-    const size_t na = pack_a_ ? ap_ld * AP_LD * ((td_min(BW_MC, ni) + MR_MAX - 1) / MR_MAX) : 0;
-    float *Bp = nb + na ? scratch_get(nb + na) : NULL, *Ap = pack_a_ ? Bp + nb : NULL;
+    *nb = pack_b_ ? kc_max * GEMM_NR * td_min(ncp, n_pan) : 0;
+    *na = pack_a_ ? ap_ld * AP_LD * ((td_min(BW_MC, ni) + MR_MAX - 1) / MR_MAX) : 0;
+}
+
+/* C[i0..i1, panels p0..p1) += A B over all of R, block by block (see the
+ * section comment).  The scratch asked for is jb->scratch, what the whole
+ * job needs, not this range: whichever ranges a thread claims, a later call
+ * of the same shape finds its buffer big enough (gemm.h). */
+static void bw_run(const BwJob *jb, size_t i0, size_t i1, size_t p0, size_t p1)
+{
+    const size_t ni = i1 - i0, kc_max = td_min(BW_KC, jb->nr), ap_ld = kc_max + 1;
+    size_t nb, na;
+    bw_scratch(jb, ni, p1 - p0, &nb, &na);
+    const int pack_b_ = nb > 0, pack_a_ = na > 0;
+    const size_t ncp = td_max(1, (ni <= BW_MC ? BW_B_SMALL : BW_B_FLOATS) / (kc_max * GEMM_NR));
+    float *Bp = nb + na ? scratch_get(td_max(jb->scratch, nb + na)) : NULL, *Ap = pack_a_ ? Bp + nb : NULL;
     for (size_t pc = 0; pc < jb->nr; pc += BW_KC) {
         const size_t kc = td_min(BW_KC, jb->nr - pc);
         const float *b = jb->b + pc * jb->ldb;   /* rows pc.. of B and of dy^T */
@@ -800,6 +816,18 @@ static double imbalance(size_t n, size_t nt)
     return (double)((n + nt - 1) / nt * nt) / (double)n;
 }
 
+/* The most any range of jb can need, whatever the split: the need grows
+ * with the panels and, up to one A block, with the rows; past BW_MC rows
+ * the B block is the big one. */
+static size_t bw_job_scratch(const BwJob *jb)
+{
+    const size_t n_panels = td_round_up(jb->nj, GEMM_NR) / GEMM_NR;
+    size_t nb, na, nb1, na1;
+    bw_scratch(jb, jb->ni, n_panels, &nb, &na);
+    bw_scratch(jb, td_min(jb->ni, BW_MC), n_panels, &nb1, &na1);
+    return td_max(nb + na, nb1 + na1);
+}
+
 /* Threads own disjoint blocks of C (whole 12-row tiles or whole panels),
  * so there is nothing to reduce between them and no write is shared. */
 static void bw_product(BwJob *jb)
@@ -813,6 +841,7 @@ static void bw_product(BwJob *jb)
      * pool's start-up is not worth it.  Results do not depend on either. */
     double ii = imbalance(n_tiles, nt), ij = imbalance(n_panels, nt);
     jb->split_j = ij < ii || (ij == ii && n_panels > n_tiles);
+    jb->scratch = bw_job_scratch(jb);
     if (nt == 1 || gemm_flops(jb->ni, jb->nj, jb->nr) < 1e6)
         bw_run(jb, 0, jb->ni, 0, n_panels);
     else if (jb->split_j)
@@ -824,14 +853,14 @@ static void bw_product(BwJob *jb)
 void gemm_dx_acc(float *dx, size_t lddx, const float *dy, size_t lddy,
                  const float *W, size_t M, size_t N, size_t K)
 {
-    BwJob jb = { dx, lddx, dy, lddy, 1, W, K, M, K, N, 0, 0 };
+    BwJob jb = { dx, lddx, dy, lddy, 1, W, K, M, K, N, 0, 0, 0 };
     bw_product(&jb);
 }
 
 void gemm_dw_acc(float *dW, const float *dy, size_t lddy, const float *x, size_t ldx,
                  size_t M, size_t N, size_t K)
 {
-    BwJob jb = { dW, K, dy, 1, lddy, x, ldx, N, K, M, 1, 0 };
+    BwJob jb = { dW, K, dy, 1, lddy, x, ldx, N, K, M, 1, 0, 0 };
     bw_product(&jb);
 }
 
@@ -844,8 +873,11 @@ void gemm_dw_acc(float *dW, const float *dy, size_t lddy, const float *x, size_t
 
 static BwJob bw_job_of(const GemmBwProblem *p)
 {
-    if (p->dw) return (BwJob){ p->out, p->ldout, p->dy, 1, p->lddy, p->in, p->ldin, p->N, p->K, p->M, 1, 0 };
-    return (BwJob){ p->out, p->ldout, p->dy, p->lddy, 1, p->in, p->ldin, p->M, p->K, p->N, 0, 0 };
+    BwJob jb = p->dw ? (BwJob){ p->out, p->ldout, p->dy, 1, p->lddy, p->in, p->ldin, p->N, p->K, p->M, 1, 0, 0 }
+                     : (BwJob){ p->out, p->ldout, p->dy, p->lddy, 1, p->in, p->ldin, p->M, p->K, p->N, 0, 0, 0 };
+    /* a group's pieces, like bw_product's ranges, ask for the whole job's */
+    if (jb.ni && jb.nj && jb.nr) jb.scratch = bw_job_scratch(&jb);
+    return jb;
 }
 
 struct bw_group { const GemmBwProblem *pr; int n; double total, target; int nt; };

@@ -112,10 +112,16 @@ void gemm_bw_group(const GemmBwProblem *p, int n);
 
 /* Scratch of the backward products: each thread that runs them keeps one
  * buffer for packed slices of the operands (64-byte aligned, a few MiB at
- * most), grown on demand and reused by later calls, so a training step
- * allocates nothing once its shapes have been seen.  A thread's buffer is
- * freed when the thread exits; gemm_scratch_free frees all of them (call
- * it with no GEMM running, e.g. at shutdown; later calls grow them again).
+ * most), grown on demand and reused by later calls.  A thread grows it to
+ * what the call's shape needs (M, N, K, strides), not to the share of the
+ * work it happened to claim, so a thread that has taken part in a product
+ * of a shape allocates nothing in later products of that shape, and a
+ * training step allocates nothing once every thread has run its shapes.
+ * Which threads take part in a call is up to the pool (pool.h); a thread
+ * that had no share of an earlier call may grow its buffer in a later one.
+ * A thread's buffer is freed when the thread exits; gemm_scratch_free
+ * frees all of them (call it with no GEMM running, e.g. at shutdown; later
+ * calls grow them again).
  * The buffers are the GEMM's own, like OpenBLAS's: not counted by
  * td_malloc; gemm_scratch_bytes reports their total. */
 void gemm_scratch_free(void);

@@ -171,17 +171,16 @@ static int do_encode(const Tokenizer *t, const char *text, size_t len, bool spec
     return 0;
 }
 
-int cmd_tokenize(int argc, char **argv)
+static int tokenize_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "tokenizer=", "text=", "input=", "jsonl", "no-special", "chat=",
                                         "add-generation-prompt", "decode", "ids=", "skip-special", NULL };
-    Args a;
     char err[1024];
-    if (args_parse(&a, argc, argv, 1, spec, err, sizeof err)) {
+    if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("tokenize: %s", err);
         return 2;
     }
-    if (a.help) {
+    if (ap->help) {
         printf("%s"
                "Token ids of a text as Hugging Face's tokenizer(text) gives them (special\n"
                "tokens added as HF adds them; --no-special: add_special_tokens=False).\n"
@@ -192,11 +191,11 @@ int cmd_tokenize(int argc, char **argv)
                USAGE);
         return 0;
     }
-    const char *dir = args_get(&a, "tokenizer"), *text = args_get(&a, "text"), *input = args_get(&a, "input"),
-               *chat = args_get(&a, "chat"), *ids_s = args_get(&a, "ids");
-    bool decode = args_flag(&a, "decode");
+    const char *dir = args_get(ap, "tokenizer"), *text = args_get(ap, "text"), *input = args_get(ap, "input"),
+               *chat = args_get(ap, "chat"), *ids_s = args_get(ap, "ids");
+    bool decode = args_flag(ap, "decode");
     int modes = (text != NULL) + (input != NULL && !decode) + (chat != NULL) + decode;
-    if (!dir || modes != 1 || a.n_pos) {
+    if (!dir || modes != 1 || ap->n_pos) {
         td_error("tokenize: give --tokenizer and one of --text, --input, --chat, --decode (tandem tokenize --help)");
         return 2;
     }
@@ -204,7 +203,7 @@ int cmd_tokenize(int argc, char **argv)
         td_error("tokenize: --decode takes --ids 1,2,3 or --input IDS.jsonl (and --ids needs --decode)");
         return 2;
     }
-    if (args_flag(&a, "jsonl") && (!input || decode)) {
+    if (args_flag(ap, "jsonl") && (!input || decode)) {
         td_error("tokenize: --jsonl needs --input FILE");
         return 2;
     }
@@ -220,7 +219,7 @@ int cmd_tokenize(int argc, char **argv)
         td_error("tokenize: %s", err);
         return 1;
     }
-    bool special = !args_flag(&a, "no-special");
+    bool special = !args_flag(ap, "no-special");
     TokIds ids = { 0 };
     TokBuf file = { 0 };
     TokText out = { 0 };
@@ -229,10 +228,10 @@ int cmd_tokenize(int argc, char **argv)
         rc = do_encode(t, text, strlen(text), special, &ids);
         if (!rc) print_result(NULL, 0, ids.ids, ids.n, true);
     } else if (decode && input) {
-        rc = slurp(input, &file) || decode_lines(t, input, &file, args_flag(&a, "skip-special"));
+        rc = slurp(input, &file) || decode_lines(t, input, &file, args_flag(ap, "skip-special"));
     } else if (input) {
         rc = slurp(input, &file);
-        if (!rc && !args_flag(&a, "jsonl")) {
+        if (!rc && !args_flag(ap, "jsonl")) {
             rc = do_encode(t, file.p, file.n, special, &ids);
             if (!rc) print_result(NULL, 0, ids.ids, ids.n, true);
         } else if (!rc) {
@@ -251,7 +250,7 @@ int cmd_tokenize(int argc, char **argv)
         }
     } else if (chat) {
         rc = slurp(chat, &file);
-        if (!rc && render_chat(t, file.p, file.n, args_flag(&a, "add-generation-prompt"), &out, err, sizeof err)) {
+        if (!rc && render_chat(t, file.p, file.n, args_flag(ap, "add-generation-prompt"), &out, err, sizeof err)) {
             td_error("tokenize: --chat %s: %s", chat, err);
             rc = -1;
         }
@@ -259,7 +258,7 @@ int cmd_tokenize(int argc, char **argv)
         if (!rc) print_result(out.s ? out.s : "", out.len, ids.ids, ids.n, true);
     } else {
         rc = parse_ids(ids_s, &ids);
-        if (!rc && tok_decode(t, ids.ids, ids.n, args_flag(&a, "skip-special"), &out, err, sizeof err)) {
+        if (!rc && tok_decode(t, ids.ids, ids.n, args_flag(ap, "skip-special"), &out, err, sizeof err)) {
             td_error("tokenize: --ids: %s", err);
             rc = -1;
         }
@@ -274,4 +273,12 @@ int cmd_tokenize(int argc, char **argv)
         return 1;
     }
     return rc ? 1 : 0;
+}
+
+int cmd_tokenize(int argc, char **argv)
+{
+    Args a = { 0 };
+    int rc = tokenize_run(&a, argc, argv);
+    args_free(&a);
+    return rc;
 }

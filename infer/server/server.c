@@ -73,7 +73,7 @@ struct Server {
     Engine *e;               /* borrowed */
     ServerOpts o;
     ApiLimits lim;
-    char model[128];
+    char *model;              /* owned copy of the model name */
     long started;
     struct MHD_Daemon *d;
     int port;
@@ -318,12 +318,16 @@ static int completion_submit(Completion *c, ApiError *err)
             ch->r = NULL;
             c->refs--;
             pthread_mutex_unlock(&c->mu);
+            if (rc == -1)
+                api_error(err, 429, NULL, "the server is overloaded (its queue of %zu is full); retry later",
+                          s->e->o.max_queue);
+            else if (r->refusal == ENGINE_NO_ROOM)   /* the engine's check: ids, lengths, the cache */
+                api_error(err, 400, "max_tokens", "%s (the server's --kv-mb)", r->error);
+            else
+                api_error(err, 400, "prompt", "%s", r->error);
             request_free(r);
             completion_cancel(c);
-            if (rc == -1)
-                return api_error(err, 429, NULL, "the server is overloaded (its queue of %zu is full); retry later",
-                                 s->e->o.max_queue), 429;
-            return api_error(err, 400, "prompt", "the prompt does not fit the model's context or the KV cache"), 400;
+            return err->status;
         }
     }
     return 0;
@@ -756,10 +760,8 @@ int server_start(Server **out, Engine *e, const ServerOpts *o, char *err, size_t
     Server *s = td_calloc(sizeof *s);
     s->e = e;
     s->o = *o;
-    snprintf(s->model, sizeof s->model, "%s", o->model_name);
-    s->lim.vocab = e->m->cfg.vocab_size;
+    s->model = td_strdup(o->model_name);
     s->lim.context = (size_t)e->m->cfg.max_position_embeddings;
-    s->lim.kv_positions = (size_t)e->kv.n_blocks * e->kv.bs;
     s->lim.max_n = o->max_n;
     s->started = (long)time(NULL);
     s->keepalive = o->idle_timeout ? fmin(15.0, o->idle_timeout / 3.0) : 15.0;
@@ -862,5 +864,6 @@ void server_free(Server *s)
         td_error("serve: %d requests were still alive at exit", s->n_live);
     metrics_free(&s->m);
     pthread_mutex_destroy(&s->mu);
+    td_free(s->model);
     td_free(s);
 }

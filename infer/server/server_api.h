@@ -21,11 +21,12 @@
 #define API_DEFAULT_MAX_TOKENS 16   /* OpenAI's default for completions */
 #define API_MAX_LOGPROBS SAMPLER_TOP_MAX
 
-/* What the server can honour; set once at start. */
+/* What the server can honour; set once at start.  Token ids against the
+ * vocabulary and prompt + max_tokens against the KV cache are checked by
+ * the engine when the request is submitted (engine_check), for every
+ * caller alike. */
 typedef struct {
-    int vocab;             /* token ids are in [0, vocab) */
     size_t context;        /* max_position_embeddings: prompt + max_tokens <= context */
-    size_t kv_positions;   /* positions the whole KV cache holds (one request at most) */
     int max_n;             /* choices per request (n x number of prompts) */
 } ApiLimits;
 
@@ -33,7 +34,7 @@ typedef struct {
 typedef struct {
     int status;
     char param[32];
-    char message[256];
+    char message[512];
 } ApiError;
 
 /* A validated completions request.  Owns tokens and offs (api_completion_free). */

@@ -97,14 +97,6 @@ static double rate_of(const MetricsData *d)
     return dt > 0.5 ? (double)(d->st.tokens_generated - d->rate_tok[oldest]) / dt : 0.0;
 }
 
-double metrics_rate(Metrics *m)
-{
-    pthread_mutex_lock(&m->mu);
-    double r = rate_of(&m->d);
-    pthread_mutex_unlock(&m->mu);
-    return r;
-}
-
 /* ------------------------------------------------------------------ render */
 
 typedef struct {

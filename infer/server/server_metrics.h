@@ -53,8 +53,6 @@ void metrics_finished(Metrics *m, const char *finish_reason);
 void metrics_http(Metrics *m, int status);
 /* Engine thread, after each step: the engine's counters and gauges. */
 void metrics_engine(Metrics *m, const EngineStats *st);
-/* Generated tokens per second over the last seconds (engine snapshots). */
-double metrics_rate(Metrics *m);
 /* The exposition text (td_malloc'd, NUL-terminated; *len its length). */
 char *metrics_render(Metrics *m, size_t *len);
 

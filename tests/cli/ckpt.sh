@@ -72,13 +72,18 @@ assert j["config"]["hidden_size"] == 32 and j["optimizer"]["beta2"] == 0.95 and 
 names = [t["name"] for t in j["tensors"]]
 assert names[0] == "model/embed_tokens" and "trainer/rank_rng" in names, names[:3]
 w = [t for t in j["tensors"] if t["name"].startswith("model/") or t["name"] == "lm_head"]
-assert len(j["tensors"]) == 3 * len(w) + 2
+tok = [t for t in j["tensors"] if t["name"].startswith("tokenizer/")]
+assert len(j["tensors"]) == 3 * len(w) + 2 + len(tok)
+assert j["tokenizer"] == {t["name"][10:]: t["numel"] for t in tok} and set(j["tokenizer"]) == {"tokenizer.json", "generation_config.json"}, j["tokenizer"]
+assert all(t["dtype"] == "uint8" for t in tok)
 assert j["totals"]["weight_params"] == sum(t["numel"] for t in w)
 assert j["totals"]["optimizer_values"] == 2 * j["totals"]["weight_params"]
 assert all(t["partition"] == "replicated" and t["dtype"] == "float32" for t in w)
 EOF
 then pass "info --json is one JSON object with config, topology, tensors, totals"; else fail "info --json"; fi
 expect_ok "ckpt verify" $T ckpt verify "$A"
+$T ckpt info "$A" | grep "^tokenizer  " | grep "generation_config.json (19 bytes)" | grep -q "tokenizer.json ([0-9]* bytes)" \
+    && pass "info lists the tokenizer files" || fail "info: no tokenizer line"
 
 # ---- reshard: another topology recorded, the same numbers
 R=$W/r.h5
@@ -113,6 +118,22 @@ import h5py, numpy as np, sys
 f = h5py.File(sys.argv[1]); d = f['model/layers/0/self_attn/q_proj']
 assert d.dtype == np.float16 and f['model/norm'].dtype == np.float32
 " "$W/f16.h5" && pass "h5py reads the f16 export as float16 (norms float32)" || fail "h5py float16"
+# ---- the tokenizer files: 1-D uint8 datasets h5py reads as bytes, carried
+# through reshard and export
+if $PY - "$A" "$R" "$W/r3.h5" "$W/bf16.h5" <<'EOF'
+import h5py, json, sys
+want = None
+for p in sys.argv[1:]:
+    with h5py.File(p, "r") as f:
+        d = f["tokenizer/tokenizer.json"]
+        assert d.dtype == "uint8" and d.ndim == 1 and d.fletcher32 and d.chunks, (p, d)
+        got = (bytes(f["tokenizer/tokenizer.json"][()]), bytes(f["tokenizer/generation_config.json"][()]))
+        assert "tokenizer/tokenizer_config.json" not in f, p
+    want = want or got
+    assert got == want, p
+assert json.loads(want[0])["mpi_ckpt"] is True and json.loads(want[1]) == {"eos_token_id": 2}
+EOF
+then pass "h5py: /tokenizer bytes, the same in the resharded and exported files"; else fail "tokenizer files"; fi
 $T ckpt info "$W/bf16.h5" | grep -q "optimizer   none" && pass "export drops the optimizer" || fail "export kept the optimizer"
 expect_ok "reshard --weights-only keeps step" $T ckpt reshard "$A" "$W/wo.h5" --weights-only --tp 2
 [ "$($T ckpt info --json "$W/wo.h5" | $PY -c 'import json,sys; j=json.load(sys.stdin); print(j["step"], j["optimizer"])')" = "5 None" ] \
@@ -137,6 +158,14 @@ if kind == "byte":
         b = fp.read(1)
         fp.seek(info.byte_offset + info.size // 2)
         fp.write(bytes([b[0] ^ 0x20]))
+elif kind == "tok":
+    with h5py.File(path, "r") as f:
+        info = f["tokenizer/tokenizer.json"].id.get_chunk_info(0)
+    with open(path, "r+b") as fp:
+        fp.seek(info.byte_offset + 3)
+        b = fp.read(1)
+        fp.seek(info.byte_offset + 3)
+        fp.write(bytes([b[0] ^ 0x01]))
 elif kind == "truncate":
     os.truncate(path, os.path.getsize(path) * 2 // 3)
 elif kind == "shape":
@@ -152,9 +181,10 @@ elif kind == "version":
 EOF
 }
 msgs=""
-for kind in byte truncate shape version; do
+for kind in byte tok truncate shape version; do
     case $kind in
     byte) want="checksum mismatch in dataset /model/layers/1/mlp/experts/down_proj" ;;
+    tok) want="checksum mismatch in dataset /tokenizer/tokenizer.json" ;;
     truncate) want="file is truncated" ;;
     shape) want="dataset /model/layers/0/self_attn/k_proj: shape [8,32] does not match the config [16,32]" ;;
     version) want="attribute format_version is 2; this tandem reads version 1" ;;
@@ -167,7 +197,7 @@ for kind in byte truncate shape version; do
 "
     expect_refused "load refuses a $kind change" "$want" $TOOL load "$X" --moments
 done
-[ "$(printf '%s' "$msgs" | sort -u | wc -l)" -eq 4 ] && pass "four kinds of damage, four different messages" || fail "messages not distinct"
+[ "$(printf '%s' "$msgs" | sort -u | wc -l)" -eq 5 ] && pass "five kinds of damage, five different messages" || fail "messages not distinct"
 
 # ---- every subcommand has --help; misuse exits 2
 nohelp=""

@@ -4,13 +4,15 @@
 # build/tests/mpi_ckpt loop saves step_N.h5 (weights + AdamW moments, ~30 MB)
 # over and over into a run directory, pointing latest at each finished file
 # and keeping the newest 2, as the trainer does.  It is killed with SIGKILL
-# at random moments, 15 times (each restart continues after latest).  After
+# at random moments, 15 times (each restart continues after latest; every
+# third kill as soon as a save has begun).  After
 # every kill: latest, if it exists, names a file `tandem ckpt verify`
 # accepts (every chunk checksummed) and that loads with its optimizer state;
 # every other finished step_*.h5 (the previous checkpoint) verifies too; a
 # killed save leaves at most a step_*.h5.tmp behind.
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/bounds.sh
 BUILD=${BUILD:-build}
 T=bin/tandem
 TOOL=$BUILD/tests/mpi_ckpt
@@ -28,21 +30,28 @@ for i in $(seq "$KILLS"); do
     pid=$!
     # Odd runs die at a random moment from the start (set-up, the first
     # save); even runs once a save has finished, at a random moment of the
-    # next ones (a save, its rename, latest, prune).
-    if [ $((i % 2)) -eq 0 ]; then
-        n=0
-        while ! grep -q saved "$W/loop.log" && [ $n -lt 600 ]; do sleep 0.1; n=$((n + 1)); done
+    # next ones (a save, its rename, latest, prune).  Every third run dies
+    # as soon as a save's .tmp file is there, so that some kills land
+    # inside a save however fast saves are on this machine.
+    saved_one() { grep -q saved "$W/loop.log"; }
+    saving() { ls "$D"/*.tmp >/dev/null 2>&1; }
+    if [ $((i % 2)) -eq 0 ] && ! wait_until 120 "kill $i: a finished save of the loop (pid $pid)" saved_one; then
+        fails=$((fails + 1))
     fi
-    sleep "$(awk -v s="$i" 'BEGIN { srand(s * 7919); printf "%.2f", 0.1 + 1.4 * rand() }')"
+    if [ $((i % 3)) -eq 0 ]; then
+        wait_until 120 "kill $i: a save under way (a .tmp in $D)" saving || fails=$((fails + 1))
+    else
+        sleep "$(awk -v s="$i" 'BEGIN { srand(s * 7919); printf "%.2f", 0.1 + 1.4 * rand() }')"
+    fi
     kill -9 $pid 2>/dev/null || true
     wait $pid 2>/dev/null || true
     ls "$D"/*.tmp >/dev/null 2>&1 && mid_save=$((mid_save + 1))
     saved=$(grep -c saved "$W/loop.log" || true)
     if [ -L "$D/latest" ]; then
-        if ! $T ckpt verify "$D" >"$W/v" 2>&1; then
+        if ! bounded 120 $T ckpt verify "$D" >"$W/v" 2>&1; then
             echo "FAIL kill $i: latest -> $(readlink "$D/latest") does not verify:"; cat "$W/v"; fails=$((fails + 1))
         fi
-        if ! $TOOL load "$D" --moments >"$W/v" 2>&1; then
+        if ! bounded 120 $TOOL load "$D" --moments >"$W/v" 2>&1; then
             echo "FAIL kill $i: latest does not load:"; cat "$W/v"; fails=$((fails + 1))
         fi
     elif [ $((i % 2)) -eq 0 ]; then
@@ -50,7 +59,7 @@ for i in $(seq "$KILLS"); do
     fi
     for f in "$D"/step_*.h5; do
         [ -e "$f" ] || continue
-        $T ckpt verify "$f" >/dev/null 2>&1 || { echo "FAIL kill $i: $f (finished) does not verify"; fails=$((fails + 1)); }
+        bounded 120 $T ckpt verify "$f" >/dev/null 2>&1 || { echo "FAIL kill $i: $f (finished) does not verify"; fails=$((fails + 1)); }
     done
     echo "kill $i: $saved saves this run, latest -> $(readlink "$D/latest" 2>/dev/null || echo none), files: $(cd "$D" 2>/dev/null && ls | tr '\n' ' ')"
 done

@@ -7,6 +7,7 @@
 # only one that trains a model to a quality bar.
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/bounds.sh
 BUILD=${BUILD:-build}
 T=${TANDEM:-bin/tandem}
 PY=/usr/bin/python3
@@ -17,12 +18,12 @@ DATA=$BUILD/fortunes.bin
 [ -s "$DATA" ] || $T data prepare --input /usr/share/games/fortunes --output "$DATA" >/dev/null
 
 # the demo's run config, only the output moved (and no mid-run checkpoints)
-if ! $T train configs/demo.json data="$DATA" out_dir="$W/run" save_every=0 >"$W/train.log" 2>&1; then
+if ! bounded 3600 $T train configs/demo.json data="$DATA" out_dir="$W/run" save_every=0 >"$W/train.log" 2>&1; then
     tail -5 "$W/train.log"
     echo "demo: FAIL: training configs/demo.json"
     exit 1
 fi
-$T eval --ckpt "$W/run" --data "$DATA" --seq-len 256 >"$W/eval.json" 2>"$W/eval.err" ||
+bounded 300 $T eval --ckpt "$W/run" --data "$DATA" --seq-len 256 >"$W/eval.json" 2>"$W/eval.err" ||
     { cat "$W/eval.err"; echo "demo: FAIL: tandem eval"; exit 1; }
 
 $PY - "$W/run/metrics.jsonl" "$W/eval.json" <<'PYEOF'

@@ -6,9 +6,11 @@
 # reported and the run continues (or stops, as configured).
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/bounds.sh
 T=$PWD/bin/tandem
+TB="bounded 600 $T"   # every run bounded (tests/bounds.sh)
 PY=/usr/bin/python3
-MPI="mpirun --oversubscribe --allow-run-as-root"
+MPI="bounded 600 mpirun --oversubscribe --allow-run-as-root"
 W=$(mktemp -d /tmp/tandem-rl-test.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 fail=0
@@ -33,7 +35,7 @@ EOF
 }
 
 # ---------------------------------------------------------------- it learns
-$T rl $C out_dir="$W/v" steps=30 >"$W/log" 2>&1 || { echo "FAIL rl run"; cat "$W/log"; fail=1; }
+$TB rl $C out_dir="$W/v" steps=30 >"$W/log" 2>&1 || { echo "FAIL rl run"; cat "$W/log"; fail=1; }
 check "$W/v" "colocated, 1 process" 30
 $PY - "$W/v" <<'EOF' || fail=1
 import json, sys
@@ -62,10 +64,10 @@ print("ok   split: sync of %d bytes per step, kl %.4f, policy versions %s"
 EOF
 
 # ---------------------------------------------------------------- other tasks
-$T rl $C out_dir="$W/t" steps=3 task=target_length >"$W/log" 2>&1 || { echo "FAIL target_length"; cat "$W/log"; fail=1; }
+$TB rl $C out_dir="$W/t" steps=3 task=target_length >"$W/log" 2>&1 || { echo "FAIL target_length"; cat "$W/log"; fail=1; }
 check "$W/t" "target_length" 3
 printf '{"prompt":"Hello: ","id":"a"}\n{"prompt_ids":[72,105,58,32],"id":7}\n' >"$W/p.jsonl"
-$T rl $C out_dir="$W/pf" steps=2 prompts_per_step=2 prompts="$W/p.jsonl" \
+$TB rl $C out_dir="$W/pf" steps=2 prompts_per_step=2 prompts="$W/p.jsonl" \
     reward_cmd="awk '{print length(\$0) % 7 / 7}'" >"$W/log" 2>&1 || { echo "FAIL prompts+reward_cmd"; cat "$W/log"; fail=1; }
 check "$W/pf" "prompts file + reward_cmd" 2
 
@@ -73,19 +75,19 @@ check "$W/pf" "prompts file + reward_cmd" 2
 for case in "exit 3#exited with status 3" "sleep 30#timed out" "echo hello#is not a number" \
             "head -n 3 | sed s/.*/0.1/#answered 3 rewards"; do
     cmd=${case%%#*}; pat=${case#*#}
-    if $T rl $C out_dir="$W/b" steps=2 reward_cmd="$cmd" reward_timeout=1 >"$W/out" 2>"$W/err" \
+    if $TB rl $C out_dir="$W/b" steps=2 reward_cmd="$cmd" reward_timeout=1 >"$W/out" 2>"$W/err" \
         && grep -q "reward_cmd: .*$pat" "$W/err" && [ "$(grep -c '"skipped"' "$W/b/metrics.jsonl")" = 2 ]; then
         echo "ok   reward_cmd '$cmd': $(grep -m1 'error' "$W/err" | sed 's/^tandem: error: //'); steps skipped, exit 0"
     else
         echo "FAIL reward_cmd '$cmd'"; cat "$W/err"; fail=1
     fi
 done
-if $T rl $C out_dir="$W/bs" steps=3 reward_cmd="exit 3" reward_on_error=stop >"$W/out" 2>"$W/err"; then
+if $TB rl $C out_dir="$W/bs" steps=3 reward_cmd="exit 3" reward_on_error=stop >"$W/out" 2>"$W/err"; then
     echo "FAIL reward_on_error=stop exited 0"; fail=1
 else
     echo "ok   reward_on_error=stop: $(tail -1 "$W/err")"
 fi
-if $T rl $C out_dir="$W/bp" prompts="$W/none.jsonl" >"$W/out" 2>"$W/err"; then echo "FAIL missing prompts"; fail=1
+if $TB rl $C out_dir="$W/bp" prompts="$W/none.jsonl" >"$W/out" 2>"$W/err"; then echo "FAIL missing prompts"; fail=1
 else echo "ok   missing prompts file: $(cat "$W/err")"; fi
 
 [ $fail -eq 0 ] && echo "rl.sh: all passed" || { echo "rl.sh: FAILED"; exit 1; }

@@ -21,6 +21,7 @@
 # say); TANDEM_TRAIN=path trains with another build than TANDEM.
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/bounds.sh
 BUILD=${BUILD:-build}
 TANDEM=${TANDEM:-./bin/tandem}
 TANDEM_TRAIN=${TANDEM_TRAIN:-$TANDEM}
@@ -42,7 +43,7 @@ test -s "$BUILD/fortunes.bin" ||
 train() {   # train OUT_DIR key=value...
     d=$1
     shift
-    "$TANDEM_TRAIN" train configs/tiny.json data="$BUILD/fortunes.bin" out_dir="$d" "$@" >"$W/train.log" 2>&1 ||
+    bounded 300 "$TANDEM_TRAIN" train configs/tiny.json data="$BUILD/fortunes.bin" out_dir="$d" "$@" >"$W/train.log" 2>&1 ||
         { tail -n 20 "$W/train.log"; fail "tandem train $*"; }
 }
 
@@ -58,29 +59,29 @@ cat >"$W/p.jsonl" <<'EOF'
 {"id": "ids-form", "prompt_ids": [10, 32, 32, 45, 45, 32, 77, 97, 114, 107, 32, 84, 119, 97, 105, 110]}
 {"prompt": "Caf\u00e9 \u2014 ", "id": "utf8"}
 EOF
-"$TANDEM" rollout --ckpt "$W/run" --prompts "$W/p.jsonl" --n 4 --max-tokens 48 --temperature 1 --seed 11 $KV \
+bounded 300 "$TANDEM" rollout --ckpt "$W/run" --prompts "$W/p.jsonl" --n 4 --max-tokens 48 --temperature 1 --seed 11 $KV \
     >"$W/a.jsonl" 2>"$W/a.log" || { cat "$W/a.log"; fail "rollout"; }
 grep -q "rollout: 24 samples" "$W/a.log" || { cat "$W/a.log"; fail "no summary line"; }
 $CHECK shape "$W/a.jsonl" --prompts "$W/p.jsonl" --n 4 --ckpt "$CK" --max-tokens 48 --seed 11 --versions 20 ||
     fail "output shape"
 # same seed, another batch size and thread count, a file output: the same samples
-TANDEM_THREADS=1 "$TANDEM" rollout --ckpt "$CK" --prompts "$W/p.jsonl" --n 4 --max-tokens 48 --seed 11 $KV --max-running 3 \
+TANDEM_THREADS=1 bounded 300 "$TANDEM" rollout --ckpt "$CK" --prompts "$W/p.jsonl" --n 4 --max-tokens 48 --seed 11 $KV --max-running 3 \
     --output "$W/b.jsonl" 2>"$W/b.log" || { cat "$W/b.log"; fail "rollout --output"; }
 $CHECK same "$W/a.jsonl" "$W/b.jsonl" || fail "same seed, different output"
 # top-k / top-p / a stop string: still exact
-"$TANDEM" rollout --ckpt "$CK" --prompts "$W/p.jsonl" --n 2 --max-tokens 32 --temperature 0.8 --top-k 40 \
+bounded 300 "$TANDEM" rollout --ckpt "$CK" --prompts "$W/p.jsonl" --n 2 --max-tokens 32 --temperature 0.8 --top-k 40 \
     --top-p 0.95 --stop " " --seed 5 $KV >"$W/c.jsonl" 2>"$W/c.log" || { cat "$W/c.log"; fail "rollout --stop"; }
 $CHECK shape "$W/c.jsonl" --prompts "$W/p.jsonl" --n 2 --ckpt "$CK" --max-tokens 32 --seed 5 --stop " " ||
     fail "output shape with --stop"
-"$TANDEM" score --rollout "$W/a.jsonl" --ckpt "$CK" --batch 5 >"$W/a.check" || fail "score --rollout"
+bounded 300 "$TANDEM" score --rollout "$W/a.jsonl" --ckpt "$CK" --batch 5 >"$W/a.check" || fail "score --rollout"
 $CHECK verdict "$W/a.check" --samples 24 || fail "trainer check"
-"$TANDEM" score --rollout "$W/c.jsonl" --ckpt "$W/run" >"$W/c.check" || fail "score --rollout (stop)"
+bounded 300 "$TANDEM" score --rollout "$W/c.jsonl" --ckpt "$W/run" >"$W/c.check" || fail "score --rollout (stop)"
 $CHECK verdict "$W/c.check" --samples 12 || fail "trainer check (stop)"
 
 # ---------------------------------------------------------------- 2. bad input
 bad() {   # bad NAME LINE_TAG: the prompts file $W/NAME.jsonl must fail naming LINE_TAG
     rc=0
-    "$TANDEM" rollout --ckpt "$CK" --prompts "$W/$1.jsonl" --n 2 $KV >"$W/bad.out" 2>"$W/bad.err" || rc=$?
+    bounded 120 "$TANDEM" rollout --ckpt "$CK" --prompts "$W/$1.jsonl" --n 2 $KV >"$W/bad.out" 2>"$W/bad.err" || rc=$?
     [ "$rc" -ne 0 ] || fail "$1: exit 0"
     [ ! -s "$W/bad.out" ] || fail "$1: generated something"
     [ "$(wc -l <"$W/bad.err")" -eq 1 ] || { cat "$W/bad.err"; fail "$1: not one error line"; }
@@ -92,18 +93,18 @@ bad notjson "notjson.jsonl:2:"
 printf '{"prompt": "ok"}\n\n{"id": 3}\n' >"$W/noprompt.jsonl"
 bad noprompt "noprompt.jsonl:3:"
 printf '{"prompt": "ok"}\n{"prompt_ids": [1, 2, 256]}\n' >"$W/range.jsonl"
-bad range "range.jsonl:2: token id 256"
+bad range "range.jsonl:2: prompt token id 256"
 printf '{"prompt_ids": [1, -2]}\n' >"$W/negative.jsonl"
 bad negative "negative.jsonl:1:"
 $PY -c 'import json; print(json.dumps({"prompt": "ok"})); print(json.dumps({"prompt": "x" * 300}))' >"$W/long.jsonl"
-bad long "long.jsonl:2: the prompt (300 tokens) does not fit"
+bad long "long.jsonl:2: the prompt has 300 tokens"
 printf '{"prompt": ""}\n' >"$W/empty.jsonl"
 bad empty "empty.jsonl:1: the prompt is empty"
 : >"$W/none.jsonl"
 bad none "no prompts"
 head -c 300 "$W/a.jsonl" >"$W/trunc.jsonl"
 rc=0
-"$TANDEM" score --rollout "$W/trunc.jsonl" --ckpt "$CK" >/dev/null 2>"$W/bad.err" || rc=$?
+bounded 300 "$TANDEM" score --rollout "$W/trunc.jsonl" --ckpt "$CK" >/dev/null 2>"$W/bad.err" || rc=$?
 [ "$rc" -eq 2 ] && grep -q "trunc.jsonl:1:" "$W/bad.err" || { cat "$W/bad.err"; fail "malformed rollout file"; }
 ok "score --rollout on a truncated file: $(cat "$W/bad.err")"
 
@@ -114,7 +115,7 @@ for i in range(40):
     print(json.dumps({"prompt": "Prompt %d: " % i + "abcdefghij"[: i % 11], "id": "p%d" % i}))
 ' >"$W/p40.jsonl"
 train "$W/run2" steps=10
-FOLLOW="$PY tests/ref/rollout_follow.py --timeout 60"
+FOLLOW="$PY tests/ref/rollout_follow.py --timeout 180"
 ROLL="env TANDEM_THREADS=1 $TANDEM rollout --prompts $W/p40.jsonl --n 4 --max-tokens 64 --seed 3 $KV --max-running 16"
 # the next checkpoint, written by a trainer resuming the run, mid-generation
 $FOLLOW --out "$W/f.jsonl" --err "$W/f.log" \
@@ -124,7 +125,7 @@ $FOLLOW --out "$W/f.jsonl" --err "$W/f.log" \
 grep -q "policy version 10 -> 20" "$W/f.log" || { cat "$W/f.log"; fail "no swap reported"; }
 $CHECK shape "$W/f.jsonl" --prompts "$W/p40.jsonl" --n 4 --ckpt "$W/run2/step_00000020.h5" --max-tokens 64 \
     --seed 3 --versions 10,20 --order || fail "--follow output"
-"$TANDEM" score --rollout "$W/f.jsonl" --ckpt "$W/run2" >"$W/f.check" || fail "score --rollout (follow)"
+bounded 300 "$TANDEM" score --rollout "$W/f.jsonl" --ckpt "$W/run2" >"$W/f.check" || fail "score --rollout (follow)"
 $CHECK verdict "$W/f.check" --samples 160 || fail "trainer check (follow)"
 grep -q '"versions":\[10,20\]' "$W/f.check" || fail "the check did not cover both versions"
 
@@ -143,11 +144,11 @@ $FOLLOW --out "$W/g.jsonl" --err "$W/g.log" \
     -- $ROLL --follow "$W/run3" || fail "--follow with a bad checkpoint"
 $CHECK shape "$W/g.jsonl" --prompts "$W/p40.jsonl" --n 4 --ckpt "$W/run2/step_00000020.h5" --max-tokens 64 \
     --seed 3 --versions 10,20 --order || fail "--follow output after a failed load"
-"$TANDEM" score --rollout "$W/g.jsonl" --ckpt "$W/run3" >"$W/g.check" || fail "score --rollout (retry)"
+bounded 300 "$TANDEM" score --rollout "$W/g.jsonl" --ckpt "$W/run3" >"$W/g.check" || fail "score --rollout (retry)"
 $CHECK verdict "$W/g.check" --samples 160 || fail "trainer check (retry)"
 
 # a checkpoint of another model: one error line, non-zero exit
-"$TANDEM_TRAIN" train configs/tiny.json data="$BUILD/fortunes.bin" out_dir="$W/other" steps=1 \
+bounded 300 "$TANDEM_TRAIN" train configs/tiny.json data="$BUILD/fortunes.bin" out_dir="$W/other" steps=1 \
     model='{"vocab_size":256,"hidden_size":32,"num_hidden_layers":2,"num_attention_heads":4,"moe_intermediate_size":32,"num_local_experts":4,"num_experts_per_tok":2,"max_position_embeddings":256}' \
     >"$W/train3.log" 2>&1 || { tail "$W/train3.log"; fail "training another model"; }
 mkdir "$W/run4"
@@ -161,7 +162,7 @@ grep -q "another model config" "$W/h.log" || { cat "$W/h.log"; fail "config mism
 # no checkpoint at all
 mkdir "$W/empty"
 rc=0
-"$TANDEM" rollout --follow "$W/empty" --prompts "$W/p.jsonl" --wait-timeout 0.5 >/dev/null 2>"$W/e.log" || rc=$?
+bounded 300 "$TANDEM" rollout --follow "$W/empty" --prompts "$W/p.jsonl" --wait-timeout 0.5 >/dev/null 2>"$W/e.log" || rc=$?
 [ "$rc" -ne 0 ] && grep -q "error: rollout: no checkpoint appeared in" "$W/e.log" ||
     { cat "$W/e.log"; fail "--follow without a checkpoint"; }
 ok "--follow on an empty directory: $(grep error "$W/e.log")"

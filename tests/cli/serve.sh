@@ -10,6 +10,8 @@
 # tests another build of it (a sanitized one, say).
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/bounds.sh
+need curl || exit 1
 BUILD=${BUILD:-build}
 TANDEM=${TANDEM:-./bin/tandem}
 PY=/usr/bin/python3
@@ -31,7 +33,7 @@ fail() {
 # a checkpoint: the tiny model, briefly trained
 test -s "$BUILD/fortunes.bin" ||
     "$TANDEM" data prepare --input /usr/share/games/fortunes --output "$BUILD/fortunes.bin" >/dev/null
-"$TANDEM" train configs/tiny.json data="$BUILD/fortunes.bin" steps=30 out_dir="$TMP/run" \
+bounded 300 "$TANDEM" train configs/tiny.json data="$BUILD/fortunes.bin" steps=30 out_dir="$TMP/run" \
     >"$TMP/train.log" 2>&1 || { cat "$TMP/train.log"; fail "training the tiny model"; }
 
 # the server, on a port the kernel picks (printed in the start-up line)
@@ -49,7 +51,7 @@ start_server() {   # start_server CKPT: sets pid and port
         [ -n "$port" ] || sleep 0.1
     done
     head -n 1 "$TMP/serve.log"
-    curl -sf "http://127.0.0.1:$port/health" >/dev/null || fail "/health"
+    curl -sf --max-time 10 "http://127.0.0.1:$port/health" >/dev/null || fail "/health (curl, 10 s)"
 }
 
 # SIGTERM on an idle server: exit 0 promptly
@@ -69,27 +71,27 @@ stop_server() {
 }
 
 start_server "$TMP/run"
-$PY tests/ref/serve_test.py --url "http://127.0.0.1:$port" --tandem "$TANDEM" --ckpt "$TMP/run" \
-    --tmp "$TMP" || fail "serve_test.py"
+bounded 900 $PY tests/ref/serve_test.py --url "http://127.0.0.1:$port" --tandem "$TANDEM" --ckpt "$TMP/run" \
+    --tmp "$TMP" --pid "$pid" || fail "serve_test.py"
 stop_server
 echo "ok   SIGTERM: exit 0"
 
 # the Hugging Face families' ops (configs/tiny_*.json): served log-probabilities
 # equal tandem score's, and a request's bits do not depend on its batch
 for v in qwen2moe qwen3moe olmoe; do
-    "$TANDEM" train configs/tiny_$v.json data="$BUILD/fortunes.bin" steps=10 out_dir="$TMP/$v" \
+    bounded 600 "$TANDEM" train configs/tiny_$v.json data="$BUILD/fortunes.bin" steps=10 out_dir="$TMP/$v" \
         >"$TMP/train.log" 2>&1 || { cat "$TMP/train.log"; fail "training $v"; }
     start_server "$TMP/$v"
-    $PY tests/ref/serve_test.py --url "http://127.0.0.1:$port" --tandem "$TANDEM" --ckpt "$TMP/$v" \
-        --tmp "$TMP" --only test_score_parity,test_batch_invariance || fail "serve_test.py ($v)"
+    bounded 600 $PY tests/ref/serve_test.py --url "http://127.0.0.1:$port" --tandem "$TANDEM" --ckpt "$TMP/$v" \
+        --tmp "$TMP" --pid "$pid" --only test_score_parity,test_batch_invariance || fail "serve_test.py ($v)"
     stop_server
     echo "ok   $v: score parity and batch invariance"
 done
 
 # the serving path of docs/serving.md: a weights-only bf16 file (upcast on load)
-"$TANDEM" ckpt reshard "$TMP/run" "$TMP/serve_bf16.h5" --weights-only --dtype bf16 >/dev/null ||
+bounded 120 "$TANDEM" ckpt reshard "$TMP/run" "$TMP/serve_bf16.h5" --weights-only --dtype bf16 >/dev/null ||
     fail "ckpt reshard --weights-only --dtype bf16"
-$PY tests/ref/serve_drain.py --tandem "$TANDEM" --ckpt "$TMP/serve_bf16.h5" --model serve_bf16 ||
+bounded 600 $PY tests/ref/serve_drain.py --tandem "$TANDEM" --ckpt "$TMP/serve_bf16.h5" --model serve_bf16 ||
     fail "serve_drain.py"
 
 echo "serve: all passed in $(($(date +%s) - t0)) s"

@@ -13,10 +13,11 @@
 # weights left behind.
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/bounds.sh
 BUILD=${BUILD:-build}
 BIN=$BUILD/tests/mpi_ckpt
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 TANDEM_THREADS=1
-MPI="mpirun --oversubscribe -np"
+MPI="bounded 600 mpirun --oversubscribe -np"
 [ -x "$BIN" ] || { echo "ckpt.sh: $BIN missing (make unit builds it)"; exit 1; }
 D=$(mktemp -d /tmp/tandem-ckpt-mpi.XXXXXX)
 trap 'rm -rf "$D"' EXIT
@@ -30,6 +31,6 @@ for np in 4 2 1; do
 done
 # h5dump reads a file written by 4 ranks
 f=$(ls "$D"/A_w4_*f32.h5 | head -1)
-if ! h5dump -H "$f" >/dev/null; then echo "ckpt.sh: FAIL: h5dump cannot read $f"; fail=1; fi
+if ! bounded 60 h5dump -H "$f" >/dev/null; then echo "ckpt.sh: FAIL: h5dump cannot read $f"; fail=1; fi
 echo "ckpt.sh: $(ls "$D"/*.h5 | wc -l) checkpoints, $(( $(date +%s) - t0 )) s"
 [ $fail = 0 ] && echo "ckpt.sh: ok" || { echo "ckpt.sh: FAILED"; exit 1; }

@@ -12,12 +12,17 @@
 # every ep layout fails on exp_avg of that tensor (rel 1.0e-2) and grad_norm.
 # Also: expert all-to-all edge cases (build/tests/mpi_ep) and a topology that
 # does not divide the model refused with one line.
+# Every run has its own bound (tests/bounds.sh): a hung rank fails its
+# layout with a line naming it; the kill test's 100000-step job is bounded
+# too, and finding no rank to kill fails at once.
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/bounds.sh
+need mpirun pgrep timeout || exit 1
 BUILD=${BUILD:-build}
 T=bin/tandem
 PY=/usr/bin/python3
-MPI="mpirun --oversubscribe --allow-run-as-root"
+MPI="bounded 300 mpirun --oversubscribe --allow-run-as-root"
 W=$(mktemp -d /tmp/tandem-dist-test.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 fail=0
@@ -37,7 +42,7 @@ compare() {   # compare DIR LABEL: against $W/ref
     $PY tests/ref/run_compare.py "$W/ref" "$1" "$2" $TOL --ckpt "$W/ref/latest" "$1/latest" || fail=1
 }
 
-$T train $A out_dir="$W/ref" 2>/dev/null
+bounded 300 $T train $A out_dir="$W/ref" 2>/dev/null || { echo "FAIL the single-process reference run"; exit 1; }
 for layout in "2 dp=2" "4 dp=4" "4 dp=4 zero=1" "2 dp=2 ep=2" "4 dp=4 ep=4" "4 dp=4 ep=2"; do
     set -- $layout
     np=$1; shift
@@ -51,7 +56,7 @@ done
 # resume across topologies: a 12-step run at dp=4 ep=2 zero=1 saves at step 10
 R="configs/tiny.json data=$DATA shuffle=false steps=12 threads=1"
 $MPI -np 4 $T train $R save_every=10 keep_last=0 out_dir="$W/z" dp=4 ep=2 zero=1 >/dev/null 2>&1
-$T train $R out_dir="$W/z1" resume="$W/z/step_00000010.h5" >/dev/null 2>&1
+bounded 300 $T train $R out_dir="$W/z1" resume="$W/z/step_00000010.h5" >/dev/null 2>&1
 $MPI -np 2 $T train $R out_dir="$W/z2" resume="$W/z/step_00000010.h5" dp=2 ep=2 >/dev/null 2>&1
 $PY - "$W" <<'EOF' || fail=1
 import json, sys
@@ -80,20 +85,36 @@ else
     echo "FAIL bad topology message:"; cat "$W/err"; fail=1
 fi
 
-# a rank that dies mid-run: the job ends non-zero, latest stays readable
-$MPI -np 2 $T train configs/tiny.json data="$DATA" dp=2 steps=100000 save_every=3 keep_last=0 threads=1 \
-    out_dir="$W/kill" >"$W/kill.log" 2>&1 &
+# a rank that dies mid-run: the job ends non-zero, latest stays readable.
+# The job would run 100000 steps: timeout(1) bounds it (and its ranks, in
+# its process group) whatever happens below.
+timeout -k 10 300 mpirun --oversubscribe --allow-run-as-root -np 2 $T train configs/tiny.json data="$DATA" dp=2 \
+    steps=100000 save_every=3 keep_last=0 threads=1 out_dir="$W/kill" >"$W/kill.log" 2>&1 &
 job=$!
-i=0
-until [ -L "$W/kill/latest" ] || [ $i -ge 300 ]; do sleep 0.2; i=$((i + 1)); done
-sleep 1
-victim=$(pgrep -f "^$T train configs/tiny.json data=$DATA dp=2 steps=100000" | tail -1)   # a rank, not mpirun
-[ -n "$victim" ] && kill -9 "$victim"
-rc=0; wait $job || rc=$?
-if [ $rc -ne 0 ] && $T ckpt verify "$W/kill/latest" >/dev/null 2>&1; then
-    echo "ok   a rank killed mid-run: the job exits $rc, latest -> $(readlink "$W/kill/latest") verifies"
+kill_test() {
+    has_latest() { [ -L "$W/kill/latest" ]; }
+    wait_until 120 "a checkpoint (latest) in $W/kill from the dp=2 job" has_latest || return 1
+    sleep 1
+    # a rank, not mpirun: its command line starts with the binary and ends
+    # with this run's own out_dir (other runs of this test may share the host)
+    victim=$(pgrep -f "^$T train .* out_dir=$W/kill\$" | tail -n 1)
+    [ -n "$victim" ] || { echo "FAIL rank killed: no rank process found (pgrep -f '^$T train .* out_dir=$W/kill\$')"; return 1; }
+    kill -9 "$victim"
+    ended() { ! kill -0 "$job" 2>/dev/null; }
+    wait_until 60 "the dp=2 job ending after its rank $victim was killed" ended || return 1
+}
+if ! kill_test; then
+    kill -TERM "$job" 2>/dev/null || true
+    wait "$job" 2>/dev/null || true
+    tail -n 5 "$W/kill.log"
+    fail=1
 else
-    echo "FAIL rank killed: exit $rc, latest $(readlink "$W/kill/latest" 2>/dev/null)"; tail -5 "$W/kill.log"; fail=1
+    rc=0; wait "$job" || rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && bounded 120 $T ckpt verify "$W/kill/latest" >/dev/null 2>&1; then
+        echo "ok   a rank killed mid-run: the job exits $rc, latest -> $(readlink "$W/kill/latest") verifies"
+    else
+        echo "FAIL rank killed: exit $rc, latest $(readlink "$W/kill/latest" 2>/dev/null)"; tail -n 5 "$W/kill.log"; fail=1
+    fi
 fi
 
 [ $fail -eq 0 ] && echo "dist.sh: all passed" || { echo "dist.sh: FAILED"; exit 1; }

@@ -7,13 +7,22 @@
 # width: its sums all-reduced over tp inside the engine; biases; clip_qkv).
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/bounds.sh
 BUILD=${BUILD:-build}
 T=$PWD/bin/tandem
 PY=/usr/bin/python3
 MPI="mpirun --oversubscribe --allow-run-as-root"
 W=$(mktemp -d /tmp/tandem-servetp.XXXXXX)
 pids=""
-cleanup() { for p in $pids; do kill -TERM "$p" 2>/dev/null || true; done; sleep 1; rm -rf "$W"; }
+stop_servers() {   # TERM, then KILL what is left after 10 s
+    for p in $pids; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in $pids; do
+        gone() { ! kill -0 "$p" 2>/dev/null; }
+        wait_until 10 "server $p exiting after SIGTERM" gone || kill -KILL "$p" 2>/dev/null || true
+    done
+    pids=""
+}
+cleanup() { stop_servers; rm -rf "$W"; }
 trap cleanup EXIT
 DATA=$BUILD/fortunes.bin
 [ -s "$DATA" ] || $T data prepare --input /usr/share/games/fortunes --output "$DATA" 2>/dev/null
@@ -28,7 +37,7 @@ port_of() {
 fail=0
 serve_case() {   # serve_case RUN_CONFIG
     run="$W/$(basename "$1" .json)"
-    $MPI -np 2 $T train "$1" data="$DATA" steps=20 pp=2 micro_batch=4 grad_accum=2 threads=1 \
+    bounded 300 $MPI -np 2 $T train "$1" data="$DATA" steps=20 pp=2 micro_batch=4 grad_accum=2 threads=1 \
         out_dir="$run" >/dev/null 2>&1
     # three servers on free ports; each prints its port in its start-up line
     TANDEM_THREADS=1 "$T" serve --ckpt "$run" --port 0 --quiet >/dev/null 2>"$W/s1.log" &
@@ -39,7 +48,7 @@ serve_case() {   # serve_case RUN_CONFIG
     pids="$pids $!"
     p1=$(port_of "$W/s1.log"); p2=$(port_of "$W/s2.log"); p3=$(port_of "$W/s3.log")
     set +e
-    $PY - "$p1" "$p2" "$p3" "$(basename "$1" .json)" <<'PYEOF'
+    bounded 600 $PY - "$p1" "$p2" "$p3" "$(basename "$1" .json)" <<'PYEOF'
 import json, sys, threading, http.client
 ports = sys.argv[1:4]
 reqs = [dict(prompt="The meaning of", max_tokens=24, temperature=0, logprobs=2),
@@ -57,7 +66,8 @@ for port in ports:
     out = [None] * len(reqs)
     th = [threading.Thread(target=ask, args=(port, b, out, i)) for i, b in enumerate(reqs)]
     [t.start() for t in th]
-    [t.join() for t in th]
+    [t.join(300) for t in th]
+    assert not any(t.is_alive() for t in th), "port %s: requests still unanswered after 300 s" % port
     results[port] = out
 fail = 0
 for label, port in (("tp=2", ports[1]), ("ep=2", ports[2])):
@@ -76,9 +86,7 @@ sys.exit(fail)
 PYEOF
     rc=$?
     set -e
-    for p in $pids; do kill -TERM "$p" 2>/dev/null || true; done
-    sleep 2
-    pids=""
+    stop_servers
     [ $rc -eq 0 ] || fail=1
 }
 serve_case configs/tiny.json

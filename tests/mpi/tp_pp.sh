@@ -25,10 +25,11 @@
 #    gradient, or the grad-norm sum): loss off by 8e-5..2e-3, both fail.
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/bounds.sh
 BUILD=${BUILD:-build}
 T=bin/tandem
 PY=/usr/bin/python3
-MPI="mpirun --oversubscribe --allow-run-as-root"
+MPI="bounded 600 mpirun --oversubscribe --allow-run-as-root"
 W=$(mktemp -d /tmp/tandem-tppp-test.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 fail=0
@@ -51,7 +52,7 @@ compare() {   # compare REF DIR LABEL: 10-step runs REF, DIR; 1-step runs REF.1,
 
 run() {   # run NP OUT ARGS...
     np=$1; out=$2; shift 2
-    if [ "$np" = 1 ]; then $T train "$@" out_dir="$out" >"$W/log" 2>&1
+    if [ "$np" = 1 ]; then bounded 600 $T train "$@" out_dir="$out" >"$W/log" 2>&1
     else $MPI -np "$np" $T train "$@" out_dir="$out" >"$W/log" 2>&1; fi || { echo "FAIL run $*"; cat "$W/log"; fail=1; }
 }
 

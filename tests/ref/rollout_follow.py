@@ -14,14 +14,29 @@ deterministic: however fast the machine, the new checkpoint lands while the
 rollout has work left.  With --wait-stderr, once TEXT appears on the
 rollout's stderr, --then runs while it keeps going.  Writes stdout and
 stderr to OUT and ERR.  Exit 0 when the rollout exits 0 (or, with
---expect-fail, exits non-zero with exactly one error line).
+--expect-fail, exits non-zero with exactly one error line).  Every wait
+(the first sample, --during, --wait-stderr, --then, the rollout's end) is
+bounded by --timeout seconds and fails with a line naming it.
 """
 import argparse
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+
+
+def call_bounded(cmd, timeout):
+    """Runs the shell command cmd in its own process group; its exit status,
+    or None when it ran past timeout seconds (then the group is killed)."""
+    q = subprocess.Popen(cmd, shell=True, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        return q.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(q.pid, signal.SIGKILL)
+        q.wait()
+        return None
 
 
 def main():
@@ -77,8 +92,10 @@ def main():
         finish(False, "no sample within %g s" % a.timeout)
     p.send_signal(signal.SIGSTOP)
     n_before = len(out)
-    rc = subprocess.call(a.during, shell=True, stdout=subprocess.DEVNULL)
+    rc = call_bounded(a.during, a.timeout)
     p.send_signal(signal.SIGCONT)
+    if rc is None:
+        finish(False, "--during still running after %g s (killed): %s" % (a.timeout, a.during))
     if rc != 0:
         finish(False, "--during failed (exit %d): %s" % (rc, a.during))
     if a.wait_stderr:
@@ -88,8 +105,10 @@ def main():
                 finish(False, "no %r on stderr" % a.wait_stderr)
         if not any(a.wait_stderr in l for l in err):
             finish(False, "the rollout ended before %r appeared on stderr" % a.wait_stderr)
-        if subprocess.call(a.then, shell=True, stdout=subprocess.DEVNULL) != 0:
-            finish(False, "--then failed: %s" % a.then)
+        rc = call_bounded(a.then, a.timeout)
+        if rc != 0:
+            finish(False, "--then %s: %s" % ("still running after %g s (killed)" % a.timeout if rc is None
+                                             else "failed (exit %d)" % rc, a.then))
     try:
         rc = p.wait(a.timeout)
     except subprocess.TimeoutExpired:

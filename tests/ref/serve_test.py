@@ -4,7 +4,7 @@
 Run by tests/cli/serve.sh against a running server (started with
 --max-running 16 --max-queue 48 --max-body 65536 on a tiny checkpoint):
 
-  serve_test.py --url http://127.0.0.1:PORT --tandem bin/tandem --ckpt RUN --tmp DIR
+  serve_test.py --url http://127.0.0.1:PORT --tandem bin/tandem --ckpt RUN --tmp DIR --pid PID
 
 Checks: response shapes (completion, stream, models, health, metrics);
 streamed text == whole text for the same seed; n > 1; seeds; greedy
@@ -20,6 +20,7 @@ import json
 import os
 import re
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -99,6 +100,16 @@ def metrics():
             k, v = line.rsplit(" ", 1)
             out[k] = float(v)
     return out
+
+
+def join_all(threads, timeout, what):
+    """Joins client threads, all within timeout seconds (each request has
+    its own socket timeout too)."""
+    t_end = time.time() + timeout
+    for t in threads:
+        t.join(max(0.0, t_end - time.time()))
+    alive = sum(t.is_alive() for t in threads)
+    check(alive == 0, f"{what}: {alive} clients still waiting after {timeout} s")
 
 
 def wait_idle(what, timeout=10.0):
@@ -308,14 +319,13 @@ def test_batch_invariance():
     barrier = threading.Barrier(16)
 
     def run(i):
-        barrier.wait()
+        barrier.wait(timeout=60)
         results[i] = complete(target if i == 7 else others[i if i < 7 else i - 1])
 
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    ts = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(16)]
     for t in ts:
         t.start()
-    for t in ts:
-        t.join()
+    join_all(ts, 120, "16 concurrent requests")
     check(all(r is not None for r in results), "all 16 concurrent requests answered")
     busy = results[7]["choices"][0]
     check(busy["token_ids"] == alone["token_ids"], "token_ids alone vs beside 15 others")
@@ -332,7 +342,7 @@ def test_concurrent_clients():
     barrier = threading.Barrier(32)
 
     def run(i):
-        barrier.wait()
+        barrier.wait(timeout=60)
         body = {"prompt": f"client {i}: ", "max_tokens": 8 + i % 5, "seed": i, "logprobs": i % 3}
         if i % 4 == 3:
             chunks, _ = stream(body)
@@ -348,11 +358,10 @@ def test_concurrent_clients():
         except Exception as e:   # reported below, with the client number
             errors.append(f"client {i}: {e}")
 
-    ts = [threading.Thread(target=guarded, args=(i,)) for i in range(32)]
+    ts = [threading.Thread(target=guarded, args=(i,), daemon=True) for i in range(32)]
     for t in ts:
         t.start()
-    for t in ts:
-        t.join()
+    join_all(ts, 120, "32 concurrent clients")
     check(not errors, "; ".join(errors[:3]))
     for kind, body, r in results:
         if kind == "whole":
@@ -543,9 +552,18 @@ def test_overload():
     abandoned (their clients hang up, which cancels them)."""
     body = json.dumps({"prompt": "load", "max_tokens": 250, "n": 16}).encode()
     req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-    socks = [socket.create_connection((HOST, PORT), timeout=10) for _ in range(8)]
-    for s in socks:
-        s.sendall(req)
+    # All 8 requests reach the server together: it is stopped (SIGSTOP)
+    # while they are sent (the kernel queues the connections), so it reads
+    # them one after the other when it continues.  The 4 it can take hold
+    # every slot for 250 steps, so the other 4 find no room, however the
+    # test and the server are scheduled.
+    os.kill(ARGS.pid, signal.SIGSTOP)
+    try:
+        socks = [socket.create_connection((HOST, PORT), timeout=10) for _ in range(8)]
+        for s in socks:
+            s.sendall(req)
+    finally:
+        os.kill(ARGS.pid, signal.SIGCONT)
     # refusals come at once; stop listening 0.2 s after the last answer
     answers = {}
     t0 = t_last = time.time()
@@ -582,34 +600,91 @@ def wait_cancelled(what, before, timeout=10.0):
         time.sleep(0.02)
 
 
+class Stopped:
+    """The server stopped (SIGSTOP) inside the with-block: nothing it does
+    can race the test's steps there."""
+
+    def __enter__(self):
+        os.kill(ARGS.pid, signal.SIGSTOP)
+
+    def __exit__(self, *exc):
+        os.kill(ARGS.pid, signal.SIGCONT)
+
+
+def hang_up(s, finished):
+    """With the server stopped: reads what it has sent so far, closes the
+    socket; True when the response was still unfinished (finished(bytes)
+    is False), i.e. the hang-up cancels work in flight."""
+    with Stopped():
+        got = b""
+        s.setblocking(False)
+        try:
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    break
+                got += b
+        except (BlockingIOError, ConnectionResetError):
+            pass
+        s.close()
+    return not finished(got)
+
+
+def post_raw(body):
+    s = socket.create_connection((HOST, PORT), timeout=10)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    return s
+
+
 def test_disconnects():
+    """Clients that hang up while their request is in flight: the choices
+    are cancelled and free their slots and KV blocks.  Whether a request
+    is still in flight when its client leaves is checked (the server is
+    stopped while the client hangs up and the bytes received so far are
+    read), not assumed: a stalled test could see a request finish first;
+    then the case is tried again, up to 3 times."""
     c0 = metrics()['tandem_requests_total{finish_reason="cancelled"}']
     # a streaming client reads two events and hangs up
     body = json.dumps({"prompt": "A", "max_tokens": 255, "n": 16, "stream": True}).encode()
-    s = socket.create_connection((HOST, PORT), timeout=10)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-    got = b""
-    while got.count(b"data: ") < 2:
-        b = s.recv(4096)
-        check(b, "stream closed before two events")
-        got += b
-    s.close()
-    c1, dt = wait_cancelled("a streaming client hung up", c0)
-    # a client waiting for a whole completion hangs up once its request is in the engine
-    body = json.dumps({"prompt": "B", "max_tokens": 255, "n": 16}).encode()
-    s = socket.create_connection((HOST, PORT), timeout=10)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-    t0 = time.time()
-    while True:
-        m = metrics()
-        if m["tandem_requests_running"] + m["tandem_requests_waiting"] > 0:
+    for attempt in range(3):
+        s = post_raw(body)
+        got = b""
+        while got.count(b"data: ") < 2:
+            b = s.recv(4096)
+            check(b, "stream closed before two events")
+            got += b
+        if hang_up(s, lambda rest: b"data: [DONE]" in got + rest):
             break
-        check(time.time() - t0 < 10, "the request never reached the engine")
-        time.sleep(0.005)
-    s.close()
+        wait_idle("a stream that finished before its client left")
+    else:
+        raise Fail("3 streams of 16 x 255 tokens finished before their client could hang up")
+    c1, dt = wait_cancelled("a streaming client hung up", c0)
+    # a client waiting for a whole completion hangs up once its request is
+    # in the engine: B, queued behind A (16 choices each, 16 running slots),
+    # so that it has all its 255 steps left when its client leaves
+    a_body = json.dumps({"prompt": "A", "max_tokens": 255, "n": 16}).encode()
+    b_body = json.dumps({"prompt": "B", "max_tokens": 255, "n": 16}).encode()
+    for attempt in range(3):
+        sa = post_raw(a_body)
+        t0 = time.time()
+        while metrics()["tandem_requests_running"] < 16:
+            check(time.time() - t0 < 10, "request A never ran")
+            time.sleep(0.005)
+        sb = post_raw(b_body)
+        while metrics()["tandem_requests_waiting"] < 16:
+            check(time.time() - t0 < 10, "request B never reached the engine's queue")
+            time.sleep(0.005)
+        if hang_up(sb, lambda got: b"HTTP/1.1 200" in got):
+            break
+        sa.close()
+        wait_idle("a request that finished before its client left")
+    else:
+        raise Fail("3 requests of 16 x 255 tokens finished before their client could hang up")
+    # A's client stays: only B is cancelled, all 16 choices of it
     c2, dt2 = wait_cancelled("a waiting client hung up", c1)
+    check(c2 - c1 == 16, f"{c2 - c1} choices cancelled after B's client left, want B's 16")
+    sa.close()
     print(f"  disconnects: slots and KV blocks free {dt:.2f} s / {dt2:.2f} s after the hang-ups "
           f"({int(c2 - c0)} choices cancelled)")
 
@@ -637,6 +712,7 @@ def main():
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--tmp", required=True)
     ap.add_argument("--only", default="", help="comma-separated test names to run (default: all)")
+    ap.add_argument("--pid", type=int, required=True, help="the server's process id (SIGSTOP/SIGCONT)")
     ARGS = ap.parse_args()
     u = urllib.parse.urlparse(ARGS.url)
     HOST, PORT = u.hostname, u.port

@@ -1,41 +1,9 @@
-/* core/tensor.c - tensors and the activation arena (see tensor.h). */
-#include "core/tensor.h"
+/* core/arena.c - the activation arena (arena.h). */
+#include "core/arena.h"
 #include "core/common.h"
 
 #include <stdint.h>
 #include <string.h>
-
-Tensor tensor_new(int ndim, const size_t *shape)
-{
-    Tensor t = tensor_view(NULL, ndim, shape);
-    t.data = td_calloc(tensor_numel(&t) * sizeof(float));
-    t.owner = true;
-    return t;
-}
-
-Tensor tensor_view(float *data, int ndim, const size_t *shape)
-{
-    TD_CHECK(ndim >= 0 && ndim <= TENSOR_MAX_DIMS, "tensor rank %d", ndim);
-    Tensor t;
-    memset(&t, 0, sizeof t);
-    t.data = data;
-    t.ndim = ndim;
-    for (int i = 0; i < ndim; i++) t.shape[i] = shape[i];
-    return t;
-}
-
-void tensor_free(Tensor *t)
-{
-    if (t->owner) td_free(t->data);
-    memset(t, 0, sizeof *t);
-}
-
-size_t tensor_numel(const Tensor *t)
-{
-    size_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
-    return n;
-}
 
 void arena_init(Arena *a, size_t size)
 {

@@ -1,0 +1,84 @@
+/* tests/test_config.c - model configs (core/model/config.h): the sizes of
+ * today's largest open MoE models validate, and only what would overflow
+ * (an int matrix dimension, size_t byte counts) is refused.  Nothing here
+ * allocates a model. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "core/model/config.h"
+
+static int parse(ModelConfig *c, const char *js, char *err, size_t n) { return config_parse(c, js, err, n); }
+
+/* Parameters of the tandem model (SPEC section 2) counted tensor by
+ * tensor, as the checkpoint schema (SPEC section 4) lists them. */
+static double count(double V, double d, double L, double H, double Hkv, double hd, double Fd, double F, double E,
+                    double S, double dense, int tied)
+{
+    double embed = V * d, head = tied ? 0 : V * d, norm = d;
+    double attn = d + H * hd * d + 2 * Hkv * hd * d + d * H * hd + d;   /* two norms, q k v o */
+    double mlp_dense = 3 * Fd * d;
+    double mlp_moe = E * d + 2 * E * F * d + E * d * F + (S > 0 ? 3 * S * F * d : 0);
+    return embed + head + norm + L * attn + dense * mlp_dense + (L - dense) * mlp_moe;
+}
+
+/* DeepSeek-V3 (671B with MLA; tandem's config has grouped-query attention
+ * in its place): E = 256, F = 2048, d = 7168.  E F d = 3.76e9 per
+ * stacked expert tensor, which the old "E*F*d < 2e9" check refused. */
+Test(config, deepseek_v3_sizes_validate)
+{
+    const char *js = "{\"vocab_size\": 129280, \"hidden_size\": 7168, \"num_hidden_layers\": 61,"
+                     " \"num_attention_heads\": 128, \"num_key_value_heads\": 128, \"head_dim\": 128,"
+                     " \"intermediate_size\": 18432, \"moe_intermediate_size\": 2048, \"num_local_experts\": 256,"
+                     " \"num_experts_per_tok\": 8, \"n_shared_experts\": 1, \"first_k_dense_replace\": 3,"
+                     " \"max_position_embeddings\": 163840, \"rope_theta\": 10000}";
+    ModelConfig c;
+    char err[256] = "";
+    cr_assert_eq(parse(&c, js, err, sizeof err), 0, "refused: %s", err);
+    double want = count(129280, 7168, 61, 128, 128, 128, 18432, 2048, 256, 1, 3, 0);
+    cr_assert_eq((double)config_param_count(&c), want, "%zu parameters, counted %.0f", config_param_count(&c), want);
+    cr_assert(want > 6e11, "%.3g: the test model is not DeepSeek-sized", want);
+}
+
+/* Kimi-K2: E = 384, F = 2048, d = 7168 (over 1e12 parameters). */
+Test(config, kimi_k2_sizes_validate)
+{
+    const char *js = "{\"vocab_size\": 163840, \"hidden_size\": 7168, \"num_hidden_layers\": 61,"
+                     " \"num_attention_heads\": 64, \"num_key_value_heads\": 64, \"head_dim\": 128,"
+                     " \"intermediate_size\": 18432, \"moe_intermediate_size\": 2048, \"num_local_experts\": 384,"
+                     " \"num_experts_per_tok\": 8, \"n_shared_experts\": 1, \"first_k_dense_replace\": 1,"
+                     " \"max_position_embeddings\": 131072}";
+    ModelConfig c;
+    char err[256] = "";
+    cr_assert_eq(parse(&c, js, err, sizeof err), 0, "refused: %s", err);
+    double want = count(163840, 7168, 61, 64, 64, 128, 18432, 2048, 384, 1, 1, 0);
+    cr_assert_eq((double)config_param_count(&c), want);
+    cr_assert(want > 1e12, "%.3g", want);
+}
+
+/* What does overflow is refused, naming it. */
+Test(config, refuses_what_overflows)
+{
+    struct {
+        const char *js, *want;
+    } cases[] = {
+        /* 4 * hidden_size, the default intermediate_size, beyond an int */
+        { "{\"hidden_size\": 900000000, \"num_attention_heads\": 3515625, \"head_dim\": 256}",
+          "\"intermediate_size\" and \"moe_intermediate_size\" must be in [0, 2147483647]" },
+        /* q_proj has H * hd rows: a GEMM dimension */
+        { "{\"hidden_size\": 64, \"num_attention_heads\": 16777216, \"head_dim\": 256}",
+          "num_attention_heads x head_dim = 4294967296 exceeds 2147483647" },
+        { "{\"hidden_size\": 64, \"num_attention_heads\": 1, \"moe_intermediate_size\": 1000000000,"
+          " \"n_shared_experts\": 4, \"num_local_experts\": 2}",
+          "the shared experts' width 4000000000 exceeds" },
+        /* E F d far past what size_t byte counts hold */
+        { "{\"hidden_size\": 1000000, \"num_attention_heads\": 8, \"head_dim\": 8, \"num_local_experts\": 1000000000,"
+          " \"moe_intermediate_size\": 1000000000}",
+          "parameters; this build addresses at most 2^58" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ModelConfig c;
+        char err[256] = "";
+        cr_assert_eq(parse(&c, cases[i].js, err, sizeof err), -1, "case %zu accepted", i);
+        cr_assert(strstr(err, cases[i].want), "case %zu: \"%s\" does not say \"%s\"", i, err, cases[i].want);
+    }
+}

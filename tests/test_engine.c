@@ -1,0 +1,234 @@
+/* tests/test_engine.c - what the inference engine admits and how requests
+ * end when the KV cache is small (infer/engine.h).
+ *
+ * A tiny random model (vocab 64, so that byte tokens of a text can fall
+ * outside it) and caches of a few blocks.  Every engine loop here is
+ * bounded: a request that never ends fails the test with a line naming it
+ * instead of hanging the suite.
+ */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "core/pool.h"
+#include "infer/engine.h"
+
+static void setup(void) { pool_init(1); }
+
+TestSuite(engine, .init = setup);
+
+#define MAX_STEPS 20000   /* far above what any request here needs */
+
+typedef struct {
+    Model m;
+    Engine e;
+} Bench;
+
+/* Vocabulary 64, context 256, and a cache of n_blocks blocks of 16. */
+static void bench_open(Bench *b, int n_blocks)
+{
+    static const char *js = "{\"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 2,"
+                            " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                            " \"moe_intermediate_size\": 32, \"num_local_experts\": 4,"
+                            " \"num_experts_per_tok\": 2, \"max_position_embeddings\": 256}";
+    ModelConfig cfg;
+    char err[256];
+    cr_assert(config_parse(&cfg, js, err, sizeof err) == 0, "%s", err);
+    Topology t;
+    topo_single(&t, &cfg);
+    model_init(&b->m, &cfg, &t, false, 16);
+    model_init_weights(&b->m, 7);
+    EngineOpts o;
+    engine_opts_default(&o);
+    o.max_running = 4;
+    o.max_batch_tokens = 64;
+    o.prefill_chunk = 16;
+    o.kv_budget_bytes = (size_t)n_blocks * (size_t)cfg.num_hidden_layers * attn_block_floats(&b->m.attn) * sizeof(float);
+    engine_init(&b->e, &b->m, &o);
+    cr_assert_eq(b->e.kv.n_blocks, n_blocks, "cache of %d blocks, want %d", b->e.kv.n_blocks, n_blocks);
+}
+
+static void bench_close(Bench *b)
+{
+    engine_free(&b->e);
+    model_free(&b->m);
+}
+
+static GenParams greedy(int max_tokens)
+{
+    GenParams gp;
+    memset(&gp, 0, sizeof gp);
+    gp.max_tokens = max_tokens;
+    gp.sp.temperature = 0;
+    gp.sp.top_p = 1;
+    return gp;
+}
+
+/* Steps until nothing is left; false if that takes more than MAX_STEPS. */
+static bool run_to_end(Engine *e)
+{
+    for (int s = 0; s < MAX_STEPS; s++)
+        if (engine_step(e) == 0) return true;
+    return false;
+}
+
+static void prompt_of(int32_t *p, size_t n, int salt)
+{
+    for (size_t i = 0; i < n; i++) p[i] = (int32_t)((i * 7 + (size_t)salt * 13) % 64);
+}
+
+Test(engine, refuses_prompt_ids_outside_the_vocabulary)
+{
+    Bench b;
+    bench_open(&b, 8);
+    /* 'z' and 0xff are bytes of a text prompt: above vocab_size 64; -1 would
+     * read before the embedding table, 64 just past its end */
+    static const int32_t bad[][5] = { { -1, 0, 0, 0, 0 }, { 'z', 'z', 'z', 0xff, 0xff }, { 1, 2, 3, 4, 64 } };
+    static const char *const want[] = { "prompt token id -1 at position 0", "prompt token id 122 at position 0",
+                                        "prompt token id 64 at position 4" };
+    GenParams gp = greedy(4);
+    for (int c = 0; c < 3; c++) {
+        Request *r = request_new(bad[c], 5, &gp);
+        int rc = engine_submit(&b.e, r);
+        if (rc == 0) {
+            /* the engine took it: its forward now embeds the bad id (under
+             * make asan-test the read outside the table is reported here) */
+            cr_expect(run_to_end(&b.e), "case %d: the accepted request did not end", c);
+        }
+        cr_assert_eq(rc, -2, "case %d: engine_submit returned %d, want -2 (refused)", c, rc);
+        cr_assert_eq(r->refusal, ENGINE_BAD_TOKEN, "case %d: refusal %d", c, (int)r->refusal);
+        cr_assert(strstr(r->error, want[c]) && strstr(r->error, "vocab_size 64"), "case %d: message \"%s\"", c,
+                  r->error);
+        request_free(r);
+    }
+    /* ids 0 and 63, the ends of the table, are fine */
+    const int32_t ok[] = { 0, 63, 0, 63 };
+    Request *r = request_new(ok, 4, &gp);
+    cr_assert_eq(engine_submit(&b.e, r), 0, "%s", r->error);
+    cr_assert(run_to_end(&b.e), "a valid request did not end within %d steps", MAX_STEPS);
+    cr_assert_str_eq(r->finish_reason, "length");
+    cr_assert_eq(r->n_out, 4);
+    request_free(r);
+    bench_close(&b);
+}
+
+Test(engine, refuses_what_cannot_fit_the_whole_cache)
+{
+    Bench b;
+    bench_open(&b, 4);   /* 64 positions */
+    int32_t p[200];
+    prompt_of(p, 200, 1);
+    char err[256];
+    /* 10 + 55: the last sampled token is never fed, so 64 positions: fits */
+    cr_assert_eq(engine_check(&b.e, p, 10, 55, err, sizeof err), ENGINE_OK, "%s", err);
+    cr_assert_eq(engine_check(&b.e, p, 10, 56, err, sizeof err), ENGINE_NO_ROOM);
+    cr_assert(strstr(err, "the prompt (10 tokens) plus max_tokens (56) needs 65 positions") &&
+                  strstr(err, "holds 64 (4 blocks of 16)"),
+              "message \"%s\"", err);
+    /* the context ends generation: 200 + anything holds at most 255 */
+    Bench big;
+    bench_open(&big, 16);   /* 256 positions */
+    cr_assert_eq(engine_check(&big.e, p, 200, 1000000, err, sizeof err), ENGINE_OK, "%s", err);
+    bench_close(&big);
+    cr_assert_eq(engine_check(&b.e, p, 0, 4, err, sizeof err), ENGINE_EMPTY_PROMPT);
+    int32_t *longp = td_malloc(256 * sizeof(int32_t));
+    prompt_of(longp, 256, 2);
+    cr_assert_eq(engine_check(&b.e, longp, 256, 1, err, sizeof err), ENGINE_PROMPT_TOO_LONG);
+    cr_assert(strstr(err, "256 tokens") && strstr(err, "at most 255"), "message \"%s\"", err);
+    td_free(longp);
+    bench_close(&b);
+}
+
+/* Before engine_check, a request that fit the cache with its prompt but
+ * not with its generation was accepted, outgrew the whole cache, was
+ * preempted and readmitted forever. */
+Test(engine, request_outgrowing_the_cache_is_refused_not_looped)
+{
+    Bench b;
+    bench_open(&b, 4);
+    int32_t p[10];
+    prompt_of(p, 10, 3);
+    GenParams gp = greedy(100);
+    Request *r = request_new(p, 10, &gp);
+    int rc = engine_submit(&b.e, r);
+    bool ended = rc != 0 || run_to_end(&b.e);
+    cr_assert(ended, "a request of 10 + 100 tokens in a cache of 64 positions ran %d steps without ending "
+                     "(preempted and readmitted forever)", MAX_STEPS);
+    cr_assert_eq(rc, -2, "engine_submit returned %d, want -2", rc);
+    cr_assert_eq(r->refusal, ENGINE_NO_ROOM);
+    request_free(r);
+
+    /* exactly the whole cache: runs to its end */
+    gp.max_tokens = 55;
+    r = request_new(p, 10, &gp);
+    cr_assert_eq(engine_submit(&b.e, r), 0, "%s", r->error);
+    cr_assert(run_to_end(&b.e), "10 + 55 tokens in 64 positions did not end within %d steps", MAX_STEPS);
+    cr_assert_str_eq(r->finish_reason, "length");
+    cr_assert_eq(r->n_out, 55);
+    EngineStats st;
+    engine_stats(&b.e, &st);
+    cr_assert_eq(st.kv_used, 0, "%d blocks still in use", st.kv_used);
+    request_free(r);
+    bench_close(&b);
+}
+
+/* A request that gets past the check anyway (here: max_tokens raised
+ * after submit) and grows to the whole cache while alone ends with
+ * finish_reason "error" and a line saying why. */
+Test(engine, runaway_request_ends_with_an_error)
+{
+    Bench b;
+    bench_open(&b, 4);
+    int32_t p[10];
+    prompt_of(p, 10, 4);
+    GenParams gp = greedy(20);
+    Request *r = request_new(p, 10, &gp);
+    cr_assert_eq(engine_submit(&b.e, r), 0, "%s", r->error);
+    r->gp.max_tokens = 1000;
+    cr_assert(run_to_end(&b.e), "the runaway request did not end within %d steps", MAX_STEPS);
+    cr_assert_str_eq(r->finish_reason, "error");
+    cr_assert(strstr(r->error, "the whole cache has 4"), "message \"%s\"", r->error);
+    cr_assert_eq(r->n_out, 64 - 10 + 1, "%zu tokens: the cache holds 64 positions", r->n_out);
+    EngineStats st;
+    engine_stats(&b.e, &st);
+    cr_assert_eq(st.kv_used, 0, "%d blocks still in use", st.kv_used);
+    request_free(r);
+    bench_close(&b);
+}
+
+/* Requests that fit alone but not together take turns (preemption) and
+ * give the tokens each gives alone. */
+Test(engine, requests_that_fit_alone_all_finish_with_their_own_tokens)
+{
+    enum { NR = 3, NP = 10, NT = 50 };
+    int32_t p[NR][NP], alone[NR][NT];
+    for (int i = 0; i < NR; i++) prompt_of(p[i], NP, 10 + i);
+    Bench b;
+    bench_open(&b, 4);
+    GenParams gp = greedy(NT);
+    for (int i = 0; i < NR; i++) {
+        Request *r = request_new(p[i], NP, &gp);
+        cr_assert_eq(engine_submit(&b.e, r), 0, "%s", r->error);
+        cr_assert(run_to_end(&b.e), "request %d alone did not end", i);
+        cr_assert_eq(r->n_out, NT);
+        memcpy(alone[i], r->out, NT * sizeof(int32_t));
+        request_free(r);
+    }
+    Request *rs[NR];
+    for (int i = 0; i < NR; i++) {
+        rs[i] = request_new(p[i], NP, &gp);
+        cr_assert_eq(engine_submit(&b.e, rs[i]), 0, "%s", rs[i]->error);
+    }
+    cr_assert(run_to_end(&b.e), "%d requests sharing a cache that holds one did not end within %d steps", NR,
+              MAX_STEPS);
+    EngineStats st;
+    engine_stats(&b.e, &st);
+    cr_assert(st.preemptions > 0, "no preemption: the test does not exercise sharing");
+    for (int i = 0; i < NR; i++) {
+        cr_assert_str_eq(rs[i]->finish_reason, "length", "request %d", i);
+        cr_assert_eq(rs[i]->n_out, NT, "request %d", i);
+        cr_assert_arr_eq(rs[i]->out, alone[i], NT * sizeof(int32_t), "request %d: other tokens than alone", i);
+        request_free(rs[i]);
+    }
+    bench_close(&b);
+}
