@@ -215,6 +215,22 @@ if model qwen3moe '{"vocab_size": 151936, "hidden_size": 64, "num_hidden_layers"
     "num_experts_per_tok": 4, "norm_topk_prob": true, "qk_norm": "head", "max_position_embeddings": 256,
     "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}' "$W/qwen.bin"; then
     check qwen3moe qwen3moe "$TOKQ" $TF32 $TF16 $TQ8
+    # the tokenizer files stored in the checkpoint (/tokenizer, docs/checkpoint.md)
+    # are used when --tokenizer is not given: the same file as with it
+    cp "$CK" "$W/q3tok.h5"
+    $PY - "$W/q3tok.h5" "$TOKQ" <<'EOF'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "a") as f:
+    for n in ("tokenizer.json", "tokenizer_config.json"):
+        b = np.frombuffer(open(sys.argv[2] + "/" + n, "rb").read(), dtype=np.uint8)
+        f.create_dataset("tokenizer/" + n, data=b, chunks=(min(len(b), 1 << 20),), fletcher32=True)
+EOF
+    if $T ckpt export "$W/q3tok.h5" "$W/q3tok.gguf" --format gguf >"$W/out" 2>&1 && grep -q "from the checkpoint" "$W/out" &&
+        cmp -s "$W/q3tok.gguf" "$W/qwen3moe.f32.gguf"; then
+        pass "qwen3moe: the checkpoint's own tokenizer files give the same GGUF as --tokenizer"
+    else
+        fail "qwen3moe: export with the checkpoint's tokenizer: $(cat "$W/out")"
+    fi
 fi
 if model olmoe '{"vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,
     "num_key_value_heads": 8, "moe_intermediate_size": 32, "num_local_experts": 8, "num_experts_per_tok": 2,
