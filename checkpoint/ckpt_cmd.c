@@ -8,6 +8,8 @@
  *                           the same state recorded under another topology
  *   export IN OUT [--dtype ...] [--dp ...]
  *                           a serving checkpoint: reshard --weights-only
+ *   export IN OUT.gguf --format gguf ...
+ *                           a GGUF file for llama.cpp (checkpoint/gguf/)
  *   diff A B                max abs / rel difference per tensor
  *   import HF_DIR OUT [--dtype f32|bf16|f16]
  *                           a Hugging Face model directory as a tandem checkpoint
@@ -19,6 +21,7 @@
 #include "checkpoint/hf/families.h"
 #include "checkpoint/hf/hf_export.h"
 #include "checkpoint/hf/hf_load.h"
+#include "checkpoint/gguf/gguf_export.h"
 #include "comm/comm.h"
 #include "core/args.h"
 #include "core/common.h"
@@ -47,6 +50,8 @@ static const char *g_usage =
     "                               a Hugging Face model directory: config.json, safetensors shards\n"
     "                               of at most --shard-mb MiB with their index, tokenizer files; an\n"
     "                               imported model goes back bit for bit (dtypes, layout, config)\n"
+    "  export IN OUT.gguf --format gguf [--dtype f32|f16|q8_0] [--tokenizer DIR] [--arch NAME]\n"
+    "                               a GGUF file for llama.cpp (docs/gguf.md)\n"
     "  diff A B                     max abs and max rel difference of every tensor\n"
     "  import HF_DIR OUT [--dtype f32|bf16|f16]\n"
     "                               a Hugging Face model directory (config.json + safetensors) as a\n"
@@ -549,6 +554,16 @@ static int cmd_import(Args *a, int argc, char **argv)
 
 /* ---------------------------------------------------------------- dispatch */
 
+/* `export ... --format F` (or --format=F) */
+static bool export_format_is(int argc, char **argv, const char *f)
+{
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--format") && i + 1 < argc && !strcmp(argv[i + 1], f)) return true;
+        if (!strncmp(argv[i], "--format=", 9) && !strcmp(argv[i] + 9, f)) return true;
+    }
+    return false;
+}
+
 int cmd_ckpt(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -565,6 +580,7 @@ int cmd_ckpt(int argc, char **argv)
     if (!strcmp(sub, "info")) rc = cmd_info(&a, argc, argv);
     else if (!strcmp(sub, "verify")) rc = cmd_verify(&a, argc, argv);
     else if (!strcmp(sub, "reshard")) rc = reshard(&a, argc, argv, false);
+    else if (!strcmp(sub, "export") && export_format_is(argc, argv, "gguf")) rc = gguf_export_cmd(argc, argv);
     else if (!strcmp(sub, "export")) rc = cmd_export(&a, argc, argv);
     else if (!strcmp(sub, "diff")) rc = cmd_diff(&a, argc, argv);
     else if (!strcmp(sub, "import")) rc = cmd_import(&a, argc, argv);

@@ -1,8 +1,10 @@
-/* core/dtype.c - bfloat16, float16 and float8 e4m3fn conversions (see
- * dtype.h).  Bit manipulation on the IEEE encodings; no FPU rounding mode
- * is involved, so the results are the same on every machine. */
+/* core/dtype.c - bfloat16, float16, float8 e4m3fn and Q8_0 conversions
+ * (see dtype.h).  Bit manipulation on the IEEE encodings; no FPU rounding
+ * mode is involved (Q8_0's roundf rounds halves away from zero whatever the
+ * mode), so the results are the same on every machine. */
 #include "core/dtype.h"
 
+#include <math.h>
 #include <string.h>
 
 static uint32_t f32_bits(float x)
@@ -89,4 +91,37 @@ void dtype_f16_to_f32(float *restrict y, const uint16_t *restrict x, size_t n)
 void dtype_f8e4m3_to_f32(float *restrict y, const uint8_t *restrict x, size_t n)
 {
     for (size_t i = 0; i < n; i++) y[i] = dtype_f32_from_f8e4m3(x[i]);
+}
+
+/* ggml-quants.c quantize_row_q8_0_ref, value for value: amax over the
+ * block, d = amax / 127 in float32, id = 1 / d (0 for an all-zero block),
+ * q = roundf(x * id) (halves away from zero); the scale is stored as
+ * fp16(d) while the values were divided by the unrounded d. */
+void dtype_q8_0_from_f32(uint8_t *restrict y, const float *restrict x, size_t n)
+{
+    for (size_t b = 0; b < n / DTYPE_Q8_0_BLOCK; b++) {
+        const float *xb = x + b * DTYPE_Q8_0_BLOCK;
+        uint8_t *yb = y + b * DTYPE_Q8_0_BYTES;
+        float amax = 0.0f;
+        for (int j = 0; j < DTYPE_Q8_0_BLOCK; j++) {
+            float a = fabsf(xb[j]);
+            amax = amax > a ? amax : a;
+        }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t h = dtype_f16_from_f32(d);
+        memcpy(yb, &h, 2);   /* little-endian host */
+        for (int j = 0; j < DTYPE_Q8_0_BLOCK; j++) yb[2 + j] = (uint8_t)(int8_t)roundf(xb[j] * id);
+    }
+}
+
+void dtype_q8_0_to_f32(float *restrict y, const uint8_t *restrict x, size_t n)
+{
+    for (size_t b = 0; b < n / DTYPE_Q8_0_BLOCK; b++) {
+        const uint8_t *xb = x + b * DTYPE_Q8_0_BYTES;
+        uint16_t h;
+        memcpy(&h, xb, 2);
+        const float d = dtype_f32_from_f16(h);
+        for (int j = 0; j < DTYPE_Q8_0_BLOCK; j++) y[b * DTYPE_Q8_0_BLOCK + j] = (float)(int8_t)xb[2 + j] * d;
+    }
 }

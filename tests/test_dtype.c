@@ -124,3 +124,43 @@ Test(dtype, array_forms_match_the_scalar_ones)
     td_free(y);
     cr_expect_eq(td_mem_current(), 0);
 }
+
+/* Q8_0 (ggml quantize_row_q8_0_ref): hand-worked blocks.  Block 0 has
+ * max |x| = 127, so d = 1 and q = roundf(x) with halves away from zero;
+ * block 1 is all zeros (d = 0, q = 0, no division by zero); block 2 has
+ * max |x| = 0.3, d = 0.3 / 127 stored as fp16 while the values are divided
+ * by the float32 d (so the extreme value is exactly +-127). */
+Test(dtype, q8_0_blocks_match_ggml_reference)
+{
+    float x[96] = { 0 };
+    x[0] = 127.0f; x[1] = 0.5f; x[2] = -0.5f; x[3] = 1.49f; x[4] = -126.6f; x[5] = 2.5f; x[31] = -3.0f;
+    for (int j = 0; j < 32; j++) x[64 + j] = 0.3f * (float)(j - 16) / 16.0f;   /* -0.3 .. 0.28125 */
+    uint8_t q[3 * DTYPE_Q8_0_BYTES];
+    memset(q, 0xAA, sizeof q);
+    dtype_q8_0_from_f32(q, x, 96);
+    uint16_t d0, d1, d2;
+    memcpy(&d0, q, 2);
+    memcpy(&d1, q + 34, 2);
+    memcpy(&d2, q + 68, 2);
+    cr_expect_eq(d0, 0x3c00, "d = 127 / 127 = 1.0 (fp16 0x3c00), got %04x", d0);
+    int8_t want0[8] = { 127, 1, -1, 1, -127, 3, 0, 0 };
+    for (int j = 0; j < 8; j++) cr_expect_eq((int8_t)q[2 + j], want0[j], "block 0 q[%d]", j);
+    cr_expect_eq((int8_t)q[2 + 31], -3);
+    cr_expect_eq(d1, 0, "all-zero block: d = 0");
+    for (int j = 0; j < 32; j++) cr_expect_eq(q[36 + j], 0, "all-zero block q[%d]", j);
+    cr_expect_eq(d2, dtype_f16_from_f32(0.3f / 127.0f), "the scale is fp16(amax / 127)");
+    cr_expect_eq((int8_t)q[70], -127, "x = -amax quantizes to -127");
+    cr_expect_eq((int8_t)q[70 + 16], 0);
+    cr_expect_eq((int8_t)q[70 + 8], (int8_t)roundf(-0.15f * (127.0f / 0.3f)));
+    /* decode: q * fp16 scale; the error of a value is at most half a step
+     * plus the scale's fp16 rounding (|q| <= 127, relative 2^-11) */
+    float y[96];
+    dtype_q8_0_to_f32(y, q, 96);
+    cr_expect_eq(y[0], 127.0f);
+    cr_expect_eq(y[2], -1.0f);
+    for (int j = 0; j < 32; j++) {
+        float step = 0.3f / 127.0f;
+        cr_expect(fabsf(y[64 + j] - x[64 + j]) <= 0.5f * step + 127.0f * step * 0x1p-11f,
+                  "block 2 value %d: %g vs %g", j, y[64 + j], x[64 + j]);
+    }
+}

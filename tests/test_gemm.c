@@ -140,9 +140,11 @@ Test(gemm, pack_layout_is_panels_of_32_zero_padded)
 Test(gemm, xwt_bit_identical_to_fma_chain_over_many_shapes)
 {
     static const size_t Ms[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 40, 97, 200 };
-    static const size_t Ns[] = { 1, 5, 31, 32, 33, 100, 128, 130, 257 };
+    /* 192 and 416: 4 + 2 and 3 x 4 + 1 full panels (the few-rows kernel's
+     * 2- and 3-panel tails, e.g. an expert of width 192) */
+    static const size_t Ns[] = { 1, 5, 31, 32, 33, 96, 100, 128, 130, 192, 257, 416 };
     static const size_t Ks[] = { 1, 7, 64, 333 };
-    const size_t Mmax = 200, Nmax = 257, Kmax = 333, pad_x = 3, pad_y = 5;
+    const size_t Mmax = 200, Nmax = 416, Kmax = 333, pad_x = 3, pad_y = 5;
     float *x = fixture_rand(Mmax * (Kmax + pad_x), 2, -1, 1);
     float *W = fixture_rand(Nmax * Kmax, 3, -1, 1);
     float *y = td_malloc(Mmax * (Nmax + pad_y) * sizeof(float));

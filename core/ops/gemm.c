@@ -104,10 +104,13 @@ tile_avx512(const int MR, float *y, size_t ldy, const float *x, size_t ldx,
     }
 }
 
-/* Few rows (MR <= 3), four full panels (128 columns) at once: enough
- * independent chains to hide FMA latency when streaming weights for decode. */
+/* Few rows (MR <= 3), NP <= 4 full panels (up to 128 columns) at once:
+ * enough independent chains to hide FMA latency when streaming weights for
+ * decode (NP = 4; 2 or 3 for the last panels of a row, e.g. an expert of
+ * width 192 = 4 + 2 panels, which a panel at a time would leave
+ * latency-bound). */
 static inline __attribute__((always_inline)) void
-wide_avx512(const int MR, float *y, size_t ldy, const float *x, size_t ldx,
+wide_avx512(const int MR, const int NP, float *y, size_t ldy, const float *x, size_t ldx,
             const float *panel, size_t K)
 {
     const size_t ps = K * GEMM_NR;  /* panel stride */
@@ -115,11 +118,11 @@ wide_avx512(const int MR, float *y, size_t ldy, const float *x, size_t ldx,
 #pragma GCC unroll 3
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
-        for (int q = 0; q < 2 * NP_WIDE; q++) acc[r][q] = _mm512_setzero_ps();
+        for (int q = 0; q < 2 * NP; q++) acc[r][q] = _mm512_setzero_ps();
     for (size_t k = 0; k < K; k++) {
         __m512 b[2 * NP_WIDE];
 #pragma GCC unroll 4
-        for (int q = 0; q < NP_WIDE; q++) {
+        for (int q = 0; q < NP; q++) {
             b[2 * q] = _mm512_loadu_ps(panel + q * ps + k * GEMM_NR);
             b[2 * q + 1] = _mm512_loadu_ps(panel + q * ps + k * GEMM_NR + 16);
         }
@@ -127,13 +130,13 @@ wide_avx512(const int MR, float *y, size_t ldy, const float *x, size_t ldx,
         for (int r = 0; r < MR; r++) {
             const __m512 a = _mm512_set1_ps(x[(size_t)r * ldx + k]);
 #pragma GCC unroll 8
-            for (int q = 0; q < 2 * NP_WIDE; q++) acc[r][q] = _mm512_fmadd_ps(a, b[q], acc[r][q]);
+            for (int q = 0; q < 2 * NP; q++) acc[r][q] = _mm512_fmadd_ps(a, b[q], acc[r][q]);
         }
     }
 #pragma GCC unroll 3
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
-        for (int q = 0; q < 2 * NP_WIDE; q++)
+        for (int q = 0; q < 2 * NP; q++)
             _mm512_storeu_ps(y + (size_t)r * ldy + q * 16, acc[r][q]);
 }
 #endif
@@ -279,29 +282,43 @@ static void tile(int MR, float *y, size_t ldy, const float *x, size_t ldx,
 #endif
 }
 
-/* Four full panels for MR <= 3 rows. */
-static void wide(int MR, float *y, size_t ldy, const float *x, size_t ldx,
+/* NP (2..4) full panels for MR <= 3 rows. */
+static void wide(int MR, int NP, float *y, size_t ldy, const float *x, size_t ldx,
                  const float *panel, size_t K)
 {
 #ifdef GEMM_AVX512
-    switch (MR) {
-    case 1:  wide_avx512(1, y, ldy, x, ldx, panel, K); return;
-    case 2:  wide_avx512(2, y, ldy, x, ldx, panel, K); return;
-    default: wide_avx512(3, y, ldy, x, ldx, panel, K); return;
+    /* one specialisation per (MR, NP), so the accumulators stay in registers */
+#define WIDE_NP(mr)                                                            \
+    switch (NP) {                                                              \
+    case 2:  wide_avx512(mr, 2, y, ldy, x, ldx, panel, K); return;             \
+    case 3:  wide_avx512(mr, 3, y, ldy, x, ldx, panel, K); return;             \
+    default: wide_avx512(mr, 4, y, ldy, x, ldx, panel, K); return;             \
     }
+    switch (MR) {
+    case 1:  WIDE_NP(1)
+    case 2:  WIDE_NP(2)
+    default: WIDE_NP(3)
+    }
+#undef WIDE_NP
 #elif defined(GEMM_AVX2)
     const size_t ps = K * GEMM_NR;
-    for (int q = 0; q < NP_WIDE; q += MR == 1 ? 2 : 1) {
+    for (int q = 0; q < NP;) {
         float *yq = y + q * GEMM_NR;
         const float *pq = panel + q * ps;
+        if (MR == 1 && q + 2 <= NP) {
+            few_avx2(1, 2, yq, ldy, x, ldx, pq, ps, K, 2 * GEMM_NR);
+            q += 2;
+            continue;
+        }
         switch (MR) {
-        case 1:  few_avx2(1, 2, yq, ldy, x, ldx, pq, ps, K, 2 * GEMM_NR); break;
+        case 1:  few_avx2(1, 1, yq, ldy, x, ldx, pq, ps, K, GEMM_NR); break;
         case 2:  few_avx2(2, 1, yq, ldy, x, ldx, pq, ps, K, GEMM_NR); break;
         default: few_avx2(3, 1, yq, ldy, x, ldx, pq, ps, K, GEMM_NR); break;
         }
+        q++;
     }
 #else
-    for (int q = 0; q < NP_WIDE; q++)
+    for (int q = 0; q < NP; q++)
         tile_generic(MR, y + q * GEMM_NR, ldy, x, ldx, panel + q * K * GEMM_NR, K, GEMM_NR);
 #endif
 }
@@ -312,12 +329,20 @@ static void drive(float *y, size_t ldy, const float *x, size_t ldx, const float 
 {
     const size_t ps = K * GEMM_NR;
     if (M <= 3) {
+        /* full panels NP_WIDE at a time, then the last 2-3 together; a
+         * single or partial panel alone */
+        const size_t full = td_min(p1, N / GEMM_NR);
         size_t p = p0;
-        for (; p + NP_WIDE <= p1 && (p + NP_WIDE) * GEMM_NR <= N; p += NP_WIDE)
-            wide((int)M, y + p * GEMM_NR, ldy, x, ldx, P + p * ps, K);
-        for (; p < p1; p++)
-            tile((int)M, y + p * GEMM_NR, ldy, x, ldx, P + p * ps, K,
-                 td_min(GEMM_NR, N - p * GEMM_NR));
+        while (p < p1) {
+            const size_t np = p < full ? td_min(NP_WIDE, full - p) : 0;
+            if (np >= 2) {
+                wide((int)M, (int)np, y + p * GEMM_NR, ldy, x, ldx, P + p * ps, K);
+                p += np;
+            } else {
+                tile((int)M, y + p * GEMM_NR, ldy, x, ldx, P + p * ps, K, td_min(GEMM_NR, N - p * GEMM_NR));
+                p++;
+            }
+        }
         return;
     }
     const size_t mbs = MB;
