@@ -548,6 +548,26 @@ int tok_stream_push(TokStream *s, int32_t id, TokText *out, char *err, size_t er
     return 0;
 }
 
+int tok_token_bytes(const Tokenizer *t, int32_t id, TokText *out, char *err, size_t err_len)
+{
+    if (id < 0 || id >= t->V) {
+        tok_errf(err, err_len, "token id %d is out of range (the vocabulary has %d)", id, t->V);
+        return -1;
+    }
+    size_t len;
+    const char *str = tok_id_to_str(t, id, &len);
+    if (!str) return 0;
+    if (t->bytes) {
+        toktext_put(out, str, len);
+        return 0;
+    }
+    TokBuf b = { 0 };
+    dec_token_bytes(t->dec, str, len, &b);
+    toktext_put(out, b.p ? b.p : "", b.n);
+    tokbuf_free(&b);
+    return 0;
+}
+
 void tok_stream_finish(TokStream *s, TokText *out)
 {
     dec_finish(s->t->dec, s->st, out);
