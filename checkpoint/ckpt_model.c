@@ -123,18 +123,21 @@ static int gen_config_eos(const char *text, size_t len, int32_t V, TokIds *ids, 
     return rc;
 }
 
-int ckpt_open_text(const char *ckpt_or_hf_dir, CkptText *out, char *err, size_t err_len)
+int ckpt_open_text(const char *ckpt_or_hf_dir, bool required, CkptText *out, char *err, size_t err_len)
 {
     memset(out, 0, sizeof *out);
-    CkptTokFiles tf;
-    if (ckpt_read_tok_files(ckpt_or_hf_dir, &tf, err, err_len)) return -1;
+    CkptTokFiles *tf = &out->files;
+    if (ckpt_read_tok_files(ckpt_or_hf_dir, tf, err, err_len)) return -1;
     int rc = 0;
     char why[512];
-    if (tf.tokenizer_json) {
-        rc = tok_load_mem(&out->tok, tf.tokenizer_json, tf.tokenizer_json_len, tf.tokenizer_config,
-                          tf.tokenizer_config_len, why, sizeof why);
+    if (tf->tokenizer_json) {
+        rc = tok_load_mem(&out->tok, tf->tokenizer_json, tf->tokenizer_json_len, tf->tokenizer_config,
+                          tf->tokenizer_config_len, why, sizeof why);
         if (rc) snprintf(err, err_len, "%s: tokenizer: %s", ckpt_or_hf_dir, why);
-        out->has_files = true;
+    } else if (required) {
+        snprintf(err, err_len, "%s holds no tokenizer (no tokenizer.json; a tandem checkpoint: no /tokenizer)",
+                 ckpt_or_hf_dir);
+        rc = -1;
     } else
         out->tok = tok_byte_level();
     TokIds ids = { 0 };
@@ -151,14 +154,13 @@ int ckpt_open_text(const char *ckpt_or_hf_dir, CkptText *out, char *err, size_t 
             }
             ids.ids[ids.n++] = s[i];
         }
-        if (tf.generation_config &&
-            gen_config_eos(tf.generation_config, tf.generation_config_len, tok_vocab_size(out->tok), &ids, why,
+        if (tf->generation_config &&
+            gen_config_eos(tf->generation_config, tf->generation_config_len, tok_vocab_size(out->tok), &ids, why,
                            sizeof why)) {
             snprintf(err, err_len, "%s: %s", ckpt_or_hf_dir, why);
             rc = -1;
         }
     }
-    ckpt_tok_files_free(&tf);
     if (rc) {
         tok_ids_free(&ids);
         ckpt_text_free(out);
@@ -177,6 +179,7 @@ void ckpt_text_free(CkptText *t)
 {
     tok_free(t->tok);
     td_free(t->stop_ids);
+    ckpt_tok_files_free(&t->files);
     memset(t, 0, sizeof *t);
 }
 

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "checkpoint/ckpt.h"
 #include "core/model/model.h"
 
 /* path: a checkpoint file or a run directory (its latest).  topo: the
@@ -37,18 +38,22 @@ int ckpt_open_tokenizer_arg(const char *path, struct Tokenizer **out, char *err,
 /* What the commands that turn a model's output into text need: its
  * tokenizer (ckpt_open_tokenizer) and the ids that end a generation,
  * tok_stop_ids plus generation_config.json's eos_token_id (an id or a list
- * of ids) when the model holds that file. */
+ * of ids) when the model holds that file; and the files themselves, for a
+ * run to store in the checkpoints it writes (CkptState.tok). */
 typedef struct {
     struct Tokenizer *tok;   /* owned */
     int32_t *stop_ids;       /* owned (n_stop_ids), ascending, no duplicates */
     size_t n_stop_ids;
-    bool has_files;          /* false: the model holds no tokenizer (tok is byte-level) */
+    CkptTokFiles files;      /* owned; all NULL when the model holds no tokenizer (tok is byte-level) */
 } CkptText;
 
-/* 0, or -1 with one line in err (as ckpt_open_tokenizer; a
- * generation_config.json that is not JSON or whose eos_token_id is not an
- * id or a list of ids is an error naming the field). */
-int ckpt_open_text(const char *ckpt_or_hf_dir, CkptText *out, char *err, size_t err_len);
+/* path: a tandem checkpoint, a run directory or an HF directory.
+ * required: the path must hold tokenizer files (a tokenizer= run key);
+ * else a model without them gets the byte-level tokenizer.  0, or -1 with
+ * one line in err (as ckpt_open_tokenizer; a generation_config.json that
+ * is not JSON or whose eos_token_id is not an id or a list of ids in the
+ * vocabulary is an error naming the field). */
+int ckpt_open_text(const char *path, bool required, CkptText *out, char *err, size_t err_len);
 /* Safe on a zeroed struct and twice. */
 void ckpt_text_free(CkptText *t);
 

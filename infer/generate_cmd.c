@@ -125,7 +125,7 @@ static int generate_run(Args *ap, int argc, char **argv)
         return 1;
     }
     CkptText tx;
-    if (ckpt_open_text(ckpt, &tx, err, sizeof err)) {
+    if (ckpt_open_text(ckpt, false, &tx, err, sizeof err)) {
         td_error("generate: %s", err);
         model_free(&m);
         return 1;

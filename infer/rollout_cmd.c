@@ -706,7 +706,7 @@ static int rollout_run(Args *ap, int argc, char **argv)
     }
     /* the tokenizer of the checkpoint first loaded (--follow: later ones
      * must have the same model config, and a run keeps its tokenizer) */
-    if (ckpt_open_text(ckpt ? ckpt : follow, &ro.tx, err, sizeof err)) {
+    if (ckpt_open_text(ckpt ? ckpt : follow, false, &ro.tx, err, sizeof err)) {
         td_error("rollout: %s", err);
         goto out;
     }
