@@ -390,6 +390,9 @@ int tok_load_dir(Tokenizer **out, const char *dir, char *err, size_t err_len)
     return rc;
 }
 
+void tok_text_put(TokText *t, const char *s, size_t n) { toktext_put(t, s, n); }
+bool tok_utf8_valid(const char *s, size_t n) { return utf8_check(s, n) < 0; }
+
 /* ---------------------------------------------------------------- lookups */
 
 const char *tok_id_to_str(const Tokenizer *t, int32_t id, size_t *len)

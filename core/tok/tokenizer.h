@@ -45,6 +45,10 @@ typedef struct {
 
 void tok_ids_free(TokIds *v);
 void tok_text_free(TokText *t);
+/* Appends s[0..n) to t (NUL-terminated after). */
+void tok_text_put(TokText *t, const char *s, size_t n);
+/* True when s[0..n) is valid UTF-8 (what tok_encode takes). */
+bool tok_utf8_valid(const char *s, size_t n);
 
 /* Loads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json.
  * Returns 0 and *out (free with tok_free), or -1 with one line in err

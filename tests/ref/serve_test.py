@@ -448,7 +448,7 @@ def test_bad_requests():
     # wrong paths and methods
     for method, path, status in (("GET", "/v1/completions", 405), ("PUT", "/v1/completions", 405),
                                  ("POST", "/health", 405), ("DELETE", "/v1/models", 405),
-                                 ("GET", "/v1/chat/completions", 404), ("GET", "/", 404),
+                                 ("GET", "/v1/chat/completions", 405), ("GET", "/tokenize", 405), ("GET", "/", 404),
                                  ("GET", "/v1/models/nope", 404), ("POST", "/nothing/here", 404)):
         st, h, data = request(method, path, {"prompt": "a"} if method == "POST" else None)
         check_error(st, data, status, None, f"{method} {path}")
@@ -457,7 +457,7 @@ def test_bad_requests():
     # a declared body far beyond the limit is refused before it is read
     st, data = raw_exchange(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000000\r\n\r\n")
     check(st == 400, f"huge Content-Length: status {st}")
-    print(f"  bad requests: {len(BAD)} bodies and 8 paths/methods answered 4xx with an error object")
+    print(f"  bad requests: {len(BAD)} bodies and 9 paths/methods answered 4xx with an error object")
 
 
 def raw_exchange(data, read=True, timeout=10):
