@@ -11,6 +11,7 @@
 
 void engine_opts_default(EngineOpts *o)
 {
+    memset(o, 0, sizeof *o);   /* no tokenizer (byte-level), no stop ids */
     o->kv_budget_bytes = (size_t)256 << 20;
     o->max_batch_tokens = 512;
     o->prefill_chunk = 256;

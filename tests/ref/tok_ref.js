@@ -13,6 +13,9 @@
 //   node tests/ref/tok_ref.js texts DIR TEXTS.jsonl OUT.jsonl
 //       each line of TEXTS.jsonl a JSON string (a text that may hold
 //       newlines, a rendered chat say): {"s": ..., "p": ...} per line
+//   node tests/ref/tok_ref.js decode DIR IDS.jsonl OUT.jsonl
+//       each line {"ids": [...]}: {"k": decode(ids, skip_special_tokens),
+//       "d": decode(ids)}
 //   node tests/ref/tok_ref.js bench DIR TEXT.txt SECONDS
 //       encodes TEXT.txt line by line (no special tokens) for about SECONDS
 //       and prints {"bytes": B, "seconds": S, "mb_per_s": R, "tokens": T}
@@ -86,6 +89,17 @@ function texts(dir, input, output) {
   fs.writeFileSync(output, out.join("\n") + (out.length ? "\n" : ""));
 }
 
+function decodeIds(dir, input, output) {
+  const tok = load(dir);
+  const out = lines(input).map((l) => {
+    const ids = JSON.parse(l).ids;
+    const k = ids.length ? tok.decode(ids, { skip_special_tokens: true }) : "";
+    const d = ids.length ? tok.decode(ids, { skip_special_tokens: false }) : "";
+    return JSON.stringify({ k, d });
+  });
+  fs.writeFileSync(output, out.join("\n") + (out.length ? "\n" : ""));
+}
+
 function bench(dir, input, seconds) {
   const tok = load(dir);
   const v = lines(input);
@@ -106,8 +120,9 @@ const [mode, dir, input, arg] = process.argv.slice(2);
 if (mode === "ids" && arg) ids(dir, input, arg);
 else if (mode === "text" && arg) text(dir, input, arg);
 else if (mode === "texts" && arg) texts(dir, input, arg);
+else if (mode === "decode" && arg) decodeIds(dir, input, arg);
 else if (mode === "bench" && arg) bench(dir, input, Number(arg));
 else {
-  console.error("usage: tok_ref.js ids DIR LINES.txt OUT.jsonl | text DIR FILE OUT.json | texts DIR TEXTS.jsonl OUT.jsonl | bench DIR TEXT.txt SECONDS");
+  console.error("usage: tok_ref.js ids DIR LINES.txt OUT.jsonl | text DIR FILE OUT.json | texts DIR TEXTS.jsonl OUT.jsonl | decode DIR IDS.jsonl OUT.jsonl | bench DIR TEXT.txt SECONDS");
   process.exit(2);
 }
