@@ -817,7 +817,7 @@ static int rl_setup(Rl *r)
     /* the tokenizer: tokenizer=, else init_from's, else byte-level */
     const char *tsrc = rc->tokenizer[0] ? rc->tokenizer : src[0] ? src : NULL;
     if (tsrc ? ckpt_open_text(tsrc, rc->tokenizer[0] != 0, &r->tx, err, sizeof err) : 0) {
-        td_error("rl: tokenizer: %s", err);
+        td_error("rl: %s", err);
         return -1;
     }
     if (!tsrc) r->tx.tok = tok_byte_level();

