@@ -879,7 +879,7 @@ static int setup_tokenizer(Trainer *tr)
     char err[1024];
     const char *from = rc->tokenizer[0] ? rc->tokenizer : tr->from_src[0] ? tr->from_src : NULL;
     if (from && ckpt_open_text(from, rc->tokenizer[0] != 0, &tr->tx, err, sizeof err)) {
-        td_error("run config tokenizer: %s", err);
+        td_error("%s", err);
         return -1;
     }
     if (!tr->tx.files.tokenizer_json) {
