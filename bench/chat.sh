@@ -69,7 +69,7 @@ i=0
 while [ -z "$port" ]; do
     kill -0 "$SERVER_PID" 2>/dev/null || { echo "bench/chat.sh: the server exited (log: $DIR/serve.log)"; exit 1; }
     [ $i -lt 600 ] || { echo "bench/chat.sh: no start-up line after 60 s"; exit 1; }
-    port=$(sed -n 's|^tandem: serving .* on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$DIR/serve.log")
+    port=$(sed -n 's|^tandem: serving .* on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$DIR/serve.log" 2>/dev/null) || port=""   # the log may not exist yet
     i=$((i + 1))
     [ -n "$port" ] || sleep 0.1
 done

@@ -392,6 +392,11 @@ static void cut_at_stop(Engine *e, Request *r, size_t at)
     size_t k = 0;
     while (k < r->n_out && (k ? r->raw_end[k - 1] : 0) < at) k++;
     r->n_out = k;
+    /* the running stream may hold bytes of the dropped tokens: discard them
+     * (finish then appends nothing to the text rebuilt here) */
+    TokText gone = { 0 };
+    tok_stream_finish(r->ts, &gone);
+    tok_text_free(&gone);
     r->text.len = 0;
     char err[64];
     /* ids beyond the tokenizer's vocabulary have no text (append_token) */

@@ -150,9 +150,8 @@ static int serve_run(Args *ap, int argc, char **argv)
         if (err[0]) td_error("serve: %s", err);
         return 1;
     }
-    CkptText tx;
-    memset(&tx, 0, sizeof tx);
-    if (comm_rank() == 0 && ckpt_open_text(ckpt, false, &tx, err, sizeof err)) {
+    CkptText tx;   /* every rank (only rank 0 uses it), so that a bad tokenizer stops them all */
+    if (ckpt_open_text(ckpt, false, &tx, err, sizeof err)) {
         td_error("serve: %s", err);
         model_free(&m);
         return 1;
@@ -175,6 +174,7 @@ static int serve_run(Args *ap, int argc, char **argv)
     if (comm_rank() > 0) {   /* followers run rank 0's schedule on their shards */
         engine_follow(&e);
         engine_free(&e);
+        ckpt_text_free(&tx);
         model_free(&m);
         return 0;
     }
