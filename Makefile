@@ -47,7 +47,8 @@ UNIT_OBJ := $(UNIT_SRC:%.c=$(BUILD)/obj/%.o)
 UNIT_BIN := $(BUILD)/tests/unit
 MPI_SRC  := $(wildcard tests/mpi_*.c)
 MPI_BIN  := $(MPI_SRC:tests/%.c=$(BUILD)/tests/%)
-# Renders chat templates for tests/cli/chat.sh (until `tandem tokenize --chat`).
+# Renders chat templates for tests/cli/chat.sh: whole conversation files, bare
+# templates with variables and random batches (`tandem tokenize --chat` renders one).
 TOOL_BIN := $(BUILD)/tests/chat_render
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)

@@ -2,6 +2,7 @@
  * thread pool, then dispatches to the command layer of each module.  Only
  * the command layer exits; everything below returns status codes. */
 #include "checkpoint/ckpt_cmd.h"
+#include "checkpoint/ckpt_model.h"
 #include "comm/comm.h"
 #include "core/common.h"
 #include "core/ops/gemm.h"
@@ -27,6 +28,10 @@ static int cmd_score_any(int argc, char **argv)
     return cmd_score(argc, argv);
 }
 
+/* tokenize --tokenizer takes a checkpoint too: core/tok knows nothing of
+ * checkpoint/, so the opener comes from here. */
+static int cmd_tokenize_any(int argc, char **argv) { return cmd_tokenize(argc, argv, ckpt_open_tokenizer_arg); }
+
 static const struct {
     const char *name;
     CmdFn fn;
@@ -41,7 +46,7 @@ static const struct {
     { "rollout", cmd_rollout, "RL rollout worker: samples, logprobs, routes, policy version" },
     { "ckpt", cmd_ckpt, "inspect, verify, reshard, export, diff checkpoints" },
     { "rl", cmd_rl, "GRPO post-training with exact rollout logprobs" },
-    { "tokenize", cmd_tokenize, "Hugging Face tokenizers: ids of a text, chat rendering, decode" },
+    { "tokenize", cmd_tokenize_any, "Hugging Face tokenizers: ids of a text, chat rendering, decode" },
     { NULL, NULL, NULL },
 };
 

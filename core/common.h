@@ -65,6 +65,12 @@ int td_snprintf(char *out, size_t n, const char *fmt, ...) __attribute__((format
 /* The formatted string in memory of its own size (td_malloc'd: td_free). */
 char *td_sprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* s[0..len) (valid UTF-8; NUL bytes allowed) as a JSON string literal
+ * with its quotes: '"', '\\' and control characters escaped (\n, \t, \r,
+ * else \u00XX).  td_malloc'd; for text fields that may hold a NUL, which
+ * cJSON strings cannot (add it with cJSON_AddRawToObject). */
+char *td_json_string(const char *s, size_t len);
+
 /* Monotonic seconds. */
 double td_now(void);
 

@@ -14,6 +14,15 @@
  * could not fit the whole cache alone would wait forever, so engine_submit
  * refuses it (engine_check is the one place that says what can run).
  *
+ * Text.  The engine decodes what each request generates with the model's
+ * tokenizer (EngineOpts.tok), as HF's decode(ids, skip_special_tokens=True)
+ * does, one id at a time (TokStream: whole UTF-8 characters only).  Stop
+ * strings are matched against the generated tokens' bytes
+ * (tok_token_bytes joined: for a byte-level vocabulary the ids themselves),
+ * so a stop string is found wherever its bytes are, also across tokens and
+ * inside one.  The model's stop ids (EngineOpts.stop_ids: end of turn, end
+ * of text) end a request too, unless GenParams.ignore_eos.
+ *
  * Threads: engine_step runs on one thread (it owns the thread pool);
  * engine_submit and engine_cancel may be called from any thread.
  */
@@ -27,6 +36,7 @@
 #include <stdint.h>
 
 #include "core/model/layer.h"
+#include "core/tok/tokenizer.h"
 #include "infer/kvcache.h"
 #include "infer/sampler.h"
 
@@ -57,7 +67,8 @@ typedef struct {
     int n_stop;
     char stop[ENGINE_MAX_STOP][ENGINE_STOP_LEN];
     bool want_routes;                     /* record experts per token per MoE layer */
-    bool keep_stop;                       /* keep the stop string in out (RL: every sampled token) */
+    bool keep_stop;                       /* keep the stop string / stop id in out (RL: every sampled token) */
+    bool ignore_eos;                      /* the engine's stop ids do not end this request */
 } GenParams;
 
 struct Request {
@@ -74,6 +85,14 @@ struct Request {
     Sampled *out_top;                     /* when gp.n_top > 0 */
     int32_t *routes;                      /* (n_out, n_moe_layers, k) when want_routes */
     size_t n_out, cap;
+    /* out as text (skip special tokens): whole characters while running,
+     * all of it once done (a stop string cut off unless keep_stop).
+     * out_off[i] is where token i's text begins in it.  Tokens [0, n_safe)
+     * and text [0, text_safe) are final: no stop string found later can
+     * take them back (what a stream may send). */
+    TokText text;
+    size_t *out_off;                      /* (cap) */
+    size_t n_safe, text_safe;
     char finish_reason[16];               /* "length", "stop", "cancelled", "error" */
     EngineRefusal refusal;                /* why engine_submit returned -2 */
     char error[256];                      /* one line: why it was refused or ended with "error" */
@@ -87,6 +106,9 @@ struct Request {
     Rng rng;
     Request *next;                        /* queue link */
     uint64_t admit_order;
+    TokStream *ts;                        /* decodes out into text */
+    TokText raw;                          /* the bytes of out (tok_token_bytes), for stop strings */
+    size_t *raw_end;                      /* (cap) raw.len after token i */
 };
 
 typedef struct {
@@ -95,6 +117,9 @@ typedef struct {
     size_t prefill_chunk;     /* prompt tokens per request per step (default 256) */
     size_t max_running;       /* requests in the batch at once (default 64) */
     size_t max_queue;         /* waiting requests before submit refuses (default 256) */
+    const Tokenizer *tok;     /* borrowed for the engine's life: decodes outputs; NULL = byte-level */
+    const int32_t *stop_ids;  /* ids that end a generation with "stop" (copied at init); may be NULL */
+    size_t n_stop_ids;
 } EngineOpts;
 
 typedef struct {
@@ -125,6 +150,10 @@ typedef struct {
     EngineStats st;
     bool distributed;         /* rank 0 of a tp/ep job: broadcast every step */
     bool hold;                /* admission held (engine_hold), guarded by mu */
+    const Tokenizer *tok;     /* o.tok, or own_tok */
+    Tokenizer *own_tok;       /* the byte-level tokenizer when o.tok is NULL */
+    int32_t *stop_ids;        /* (n_stop_ids) owned, ascending */
+    size_t n_stop_ids;
 } Engine;
 
 void engine_opts_default(EngineOpts *o);

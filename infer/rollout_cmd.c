@@ -30,12 +30,12 @@
  */
 #include "infer/infer_cmd.h"
 #include "checkpoint/ckpt.h"
+#include "checkpoint/ckpt_model.h"
 #include "core/args.h"
 #include "core/common.h"
 #include "core/model/config.h"
 #include "core/pool.h"
 #include "infer/engine.h"
-#include "infer/text.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -50,21 +50,23 @@
 static const char *const g_rollout_help =
     "usage: tandem rollout (--ckpt CKPT | --follow DIR) --prompts P.jsonl [--n 1]\n"
     "                      [--output OUT.jsonl] [--max-tokens 64] [--temperature 1]\n"
-    "                      [--top-k 0] [--top-p 1] [--seed 0] [--stop STR ...]\n"
+    "                      [--top-k 0] [--top-p 1] [--seed 0] [--stop STR ...] [--ignore-eos]\n"
     "                      [--kv-mb 256] [--max-running 64] [--max-batch-tokens 512]\n"
     "                      [--prefill-chunk 256] [--wait-timeout 60]\n"
     "RL rollout worker.  Each line of P.jsonl is an object with \"prompt\" (text,\n"
-    "byte tokens) or \"prompt_ids\" (token ids), and optionally \"id\" (string or\n"
-    "number; default: the prompt's index from 0).  The whole file is checked\n"
-    "before anything is generated.  Every prompt gets --n samples; sample j of\n"
-    "prompt i uses the seed  seed + 1000003 * i + j.\n"
+    "encoded by the checkpoint's tokenizer as HF's tokenizer(text) does; byte-level\n"
+    "when the checkpoint holds none) or \"prompt_ids\" (token ids), and optionally\n"
+    "\"id\" (string or number; default: the prompt's index from 0).  The whole\n"
+    "file is checked before anything is generated.  Every prompt gets --n\n"
+    "samples; sample j of prompt i uses the seed  seed + 1000003 * i + j.\n"
     "Output (stdout or --output), one JSON object per line per sample, in order\n"
     "of completion (sort by id and sample):\n"
     "  id, sample, prompt_ids, ids (generated), text, logprobs (one per id, the\n"
     "  model's log_softmax at temperature 1, printed with 9 significant digits so\n"
     "  it reads back as the same float32), finish_reason (\"length\" | \"stop\";\n"
-    "  unlike generate/serve, ids and text keep the stop string: every sampled\n"
-    "  token is there with its log-probability),\n"
+    "  unlike generate/serve, ids and text keep the stop string, and ids the\n"
+    "  model's end-of-turn id: every sampled token is there with its\n"
+    "  log-probability),\n"
     "  policy_version (step of the checkpoint that generated it), seed,\n"
     "  routes: [n_ids][n_moe_layers][k] expert ids; routes[j] are the experts\n"
     "  chosen (in top-k order) in each MoE layer, in layer order, at the\n"
@@ -82,6 +84,7 @@ static const char *const g_rollout_help =
 typedef struct {
     int32_t *ids;     /* owned */
     size_t n;
+    char *text;       /* owned: a "prompt" text until prompts_encode, else NULL */
     char *id_json;    /* owned: JSON text of the id */
     long line;        /* in the prompts file, from 1 */
 } Prompt;
@@ -90,6 +93,7 @@ static void prompts_free(Prompt *p, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         td_free(p[i].ids);
+        td_free(p[i].text);
         td_free(p[i].id_json);
     }
     td_free(p);
@@ -147,9 +151,11 @@ static int prompt_parse(Prompt *p, const char *line, size_t len, size_t index, c
             snprintf(err, n, "\"prompt\" must be a string");
             goto out;
         }
-        size_t l = strlen(pt->valuestring);
-        p->ids = td_malloc((l ? l : 1) * sizeof(int32_t));
-        p->n = text_to_tokens(p->ids, pt->valuestring, l);
+        if (!pt->valuestring[0]) {
+            snprintf(err, n, "the prompt is empty");
+            goto out;
+        }
+        p->text = td_strdup(pt->valuestring);   /* encoded once the tokenizer is known */
     } else {
         if (!cJSON_IsArray(pi)) {
             snprintf(err, n, "\"prompt_ids\" must be an array of token ids");
@@ -169,7 +175,7 @@ static int prompt_parse(Prompt *p, const char *line, size_t len, size_t index, c
         }
         p->n = k;
     }
-    if (p->n == 0) {
+    if (!p->text && p->n == 0) {
         snprintf(err, n, "the prompt is empty");
         goto out;
     }
@@ -242,6 +248,26 @@ static int prompts_read(const char *path, Prompt **out, size_t *n_out, char *err
     return 0;
 }
 
+/* The "prompt" texts to ids with the checkpoint's tokenizer (HF's
+ * tokenizer(text): special tokens as HF adds them).  0, or -1 with err. */
+static int prompts_encode(Prompt *p, size_t np, const Tokenizer *tok, const char *path, char *err, size_t n)
+{
+    for (size_t i = 0; i < np; i++) {
+        if (!p[i].text) continue;
+        TokIds v = { 0 };
+        char why[256];
+        if (tok_encode(tok, p[i].text, strlen(p[i].text), true, &v, why, sizeof why)) {
+            snprintf(err, n, "%s:%ld: %s", path, p[i].line, why);
+            return -1;
+        }
+        p[i].ids = v.ids;
+        p[i].n = v.n;
+        td_free(p[i].text);
+        p[i].text = NULL;
+    }
+    return 0;
+}
+
 /* The prompts against the model and the cache, all before anything is
  * generated: what the engine would refuse at submit (engine_check: ids in
  * the vocabulary, the prompt shorter than the context, prompt plus
@@ -299,26 +325,6 @@ static void buf_ids(Buf *b, const int32_t *ids, size_t n)
     buf_printf(b, "]");
 }
 
-/* A JSON string of len bytes of valid UTF-8 text (text_from_tokens
- * output; token 0 gives a NUL byte, written as \u0000). */
-static void buf_json_string(Buf *b, const char *s, size_t len)
-{
-    buf_reserve(b, 6 * len + 2);
-    b->s[b->n++] = '"';
-    for (const unsigned char *c = (const unsigned char *)s; c < (const unsigned char *)s + len; c++) {
-        if (*c == '"' || *c == '\\') {
-            b->s[b->n++] = '\\';
-            b->s[b->n++] = (char)*c;
-        } else if (*c < 0x20) {
-            b->n += (size_t)sprintf(b->s + b->n, "\\u%04x", *c);
-        } else {
-            b->s[b->n++] = (char)*c;
-        }
-    }
-    b->s[b->n++] = '"';
-    b->s[b->n] = 0;
-}
-
 /* ---------------------------------------------------------------- the worker */
 
 typedef struct Rollout Rollout;
@@ -334,6 +340,7 @@ typedef struct {
 struct Rollout {
     Model m;
     Engine e;
+    CkptText tx;              /* the tokenizer and stop ids of the first checkpoint */
     bool have_model, have_engine;
     int64_t version;          /* of the weights in m */
     /* --follow */
@@ -394,10 +401,9 @@ static void write_sample(Rollout *ro, const Job *j)
     buf_ids(b, p->ids, p->n);
     buf_printf(b, ",\"ids\":");
     buf_ids(b, r->out, r->n_out);
-    char *text = td_malloc(3 * r->n_out + 1);
-    size_t tl = text_from_tokens(text, r->out, r->n_out);
     buf_printf(b, ",\"text\":");
-    buf_json_string(b, text, tl);
+    char *text = td_json_string(r->text.s, r->text.len);
+    buf_printf(b, "%s", text);
     td_free(text);
     buf_printf(b, ",\"logprobs\":[");
     for (size_t i = 0; i < r->n_out; i++) buf_printf(b, i ? ",%.9g" : "%.9g", (double)r->out_logp[i]);
@@ -608,6 +614,7 @@ static void rollout_free(Rollout *ro)
     td_free(ro->versions);
     td_free(ro->version_count);
     if (ro->have_engine) engine_free(&ro->e);
+    ckpt_text_free(&ro->tx);
     if (ro->have_model) model_free(&ro->m);
     if (ro->out && ro->out != stdout) fclose(ro->out);
 }
@@ -623,7 +630,7 @@ static int rollout_run(Args *ap, int argc, char **argv)
     static const char *const spec[] = { "ckpt=", "follow=", "prompts=", "n=", "output=", "max-tokens=",
                                         "temperature=", "top-k=", "top-p=", "seed=", "stop+", "kv-mb=",
                                         "max-running=", "max-batch-tokens=", "prefill-chunk=", "wait-timeout=",
-                                        NULL };
+                                        "ignore-eos", NULL };
     char err[1024];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("rollout: %s", err);
@@ -697,12 +704,26 @@ static int rollout_run(Args *ap, int argc, char **argv)
         ro.dir = follow;
         if (follow_first(&ro)) goto out;
     }
+    /* the tokenizer of the checkpoint first loaded (--follow: later ones
+     * must have the same model config, and a run keeps its tokenizer) */
+    if (ckpt_open_text(ckpt ? ckpt : follow, false, &ro.tx, err, sizeof err)) {
+        td_error("rollout: %s", err);
+        goto out;
+    }
+    if (prompts_encode(prompts, np, ro.tx.tok, prompts_path, err, sizeof err)) {
+        td_error("rollout: %s", err);
+        rc = 2;
+        goto out;
+    }
     EngineOpts eo;
     engine_opts_default(&eo);
     eo.kv_budget_bytes = (size_t)num[KV].v << 20;
     eo.max_running = (size_t)num[RUN].v;
     eo.max_batch_tokens = (size_t)num[BATCH].v;
     eo.prefill_chunk = (size_t)num[CHUNK].v;
+    eo.tok = ro.tx.tok;
+    eo.stop_ids = ro.tx.stop_ids;
+    eo.n_stop_ids = ro.tx.n_stop_ids;
     engine_init(&ro.e, &ro.m, &eo);
     ro.have_engine = true;
     /* 3. the prompts against the model, still before generating anything */

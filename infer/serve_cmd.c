@@ -24,8 +24,11 @@ static const char *const g_serve_help =
     "                    [--max-body 1048576] [--max-n 16] [--max-connections 512]\n"
     "                    [--idle-timeout 60] [--drain-timeout 30] [--quiet]\n"
     "       mpirun -np N tandem serve --ckpt CKPT --port P tp=T ep=E    (N = T x E)\n"
-    "OpenAI-compatible HTTP server: POST /v1/completions (\"stream\": true for\n"
-    "server-sent events), GET /v1/models, /health, /metrics (Prometheus).\n"
+    "OpenAI-compatible HTTP server: POST /v1/completions and /v1/chat/completions\n"
+    "(\"stream\": true for server-sent events), POST /tokenize and /detokenize,\n"
+    "GET /v1/models, /health, /metrics (Prometheus).  Text goes through the\n"
+    "checkpoint's tokenizer (byte-level when it holds none), chat through its chat\n"
+    "template; generation stops at the model's end-of-turn ids.\n"
     "CKPT is a checkpoint file or a run directory (its latest); bf16/f16 weights\n"
     "are upcast to float32.  --port 0 picks a free port; the start-up line on\n"
     "stderr names it.  SIGTERM or SIGINT drains: new completions get 503, running\n"
@@ -147,6 +150,12 @@ static int serve_run(Args *ap, int argc, char **argv)
         if (err[0]) td_error("serve: %s", err);
         return 1;
     }
+    CkptText tx;   /* every rank (only rank 0 uses it), so that a bad tokenizer stops them all */
+    if (ckpt_open_text(ckpt, false, &tx, err, sizeof err)) {
+        td_error("serve: %s", err);
+        model_free(&m);
+        return 1;
+    }
     td_errors_rank0_only = 0;
     m.comm.tp_allreduce = serve_tp_sum;
     m.comm.ep_alltoallv = serve_ep_a2a;
@@ -157,11 +166,15 @@ static int serve_run(Args *ap, int argc, char **argv)
     eo.max_queue = (size_t)num[QUEUE].v;
     eo.max_batch_tokens = (size_t)num[BATCH].v;
     eo.prefill_chunk = (size_t)num[CHUNK].v;
+    eo.tok = tx.tok;
+    eo.stop_ids = tx.stop_ids;
+    eo.n_stop_ids = tx.n_stop_ids;
     Engine e;
     engine_init(&e, &m, &eo);
     if (comm_rank() > 0) {   /* followers run rank 0's schedule on their shards */
         engine_follow(&e);
         engine_free(&e);
+        ckpt_text_free(&tx);
         model_free(&m);
         return 0;
     }
@@ -201,6 +214,7 @@ static int serve_run(Args *ap, int argc, char **argv)
         td_error("serve: %s", err);
         engine_release_followers(&e);
         engine_free(&e);
+        ckpt_text_free(&tx);
         model_free(&m);
         return 1;
     }
@@ -211,10 +225,15 @@ static int serve_run(Args *ap, int argc, char **argv)
             file, v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), so.model_name,
             m.cfg.max_position_embeddings, e.kv.n_blocks, e.kv.bs,
             (kvcache_block_bytes(&e.kv) * (size_t)e.kv.n_blocks) >> 20, e.o.max_running, pool_threads());
+    const char *ce = server_chat_error(srv);
+    fprintf(stderr, "tandem: serve: tokenizer %s (V = %d, %zu stop ids); %s%s\n",
+            tok_is_byte_level(tx.tok) ? "byte-level" : "of the checkpoint", tok_vocab_size(tx.tok), tx.n_stop_ids,
+            ce ? "chat completions refused: " : "chat template loaded", ce ? ce : "");
     server_run(srv, &g_stop);
     engine_release_followers(&e);
     server_free(srv);
     engine_free(&e);
+    ckpt_text_free(&tx);
     model_free(&m);
     fprintf(stderr, "tandem: serve: stopped\n");
     return 0;

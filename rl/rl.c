@@ -22,7 +22,6 @@
 #include "core/pool.h"
 #include "core/rng.h"
 #include "infer/engine.h"
-#include "infer/text.h"
 #include "train/optim.h"
 
 #include <cJSON.h>
@@ -40,11 +39,11 @@
 
 /* ---------------------------------------------------------------- rewards */
 
-double rl_reward_vowels(const int32_t *ids, size_t n)
+double rl_reward_vowels(const char *bytes, size_t n)
 {
     if (!n) return 0.0;
     size_t v = 0;
-    for (size_t i = 0; i < n; i++) v += ids[i] == 'a' || ids[i] == 'e' || ids[i] == 'i' || ids[i] == 'o' || ids[i] == 'u';
+    for (size_t i = 0; i < n; i++) v += bytes[i] == 'a' || bytes[i] == 'e' || bytes[i] == 'i' || bytes[i] == 'o' || bytes[i] == 'u';
     return (double)v / (double)n;
 }
 
@@ -74,64 +73,93 @@ typedef struct {
     double reward, adv;
 } Sample;
 
-static int first_int(const int32_t *ids, size_t n)
+/* The first number written in s[0..n) (target_length's target), or 0. */
+static int first_int(const char *s, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        if (ids[i] >= '0' && ids[i] <= '9') {
+        if (s[i] >= '0' && s[i] <= '9') {
             int v = 0;
-            while (i < n && ids[i] >= '0' && ids[i] <= '9' && v < 100000) v = v * 10 + (ids[i++] - '0');
+            while (i < n && s[i] >= '0' && s[i] <= '9' && v < 100000) v = v * 10 + (s[i++] - '0');
             return v;
         }
     return 0;
 }
 
-static void prompt_from_text(Prompt *p, const char *text, const char *id)
+/* The bytes that ids[0..n) stand for (tok_token_bytes joined: for the
+ * byte-level tokenizer the ids themselves), what the built-in rewards and
+ * targets read. */
+static void ids_bytes(const Tokenizer *tok, const int32_t *ids, size_t n, TokText *out)
 {
-    p->n = strlen(text);
-    p->ids = td_malloc((p->n + 1) * sizeof(int32_t));
-    text_to_tokens(p->ids, text, p->n);
+    char err[64];
+    out->len = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < tok_vocab_size(tok) && !tok_is_special(tok, ids[i])) tok_token_bytes(tok, ids[i], out, err, sizeof err);
+}
+
+/* A text prompt: its ids as HF's tokenizer(text) gives them.  0, or -1
+ * with err. */
+static int prompt_from_text(Prompt *p, const Tokenizer *tok, const char *text, const char *id, char *err, size_t n)
+{
+    TokIds v = { 0 };
+    if (tok_encode(tok, text, strlen(text), true, &v, err, n)) return -1;
+    p->ids = v.ids;
+    p->n = v.n;
     snprintf(p->id, sizeof p->id, "%s", id);
-    p->target = first_int(p->ids, p->n);
+    p->target = first_int(text, strlen(text));
+    return 0;
 }
 
 static const char *const g_words[] = { "Hello", "Write", "Say", "Tell", "Sing", "Now", "Then", "Why",
                                        "What", "Look", "Here", "Yes", "Well", "So", "Oh", "Go" };
 
-/* The largest byte token any built-in prompt of the task can hold (they
- * are "Length N:" or "<word>: "), to check them against the vocabulary
- * once, before the run. */
-static int builtin_max_token(const char *task)
+/* The text of a built-in prompt: "Length N:" (N in [2, 24]) or "<word>: ". */
+static void builtin_text(char *text, size_t n, const char *task, uint64_t key, int max_new)
 {
-    const char *s = "Length 0123456789:";
-    int mx = 0;
-    if (strcmp(task, "target_length")) {
-        s = ": ";
-        for (size_t w = 0; w < sizeof g_words / sizeof *g_words; w++)
-            for (const char *c = g_words[w]; *c; c++) mx = td_max(mx, (int)(unsigned char)*c);
+    if (!strcmp(task, "target_length")) {
+        int hi = max_new - 2 < 24 ? max_new - 2 : 24;
+        int k = 2 + (int)(key % (uint64_t)(hi > 2 ? hi - 1 : 1));
+        snprintf(text, n, "Length %d:", k);
+    } else {
+        snprintf(text, n, "%s: ", g_words[key % (sizeof g_words / sizeof *g_words)]);
     }
-    for (; *s; s++) mx = td_max(mx, (int)(unsigned char)*s);
-    return mx;
+}
+
+/* The largest id and the most ids any built-in prompt of the task encodes
+ * to (every text it can draw, encoded), to check them against the
+ * vocabulary and the context once, before the run.  0, or -1 with err. */
+static int builtin_extent(const char *task, const Tokenizer *tok, int max_new, int *max_id, int *max_len,
+                          char *err, size_t n)
+{
+    *max_id = 0;
+    *max_len = 1;
+    size_t kinds = !strcmp(task, "target_length") ? 23 : sizeof g_words / sizeof *g_words;
+    for (uint64_t k = 0; k < kinds; k++) {
+        char text[64];
+        builtin_text(text, sizeof text, task, k, max_new);
+        TokIds v = { 0 };
+        if (tok_encode(tok, text, strlen(text), true, &v, err, n)) return -1;
+        for (size_t i = 0; i < v.n; i++) *max_id = v.ids[i] > *max_id ? v.ids[i] : *max_id;
+        *max_len = (int)v.n > *max_len ? (int)v.n : *max_len;
+        tok_ids_free(&v);
+    }
+    return 0;
 }
 
 /* Built-in prompts, a function of (seed, step, index) only. */
-static void builtin_prompt(Prompt *p, const char *task, uint64_t seed, int64_t step, int i, int max_new)
+static void builtin_prompt(Prompt *p, const Tokenizer *tok, const char *task, uint64_t seed, int64_t step, int i,
+                           int max_new)
 {
-    const char *const *words = g_words;
     uint64_t key = rng_mix64(seed ^ rng_mix64((uint64_t)step * 7919u + (uint64_t)i));
-    char text[64], id[64];
+    char text[64], id[64], err[160];
     snprintf(id, sizeof id, "s%lld-p%d", (long long)step, i);
-    if (!strcmp(task, "target_length")) {
-        int hi = max_new - 2 < 24 ? max_new - 2 : 24;
-        int n = 2 + (int)(key % (uint64_t)(hi > 2 ? hi - 1 : 1));
-        snprintf(text, sizeof text, "Length %d:", n);
-    } else {
-        snprintf(text, sizeof text, "%s: ", words[key % (sizeof g_words / sizeof *g_words)]);
-    }
-    prompt_from_text(p, text, id);
+    builtin_text(text, sizeof text, task, key, max_new);
+    /* every built-in text was encoded once by builtin_extent */
+    TD_CHECK(prompt_from_text(p, tok, text, id, err, sizeof err) == 0, "rl: built-in prompt: %s", err);
 }
 
-/* prompts=FILE: JSONL lines with "prompt" (text) or "prompt_ids", optional "id". */
-static int load_prompts(const char *path, int V, int max_len, Prompt **out, int *n_out)
+/* prompts=FILE: JSONL lines with "prompt" (text, encoded by tok) or
+ * "prompt_ids", optional "id". */
+static int load_prompts(const char *path, const Tokenizer *tok, int V, int max_len, Prompt **out, int *n_out)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
@@ -162,10 +190,12 @@ static int load_prompts(const char *path, int V, int max_len, Prompt **out, int 
                        : cJSON_IsNumber(id) ? td_snprintf(idbuf, sizeof idbuf, "%.0f", id->valuedouble)
                                             : td_snprintf(idbuf, sizeof idbuf, "%d", n);
         const char *why = NULL;
+        char enc_why[160];
         if (!cJSON_IsObject(o)) why = "not a JSON object";
         else if (id_long) why = "\"id\" is longer than 63 bytes";
-        else if (cJSON_IsString(pt) && pt->valuestring[0]) prompt_from_text(p, pt->valuestring, idbuf);
-        else if (cJSON_IsArray(pi) && cJSON_GetArraySize(pi) > 0) {
+        else if (cJSON_IsString(pt) && pt->valuestring[0]) {
+            if (prompt_from_text(p, tok, pt->valuestring, idbuf, enc_why, sizeof enc_why)) why = enc_why;
+        } else if (cJSON_IsArray(pi) && cJSON_GetArraySize(pi) > 0) {
             p->n = (size_t)cJSON_GetArraySize(pi);
             p->ids = td_malloc(p->n * sizeof(int32_t));
             size_t k = 0;
@@ -176,7 +206,10 @@ static int load_prompts(const char *path, int V, int max_len, Prompt **out, int 
                 p->ids[k++] = ok ? (int32_t)x->valuedouble : 0;
             }
             snprintf(p->id, sizeof p->id, "%s", idbuf);
-            p->target = first_int(p->ids, p->n);
+            TokText b = { 0 };
+            ids_bytes(tok, p->ids, p->n, &b);
+            p->target = first_int(b.s, b.len);
+            tok_text_free(&b);
         } else why = "needs a non-empty \"prompt\" string or \"prompt_ids\" list";
         /* the trainer's forward embeds the prompts too: text bytes and ids
          * alike must be inside the vocabulary */
@@ -216,10 +249,22 @@ static int load_prompts(const char *path, int V, int max_len, Prompt **out, int 
 
 /* ---------------------------------------------------------------- reward_cmd */
 
+/* The text of ids (decode; ids beyond the tokenizer's vocabulary, which a
+ * model with a padded embedding can sample, have none). */
+static void text_of(const Tokenizer *tok, const int32_t *ids, size_t n, bool skip_special, TokText *out)
+{
+    char err[64];
+    TokStream *ts = tok_stream_new(tok, skip_special);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < tok_vocab_size(tok)) tok_stream_push(ts, ids[i], out, err, sizeof err);
+    tok_stream_finish(ts, out);
+    tok_stream_free(ts);
+}
+
 /* Runs `sh -c cmd` with the samples as JSONL on stdin and reads one reward
  * per line from its stdout within timeout_s.  0, or -1 with the reason. */
-static int reward_cmd_run(const char *cmd, double timeout_s, const Sample *s, int n, const Prompt *prompts,
-                          const char *tmp_path, double *rewards, char *why, size_t why_len)
+static int reward_cmd_run(const char *cmd, double timeout_s, const Tokenizer *tok, const Sample *s, int n,
+                          const Prompt *prompts, const char *tmp_path, double *rewards, char *why, size_t why_len)
 {
     FILE *f = fopen(tmp_path, "w");
     if (!f) {
@@ -229,21 +274,27 @@ static int reward_cmd_run(const char *cmd, double timeout_s, const Sample *s, in
     for (int i = 0; i < n; i++) {
         cJSON *o = cJSON_CreateObject();
         const Prompt *p = &prompts[s[i].prompt];
-        char *pt = td_malloc(3 * (size_t)s[i].n_prompt + 1), *ct = td_malloc(3 * (size_t)s[i].n_out + 1);
-        text_from_tokens(pt, s[i].seq, (size_t)s[i].n_prompt);
-        text_from_tokens(ct, s[i].seq + s[i].n_prompt, (size_t)s[i].n_out);
+        /* the prompt as it was given (special tokens included), the
+         * completion as generate and serve print it (without them) */
+        TokText pt = { 0 }, ct = { 0 };
+        text_of(tok, s[i].seq, (size_t)s[i].n_prompt, false, &pt);
+        text_of(tok, s[i].seq + s[i].n_prompt, (size_t)s[i].n_out, true, &ct);
         cJSON_AddStringToObject(o, "id", p->id);
         cJSON_AddNumberToObject(o, "index", i);
-        cJSON_AddStringToObject(o, "prompt", pt);
-        cJSON_AddStringToObject(o, "completion", ct);
+        char *q = td_json_string(pt.s, pt.len);
+        cJSON_AddRawToObject(o, "prompt", q);
+        td_free(q);
+        q = td_json_string(ct.s, ct.len);
+        cJSON_AddRawToObject(o, "completion", q);
+        td_free(q);
         cJSON *ids = cJSON_AddArrayToObject(o, "ids");
         for (int j = 0; j < s[i].n_out; j++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(s[i].seq[s[i].n_prompt + j]));
         char *js = cJSON_PrintUnformatted(o);
         fprintf(f, "%s\n", js);
         cJSON_free(js);
         cJSON_Delete(o);
-        td_free(pt);
-        td_free(ct);
+        tok_text_free(&pt);
+        tok_text_free(&ct);
     }
     fclose(f);
     int out[2];
@@ -362,6 +413,7 @@ typedef struct {
     float *dlogp;
     Engine eng;
     bool have_eng;
+    CkptText tx;                 /* the run's tokenizer (tokenizer=, else init_from's, else byte-level) */
     Prompt *file_prompts;
     int n_file_prompts;
     int n_moe;
@@ -400,7 +452,7 @@ static void step_prompts(Rl *r, int64_t step, int g_rank, int G, Prompt **out, i
             v[i].ids = td_malloc(src->n * sizeof(int32_t));
             memcpy(v[i].ids, src->ids, src->n * sizeof(int32_t));
         } else {
-            builtin_prompt(&v[i], rc->task, (uint64_t)rc->seed, step, i, rc->max_new_tokens);
+            builtin_prompt(&v[i], r->tx.tok, rc->task, (uint64_t)rc->seed, step, i, rc->max_new_tokens);
         }
     }
     *out = v;
@@ -484,14 +536,18 @@ static int score_samples(Rl *r, Sample *s, int n, const Prompt *prompts, char *w
     if (rc->reward_cmd[0]) {
         char tmp[1200];
         snprintf(tmp, sizeof tmp, "%s/.rewards.%d.jsonl", rc->out_dir, r->all_rank);
-        ret = reward_cmd_run(rc->reward_cmd, rc->reward_timeout, s, n, prompts, tmp, rew, why, why_len);
+        ret = reward_cmd_run(rc->reward_cmd, rc->reward_timeout, r->tx.tok, s, n, prompts, tmp, rew, why, why_len);
     } else {
+        TokText b = { 0 };
         for (int i = 0; i < n; i++) {
-            const int32_t *c = s[i].seq + s[i].n_prompt;
-            rew[i] = !strcmp(rc->task, "target_length")
-                         ? rl_reward_target_length((size_t)s[i].n_out, prompts[s[i].prompt].target)
-                         : rl_reward_vowels(c, (size_t)s[i].n_out);
+            if (!strcmp(rc->task, "target_length")) {
+                rew[i] = rl_reward_target_length((size_t)s[i].n_out, prompts[s[i].prompt].target);
+                continue;
+            }
+            ids_bytes(r->tx.tok, s[i].seq + s[i].n_prompt, (size_t)s[i].n_out, &b);
+            rew[i] = rl_reward_vowels(b.s, b.len);
         }
+        tok_text_free(&b);
     }
     if (ret == 0) {
         const int G = rc->group_size;
@@ -758,16 +814,36 @@ static int rl_setup(Rl *r)
     }
     for (int l = 0; l < cfg.num_hidden_layers; l++) r->n_moe += config_layer_is_moe(&cfg, l);
 
-    /* prompts and the longest sequence */
-    r->max_prompt = 24;   /* built-in prompts are short */
-    if (!rc->prompts[0] && builtin_max_token(rc->task) >= cfg.vocab_size) {
-        td_error("rl: the built-in %s prompts are text, byte tokens up to %d, outside the model's vocabulary "
-                 "(vocab_size %d); give prompts=FILE with prompt_ids",
-                 rc->task, builtin_max_token(rc->task), cfg.vocab_size);
+    /* the tokenizer: tokenizer=, else init_from's, else byte-level */
+    const char *tsrc = rc->tokenizer[0] ? rc->tokenizer : src[0] ? src : NULL;
+    if (tsrc ? ckpt_open_text(tsrc, rc->tokenizer[0] != 0, &r->tx, err, sizeof err) : 0) {
+        td_error("rl: %s", err);
         return -1;
     }
+    if (!tsrc) r->tx.tok = tok_byte_level();
+    if (r->tx.files.tokenizer_json && tok_vocab_size(r->tx.tok) > cfg.vocab_size) {
+        td_error("rl: the tokenizer has %d ids, more than the model's vocab_size %d", tok_vocab_size(r->tx.tok),
+                 cfg.vocab_size);
+        return -1;
+    }
+
+    /* prompts and the longest sequence */
+    int bmax = 0, blen = 0;
+    if (!rc->prompts[0]) {
+        if (builtin_extent(rc->task, r->tx.tok, rc->max_new_tokens, &bmax, &blen, err, sizeof err)) {
+            td_error("rl: built-in prompts: %s", err);
+            return -1;
+        }
+        if (bmax >= cfg.vocab_size) {
+            td_error("rl: the built-in %s prompts are text, %s up to %d, outside the model's vocabulary "
+                     "(vocab_size %d); give prompts=FILE with prompt_ids",
+                     rc->task, tok_is_byte_level(r->tx.tok) ? "byte tokens" : "token ids", bmax, cfg.vocab_size);
+            return -1;
+        }
+    }
+    r->max_prompt = td_max(24, (size_t)blen);   /* built-in prompts are short */
     if (rc->prompts[0]) {
-        if (load_prompts(rc->prompts, cfg.vocab_size, cfg.max_position_embeddings - 1, &r->file_prompts,
+        if (load_prompts(rc->prompts, r->tx.tok, cfg.vocab_size, cfg.max_position_embeddings - 1, &r->file_prompts,
                          &r->n_file_prompts))
             return -1;
         r->max_prompt = 1;
@@ -808,6 +884,9 @@ static int rl_setup(Rl *r)
         size_t per_seq = (size_t)kvcache_blocks_for(&(KvCache){ .bs = r->m.attn.bs }, r->T + 1) + 1;
         eo.kv_budget_bytes = td_max((size_t)8 << 20, eo.max_running * per_seq * attn_block_floats(&r->m.attn) *
                                                           sizeof(float) * (size_t)cfg.num_hidden_layers);
+        eo.tok = r->tx.tok;
+        eo.stop_ids = r->tx.stop_ids;
+        eo.n_stop_ids = r->tx.n_stop_ids;
         engine_init(&r->eng, &r->m, &eo);
         r->have_eng = true;
     }
@@ -843,6 +922,7 @@ static void rl_free(Rl *r)
     if (r->have_ref) model_free(&r->ref);
     model_free(&r->m);
     if (r->file_prompts) free_prompts(r->file_prompts, r->n_file_prompts);
+    ckpt_text_free(&r->tx);
 }
 
 /* Weights to the rollout ranks (split placement): one broadcast over
@@ -890,6 +970,7 @@ static int rl_save(Rl *r, int64_t step)
     st.weight_decay = rc->weight_decay;
     st.adam_step = step * rc->ppo_epochs;
     st.run_config = rc->json;
+    st.tok = r->tx.files;   /* the run's tokenizer goes with every checkpoint (borrowed) */
     if (ckpt_save(path, &r->m, r->m1, r->m2, &st, CKPT_F32)) return -1;
     if (comm_rank() == 0 && ckpt_set_latest(rc->out_dir, name)) return -1;
     return 0;

@@ -25,9 +25,12 @@
 /* `tandem rl RUN.json [key=value ...]`. */
 int cmd_rl(int argc, char **argv);
 
-/* Built-in rewards of a completion (bytes) for a prompt (bytes). */
-double rl_reward_vowels(const int32_t *ids, size_t n);
-/* target: the number the prompt asks for (the first integer in it). */
+/* Built-in rewards.  vowels: the share of a completion's bytes (its
+ * tokens' bytes, tok_token_bytes: for a byte-level vocabulary the tokens)
+ * that are a, e, i, o or u. */
+double rl_reward_vowels(const char *bytes, size_t n);
+/* n: the completion's tokens; target: the number the prompt asks for (the
+ * first integer written in it). */
 double rl_reward_target_length(size_t n, int target);
 
 #endif

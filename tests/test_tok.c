@@ -447,6 +447,58 @@ Test(tok, stream_real_tokenizers_random_ids)
     }
 }
 
+/* tok_token_bytes: the raw bytes of each token of an encoding, joined, are
+ * the text (byte-level BPE: exactly; SentencePiece: the text with the
+ * Metaspace prefix space that decode's Strip removes), though single
+ * tokens hold parts of characters. */
+Test(tok, token_bytes_join_to_the_text)
+{
+    const char *text = "Grüße, 世界! 🤖 naïve\ttabs\n  spaces \xe2\x80\x8b zero-width";
+    const char *names[] = { "qwen3", "deepseek_v3", "llama2" };
+    for (int k = 0; k < 3; k++) {
+        char err[512];
+        Tokenizer *t;
+        cr_assert_eq(tok_load_dir(&t, ref_dir(names[k]), err, sizeof err), 0, "%s", err);
+        TokIds ids = { 0 };
+        cr_assert_eq(tok_encode(t, text, strlen(text), false, &ids, err, sizeof err), 0, "%s", err);
+        TokText b = { 0 };
+        bool partial = false;
+        for (size_t i = 0; i < ids.n; i++) {
+            size_t before = b.len;
+            cr_assert_eq(tok_token_bytes(t, ids.ids[i], &b, err, sizeof err), 0, "%s", err);
+            partial |= utf8_check(b.s + before, b.len - before) >= 0;
+        }
+        const char *want = text;
+        char *sp = NULL;
+        if (k == 2) want = sp = td_sprintf(" %s", text);   /* the Prepend normalizer's space */
+        cr_assert_eq(b.len, strlen(want), "%s: %zu bytes, want %zu", names[k], b.len, strlen(want));
+        cr_assert(!memcmp(b.s, want, b.len), "%s: the joined token bytes are not the text", names[k]);
+        cr_assert(partial, "%s: no token held part of a character (the test text should make some)", names[k]);
+        /* a special token gives its content */
+        int32_t eos = tok_eos_id(t);
+        if (eos >= 0) {
+            b.len = 0;
+            cr_assert_eq(tok_token_bytes(t, eos, &b, err, sizeof err), 0);
+            size_t l;
+            const char *c = tok_id_to_str(t, eos, &l);
+            cr_assert(b.len == l && !memcmp(b.s, c, l), "%s: eos bytes", names[k]);
+        }
+        cr_assert_neq(tok_token_bytes(t, tok_vocab_size(t), &b, err, sizeof err), 0);
+        cr_assert(strstr(err, "out of range"), "%s", err);
+        td_free(sp);
+        tok_text_free(&b);
+        tok_ids_free(&ids);
+        tok_free(t);
+    }
+    Tokenizer *t = tok_byte_level();
+    TokText b = { 0 };
+    char err[64];
+    cr_assert_eq(tok_token_bytes(t, 0xe4, &b, err, sizeof err), 0);
+    cr_assert(b.len == 1 && (unsigned char)b.s[0] == 0xe4);
+    tok_text_free(&b);
+    tok_free(t);
+}
+
 /* ---------------------------------------------------------------- threads */
 
 typedef struct {

@@ -54,6 +54,19 @@ int tokfile_open(TokenFile *f, const char *path, char *err, size_t err_len)
         else if (f->count > (f->map_len - DATA_HEADER_BYTES) / f->width) why = "truncated (fewer tokens than its header says)";
         else if (f->n_val > f->count) why = "validation split larger than the file";
         else if (f->count - f->n_val < 2) why = "fewer than 2 training tokens";
+        else {
+            uint64_t end = DATA_HEADER_BYTES + f->count * f->width;
+            f->tok_json_len = rd32(h + 36);
+            f->tok_config_len = rd32(h + 40);
+            if ((uint64_t)f->tok_json_len + f->tok_config_len > f->map_len - end)
+                why = "truncated (its tokenizer files are cut)";
+            else if (f->tok_config_len && !f->tok_json_len)
+                why = "bad tokenizer section (tokenizer_config.json without tokenizer.json)";
+            else {
+                if (f->tok_json_len) f->tok_json = (const char *)h + end;
+                if (f->tok_config_len) f->tok_config = (const char *)h + end + f->tok_json_len;
+            }
+        }
     }
     if (why) {
         snprintf(err, err_len, "%s: %s", path, why);
@@ -230,8 +243,15 @@ int data_prepare(const char *const *inputs, int n_inputs, const char *output, do
         total += ft[i].n;
         n_val += (uint64_t)((double)ft[i].n * val_fraction);
     }
+    if (tok && tok_is_byte_level(tok)) tok = NULL;   /* its ids are the bytes */
     int64_t V = tok ? tok_vocab_size(tok) : 256;
     uint32_t width = data_token_width(V);
+    size_t tj_len = 0, tc_len = 0;
+    const char *tj = tok ? tok_json_text(tok, &tj_len) : NULL, *tcfg = tok ? tok_config_text(tok, &tc_len) : NULL;
+    if (rc == 0 && (tj_len > UINT32_MAX || tc_len > UINT32_MAX)) {
+        td_error("data prepare: the tokenizer's files are larger than 4 GiB");
+        rc = -1;
+    }
     if (rc == 0 && total < 2) {
         td_error("data prepare: the inputs hold %llu tokens; nothing to train on", (unsigned long long)total);
         rc = -1;
@@ -254,12 +274,16 @@ int data_prepare(const char *const *inputs, int n_inputs, const char *output, do
             wr64(h + 16, total);
             wr64(h + 24, n_val);
             wr32(h + 32, (uint32_t)V);
+            wr32(h + 36, (uint32_t)(tj ? tj_len : 0));
+            wr32(h + 40, (uint32_t)(tcfg ? tc_len : 0));
             bool ok = fwrite(h, 1, sizeof h, f) == sizeof h;
             for (int pass = 0; pass < 2; pass++)
                 for (int i = 0; i < files.n; i++) {
                     size_t nv = (size_t)((double)ft[i].n * val_fraction), nt = ft[i].n - nv;
                     ok &= pass == 0 ? write_tokens(f, &ft[i], 0, nt, width) : write_tokens(f, &ft[i], nt, ft[i].n, width);
                 }
+            if (tj) ok &= fwrite(tj, 1, tj_len, f) == tj_len;
+            if (tcfg) ok &= fwrite(tcfg, 1, tc_len, f) == tc_len;
             ok &= fflush(f) == 0 && fsync(fileno(f)) == 0;
             ok &= fclose(f) == 0;
             if (!ok || rename(tmp, output) != 0) {

@@ -8,9 +8,15 @@
  *       16     8  count: tokens in the file (uint64)
  *       24     8  n_val: the last n_val tokens are the validation split
  *       32     4  vocab size the tokens were made for (uint32)
- *       36    28  reserved, zero
+ *       36     4  tok_json_len: bytes of the tokenizer's tokenizer.json (0: none)
+ *       40     4  tok_config_len: bytes of its tokenizer_config.json (0: none)
+ *       44    20  reserved, zero
  *       64     -  count tokens, little-endian unsigned, width bytes each
+ *        -     -  tokenizer.json then tokenizer_config.json (those lengths)
  * The training stream is tokens [0, count - n_val), validation the rest.
+ * The tokenizer's files make the data say how it was made: a run trains
+ * with that tokenizer by default and stores it in its checkpoints (files
+ * of an older tandem have zeros there and read as "no tokenizer").
  * Byte-level tokenisation maps each byte to its value (V = 256); with a
  * tokenizer, each input file is encoded as one text (HF's tokenizer(text),
  * special tokens as HF adds them unless add_special is false), V is the
@@ -45,6 +51,8 @@ typedef struct {
     uint32_t width;
     uint32_t vocab;
     uint64_t count, n_val;
+    const char *tok_json, *tok_config;   /* inside map, not NUL-terminated; NULL when absent */
+    uint32_t tok_json_len, tok_config_len;
 } TokenFile;
 
 /* Maps and validates a token file; one error line (via err) on failure. */
@@ -60,8 +68,9 @@ static inline int32_t tokfile_get(const TokenFile *f, uint64_t i)
 
 /* Writes a token file from the given inputs (files, or directories whose
  * regular files are taken in name order, skipping strfile indexes *.dat
- * and symlinks): byte-level when tok is NULL, else the ids of tok (see
- * above).  Returns 0 or -1 after one error line. */
+ * and symlinks): byte-level when tok is NULL or the byte-level tokenizer,
+ * else the ids of tok, with its two files (tok_json_text, tok_config_text)
+ * after the tokens (see above).  Returns 0 or -1 after one error line. */
 int data_prepare(const char *const *inputs, int n_inputs, const char *output, double val_fraction,
                  const Tokenizer *tok, bool add_special);
 /* Bytes per token for a vocabulary of V ids: 1, 2 or 4. */

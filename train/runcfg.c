@@ -54,6 +54,7 @@ static const struct key g_keys[] = {
     { "pp_layers", K_STR, F(pp_layers), 0, 0, "\"\"", NULL },
     { "init_from", K_STR, F(init_from), 0, 0, "\"\"", NULL },
     { "resume", K_STR, F(resume), 0, 0, "\"\"", NULL },
+    { "tokenizer", K_STR, F(tokenizer), 0, 0, "\"\"", NULL },
     { "threads", K_INT, F(threads), 0, 1024, "0", NULL },
     { "task", K_STR, F(task), 0, 0, "\"vowels\"", "vowels|target_length|prompts" },
     { "prompts", K_STR, F(prompts), 0, 0, "\"\"", NULL },

@@ -30,6 +30,7 @@ typedef struct {
     int dp, tp, pp, ep, zero;
     char pp_layers[128];     /* layers per pipeline stage, "2,2"; empty = even */
     char init_from[512], resume[512];
+    char tokenizer[512];     /* HF directory or checkpoint whose tokenizer the run uses; "" = default */
     int threads;             /* 0 = automatic */
     /* RL (tandem rl); ignored by tandem train */
     char task[32], prompts[512], reward_cmd[512], loss_agg[16], reward_on_error[8];

@@ -43,14 +43,14 @@ int cmd_train(int argc, char **argv)
 static int data_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "input+", "output=", "val-fraction=", "tokenizer=", "no-special", NULL };
-    char err[256];
+    char err[1024];
     if (argc < 2 || strcmp(argv[1], "prepare")) {
         if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
             printf("usage: tandem data prepare --input PATH... --output DATA.bin [--val-fraction 0.05]\n"
-                   "                          [--tokenizer DIR [--no-special]]\n");
+                   "                          [--tokenizer DIR|CKPT [--no-special]]\n");
             return 0;
         }
-        td_error("usage: tandem data prepare --input PATH... --output DATA.bin [--val-fraction 0.05] [--tokenizer DIR]");
+        td_error("usage: tandem data prepare --input PATH... --output DATA.bin [--val-fraction 0.05] [--tokenizer DIR|CKPT]");
         return 2;
     }
     if (args_parse(ap, argc, argv, 2, spec, err, sizeof err)) {
@@ -59,12 +59,14 @@ static int data_run(Args *ap, int argc, char **argv)
     }
     if (ap->help) {
         printf("usage: tandem data prepare --input PATH... --output DATA.bin [--val-fraction 0.05]\n"
-               "                          [--tokenizer DIR [--no-special]]\n"
+               "                          [--tokenizer DIR|CKPT [--no-special]]\n"
                "Byte-level tokens (V = 256) of the inputs (files; directories: their regular\n"
                "files in name order, skipping *.dat indexes and symlinks), or with --tokenizer\n"
-               "the ids of each file as HF's tokenizer(text) gives them (--no-special:\n"
-               "add_special_tokens=False).  The last val-fraction of every file forms the\n"
-               "validation split.  Format: docs/data.md\n");
+               "(an HF directory, or a checkpoint that holds a tokenizer) the ids of each file\n"
+               "as HF's tokenizer(text) gives them (--no-special: add_special_tokens=False);\n"
+               "the tokenizer's files are stored in DATA.bin, and a run trained on it uses\n"
+               "them.  The last val-fraction of every file forms the validation split.\n"
+               "Format: docs/data.md\n");
         return 0;
     }
     const char *const *inputs = NULL;
@@ -81,7 +83,7 @@ static int data_run(Args *ap, int argc, char **argv)
     }
     const char *tdir = args_get(ap, "tokenizer");
     Tokenizer *tok = NULL;
-    if (tdir && tok_load_dir(&tok, tdir, err, sizeof err)) {
+    if (tdir && ckpt_open_tokenizer_arg(tdir, &tok, err, sizeof err)) {
         td_error("data prepare: %s", err);
         return 1;
     }
@@ -168,7 +170,11 @@ static int score_windows(Scorer *s, const int32_t *tok, size_t len, size_t n_win
     return 0;
 }
 
-static int32_t *read_tokens(const char *data, const char *text, size_t *len, const char *split, char *err, size_t n)
+/* The tokens to score: a token file's (its split), or a text file's as
+ * the checkpoint's tokenizer encodes it (HF's tokenizer(text), special
+ * tokens as HF adds them: what `data prepare` makes of that one file). */
+static int32_t *read_tokens(const char *ckpt, const char *data, const char *text, size_t *len, const char *split,
+                            char *err, size_t n)
 {
     if (text) {
         FILE *f = fopen(text, "rb");
@@ -179,11 +185,30 @@ static int32_t *read_tokens(const char *data, const char *text, size_t *len, con
         fseek(f, 0, SEEK_END);
         long sz = ftell(f);
         fseek(f, 0, SEEK_SET);
-        int32_t *t = td_malloc((size_t)(sz > 0 ? sz : 1) * sizeof(int32_t));
-        for (long i = 0; i < sz; i++) t[i] = (int32_t)(unsigned char)fgetc(f);
+        char *buf = td_malloc((size_t)(sz > 0 ? sz : 1));
+        size_t got = sz > 0 ? fread(buf, 1, (size_t)sz, f) : 0;
         fclose(f);
-        *len = (size_t)sz;
-        return t;
+        Tokenizer *tok;
+        TokIds v = { 0 };
+        char why[256];
+        int rc = got != (size_t)(sz > 0 ? sz : 0) ? (snprintf(err, n, "cannot read --text %s", text), -1)
+                 : ckpt_open_tokenizer(ckpt, &tok, err, n)            ? -1
+                                                                      : 0;
+        if (rc == 0) {
+            if (tok_encode(tok, buf, got, true, &v, why, sizeof why)) {
+                snprintf(err, n, "--text %s: %s", text, why);
+                rc = -1;
+            }
+            tok_free(tok);
+        }
+        td_free(buf);
+        if (rc) {
+            tok_ids_free(&v);
+            return NULL;
+        }
+        *len = v.n;
+        if (!v.ids) v.ids = td_malloc(sizeof(int32_t));
+        return v.ids;
     }
     TokenFile tf;
     if (tokfile_open(&tf, data, err, n)) return NULL;
@@ -209,7 +234,8 @@ static int score_run(Args *ap, int argc, char **argv)
         printf("usage: tandem score --ckpt CKPT (--data DATA.bin | --text FILE) --seq-len T --output OUT.h5 [--batch 8]\n"
                "Scores consecutive whole windows from the start of the token stream: window i\n"
                "has inputs [iT, (i+1)T) and targets [iT+1, (i+1)T+1).  Writes /logprobs [N, T]\n"
-               "float32 and the mean loss as the attribute `loss`.\n"
+               "float32 and the mean loss as the attribute `loss`.  --text FILE is encoded by\n"
+               "the checkpoint's tokenizer (byte-level when it holds none).\n"
                "tandem score --rollout OUT.jsonl --ckpt CKPT|RUN_DIR checks a `tandem rollout`\n"
                "output against the training forward (tandem score --rollout --help).\n");
         return 0;
@@ -227,7 +253,7 @@ static int score_run(Args *ap, int argc, char **argv)
         return 2;
     }
     size_t len;
-    int32_t *tok = read_tokens(data, text, &len, NULL, err, sizeof err);
+    int32_t *tok = read_tokens(ckpt, data, text, &len, NULL, err, sizeof err);
     if (!tok) {
         td_error("score: %s", err);
         return 1;
@@ -302,7 +328,7 @@ static int eval_run(Args *ap, int argc, char **argv)
         return 2;
     }
     size_t len;
-    int32_t *tok = read_tokens(data, text, &len, split, err, sizeof err);
+    int32_t *tok = read_tokens(ckpt, data, text, &len, split, err, sizeof err);
     if (!tok) {
         td_error("eval: %s", err);
         return 1;

@@ -1,6 +1,7 @@
 /* train/trainer.c - the training loop (trainer.h). */
 #include "train/trainer.h"
 #include "checkpoint/ckpt.h"
+#include "checkpoint/ckpt_model.h"
 #include "comm/comm.h"
 #include "core/model/backprop.h"
 #include "core/common.h"
@@ -71,6 +72,8 @@ typedef struct {
     double gemm_eff, sgemm_eff, gemm_eff_sum, sgemm_eff_sum;   /* this step's, and the sums for the summary */
     int n_timed;
     char last_ckpt[1200];
+    char from_src[1024];   /* the checkpoint resumed or started from, "" for none */
+    CkptText tx;           /* the run's tokenizer; its files go into every checkpoint */
 } Trainer;
 
 /* ---------------------------------------------------------------- peak */
@@ -262,6 +265,7 @@ static int setup_model(Trainer *tr, CkptState *st, bool *resumed)
         td_error("%s", err);
         return -1;
     }
+    if (from) snprintf(tr->from_src, sizeof tr->from_src, "%s", src);
     int stages[TOPO_MAX_PP], n_st = 0;
     if (rc->pp_layers[0]) {
         /* every entry is counted, also past TOPO_MAX_PP, so that a longer
@@ -403,6 +407,7 @@ static int save(Trainer *tr)
     st.weight_decay = tr->adam.weight_decay;
     st.adam_step = tr->step;
     st.run_config = rc->json;
+    st.tok = tr->tx.files;   /* borrowed: the run's tokenizer goes with every checkpoint */
     double t0 = td_now();
     float *m1 = tr->exp_avg, *m2 = tr->exp_avg_sq;
     if (tr->zero) {   /* the checkpoint stores the global moments */
@@ -859,6 +864,72 @@ static void trainer_free(Trainer *tr)
     td_free(tr->buckets);
     td_free(tr->zbuf);
     tokfile_close(&tr->tf);
+    ckpt_text_free(&tr->tx);
+}
+
+/* A copy of n bytes, NUL-terminated (CkptTokFiles' texts are). */
+static char *copy_text(const char *s, size_t n)
+{
+    char *o = td_malloc(n + 1);
+    memcpy(o, s, n);
+    o[n] = 0;
+    return o;
+}
+
+/* The run's tokenizer (docs/config.md, key tokenizer): tokenizer=, else
+ * that of the checkpoint resumed or started from, else the data file's,
+ * else none (byte-level).  The model's vocabulary must
+ * cover it, and a data file that records a tokenizer must have been made
+ * with this one.  0, or -1 after one error line. */
+static int setup_tokenizer(Trainer *tr)
+{
+    const RunConfig *rc = tr->rc;
+    const TokenFile *tf = &tr->tf;
+    char err[1024];
+    const char *from = rc->tokenizer[0] ? rc->tokenizer : tr->from_src[0] ? tr->from_src : NULL;
+    if (from && ckpt_open_text(from, rc->tokenizer[0] != 0, &tr->tx, err, sizeof err)) {
+        td_error("%s", err);
+        return -1;
+    }
+    if (!tr->tx.files.tokenizer_json) {
+        ckpt_text_free(&tr->tx);
+        if (tf->tok_json) {   /* the data's */
+            CkptTokFiles *f = &tr->tx.files;
+            f->tokenizer_json = copy_text(tf->tok_json, tf->tok_json_len);
+            f->tokenizer_json_len = tf->tok_json_len;
+            if (tf->tok_config) {
+                f->tokenizer_config = copy_text(tf->tok_config, tf->tok_config_len);
+                f->tokenizer_config_len = tf->tok_config_len;
+            }
+            if (tok_load_mem(&tr->tx.tok, f->tokenizer_json, f->tokenizer_json_len, f->tokenizer_config,
+                             f->tokenizer_config_len, err, sizeof err)) {
+                td_error("data %s: its tokenizer: %s", rc->data, err);
+                return -1;
+            }
+            from = rc->data;
+        } else {
+            tr->tx.tok = tok_byte_level();
+            return 0;
+        }
+    }
+    const CkptTokFiles *f = &tr->tx.files;
+    int32_t V = tok_vocab_size(tr->tx.tok);
+    if (V > tr->m.cfg.vocab_size) {
+        td_error("the tokenizer of %s has %d ids, more than the model's vocab_size %d", from, (int)V,
+                 tr->m.cfg.vocab_size);
+        return -1;
+    }
+    if (tf->tok_json && (tf->tok_json_len != f->tokenizer_json_len || memcmp(tf->tok_json, f->tokenizer_json, tf->tok_json_len))) {
+        td_error("data %s was prepared with another tokenizer than %s's (their tokenizer.json differ)", rc->data, from);
+        return -1;
+    }
+    if (!tf->tok_json && tf->vocab <= 256) {
+        td_error("data %s holds byte-level tokens, but the run's tokenizer is %s's (V = %d): prepare the data with "
+                 "`tandem data prepare --tokenizer %s`", rc->data, from, (int)V, from);
+        return -1;
+    }
+    if (tr->rank0) td_info("train: tokenizer of %s (V = %d), stored in every checkpoint", from, (int)V);
+    return 0;
 }
 
 int train_run(const RunConfig *rc)
@@ -884,6 +955,7 @@ int train_run(const RunConfig *rc)
     bool resumed;
     int ret = 1;
     if (setup_model(&tr, &st, &resumed)) goto out;
+    if (setup_tokenizer(&tr)) goto out;
     if ((int)tr.tf.vocab > tr.m.cfg.vocab_size) {
         td_error("data %s was made for vocab %u, the model has vocab_size %d", rc->data, tr.tf.vocab,
                  tr.m.cfg.vocab_size);

@@ -543,3 +543,72 @@ void dec_finish(const Decoder *d, DecState *st, TokText *out)
         s->flag = s->started = false;
     }
 }
+
+void dec_token_bytes(const Decoder *d, const char *tok, size_t n, TokBuf *out)
+{
+    TokBuf a = { 0 }, b = { 0 };
+    tokbuf_put(&a, tok, n);
+    DecState *st = dec_state_new(d);   /* scratch of the Replace and Strip steps */
+    for (int i = 0; i < d->n; i++) {
+        DSState *s = &st->s[i];
+        const DStage *g = &d->st[i];
+        b.n = 0;
+        switch (g->kind) {
+        case D_REPLACE:
+            if (g->joined_in) continue;   /* a replace across tokens: not one token's */
+            replace_token(g, st, s, a.p, a.n);
+            tokbuf_put(&b, s->out.p, s->out.n);
+            break;
+        case D_STRIP:
+            if (g->joined_in) continue;   /* the whole text's ends */
+            strip_token(g, s, a.p, a.n);
+            tokbuf_put(&b, s->out.p, s->out.n);
+            break;
+        case D_METASPACE: {   /* a token after the first: each replacement char is a space */
+            char rep[4];
+            int rl = utf8_put(g->ch, rep);
+            for (size_t k = 0; k < a.n;) {
+                if (a.n - k >= (size_t)rl && !memcmp(a.p + k, rep, (size_t)rl)) {
+                    tokbuf_putc(&b, ' ');
+                    k += (size_t)rl;
+                } else tokbuf_putc(&b, a.p[k++]);
+            }
+            break;
+        }
+        case D_BYTEFALLBACK: {
+            uint8_t byte;
+            if (is_byte_token(a.p, a.n, &byte)) tokbuf_putc(&b, (char)byte);
+            else tokbuf_put(&b, a.p, a.n);
+            break;
+        }
+        case D_BYTELEVEL: {
+            bool all = true;
+            for (size_t k = 0; k < a.n && all;) {
+                uint32_t cp;
+                int l = utf8_next(a.p + k, a.n - k, &cp);
+                int byte = l > 0 ? bytelevel_byte(cp) : -1;
+                if (byte < 0) all = false;
+                else {
+                    tokbuf_putc(&b, (char)byte);
+                    k += (size_t)l;
+                }
+            }
+            if (!all) {
+                b.n = 0;
+                tokbuf_put(&b, a.p, a.n);
+            }
+            break;
+        }
+        case D_FUSE:
+        case D_JOINSPACE:
+        case D_BYTES: continue;
+        }
+        TokBuf t = a;
+        a = b;
+        b = t;
+    }
+    tokbuf_put(out, a.p, a.n);
+    tokbuf_free(&a);
+    tokbuf_free(&b);
+    dec_state_free(st);
+}

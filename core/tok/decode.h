@@ -32,5 +32,14 @@ void dec_state_free(DecState *st);
 void dec_push(const Decoder *d, DecState *st, const char *tok, size_t n, TokText *out);
 /* Appends everything held back and resets the state. */
 void dec_finish(const Decoder *d, DecState *st, TokText *out);
+/* The bytes one token string stands for in the middle of a text: each
+ * per-token step applied to it alone (Replace, Strip and Metaspace of a
+ * token that is not the first, ByteLevel's chars to their bytes,
+ * ByteFallback's <0xNN> to its byte) with no UTF-8 repair, so a token
+ * holding part of a character gives its raw bytes; steps on joined text
+ * (a Strip of the whole text's ends, a Replace after a join, cleanup) do
+ * not apply to one token.  Appends to out (raw bytes, not NUL-terminated
+ * unless out already was). */
+void dec_token_bytes(const Decoder *d, const char *tok, size_t n, TokBuf *out);
 
 #endif

@@ -1,6 +1,7 @@
 /* core/tok/tok_cmd.c - `tandem tokenize` (tok_cmd.h). */
 #include "core/tok/tok_cmd.h"
 #include "core/args.h"
+#include "core/chat/chat.h"
 #include "core/common.h"
 #include "core/tok/tok_util.h"
 #include "core/tok/tokenizer.h"
@@ -8,12 +9,11 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 
 static const char USAGE[] =
-    "usage: tandem tokenize --tokenizer DIR (--text STR | --input FILE [--jsonl]) [--no-special]\n"
-    "       tandem tokenize --tokenizer DIR --chat MESSAGES.json [--add-generation-prompt]\n"
-    "       tandem tokenize --tokenizer DIR --decode (--ids 1,2,3 | --input IDS.jsonl) [--skip-special]\n";
+    "usage: tandem tokenize --tokenizer T (--text STR | --input FILE [--jsonl]) [--no-special]\n"
+    "       tandem tokenize --tokenizer T --chat MESSAGES.json [--add-generation-prompt]\n"
+    "       tandem tokenize --tokenizer T --decode (--ids 1,2,3 | --input IDS.jsonl) [--skip-special]\n";
 
 /* Reads a whole file (NUL-terminated); -1 after one error line. */
 static int slurp(const char *path, TokBuf *b)
@@ -82,22 +82,32 @@ static void print_result(const char *text, size_t tn, const int32_t *ids, size_t
     tokbuf_free(&o);
 }
 
-/* The --chat hook: renders MESSAGES.json (an OpenAI messages array, or
- * {"messages": [...], "tools": [...]}) with the chat_template of the
- * tokenizer's tokenizer_config.json (tok_config_text) as transformers'
- * apply_chat_template does, appending the text to *text.  The Jinja engine
- * (core/chat) fills this in; until then --chat is refused with one line.
- * TODO(issue 13): call core/chat's renderer here. */
+/* Renders MESSAGES.json (an OpenAI messages array, or {"messages": [...],
+ * "tools": [...], ...}) with the chat_template of the tokenizer's
+ * tokenizer_config.json, as transformers' apply_chat_template does
+ * (core/chat), appending the text to *text.  0, or -1 with one line in
+ * err (no template, a bad message, the template's own error). */
 static int render_chat(const Tokenizer *t, const char *messages, size_t len, bool add_generation_prompt,
                        TokText *text, char *err, size_t n)
 {
-    (void)t;
-    (void)messages;
-    (void)len;
-    (void)add_generation_prompt;
-    (void)text;
-    tok_errf(err, n, "chat templates are not built into this tandem yet (issue 13: core/chat)");
-    return -1;
+    size_t cl;
+    const char *cfg = tok_config_text(t, &cl);
+    if (!cfg) {
+        tok_errf(err, n, "%s", tok_is_byte_level(t) ? "the byte-level tokenizer has no chat template"
+                                                    : "the tokenizer has no tokenizer_config.json, so no chat template");
+        return -1;
+    }
+    ChatTemplate *ct;
+    if (chat_template_load(&ct, cfg, cl, err, n)) return -1;
+    char *out;
+    size_t out_len;
+    int rc = chat_template_render_json(ct, messages, len, add_generation_prompt, NULL, &out, &out_len, err, n);
+    if (rc == 0) {
+        toktext_put(text, out, out_len);
+        td_free(out);
+    }
+    chat_template_free(ct);
+    return rc;
 }
 
 /* "1,2,3" (commas and/or spaces) -> ids; -1 after one error line. */
@@ -171,7 +181,7 @@ static int do_encode(const Tokenizer *t, const char *text, size_t len, bool spec
     return 0;
 }
 
-static int tokenize_run(Args *ap, int argc, char **argv)
+static int tokenize_run(Args *ap, int argc, char **argv, TokOpenFn open_tokenizer)
 {
     static const char *const spec[] = { "tokenizer=", "text=", "input=", "jsonl", "no-special", "chat=",
                                         "add-generation-prompt", "decode", "ids=", "skip-special", NULL };
@@ -186,8 +196,10 @@ static int tokenize_run(Args *ap, int argc, char **argv)
                "tokens added as HF adds them; --no-special: add_special_tokens=False).\n"
                "--jsonl: one {\"ids\": [...]} per line of FILE (without its \\n).  --chat:\n"
                "the chat template applied to MESSAGES.json, {\"text\", \"ids\"}.  --decode:\n"
-               "{\"text\"} of the ids.  DIR holds tokenizer.json (+ tokenizer_config.json).\n"
-               "Supported tokenizers: docs/tokenizer.md\n",
+               "{\"text\"} of the ids.  T is a directory holding tokenizer.json (+\n"
+               "tokenizer_config.json) or a tandem checkpoint (file or run directory) that\n"
+               "holds them (byte-level when it holds none).  Supported tokenizers:\n"
+               "docs/tokenizer.md\n",
                USAGE);
         return 0;
     }
@@ -207,15 +219,8 @@ static int tokenize_run(Args *ap, int argc, char **argv)
         td_error("tokenize: --jsonl needs --input FILE");
         return 2;
     }
-    struct stat st;
-    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
-        /* TODO(issue 13): a checkpoint that holds its tokenizer */
-        td_error("tokenize: --tokenizer %s: reading the tokenizer of a checkpoint is not wired yet; give an HF directory",
-                 dir);
-        return 2;
-    }
     Tokenizer *t;
-    if (tok_load_dir(&t, dir, err, sizeof err)) {
+    if (open_tokenizer(dir, &t, err, sizeof err)) {
         td_error("tokenize: %s", err);
         return 1;
     }
@@ -275,10 +280,10 @@ static int tokenize_run(Args *ap, int argc, char **argv)
     return rc ? 1 : 0;
 }
 
-int cmd_tokenize(int argc, char **argv)
+int cmd_tokenize(int argc, char **argv, TokOpenFn open_tokenizer)
 {
     Args a = { 0 };
-    int rc = tokenize_run(&a, argc, argv);
+    int rc = tokenize_run(&a, argc, argv, open_tokenizer);
     args_free(&a);
     return rc;
 }

@@ -390,6 +390,9 @@ int tok_load_dir(Tokenizer **out, const char *dir, char *err, size_t err_len)
     return rc;
 }
 
+void tok_text_put(TokText *t, const char *s, size_t n) { toktext_put(t, s, n); }
+bool tok_utf8_valid(const char *s, size_t n) { return utf8_check(s, n) < 0; }
+
 /* ---------------------------------------------------------------- lookups */
 
 const char *tok_id_to_str(const Tokenizer *t, int32_t id, size_t *len)
@@ -545,6 +548,26 @@ int tok_stream_push(TokStream *s, int32_t id, TokText *out, char *err, size_t er
     const char *str = tok_id_to_str(t, id, &len);
     if (!str) return 0;   /* an id no token has: HF skips it */
     dec_push(t->dec, s->st, str, len, out);
+    return 0;
+}
+
+int tok_token_bytes(const Tokenizer *t, int32_t id, TokText *out, char *err, size_t err_len)
+{
+    if (id < 0 || id >= t->V) {
+        tok_errf(err, err_len, "token id %d is out of range (the vocabulary has %d)", id, t->V);
+        return -1;
+    }
+    size_t len;
+    const char *str = tok_id_to_str(t, id, &len);
+    if (!str) return 0;
+    if (t->bytes) {
+        toktext_put(out, str, len);
+        return 0;
+    }
+    TokBuf b = { 0 };
+    dec_token_bytes(t->dec, str, len, &b);
+    toktext_put(out, b.p ? b.p : "", b.n);
+    tokbuf_free(&b);
     return 0;
 }
 

@@ -45,6 +45,10 @@ typedef struct {
 
 void tok_ids_free(TokIds *v);
 void tok_text_free(TokText *t);
+/* Appends s[0..n) to t (NUL-terminated after). */
+void tok_text_put(TokText *t, const char *s, size_t n);
+/* True when s[0..n) is valid UTF-8 (what tok_encode takes). */
+bool tok_utf8_valid(const char *s, size_t n);
 
 /* Loads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json.
  * Returns 0 and *out (free with tok_free), or -1 with one line in err
@@ -100,6 +104,16 @@ void tok_stream_free(TokStream *s);
  * Borrowed, valid while t lives; *len its length; NULL for an id outside
  * [0, V) or one no token has. */
 const char *tok_id_to_str(const Tokenizer *t, int32_t id, size_t *len);
+/* Appends to out the bytes id stands for inside a text: the decoder
+ * applied to its token string alone, as a token that is not the first
+ * (Metaspace's leading space kept), without the UTF-8 repair of decode, so
+ * a token holding part of a character gives its raw bytes ("\xe4\xbd"
+ * for a ByteLevel or <0xNN> piece of a CJK character); what the decoder
+ * does to the joined text (Strip of its ends, cleanup) is left out.
+ * Added tokens go through the decoder as decode takes them (their content,
+ * as a rule); the byte-level tokenizer gives the byte.  -1 with err for an
+ * id outside [0, V); an id no token has gives nothing.  Any thread. */
+int tok_token_bytes(const Tokenizer *t, int32_t id, TokText *out, char *err, size_t err_len);
 /* The id of a token string (added tokens first, then the vocabulary), or
  * -1. */
 int32_t tok_str_to_id(const Tokenizer *t, const char *s, size_t len);

@@ -1,6 +1,7 @@
 /* infer/server/server.c - `tandem serve` over libmicrohttpd (server.h): routing,
- * request bodies, completions (whole or streamed as server-sent events),
- * the engine loop and draining.  The only file that includes <microhttpd.h>.
+ * request bodies, completions and chat completions (whole or streamed as
+ * server-sent events), /tokenize and /detokenize, the engine loop and
+ * draining.  The only file that includes <microhttpd.h>.
  */
 #include "infer/server/server.h"
 #include "core/common.h"
@@ -39,13 +40,24 @@ typedef struct {
     int32_t *ids;            /* (cap) owned */
     float *logp;             /* (cap) owned */
     Sampled *top;            /* (cap) owned, only when logprobs were asked */
+    size_t *off;             /* (cap) owned: where each token's text begins */
     size_t n, cap;
+    char *text;              /* (text_cap) owned: the engine's text of the tokens */
+    size_t text_len, text_cap;
+    size_t n_safe, text_safe;/* what no stop string can take back (Request.n_safe, .text_safe) */
     bool done;
     char finish[16];
     double t_submit, t_first, t_last;
-    /* stream progress: the HTTP thread only */
+    /* stream progress and the copy of what a chunk sends: the HTTP thread
+     * only (the copy is taken under c->mu: the engine may reallocate text) */
     size_t sent, sent_bytes;
-    bool final_sent;
+    bool role_sent, final_sent;
+    int32_t *s_ids;          /* (cap) */
+    float *s_logp;           /* (cap) */
+    Sampled *s_top;          /* (cap) when logprobs were asked */
+    size_t *s_off;           /* (cap) */
+    char *s_text;
+    size_t s_text_cap;
 } Choice;
 
 struct Completion {
@@ -59,6 +71,7 @@ struct Completion {
     ApiCompletion q;
     char id[48];
     long created;
+    double t_body;           /* the body was complete (td_now) */
     int fd;                  /* the client's socket, polled for hang-ups */
     /* stream output: bytes of SSE events not yet handed to MHD */
     char *out;
@@ -73,6 +86,8 @@ struct Server {
     Engine *e;               /* borrowed */
     ServerOpts o;
     ApiLimits lim;
+    ChatTemplate *chat;      /* owned: the tokenizer's chat template, NULL when unusable ... */
+    char chat_error[600];    /* ... and why (lim.chat_error) */
     char *model;              /* owned copy of the model name */
     long started;
     struct MHD_Daemon *d;
@@ -108,6 +123,7 @@ void server_opts_default(ServerOpts *o)
 }
 
 int server_port(const Server *s) { return s->port; }
+const char *server_chat_error(const Server *s) { return s->chat ? NULL : s->chat_error; }
 
 static uint64_t random_u64(void)
 {
@@ -145,7 +161,7 @@ static bool client_gone(int fd)
 
 /* ------------------------------------------------------------- completions */
 
-static Completion *completion_new(Server *s, ApiCompletion *q, int fd)
+static Completion *completion_new(Server *s, ApiCompletion *q, int fd, double t_body)
 {
     Completion *c = td_calloc(sizeof *c);
     c->s = s;
@@ -153,8 +169,10 @@ static Completion *completion_new(Server *s, ApiCompletion *q, int fd)
     memset(q, 0, sizeof *q);
     c->refs = 1;
     c->fd = fd;
+    c->t_body = t_body;
     c->created = (long)time(NULL);
-    snprintf(c->id, sizeof c->id, "cmpl-%08x%016llx", s->salt, (unsigned long long)atomic_fetch_add(&s->counter, 1));
+    snprintf(c->id, sizeof c->id, "%s-%08x%016llx", c->q.kind == API_CHAT ? "chatcmpl" : "cmpl", s->salt,
+             (unsigned long long)atomic_fetch_add(&s->counter, 1));
     pthread_mutex_init(&c->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -169,7 +187,14 @@ static Completion *completion_new(Server *s, ApiCompletion *q, int fd)
         ch->cap = (size_t)c->q.gp.max_tokens;   /* the engine never returns more */
         ch->ids = td_malloc(ch->cap * sizeof(int32_t));
         ch->logp = td_malloc(ch->cap * sizeof(float));
+        ch->off = td_malloc(ch->cap * sizeof(size_t));
         if (c->q.gp.n_top > 0) ch->top = td_malloc(ch->cap * sizeof(Sampled));
+        if (c->q.stream) {
+            ch->s_ids = td_malloc(ch->cap * sizeof(int32_t));
+            ch->s_logp = td_malloc(ch->cap * sizeof(float));
+            ch->s_off = td_malloc(ch->cap * sizeof(size_t));
+            if (c->q.gp.n_top > 0) ch->s_top = td_malloc(ch->cap * sizeof(Sampled));
+        }
     }
     pthread_mutex_lock(&s->mu);
     c->next = s->live;
@@ -194,6 +219,13 @@ static void completion_free(Completion *c)
         td_free(c->ch[k].ids);
         td_free(c->ch[k].logp);
         td_free(c->ch[k].top);
+        td_free(c->ch[k].off);
+        td_free(c->ch[k].text);
+        td_free(c->ch[k].s_ids);
+        td_free(c->ch[k].s_logp);
+        td_free(c->ch[k].s_top);
+        td_free(c->ch[k].s_off);
+        td_free(c->ch[k].s_text);
     }
     td_free(c->ch);
     td_free(c->out);
@@ -257,12 +289,29 @@ static void on_token(Request *r, bool done, void *user)
     double ttft = -1, gap = -1;
     pthread_mutex_lock(&c->mu);
     size_t n = td_min(r->n_out, ch->cap);
-    for (size_t i = ch->n; i < n; i++) {
+    for (size_t i = done ? 0 : ch->n; i < n; i++) {   /* done: the tail may have been cut at a stop string */
         ch->ids[i] = r->out[i];
         ch->logp[i] = r->out_logp[i];
+        ch->off[i] = r->out_off[i];
         if (ch->top) ch->top[i] = r->out_top[i];
     }
     ch->n = n;   /* shrinks when a stop string is dropped at the end */
+    /* the text grows while the request runs; when it is done it is final
+     * (and may be shorter: a stop string is cut off) */
+    size_t from = done ? 0 : ch->text_len;
+    if (r->text.len + 1 > ch->text_cap) {
+        size_t cap = td_max(r->text.len + 1, 2 * ch->text_cap + 256);
+        char *t = td_malloc(cap);
+        if (ch->text_len) memcpy(t, ch->text, ch->text_len);
+        td_free(ch->text);
+        ch->text = t;
+        ch->text_cap = cap;
+    }
+    if (r->text.len > from) memcpy(ch->text + from, r->text.s + from, r->text.len - from);
+    ch->text_len = r->text.len;
+    ch->text[ch->text_len] = 0;
+    ch->n_safe = td_min(r->n_safe, n);
+    ch->text_safe = r->text_safe;
     if (r->t_first > 0 && ch->t_first == 0) {
         ch->t_first = ch->t_last = r->t_first;
         ttft = r->t_first - r->t_submit;
@@ -324,7 +373,7 @@ static int completion_submit(Completion *c, ApiError *err)
             else if (r->refusal == ENGINE_NO_ROOM)   /* the engine's check: ids, lengths, the cache */
                 api_error(err, 400, "max_tokens", "%s (the server's --kv-mb)", r->error);
             else
-                api_error(err, 400, "prompt", "%s", r->error);
+                api_error(err, 400, q->kind == API_CHAT ? "messages" : "prompt", "%s", r->error);
             request_free(r);
             completion_cancel(c);
             return err->status;
@@ -334,6 +383,11 @@ static int completion_submit(Completion *c, ApiError *err)
 }
 
 static size_t prompt_tokens(const Completion *c) { return c->q.offs[c->q.n_prompts]; }
+
+static ApiChoice api_choice(const Choice *ch)
+{
+    return (ApiChoice){ ch->ids, ch->logp, ch->top, ch->n, ch->text, ch->text_len, ch->off, ch->seed };
+}
 
 static void log_completion(Completion *c, int status, const char *how)
 {
@@ -435,12 +489,14 @@ static int wait_done(Completion *c)
 static enum MHD_Result reply_completion(Server *s, struct MHD_Connection *con, Completion *c)
 {
     /* every choice is done: the engine no longer writes to them */
-    cJSON *o = api_response_new(c->id, c->created, s->model);
+    bool chat = c->q.kind == API_CHAT;
+    cJSON *o = api_response_new(c->id, chat ? "chat.completion" : "text_completion", c->created, s->model);
     size_t gen = 0;
     for (int k = 0; k < c->n_choices; k++) {
         const Choice *ch = &c->ch[k];
-        ApiChoice ac = { ch->ids, ch->logp, ch->top, ch->n, ch->seed };
-        api_add_choice(o, &c->q, &ac, k, 0, ch->n, 0, ch->finish);
+        ApiChoice ac = api_choice(ch);
+        if (chat) api_add_chat_choice(o, &c->q, &ac, k, false, true, 0, ch->n, 0, ch->text_len, ch->finish, s->lim.tok);
+        else api_add_choice(o, &c->q, &ac, k, 0, ch->n, 0, ch->text_len, ch->finish, s->lim.tok);
         gen += ch->n;
     }
     api_add_usage(o, prompt_tokens(c), gen);
@@ -476,34 +532,63 @@ static void out_event(Completion *c, cJSON *o)
 }
 
 /* Queues the events that the choices' progress allows: a chunk per choice
- * with new whole characters, its last chunk (with finish_reason) once it is
- * done, then the usage chunk if asked and "data: [DONE]".  Returns whether
+ * with its new final tokens and text (whole characters, never what a stop
+ * string may still take back), its last chunk (with finish_reason) once
+ * it is done, then the usage chunk if asked and "data: [DONE]".  A chat
+ * choice starts with a chunk whose delta has the role.  Returns whether
  * anything was queued; *seen gets the version it looked at. */
 static bool stream_fill(Completion *c, uint64_t *seen)
 {
     Server *s = c->s;
     int nc = c->n_choices;
-    size_t n[nc];
+    size_t n[nc], text[nc];
     bool done[nc];
+    bool chat = c->q.kind == API_CHAT;
+    const char *object = chat ? "chat.completion.chunk" : "text_completion";
+    /* what each choice can send, copied under the lock (the engine thread
+     * may reallocate the text or, once done, rewrite the tail) */
     pthread_mutex_lock(&c->mu);
     *seen = c->version;
     for (int k = 0; k < nc; k++) {
-        n[k] = c->ch[k].n;
-        done[k] = c->ch[k].done || !c->ch[k].r;
+        Choice *ch = &c->ch[k];
+        done[k] = ch->done || !ch->r;
+        n[k] = done[k] ? ch->n : ch->n_safe;
+        text[k] = done[k] ? ch->text_len : ch->text_safe;
+        if (ch->final_sent) continue;
+        size_t nt = n[k] > ch->sent ? n[k] - ch->sent : 0, nb = text[k] > ch->sent_bytes ? text[k] - ch->sent_bytes : 0;
+        if (nt) {
+            memcpy(ch->s_ids, ch->ids + ch->sent, nt * sizeof(int32_t));
+            memcpy(ch->s_logp, ch->logp + ch->sent, nt * sizeof(float));
+            memcpy(ch->s_off, ch->off + ch->sent, nt * sizeof(size_t));
+            if (ch->s_top) memcpy(ch->s_top, ch->top + ch->sent, nt * sizeof(Sampled));
+        }
+        if (nb + 1 > ch->s_text_cap) {
+            td_free(ch->s_text);
+            ch->s_text_cap = td_max(nb + 1, 2 * ch->s_text_cap + 256);
+            ch->s_text = td_malloc(ch->s_text_cap);
+        }
+        if (nb) memcpy(ch->s_text, ch->text + ch->sent_bytes, nb);
+        ch->s_text[nb] = 0;
     }
     pthread_mutex_unlock(&c->mu);
     bool any = false, all = true;
     for (int k = 0; k < nc; k++) {
         Choice *ch = &c->ch[k];
         if (ch->final_sent) continue;
-        size_t end = done[k] ? n[k] : api_stream_ready(&c->q.gp, ch->ids, ch->sent, n[k]);
-        if (end > ch->sent || done[k]) {
-            cJSON *o = api_response_new(c->id, c->created, s->model);
-            ApiChoice ac = { ch->ids, ch->logp, ch->top, end, ch->seed };
-            ch->sent_bytes += api_add_choice(o, &c->q, &ac, k, ch->sent, end, ch->sent_bytes,
-                                             done[k] ? (ch->finish[0] ? ch->finish : "cancelled") : NULL);
+        if (n[k] > ch->sent || text[k] > ch->sent_bytes || done[k] || (chat && !ch->role_sent)) {
+            cJSON *o = api_response_new(c->id, object, c->created, s->model);
+            if (chat && c->q.include_usage) cJSON_AddNullToObject(o, "usage");
+            size_t nt = n[k] > ch->sent ? n[k] - ch->sent : 0, nb = text[k] > ch->sent_bytes ? text[k] - ch->sent_bytes : 0;
+            ApiChoice ac = { ch->s_ids, ch->s_logp, ch->s_top, nt, ch->s_text, nb, ch->s_off, ch->seed };
+            const char *fin = done[k] ? (ch->finish[0] ? ch->finish : "cancelled") : NULL;
+            if (chat) {
+                api_add_chat_choice(o, &c->q, &ac, k, true, !ch->role_sent, 0, nt, 0, nb, fin, s->lim.tok);
+                ch->role_sent = true;
+            } else
+                api_add_choice(o, &c->q, &ac, k, 0, nt, 0, nb, fin, s->lim.tok);
             out_event(c, o);
-            ch->sent = end;
+            ch->sent = n[k];
+            ch->sent_bytes = text[k];
             ch->final_sent = done[k];
             any = true;
         }
@@ -511,7 +596,7 @@ static bool stream_fill(Completion *c, uint64_t *seen)
     }
     if (all && !c->done_queued) {
         if (c->q.include_usage) {
-            cJSON *o = api_response_new(c->id, c->created, s->model);
+            cJSON *o = api_response_new(c->id, object, c->created, s->model);
             size_t gen = 0;
             for (int k = 0; k < nc; k++) gen += c->ch[k].sent;
             api_add_usage(o, prompt_tokens(c), gen);
@@ -565,13 +650,14 @@ static void stream_free(void *cls)
     Completion *c = cls;
     bool complete = c->done_queued && c->out_off == c->out_len;
     if (!complete) completion_cancel(c);
+    else metrics_request(&c->s->m, c->q.kind == API_CHAT, td_now() - c->t_body);
     log_completion(c, 200, complete ? "stream" : "stream disconnected");
     completion_release(c, false);
 }
 
 /* ----------------------------------------------------------------- handlers */
 
-static enum MHD_Result handle_completion(Server *s, struct MHD_Connection *con, Upload *u)
+static enum MHD_Result handle_completion(Server *s, struct MHD_Connection *con, Upload *u, ApiKind kind)
 {
     if (u->too_big)
         return reply_error(s, con, 400, NULL, NULL, "the request body exceeds the server's limit of %zu bytes",
@@ -580,10 +666,15 @@ static enum MHD_Result handle_completion(Server *s, struct MHD_Connection *con, 
         return reply_error(s, con, 503, NULL, NULL, "the server is shutting down");
     ApiCompletion q;
     ApiError err;
-    if (api_parse_completion(&q, u->body ? u->body : "", u->len, &s->lim, &err))
-        return reply_api_error(s, con, &err, NULL);
+    /* parsing, the chat template and tokenization: the request's overhead
+     * before the engine (tandem_request_prepare_seconds) */
+    double t0 = td_now();
+    int prc = kind == API_CHAT ? api_parse_chat(&q, u->body ? u->body : "", u->len, &s->lim, &err)
+                               : api_parse_completion(&q, u->body ? u->body : "", u->len, &s->lim, &err);
+    if (prc) return reply_api_error(s, con, &err, NULL);
+    metrics_prepare(&s->m, kind == API_CHAT, td_now() - t0);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_CONNECTION_FD);
-    Completion *c = completion_new(s, &q, ci ? (int)ci->connect_fd : -1);
+    Completion *c = completion_new(s, &q, ci ? (int)ci->connect_fd : -1, t0);
     int status = completion_submit(c, &err);
     if (status) {
         enum MHD_Result rc = reply_api_error(s, con, &err, NULL);
@@ -599,6 +690,7 @@ static enum MHD_Result handle_completion(Server *s, struct MHD_Connection *con, 
             return MHD_NO;   /* closes the connection */
         }
         enum MHD_Result rc = reply_completion(s, con, c);
+        metrics_request(&s->m, c->q.kind == API_CHAT, td_now() - c->t_body);
         log_completion(c, 200, NULL);
         completion_release(c, false);
         return rc;
@@ -617,6 +709,19 @@ static enum MHD_Result handle_completion(Server *s, struct MHD_Connection *con, 
     MHD_destroy_response(rsp);   /* stream_free runs when MHD lets go of it */
     metrics_http(&s->m, 200);
     return rc;
+}
+
+/* POST /tokenize and /detokenize (vLLM's). */
+static enum MHD_Result handle_tokenize(Server *s, struct MHD_Connection *con, Upload *u, bool encode)
+{
+    if (u->too_big)
+        return reply_error(s, con, 400, NULL, NULL, "the request body exceeds the server's limit of %zu bytes",
+                           s->o.max_body);
+    ApiError err;
+    cJSON *o = encode ? api_tokenize(u->body ? u->body : "", u->len, &s->lim, &err)
+                      : api_detokenize(u->body ? u->body : "", u->len, &s->lim, &err);
+    if (!o) return reply_api_error(s, con, &err, NULL);
+    return reply_json(s, con, 200, o);
 }
 
 static cJSON *model_json(const Server *s)
@@ -645,9 +750,12 @@ static enum MHD_Result route(Server *s, struct MHD_Connection *con, const char *
     bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
     char path[96];
     safe_path(path, sizeof path, url);
-    if (!strcmp(url, "/v1/completions")) {
+    bool chat = !strcmp(url, "/v1/chat/completions"), tokz = !strcmp(url, "/tokenize"),
+         detok = !strcmp(url, "/detokenize");
+    if (!strcmp(url, "/v1/completions") || chat || tokz || detok) {
         if (!post) return reply_error(s, con, 405, NULL, "POST", "%s is not allowed on %s; use POST", method, path);
-        return handle_completion(s, con, u);
+        if (tokz || detok) return handle_tokenize(s, con, u, tokz);
+        return handle_completion(s, con, u, chat ? API_CHAT : API_COMPLETION);
     }
     bool known = !strcmp(url, "/health") || !strcmp(url, "/metrics") || !strcmp(url, "/v1/models") ||
                  !strncmp(url, "/v1/models/", 11);
@@ -762,7 +870,24 @@ int server_start(Server **out, Engine *e, const ServerOpts *o, char *err, size_t
     s->o = *o;
     s->model = td_strdup(o->model_name);
     s->lim.context = (size_t)e->m->cfg.max_position_embeddings;
+    s->lim.kv_positions = (size_t)e->kv.n_blocks * e->kv.bs;
     s->lim.max_n = o->max_n;
+    s->lim.tok = e->tok;
+    /* the chat template: chat requests get a 400 with chat_error when there
+     * is none or it cannot be compiled; everything else still serves */
+    size_t cl;
+    const char *cfg = tok_config_text(e->tok, &cl);
+    char why[512];
+    if (tok_is_byte_level(e->tok))
+        snprintf(s->chat_error, sizeof s->chat_error,
+                 "the model has no chat template (its tokenizer is tandem's byte-level one)");
+    else if (!cfg)
+        snprintf(s->chat_error, sizeof s->chat_error,
+                 "the model has no chat template (its tokenizer has no tokenizer_config.json)");
+    else if (chat_template_load(&s->chat, cfg, cl, why, sizeof why))
+        snprintf(s->chat_error, sizeof s->chat_error, "the model's chat template cannot be used: %s", why);
+    s->lim.chat = s->chat;
+    s->lim.chat_error = s->chat_error;
     s->started = (long)time(NULL);
     s->keepalive = o->idle_timeout ? fmin(15.0, o->idle_timeout / 3.0) : 15.0;
     s->salt = (uint32_t)random_u64();
@@ -864,6 +989,7 @@ void server_free(Server *s)
         td_error("serve: %d requests were still alive at exit", s->n_live);
     metrics_free(&s->m);
     pthread_mutex_destroy(&s->mu);
+    chat_template_free(s->chat);
     td_free(s->model);
     td_free(s);
 }

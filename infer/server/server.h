@@ -1,7 +1,10 @@
 /* infer/server/server.h - the HTTP side of `tandem serve`: an OpenAI-compatible
- * server (POST /v1/completions with server-sent-event streaming, GET
+ * server (POST /v1/completions and /v1/chat/completions with
+ * server-sent-event streaming, POST /tokenize and /detokenize, GET
  * /v1/models, /health, /metrics) on libmicrohttpd over the inference
- * engine (engine.h).  API details: docs/serving.md.
+ * engine (engine.h), whose tokenizer (Engine.tok) it encodes and decodes
+ * with; the chat template is that tokenizer's.  API details:
+ * docs/serving.md.
  *
  * Threads.  The thread that calls server_run is the engine thread: it alone
  * calls engine_step (and so owns the thread pool).  libmicrohttpd runs one
@@ -43,11 +46,15 @@ typedef struct Server Server;
 void server_opts_default(ServerOpts *o);
 
 /* Starts listening (libmicrohttpd threads) over e, which must be
- * initialised and is borrowed until server_free.  Returns 0 with *out set,
- * or -1 with one line in err (address in use, bad host). */
+ * initialised and is borrowed until server_free (its tokenizer too).
+ * Returns 0 with *out set, or -1 with one line in err (address in use, bad
+ * host).  A chat template that cannot be compiled is not an error: chat
+ * requests are answered 400 with why (server_chat_error). */
 int server_start(Server **out, Engine *e, const ServerOpts *o, char *err, size_t n);
 /* The port actually bound (useful with port 0). */
 int server_port(const Server *s);
+/* NULL when chat completions can be served, else why not (one line). */
+const char *server_chat_error(const Server *s);
 
 /* The engine loop, on the calling thread: steps the engine while there is
  * work and waits for submissions otherwise.  Once *stop becomes non-zero

@@ -97,6 +97,22 @@ static double rate_of(const MetricsData *d)
     return dt > 0.5 ? (double)(d->st.tokens_generated - d->rate_tok[oldest]) / dt : 0.0;
 }
 
+void metrics_prepare(Metrics *m, bool chat, double seconds)
+{
+    pthread_mutex_lock(&m->mu);
+    m->d.prep_sum[chat] += seconds;
+    m->d.prep_n[chat]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_request(Metrics *m, bool chat, double seconds)
+{
+    pthread_mutex_lock(&m->mu);
+    m->d.req_sum[chat] += seconds;
+    m->d.req_n[chat]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 /* ------------------------------------------------------------------ render */
 
 typedef struct {
@@ -179,6 +195,17 @@ char *metrics_render(Metrics *m, size_t *len)
           (double)c.st.preemptions);
     gauge(&b, "tandem_engine_steps_total", "counter", "Engine steps (batched forwards).", (double)c.st.steps);
     gauge(&b, "tandem_uptime_seconds", "gauge", "Seconds since the server started.", td_now() - c.start);
+    static const char *const ep[2] = { "completions", "chat" };
+    header(&b, "tandem_request_prepare_seconds", "summary",
+           "Parsing, chat template and tokenization of a request before the engine.");
+    for (int i = 0; i < 2; i++)
+        put(&b, "tandem_request_prepare_seconds_sum{endpoint=\"%s\"} %.9g\n"
+                "tandem_request_prepare_seconds_count{endpoint=\"%s\"} %llu\n",
+            ep[i], c.prep_sum[i], ep[i], (unsigned long long)c.prep_n[i]);
+    header(&b, "tandem_request_seconds", "summary", "Completed requests, from the body to the last byte sent.");
+    for (int i = 0; i < 2; i++)
+        put(&b, "tandem_request_seconds_sum{endpoint=\"%s\"} %.9g\ntandem_request_seconds_count{endpoint=\"%s\"} %llu\n",
+            ep[i], c.req_sum[i], ep[i], (unsigned long long)c.req_n[i]);
     *len = b.len;
     return b.s;
 }

@@ -10,6 +10,7 @@
 #define TANDEM_INFER_SERVER_SERVER_METRICS_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,6 +36,10 @@ typedef struct {
     long rate_tok[METRICS_RATE_WINDOW];
     int rate_n, rate_head;
     double start;                         /* td_now() at init */
+    /* [0] completions, [1] chat: parsing + chat template + tokenization
+     * before the engine, and the whole request (body to last byte) */
+    double prep_sum[2], req_sum[2];
+    uint64_t prep_n[2], req_n[2];
 } MetricsData;
 
 typedef struct {
@@ -49,6 +54,10 @@ void metrics_ttft(Metrics *m, double seconds);
 void metrics_itl(Metrics *m, double seconds);
 /* A choice finished with the engine's finish_reason. */
 void metrics_finished(Metrics *m, const char *finish_reason);
+/* A request's preparation (parse, chat template, tokenize) took seconds;
+ * a request that completed took seconds from its body to its last byte. */
+void metrics_prepare(Metrics *m, bool chat, double seconds);
+void metrics_request(Metrics *m, bool chat, double seconds);
 /* An HTTP response was queued with this status. */
 void metrics_http(Metrics *m, int status);
 /* Engine thread, after each step: the engine's counters and gauges. */

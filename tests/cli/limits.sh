@@ -89,7 +89,7 @@ i=0
 while [ -z "$port" ]; do
     kill -0 "$pid" 2>/dev/null || { cat "$W/serve.log"; bad "the server exited at start"; exit 1; }
     [ $i -lt 300 ] || { cat "$W/serve.log"; bad "no start-up line from serve within 30 s"; exit 1; }
-    port=$(sed -n 's|^tandem: serving .* on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$W/serve.log")
+    port=$(sed -n 's|^tandem: serving .* on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$W/serve.log" 2>/dev/null) || port=""   # the log may not exist yet
     i=$((i + 1))
     [ -n "$port" ] || sleep 0.1
 done

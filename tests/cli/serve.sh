@@ -49,7 +49,7 @@ start_server() {   # start_server CKPT: sets pid and port
     while [ -z "$port" ]; do
         kill -0 "$pid" 2>/dev/null || fail "the server exited at start"
         [ $i -lt 300 ] || fail "no start-up line after 30 s"
-        port=$(sed -n 's|^tandem: serving .* on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$TMP/serve.log")
+        port=$(sed -n 's|^tandem: serving .* on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$TMP/serve.log" 2>/dev/null) || port=""   # the log may not exist yet
         i=$((i + 1))
         [ -n "$port" ] || sleep 0.1
     done

@@ -10,7 +10,8 @@
 # without special tokens, decode with and without skip_special_tokens, and
 # decode(encode(x)) == x wherever the reference round-trips
 # (tests/ref/tok_compare.py).  Then `data prepare --tokenizer` against the
-# reference's ids of a whole file, and bad input refused with one line.
+# reference's ids of a whole file, `tokenize --chat` against jinja2 and the
+# reference's ids, and bad input refused with one line.
 #
 # The corpus is a deterministic sample of each group (TOK_BUDGET bytes,
 # default 60000: the port encodes ~0.15 MB/s for Qwen3);
@@ -150,7 +151,61 @@ expect_fail "data prepare: invalid UTF-8 named" 'latin.txt: the text is not vali
     $T data prepare --tokenizer "$QWEN" --input "$W/latin.txt" --output "$W/x.bin"
 [ ! -e "$W/x.bin" ] && ok "data prepare: nothing written on failure" || bad "data prepare wrote a file on failure"
 expect_fail "tokenize: two modes" 'one of --text, --input' $T tokenize --tokenizer "$QWEN" --text a --decode --ids 1
-expect_fail "tokenize: --chat not built yet" 'chat templates are not built' \
-    $T tokenize --tokenizer "$QWEN" --chat "$W/latin.txt"
+
+# ---------------------------------------------------------------- tokenize --chat
+# Qwen3, DeepSeek-V3 and Mixtral-Instruct, every conversation of
+# tests/ref/chat_conversations.jsonl (each line is a MESSAGES.json object:
+# messages, tools, add_generation_prompt, ...):
+# tandem's text equals jinja2's as transformers configures it
+# (tests/ref/hf_chat.py), a raise_exception fails with the same message,
+# and the ids equal the reference port's encode(text, add_special_tokens=False)
+CONVS=tests/ref/chat_conversations.jsonl
+mkdir -p "$W/mixtral"   # Mixtral-Instruct's [INST] template on the SentencePiece-style tokenizer
+cp "$LLAMA/tokenizer.json" "$W/mixtral/" && cp tests/ref/mixtral_tokenizer_config.json "$W/mixtral/tokenizer_config.json"
+for name in qwen3 deepseek_v3 mixtral; do
+    dir=$QWEN; [ $name = deepseek_v3 ] && dir=$DSV3; [ $name = mixtral ] && dir=$W/mixtral
+    mkdir -p "$W/chat_$name"
+    $PY tests/ref/hf_chat.py render --config "$dir/tokenizer_config.json" --conversations "$CONVS" \
+        --out "$W/chat_$name" --prefix c >/dev/null
+    : >"$W/chat_$name.texts"
+    : >"$W/chat_$name.ours"
+    while IFS= read -r line; do
+        printf '%s\n' "$line" >"$W/conv.json"
+        cname=$($PY -c 'import json,sys; print(json.loads(sys.argv[1])["name"])' "$line")
+        if [ -e "$W/chat_$name/c.$cname.txt" ]; then
+            $T tokenize --tokenizer "$dir" --chat "$W/conv.json" >>"$W/chat_$name.ours" 2>"$W/err" ||
+                { bad "--chat $name $cname: $(cat "$W/err")"; continue; }
+            $PY -c 'import json,sys; print(json.dumps(open(sys.argv[1], encoding="utf-8", newline="").read()))' \
+                "$W/chat_$name/c.$cname.txt" >>"$W/chat_$name.texts"
+        elif grep -q '^chat template: ' "$W/chat_$name/c.$cname.err"; then
+            want=$(cat "$W/chat_$name/c.$cname.err")
+            expect_fail "--chat $name $cname raises" "$want" $T tokenize --tokenizer "$dir" --chat "$W/conv.json"
+        fi
+    done <"$CONVS"
+    ref texts "$dir" "$W/chat_$name.texts" "$W/chat_$name.ref" || { bad "--chat $name: the reference failed"; continue; }
+    if $PY - "$W/chat_$name.ours" "$W/chat_$name.texts" "$W/chat_$name.ref" "$W/chat_sum" <<'EOF'; then ok "--chat $name: $(cat "$W/chat_sum")"; else bad "--chat $name"; fi
+import json, sys
+ours = [json.loads(l) for l in open(sys.argv[1])]
+texts = [json.loads(l) for l in open(sys.argv[2])]
+ref = [json.loads(l)["p"] for l in open(sys.argv[3])]
+assert len(ours) == len(texts) == len(ref) and len(ours) >= 10, (len(ours), len(texts), len(ref))
+for o, t, r in zip(ours, texts, ref):
+    assert o["text"] == t, "text differs from jinja2's: %r vs %r" % (o["text"][:200], t[:200])
+    assert o["ids"] == r, "ids differ from the reference's for %r" % t[:200]
+open(sys.argv[4], "w").write("%d renderings equal jinja2's, their %d ids the reference's encode(add_special_tokens=False)"
+                             % (len(ours), sum(len(r) for r in ref)))
+EOF
+done
+printf '[{"role": "user", "content": "hi"}, {"content": "no role"}]' >"$W/norole.json"
+expect_fail "--chat: a message without a role" "messages\[1\]" $T tokenize --tokenizer "$QWEN" --chat "$W/norole.json"
+printf '[{"role": "user", "content": 42}]' >"$W/badcontent.json"
+expect_fail "--chat: content of the wrong type" "messages\[0\]: 'content' must be" \
+    $T tokenize --tokenizer "$QWEN" --chat "$W/badcontent.json"
+expect_fail "--chat: not JSON" "messages" $T tokenize --tokenizer "$QWEN" --chat "$W/latin.txt"
+printf '[{"role": "user", "content": "hi"}]' >"$W/hi.json"
+mkdir -p "$W/nocfg"
+printf '{"model": {"type": "BPE", "vocab": {"h": 0, "i": 1}, "merges": []}}' >"$W/nocfg/tokenizer.json"
+expect_fail "--chat: no chat template" "no tokenizer_config.json, so no chat template" \
+    $T tokenize --tokenizer "$W/nocfg" --chat "$W/hi.json"
 
 [ $fail = 0 ] && echo "tokenize: all passed" || { echo "tokenize: FAILED"; exit 1; }

@@ -5,10 +5,11 @@
                    [--versions 10,20] [--order]
       every prompt x sample exactly once; fields and their shapes (ids,
       logprobs and routes of one length, routes [n][n_moe_layers][k] with
-      distinct expert ids below E, text = the bytes of ids with U+FFFD per
-      bad byte, seed = S + 1000003 * prompt_index + sample, prompt_ids = the
-      prompt's tokens; finish_reason "stop" exactly when ids end with a --stop
-      string, which appears nowhere before); with --versions, every sample carries one of them and
+      distinct expert ids below E, text = the bytes of ids decoded with one
+      U+FFFD per maximal invalid subpart (from_utf8_lossy), seed = S +
+      1000003 * prompt_index + sample, prompt_ids = the prompt's tokens;
+      finish_reason "stop" exactly when ids end with a --stop string, which
+      appears nowhere before); with --versions, every sample carries one of them and
       each appears; with --order, versions never decrease in output order and
       the samples of each version are a contiguous range of
       (prompt_index, sample) in submission order (a swap waits for the
@@ -37,22 +38,10 @@ def fail(msg):
 
 
 def decode_like_tandem(ids):
-    """infer/text.c: valid UTF-8 sequences pass, each other byte is U+FFFD."""
-    b = bytes(ids)
-    out, i = [], 0
-    while i < len(b):
-        c = b[i]
-        n = 1 if c < 0x80 else 2 if 0xC2 <= c <= 0xDF else 3 if 0xE0 <= c <= 0xEF else 4 if 0xF0 <= c <= 0xF4 else 0
-        if n:
-            try:
-                out.append(b[i:i + n].decode("utf-8", "strict"))
-                i += n
-                continue
-            except UnicodeDecodeError:
-                pass
-        out.append("\ufffd")
-        i += 1
-    return "".join(out)
+    """The byte-level tokenizer's decode: Python's errors="replace" is the
+    rule of Rust's from_utf8_lossy that HF tokenizers use (one U+FFFD per
+    maximal invalid subpart)."""
+    return bytes(ids).decode("utf-8", "replace")
 
 
 def read_jsonl(path):

@@ -457,7 +457,7 @@ def test_bad_requests():
     # wrong paths and methods
     for method, path, status in (("GET", "/v1/completions", 405), ("PUT", "/v1/completions", 405),
                                  ("POST", "/health", 405), ("DELETE", "/v1/models", 405),
-                                 ("GET", "/v1/chat/completions", 404), ("GET", "/", 404),
+                                 ("GET", "/v1/chat/completions", 405), ("GET", "/tokenize", 405), ("GET", "/", 404),
                                  ("GET", "/v1/models/nope", 404), ("POST", "/nothing/here", 404)):
         st, h, data = request(method, path, {"prompt": "a"} if method == "POST" else None)
         check_error(st, data, status, None, f"{method} {path}")
@@ -466,7 +466,7 @@ def test_bad_requests():
     # a declared body far beyond the limit is refused before it is read
     st, data = raw_exchange(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000000\r\n\r\n")
     check(st == 400, f"huge Content-Length: status {st}")
-    print(f"  bad requests: {len(BAD)} bodies and 8 paths/methods answered 4xx with an error object")
+    print(f"  bad requests: {len(BAD)} bodies and 9 paths/methods answered 4xx with an error object")
 
 
 def raw_exchange(data, read=True, timeout=10):
@@ -704,6 +704,147 @@ def test_metrics():
     check(m["tandem_kv_blocks_used"] + m["tandem_kv_blocks_free"] == m["tandem_kv_blocks_total"], "kv blocks add up")
 
 
+# ------------------------------------------------------------------ chat
+# Run with --chat against a server whose checkpoint holds Qwen3's tokenizer
+# and a ChatML template that calls raise_exception for a "tool" message
+# (tests/cli/serve_chat.sh makes one).
+
+
+def chat(body, expect=200):
+    st, _, data = request("POST", "/v1/chat/completions", body)
+    check(st == expect, f"POST /v1/chat/completions {json.dumps(body)[:200]}: status {st}, want {expect}: {data[:300]!r}")
+    return json.loads(data)
+
+
+def tandem_json(*args):
+    out = subprocess.run([ARGS.tandem, *args], check=True, capture_output=True).stdout
+    return json.loads(out)
+
+
+HI = [{"role": "user", "content": "Hello"}]
+
+CHAT_BAD = [
+    # (name, body, status, param, words the message must hold)
+    ("not json", b"{", 400, None, "JSON object"),
+    ("json array", b"[{\"role\": \"user\"}]", 400, None, "JSON object"),
+    ("empty body", b"", 400, None, "JSON object"),
+    ("deep nesting", b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, None, None),
+    ("messages missing", {"max_tokens": 3}, 400, "messages", "'messages' is required"),
+    ("messages string", {"messages": "hi"}, 400, "messages", "non-empty array"),
+    ("messages empty", {"messages": []}, 400, "messages", "non-empty array"),
+    ("message a number", {"messages": [3]}, 400, "messages", "messages[0]"),
+    ("role missing", {"messages": [{"role": "user", "content": "a"}, {"content": "b"}]}, 400, "messages",
+     "messages[1] has no 'role'"),
+    ("role a number", {"messages": [{"role": 1, "content": "a"}]}, 400, "messages", "messages[0]"),
+    ("content a number", {"messages": [{"role": "user", "content": 5}]}, 400, "messages",
+     "messages[0]: 'content' must be a string, null or a list of parts"),
+    ("content an object", {"messages": [{"role": "user", "content": {"a": 1}}]}, 400, "messages", "messages[0]"),
+    ("part without type", {"messages": [{"role": "user", "content": [{"text": "a"}]}]}, 400, "messages",
+     "messages[0]"),
+    ("template raises", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages",
+     "chat template: tool messages are not supported by this template"),
+    ("rendered over context", {"messages": [{"role": "user", "content": "word " * 400}]}, 400, "messages",
+     "context"),
+    ("max_tokens string", {"messages": HI, "max_tokens": "9"}, 400, "max_tokens", None),
+    ("max_completion_tokens zero", {"messages": HI, "max_completion_tokens": 0}, 400, "max_completion_tokens", None),
+    ("temperature string", {"messages": HI, "temperature": "hot"}, 400, "temperature", None),
+    ("n huge", {"messages": HI, "n": 10 ** 18}, 400, "n", None),
+    ("n too many", {"messages": HI, "n": 17}, 400, "n", None),
+    ("logprobs a number", {"messages": HI, "logprobs": 3}, 400, "logprobs", None),
+    ("top_logprobs alone", {"messages": HI, "top_logprobs": 2}, 400, "top_logprobs", "'logprobs': true"),
+    ("top_logprobs too many", {"messages": HI, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", None),
+    ("stop a number", {"messages": HI, "stop": 5}, 400, "stop", None),
+    ("stream a string", {"messages": HI, "stream": "yes"}, 400, "stream", None),
+    ("tools an object", {"messages": HI, "tools": {"a": 1}}, 400, "tools", None),
+    ("tool_choice required", {"messages": HI, "tool_choice": "required"}, 400, "tool_choice", None),
+    ("response_format json", {"messages": HI, "response_format": {"type": "json_object"}}, 400, "response_format",
+     None),
+    ("add_generation_prompt a string", {"messages": HI, "add_generation_prompt": "no"}, 400,
+     "add_generation_prompt", None),
+    ("presence_penalty", {"messages": HI, "presence_penalty": 1}, 400, "presence_penalty", None),
+    ("chat_template_kwargs a list", {"messages": HI, "chat_template_kwargs": [1]}, 400, "chat_template_kwargs", None),
+]
+
+TOKENIZE_BAD = [
+    ("/tokenize", b"{", None, "JSON object"),
+    ("/tokenize", {}, None, "one of 'prompt'"),
+    ("/tokenize", {"prompt": "a", "messages": HI}, "prompt", "one of 'prompt'"),
+    ("/tokenize", {"prompt": 5}, "prompt", "must be a string"),
+    ("/tokenize", {"messages": [{"content": "x"}]}, "messages", "messages[0] has no 'role'"),
+    ("/tokenize", {"messages": [{"role": "tool", "content": "x"}]}, "messages", "chat template: tool messages"),
+    ("/tokenize", {"messages": HI, "add_special_tokens": True}, "add_special_tokens", "chat template places"),
+    ("/detokenize", {"tokens": [9707, 151669]}, "tokens", "token id 151669 is out of range"),
+    ("/detokenize", {"tokens": [-1]}, "tokens", "token id -1 is out of range"),
+    ("/detokenize", {"tokens": [1.5]}, "tokens", "integers"),
+    ("/detokenize", {"tokens": "9707"}, "tokens", "array of token ids"),
+    ("/detokenize", {"tokens": [2 ** 40]}, "tokens", "integers"),
+    ("/detokenize", b"[", None, "JSON object"),
+]
+
+
+def still_serving(what):
+    st, _, _ = request("GET", "/health")
+    check(st == 200, f"/health after {what}: {st}")
+    o = chat({"messages": HI, "max_tokens": 1})
+    check(len(o["choices"]) == 1, f"a chat completion after {what}")
+
+
+def test_chat_bad_requests():
+    for name, body, status, param, words in CHAT_BAD:
+        st, _, data = request("POST", "/v1/chat/completions", body)
+        check_error(st, data, status, param, "chat: " + name)
+        if words:
+            msg = json.loads(data)["error"]["message"]
+            check(words in msg, f"chat: {name}: message {msg!r} lacks {words!r}")
+        still_serving("chat: " + name)
+    for path, body, param, words in TOKENIZE_BAD:
+        st, _, data = request("POST", path, body)
+        check_error(st, data, 400, param, f"{path} {str(body)[:60]}")
+        msg = json.loads(data)["error"]["message"]
+        check(words in msg, f"{path} {str(body)[:60]}: message {msg!r} lacks {words!r}")
+        still_serving(path)
+    print(f"  chat bad requests: {len(CHAT_BAD)} chat bodies and {len(TOKENIZE_BAD)} tokenize/detokenize bodies "
+          f"answered 400 naming the problem; the server served after each")
+
+
+def test_tokenize_endpoints():
+    """/tokenize and /detokenize give `tandem tokenize`'s ids and text."""
+    text = "Hello, world! Grüße 世界 🙂 <|im_end|>"
+    st, _, data = request("POST", "/tokenize", {"prompt": text})
+    got = json.loads(data)
+    want = tandem_json("tokenize", "--tokenizer", ARGS.ckpt, "--text", text)["ids"]
+    check(st == 200 and got["tokens"] == want and got["count"] == len(want), f"/tokenize prompt: {got} vs {want}")
+    check(got["max_model_len"] == CONTEXT, "/tokenize max_model_len")
+    st, _, data = request("POST", "/tokenize", {"prompt": text, "add_special_tokens": False})
+    want_p = tandem_json("tokenize", "--tokenizer", ARGS.ckpt, "--text", text, "--no-special")["ids"]
+    check(json.loads(data)["tokens"] == want_p, "/tokenize add_special_tokens false")
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+    path = os.path.join(ARGS.tmp, "msgs.json")
+    with open(path, "w") as f:
+        json.dump(msgs, f)
+    for agp in (True, False):
+        st, _, data = request("POST", "/tokenize", {"messages": msgs, "add_generation_prompt": agp})
+        flag = ["--add-generation-prompt"] if agp else []
+        want_c = tandem_json("tokenize", "--tokenizer", ARGS.ckpt, "--chat", path, *flag)["ids"]
+        check(st == 200 and json.loads(data)["tokens"] == want_c, f"/tokenize messages (generation prompt {agp})")
+    st, _, data = request("POST", "/detokenize", {"tokens": want})
+    dec = tandem_json("tokenize", "--tokenizer", ARGS.ckpt, "--decode", "--ids", ",".join(map(str, want)))["text"]
+    check(st == 200 and json.loads(data)["prompt"] == dec == text, f"/detokenize: {data!r}")
+    # a chat's prompt is the rendered messages: usage.prompt_tokens counts them
+    o = chat({"messages": msgs, "max_tokens": 2})
+    st, _, data = request("POST", "/tokenize", {"messages": msgs})
+    n_chat = json.loads(data)["count"]
+    check(o["usage"]["prompt_tokens"] == n_chat, f"chat usage.prompt_tokens {o['usage']['prompt_tokens']} != {n_chat}")
+    # completions encode a string prompt with the tokenizer (special tokens as HF adds them)
+    o = complete({"prompt": text, "max_tokens": 3, "logprobs": 1, "seed": 1})
+    c = o["choices"][0]
+    check(o["usage"]["prompt_tokens"] == len(want), "completions: prompt tokens of the tokenizer")
+    dec = tandem_json("tokenize", "--tokenizer", ARGS.ckpt, "--decode", "--skip-special", "--ids",
+                      ",".join(map(str, c["token_ids"])))["text"]
+    check(c["text"] == dec, f"completion text {c['text']!r} != decode {dec!r}")
+    print(f"  tokenize: {len(want)} ids of the prompt, {len(want_c)} of the chat, equal to tandem tokenize")
+
+
 def main():
     global ARGS, HOST, PORT
     ap = argparse.ArgumentParser()
@@ -713,12 +854,16 @@ def main():
     ap.add_argument("--tmp", required=True)
     ap.add_argument("--only", default="", help="comma-separated test names to run (default: all)")
     ap.add_argument("--pid", type=int, required=True, help="the server's process id (SIGSTOP/SIGCONT)")
+    ap.add_argument("--chat", action="store_true",
+                    help="the chat tests: the server's checkpoint holds Qwen3's tokenizer and a raising template")
     ARGS = ap.parse_args()
     u = urllib.parse.urlparse(ARGS.url)
     HOST, PORT = u.hostname, u.port
     tests = [test_health_models, test_completion_shape, test_greedy_and_seeds, test_stream, test_stop,
              test_score_parity, test_batch_invariance, test_concurrent_clients, test_bad_requests,
              test_raw_garbage, test_overload, test_disconnects, test_metrics]
+    if ARGS.chat:
+        tests = [test_tokenize_endpoints, test_chat_bad_requests, test_metrics]
     if ARGS.only:
         names = ARGS.only.split(",")
         unknown = set(names) - {t.__name__ for t in tests}

@@ -10,6 +10,12 @@
 //       (_tokenize_helper); the first lines are checked against encode().
 //   node tests/ref/tok_ref.js text DIR FILE OUT.json
 //       the whole of FILE as one text: {"s": ids with special tokens, "p": without}
+//   node tests/ref/tok_ref.js texts DIR TEXTS.jsonl OUT.jsonl
+//       each line of TEXTS.jsonl a JSON string (a text that may hold
+//       newlines, a rendered chat say): {"s": ..., "p": ...} per line
+//   node tests/ref/tok_ref.js decode DIR IDS.jsonl OUT.jsonl
+//       each line {"ids": [...]}: {"k": decode(ids, skip_special_tokens),
+//       "d": decode(ids)}
 //   node tests/ref/tok_ref.js bench DIR TEXT.txt SECONDS
 //       encodes TEXT.txt line by line (no special tokens) for about SECONDS
 //       and prints {"bytes": B, "seconds": S, "mb_per_s": R, "tokens": T}
@@ -74,6 +80,26 @@ function text(dir, input, output) {
   fs.writeFileSync(output, JSON.stringify({ s, p }) + "\n");
 }
 
+function texts(dir, input, output) {
+  const tok = load(dir);
+  const out = lines(input).map((l) => {
+    const t = JSON.parse(l);
+    return JSON.stringify({ s: tok.encode(t, { add_special_tokens: true }), p: tok.encode(t, { add_special_tokens: false }) });
+  });
+  fs.writeFileSync(output, out.join("\n") + (out.length ? "\n" : ""));
+}
+
+function decodeIds(dir, input, output) {
+  const tok = load(dir);
+  const out = lines(input).map((l) => {
+    const ids = JSON.parse(l).ids;
+    const k = ids.length ? tok.decode(ids, { skip_special_tokens: true }) : "";
+    const d = ids.length ? tok.decode(ids, { skip_special_tokens: false }) : "";
+    return JSON.stringify({ k, d });
+  });
+  fs.writeFileSync(output, out.join("\n") + (out.length ? "\n" : ""));
+}
+
 function bench(dir, input, seconds) {
   const tok = load(dir);
   const v = lines(input);
@@ -93,8 +119,10 @@ function bench(dir, input, seconds) {
 const [mode, dir, input, arg] = process.argv.slice(2);
 if (mode === "ids" && arg) ids(dir, input, arg);
 else if (mode === "text" && arg) text(dir, input, arg);
+else if (mode === "texts" && arg) texts(dir, input, arg);
+else if (mode === "decode" && arg) decodeIds(dir, input, arg);
 else if (mode === "bench" && arg) bench(dir, input, Number(arg));
 else {
-  console.error("usage: tok_ref.js ids DIR LINES.txt OUT.jsonl | text DIR FILE OUT.json | bench DIR TEXT.txt SECONDS");
+  console.error("usage: tok_ref.js ids DIR LINES.txt OUT.jsonl | text DIR FILE OUT.json | texts DIR TEXTS.jsonl OUT.jsonl | decode DIR IDS.jsonl OUT.jsonl | bench DIR TEXT.txt SECONDS");
   process.exit(2);
 }
