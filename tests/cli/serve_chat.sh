@@ -27,6 +27,7 @@
 # packages, h5py).  TANDEM=path tests another build.
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/bounds.sh
 BUILD=${BUILD:-build}
 TANDEM=${TANDEM:-./bin/tandem}
 PY=/usr/bin/python3
