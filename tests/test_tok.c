@@ -82,6 +82,24 @@ Test(tok, bpe_merges_by_rank)
     tok_free(t);
 }
 
+/* A word is cut before '▁' only where no merge can join across the cut
+ * (bpe.h): "x ▁y" joins x to a part starting with '▁', so "x▁y" stays
+ * whole (x + ▁y -> x▁y); "<0x71> ▁x" joins q's fallback byte (q is not a
+ * token) to "▁x".  Cutting at every '▁' would give [1, 3, 5] and [8, 5]. */
+static const char SEP_BPE[] =
+    "{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {\"\\u2581\": 0, \"x\": 1, \"y\": 2,"
+    " \"\\u2581y\": 3, \"x\\u2581y\": 4, \"\\u2581x\": 5, \"z\": 6, \"<0x71>\": 8, \"<0x71>\\u2581x\": 9},"
+    " \"merges\": [\"\\u2581 y\", \"x \\u2581y\", \"\\u2581 x\", \"<0x71> \\u2581x\"]}}";
+
+Test(tok, bpe_cut_before_sep_only_where_safe)
+{
+    Tokenizer *t = load(SEP_BPE, NULL);
+    EXPECT(t, "x\xe2\x96\x81y\xe2\x96\x81x", false, 4, 5);
+    EXPECT(t, "q\xe2\x96\x81x", false, 9);
+    EXPECT(t, "z\xe2\x96\x81x\xe2\x96\x81y\xe2\x96\x81\xe2\x96\x81x", false, 6, 0, 4, 0, 5);   /* x takes ▁y before ▁ takes x */
+    tok_free(t);
+}
+
 /* SentencePiece-style: byte_fallback gives <0xNN> for a char missing from
  * the vocab; without it the unk token, fused when fuse_unk. */
 static const char SP[] =

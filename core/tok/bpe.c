@@ -6,6 +6,8 @@
 
 #include <stdio.h>
 
+#define SEP "\xe2\x96\x81"  /* '▁' (U+2581), SentencePiece's space */
+
 #define CACHE_SETS 32768     /* 2-way sets of 64-byte entries: 4 MiB per scratch */
 #define CACHE_KEY 26         /* longest word cached, bytes */
 #define CACHE_IDS 7          /* most ids of a cached word */
@@ -46,6 +48,7 @@ void bpe_free(Bpe *m)
     td_free(m->id_len);
     td_free(m->prefix);
     td_free(m->suffix);
+    td_free(m->sep_keep);
     memset(m, 0, sizeof *m);
 }
 
@@ -84,6 +87,30 @@ static int merge_sides(const cJSON *e, int i, const char **a, size_t *na, const 
     return -1;
 }
 
+/* Records the last char of a, the left side of a merge whose right side
+ * starts with '▁' (bpe.h: splitting before '▁'). */
+static void note_sep_keep(Bpe *m, const char *a, size_t na)
+{
+    size_t b = na - 1;
+    while (b > 0 && ((unsigned char)a[b] & 0xc0) == 0x80) b--;
+    uint32_t cp = 0;
+    if (utf8_next(a + b, na - b, &cp) <= 0) cp = UINT32_MAX;   /* not UTF-8: matches no char */
+    for (size_t k = 0; k < m->n_sep_keep; k++)
+        if (m->sep_keep[k] == cp) return;
+    uint32_t *v = td_malloc((m->n_sep_keep + 1) * sizeof(uint32_t));
+    if (m->n_sep_keep) memcpy(v, m->sep_keep, m->n_sep_keep * sizeof(uint32_t));
+    td_free(m->sep_keep);
+    m->sep_keep = v;
+    m->sep_keep[m->n_sep_keep++] = cp;
+}
+
+static bool sep_kept(const Bpe *m, uint32_t cp)
+{
+    for (size_t k = 0; k < m->n_sep_keep; k++)
+        if (m->sep_keep[k] == cp) return true;
+    return false;
+}
+
 static int load_merges(Bpe *m, const cJSON *arr, char *err, size_t n)
 {
     if (!cJSON_IsArray(arr)) {
@@ -119,6 +146,7 @@ static int load_merges(Bpe *m, const cJSON *arr, char *err, size_t n)
             break;
         }
         pairmap_put(&m->merges, ia, ib, i, id);
+        if (nb >= 3 && !memcmp(b, SEP, 3) && na) note_sep_keep(m, a, na);
     }
     tokbuf_free(&cat);
     return rc;
@@ -208,6 +236,12 @@ int bpe_load(Bpe *m, const cJSON *model, bool with_bytes, char *err, size_t n)
         char name[8];
         snprintf(name, sizeof name, "<0x%02X>", b);
         m->fallback[b] = strmap_get(&m->vocab, name, 6);
+    }
+    /* splitting before '▁' (bpe.h) */
+    m->sep_split = !m->prefix && !m->suffix && strmap_get(&m->vocab, SEP, 3) >= 0;
+    for (int c = 0; c < 128; c++) {
+        char ch = (char)c;
+        m->sep_after[c] = m->sep_split && strmap_get(&m->vocab, &ch, 1) >= 0 && !sep_kept(m, (uint32_t)c);
     }
     m->byte_ok = with_bytes && !m->prefix && !m->suffix;
     if (m->byte_ok) {
@@ -416,16 +450,9 @@ static void merge_word(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bo
     merge_all(m, sc);
 }
 
-void bpe_tokenize(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes, TokIds *out)
+/* The ids of word s[0..n) by merging, through the cache. */
+static void word_ids(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes, TokIds *out)
 {
-    if (!n) return;
-    if (m->ignore_merges) {
-        int32_t id = bytes ? strmap_get(&m->byte_vocab, s, n) : strmap_get(&m->vocab, s, n);
-        if (id >= 0) {
-            tokids_push(out, id);
-            return;
-        }
-    }
     CacheEntry *set = NULL;
     uint64_t h = 0;
     if (n <= CACHE_KEY) {
@@ -460,4 +487,45 @@ void bpe_tokenize(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool by
         memcpy(ce->key, s, n);
         memcpy(ce->ids, out->ids + first, got * sizeof(int32_t));
     }
+}
+
+/* May the word be cut between the char ending at s[i) and the '▁' at s[i]
+ * (bpe.h)?  i > 0. */
+static bool sep_cut(const Bpe *m, const char *s, size_t i)
+{
+    unsigned char c = (unsigned char)s[i - 1];
+    if (c < 0x80) return m->sep_after[c];
+    size_t b = i - 1;
+    while (b > 0 && ((unsigned char)s[b] & 0xc0) == 0x80) b--;
+    uint32_t cp;
+    if (utf8_next(s + b, i - b, &cp) <= 0) return false;
+    return !sep_kept(m, cp) && strmap_get(&m->vocab, s + b, i - b) >= 0;
+}
+
+void bpe_tokenize(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes, TokIds *out)
+{
+    if (!n) return;
+    if (m->ignore_merges) {   /* HF looks the whole word up first */
+        int32_t id = bytes ? strmap_get(&m->byte_vocab, s, n) : strmap_get(&m->vocab, s, n);
+        if (id >= 0) {
+            tokids_push(out, id);
+            return;
+        }
+    }
+    if (bytes || !m->sep_split) {
+        word_ids(m, sc, s, n, bytes, out);
+        return;
+    }
+    size_t start = 0, i = 1;
+    while (i + 3 <= n) {
+        const char *p = memchr(s + i, SEP[0], n - i - 2);
+        if (!p) break;
+        i = (size_t)(p - s);
+        if (!memcmp(p, SEP, 3) && sep_cut(m, s, i)) {
+            word_ids(m, sc, s + start, i - start, false, out);
+            start = i;
+        }
+        i++;
+    }
+    word_ids(m, sc, s + start, n - start, false, out);
 }
