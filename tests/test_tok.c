@@ -100,6 +100,27 @@ Test(tok, bpe_cut_before_sep_only_where_safe)
     tok_free(t);
 }
 
+/* Normalizers in nested Sequences, each reading the previous output:
+ * "ab" -> "X" (a String: every non-overlapping match), Lowercase, then a
+ * Regex x+ -> "y", an empty Sequence, Append "!".
+ * "AbabAB cab" -> "AbXAB cX" -> "abxab cx" -> "abyab cy" -> "abyab cy!". */
+static const char NESTED_NORM[] =
+    "{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": ["
+    "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Replace\", \"pattern\": {\"String\": \"ab\"},"
+    " \"content\": \"X\"}, {\"type\": \"Lowercase\"}]},"
+    " {\"type\": \"Replace\", \"pattern\": {\"Regex\": \"x+\"}, \"content\": \"y\"},"
+    " {\"type\": \"Sequence\", \"normalizers\": []}, {\"type\": \"Append\", \"append\": \"!\"}]},"
+    " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"c\": 2, \"x\": 3, \"y\": 4, \" \": 5,"
+    " \"!\": 6, \"X\": 7}, \"merges\": []}}";
+
+Test(tok, normalizer_sequences_nest)
+{
+    Tokenizer *t = load(NESTED_NORM, NULL);
+    EXPECT(t, "AbabAB cab", false, 0, 1, 4, 0, 1, 5, 2, 4, 6);
+    EXPECT(t, "xxab", false, 4, 6);   /* "xxX" -> "xxx" -> "y" */
+    tok_free(t);
+}
+
 /* SentencePiece-style: byte_fallback gives <0xNN> for a char missing from
  * the vocab; without it the unk token, fused when fuse_unk. */
 static const char SP[] =

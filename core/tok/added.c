@@ -127,7 +127,7 @@ int added_load(Added *a, const cJSON *j, char *err, size_t n)
     return 0;
 }
 
-int added_build(Added *a, const Normalizer *nz, TokRegexScratch *rx, char *err, size_t n)
+int added_build(Added *a, const Normalizer *nz, NormScratch *ns, char *err, size_t n)
 {
     /* HF builds the tries from the special tokens, then the others. */
     for (int pass = 0; pass < 2; pass++)
@@ -139,7 +139,7 @@ int added_build(Added *a, const Normalizer *nz, TokRegexScratch *rx, char *err, 
                 continue;
             }
             TokBuf nb = { 0 };
-            if (norm_apply(nz, rx, &nb, t->content, t->len, err, n)) {
+            if (norm_apply(nz, ns, &nb, t->content, t->len, err, n)) {
                 tokbuf_free(&nb);
                 return -1;
             }
