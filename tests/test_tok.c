@@ -4,8 +4,11 @@
  * of the reference packages for the streaming-decode property.  The
  * line-by-line comparison with the reference port is tests/cli/tokenize.sh. */
 #include "core/common.h"
+#include "core/tok/regex.h"
 #include "core/tok/tok_util.h"
 #include "core/tok/tokenizer.h"
+
+#include <dirent.h>
 
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -484,6 +487,169 @@ Test(tok, stream_real_tokenizers_random_ids)
         }
         tok_free(t);
     }
+}
+
+/* ---------------------------------------------------------------- regex scanners */
+
+/* The patterns with a hand-written scanner (regex.c), spelled as
+ * tokenizer.json has them: Qwen2/3, Llama 3, GPT-2 (ByteLevel use_regex),
+ * DeepSeek-V3's three (its \r \n are raw chars there). */
+static const char *const SCANNED[] = {
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+    "\\s+(?!\\S)|\\s+",
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+    "\\s+(?!\\S)|\\s+",
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+    " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+    "\\p{N}{1,3}",
+    "[\xe4\xb8\x80-\xe9\xbe\xa5\xe3\x81\x80-\xe3\x82\x9f\xe3\x82\xa0-\xe3\x83\xbf]+",
+};
+#define N_SCANNED (sizeof SCANNED / sizeof SCANNED[0])
+
+typedef struct {
+    TokRegex *re[N_SCANNED];
+    TokRegexScratch *rx;
+    TokSpans a, b;
+    size_t texts, bytes, matches;
+} ScanCheck;
+
+static void scan_check_init(ScanCheck *c)
+{
+    memset(c, 0, sizeof *c);
+    char err[256];
+    for (size_t k = 0; k < N_SCANNED; k++) {
+        cr_assert_eq(tokregex_compile(&c->re[k], SCANNED[k], true, "test", err, sizeof err), 0, "%s", err);
+        cr_assert(tokregex_set_scanner(c->re[k], true), "pattern %zu has no scanner", k);
+    }
+    c->rx = tokregex_scratch_new();
+}
+
+static void scan_check_free(ScanCheck *c)
+{
+    for (size_t k = 0; k < N_SCANNED; k++) tokregex_free(c->re[k]);
+    tokregex_scratch_free(c->rx);
+    spans_free(&c->a);
+    spans_free(&c->b);
+}
+
+/* Every pattern's matches over s, scanner on and off, must be the same;
+ * at_each: also a single find from every char boundary. */
+static void scan_check(ScanCheck *c, const char *s, size_t n, bool at_each)
+{
+    char err[256];
+    for (size_t k = 0; k < N_SCANNED; k++) {
+        c->a.n = c->b.n = 0;
+        tokregex_set_scanner(c->re[k], true);
+        cr_assert_eq(tokregex_find_all(c->re[k], c->rx, s, n, &c->a, err, sizeof err), 0, "%s", err);
+        tokregex_set_scanner(c->re[k], false);
+        cr_assert_eq(tokregex_find_all(c->re[k], c->rx, s, n, &c->b, err, sizeof err), 0, "%s", err);
+        bool same = c->a.n == c->b.n && !memcmp(c->a.v, c->b.v, 2 * c->a.n * sizeof(size_t));
+        if (!same) {
+            size_t i = 0;
+            while (i < c->a.n && i < c->b.n && c->a.v[2 * i] == c->b.v[2 * i] && c->a.v[2 * i + 1] == c->b.v[2 * i + 1])
+                i++;
+            cr_assert_fail("pattern %zu, text \"%.*s\": match %zu: scanner [%zu, %zu), PCRE2 [%zu, %zu)", k,
+                           (int)(n < 200 ? n : 200), s, i, i < c->a.n ? c->a.v[2 * i] : 0,
+                           i < c->a.n ? c->a.v[2 * i + 1] : 0, i < c->b.n ? c->b.v[2 * i] : 0,
+                           i < c->b.n ? c->b.v[2 * i + 1] : 0);
+        }
+        c->matches += c->a.n;
+        for (size_t from = 0; at_each && from <= n; from++) {
+            if (from < n && ((unsigned char)s[from] & 0xc0) == 0x80) continue;
+            size_t s1 = 0, e1 = 0, s2 = 0, e2 = 0;
+            tokregex_set_scanner(c->re[k], true);
+            int r1 = tokregex_find(c->re[k], c->rx, s, n, from, &s1, &e1, err, sizeof err);
+            tokregex_set_scanner(c->re[k], false);
+            int r2 = tokregex_find(c->re[k], c->rx, s, n, from, &s2, &e2, err, sizeof err);
+            cr_assert(r1 == r2 && (r1 != 1 || (s1 == s2 && e1 == e2)),
+                      "pattern %zu, text \"%.*s\", from %zu: scanner %d [%zu, %zu), PCRE2 %d [%zu, %zu)", k, (int)n, s,
+                      from, r1, s1, e1, r2, s2, e2);
+        }
+        tokregex_set_scanner(c->re[k], true);
+    }
+    c->texts++;
+    c->bytes += n;
+}
+
+/* Fortunes in six languages (installed by ./tandem.sh), in pieces of
+ * whole lines of about 2 kB (newlines inside), up to `budget` bytes of
+ * each language's valid UTF-8 files. */
+static void scan_check_fortunes(ScanCheck *c, const char *dir, size_t budget)
+{
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "%s is missing (./tandem.sh deps installs the fortunes packages)", dir);
+    char *names[256];
+    int nn = 0;
+    for (struct dirent *e; (e = readdir(d)) && nn < 256;) {
+        const char *dot = strrchr(e->d_name, '.');
+        if (e->d_name[0] == '.' || (dot && (!strcmp(dot, ".dat") || !strcmp(dot, ".u8")))) continue;
+        names[nn++] = td_strdup(e->d_name);
+    }
+    closedir(d);
+    size_t used = 0;
+    for (int i = 0; i < nn; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        FILE *f = used < budget ? fopen(path, "rb") : NULL;
+        static char buf[1 << 20];
+        size_t len = f ? fread(buf, 1, sizeof buf, f) : 0;
+        if (f) fclose(f);
+        if (len && utf8_check(buf, len) < 0) {
+            for (size_t at = 0; at < len;) {
+                size_t e = at + 2000 < len ? at + 2000 : len;
+                while (e < len && buf[e - 1] != '\n') e++;
+                scan_check(c, buf + at, e - at, false);
+                at = e;
+            }
+            used += len;
+        }
+        td_free(names[i]);
+    }
+    cr_assert_gt(used, 0, "no UTF-8 fortunes in %s", dir);
+}
+
+Test(tok, regex_scanners_equal_pcre2, .timeout = 300)
+{
+    ScanCheck c;
+    scan_check_init(&c);
+    const char *langs[] = { "", "/de", "/es", "/it", "/ru", "/pl" };
+    for (int l = 0; l < 6; l++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, "/usr/share/games/fortunes%s", langs[l]);
+        scan_check_fortunes(&c, dir, 300000);
+    }
+    /* random strings of pieces around each class edge: contractions in
+     * both cases and with U+017F (caseless 's') and U+212A, \s chars
+     * outside ASCII (NBSP, U+0085, U+2028, U+3000), letters, marks and
+     * digits outside ASCII, CJK at and beyond the DeepSeek ranges */
+    static const char *const atoms[] = {
+        "a", "Z", "q", "0", "7", " ", " ", "  ", "\t", "\r", "\n", "\r\n", "\x0b", "\x0c", "\x01", "\x7f", "!", ".",
+        "'", "\"", "-", "_", "`", "~", "$", "+", "<", "|", "'s", "'S", "'t", "'re", "'RE", "'rE", "'ve", "'m", "'ll",
+        "'Ll", "'d", "'D", "'x", "'\xc5\xbf", "'\xe2\x84\xaa", "r\xc5\xbf", "\xc2\xa0", "\xc2\x85", "\xe2\x80\xa8",
+        "\xe3\x80\x80", "\xe2\x80\x83", "\xe2\x80\x8b", "\xc3\xa9", "e\xcc\x81", "\xcc\x81", "\xd9\xa3", "\xc2\xb2",
+        "\xe2\x85\xa0", "\xc2\xbd", "\xc2\xaa", "\xe4\xb8\x80", "\xe9\xbe\xa5", "\xe9\xbe\xa6", "\xe3\x81\x80",
+        "\xe3\x82\x9f", "\xe3\x83\xbf", "\xe3\x84\x80", "\xe4\xb8\xad\xe6\x96\x87", "\xf0\x9f\x98\x80",
+        "\xe2\x80\x99", "\xe2\x80\x9c", "\xe2\x82\xac", "\xd0\x96", "hello", " world", "don't", "1234567",
+    };
+    size_t na = sizeof atoms / sizeof atoms[0];
+    uint64_t x = 88172645463325252ull;
+    char buf[512];
+    for (int trial = 0; trial < 20000; trial++) {
+        size_t n = 0;
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int pieces = (int)(x % 24);
+        for (int p = 0; p < pieces; p++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            const char *a = atoms[x % na];
+            size_t l = strlen(a);
+            memcpy(buf + n, a, l);
+            n += l;
+        }
+        scan_check(&c, buf, n, true);
+    }
+    cr_log_info("regex scanners: %zu texts, %zu bytes, %zu matches agree with PCRE2", c.texts, c.bytes, c.matches);
+    scan_check_free(&c);
 }
 
 /* ---------------------------------------------------------------- threads */
