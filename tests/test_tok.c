@@ -124,6 +124,39 @@ Test(tok, normalizer_sequences_nest)
     tok_free(t);
 }
 
+/* The word cache keys a word by overlapping loads of its bytes (bpe.c):
+ * words of every length up to past the longest cached one, each with one
+ * 'b' at every position among 'a's, twice over in one text, must all
+ * come out as merged afresh (a run of k a's: k / 2 "aa", then "a" when k
+ * is odd), whatever was cached before them. */
+Test(tok, word_cache_keys_are_exact)
+{
+    Tokenizer *t = load("{\"pre_tokenizer\": {\"type\": \"WhitespaceSplit\"}, \"model\": {\"type\": \"BPE\","
+                        " \"vocab\": {\"a\": 0, \"b\": 1, \"aa\": 2}, \"merges\": [\"a a\"]}}", NULL);
+    TokBuf text = { 0 };
+    TokIds want = { 0 }, got = { 0 };
+    for (int pass = 0; pass < 2; pass++)
+        for (int n = 1; n <= 30; n++)
+            for (int p = 0; p <= n; p++) {   /* p == n: no 'b' */
+                for (int i = 0; i < n; i++) tokbuf_putc(&text, i == p ? 'b' : 'a');
+                tokbuf_putc(&text, ' ');
+                int runs[2] = { p < n ? p : n, p < n ? n - p - 1 : 0 };
+                for (int r = 0; r < 2; r++) {
+                    for (int k = 0; k < runs[r] / 2; k++) tokids_push(&want, 2);
+                    if (runs[r] % 2) tokids_push(&want, 0);
+                    if (r == 0 && p < n) tokids_push(&want, 1);
+                }
+            }
+    char err[256];
+    cr_assert_eq(tok_encode(t, text.p, text.n, false, &got, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(got.n, want.n, "%zu ids, want %zu", got.n, want.n);
+    for (size_t i = 0; i < got.n; i++) cr_assert_eq(got.ids[i], want.ids[i], "id %zu: %d, want %d", i, got.ids[i], want.ids[i]);
+    tokbuf_free(&text);
+    tok_ids_free(&want);
+    tok_ids_free(&got);
+    tok_free(t);
+}
+
 /* SentencePiece-style: byte_fallback gives <0xNN> for a char missing from
  * the vocab; without it the unk token, fused when fuse_unk. */
 static const char SP[] =

@@ -8,16 +8,33 @@
 
 #define SEP "\xe2\x96\x81"  /* '▁' (U+2581), SentencePiece's space */
 
-#define CACHE_SETS 32768     /* 2-way sets of 64-byte entries: 4 MiB per scratch */
-#define CACHE_KEY 26         /* longest word cached, bytes */
-#define CACHE_IDS 7          /* most ids of a cached word */
+/* The word cache (per scratch, allocated on first use): a word of n <= 24
+ * bytes is keyed by n and up to three 64-bit loads that together cover
+ * its bytes (word_key), so equal keys mean equal words, exactly.  Short
+ * words with few ids go in 32-byte entries, two to a 64-byte set (one
+ * cache line per lookup), the rest in 64-byte entries; way 0 is the more
+ * recent, a new word evicts way 1. */
+#define SMALL_SETS 32768     /* 2 MiB */
+#define SMALL_KEY 16
+#define SMALL_IDS 3
+#define BIG_SETS 4096        /* 512 KiB */
+#define BIG_KEY 24
+#define BIG_IDS 9
 
 typedef struct {
-    uint64_t h;              /* 0: empty */
-    uint8_t klen, nids;
-    char key[CACHE_KEY];
-    int32_t ids[CACHE_IDS];
-} CacheEntry;                /* one cache line */
+    uint64_t w[2];
+    uint8_t n;               /* word length | 0x80 in byte mode; 0: empty */
+    uint8_t nids;
+    uint16_t unused;
+    int32_t ids[SMALL_IDS];
+} SmallEntry;
+
+typedef struct {
+    uint64_t w[3];
+    uint8_t n, nids;
+    uint16_t unused;
+    int32_t ids[BIG_IDS];
+} BigEntry;
 
 typedef struct {
     int32_t c, prev, next;
@@ -34,7 +51,8 @@ struct BpeScratch {
     size_t n_sym, cap_sym;
     Merge *heap;
     size_t n_heap, cap_heap;
-    CacheEntry *cache;       /* 2 * CACHE_SETS entries (way 0 most recent), allocated on first use */
+    SmallEntry *small;       /* 2 * SMALL_SETS */
+    BigEntry *big;           /* 2 * BIG_SETS */
 };
 
 /* ---------------------------------------------------------------- load */
@@ -270,7 +288,8 @@ void bpe_scratch_free(BpeScratch *sc)
     if (!sc) return;
     td_free(sc->sym);
     td_free(sc->heap);
-    td_free(sc->cache);
+    td_free(sc->small);
+    td_free(sc->big);
     td_free(sc);
 }
 
@@ -450,25 +469,90 @@ static void merge_word(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bo
     merge_all(m, sc);
 }
 
+static inline uint64_t load8(const char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline uint64_t load4(const char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* The cache key of s[0..n), 1 <= n <= BIG_KEY: w[0..2] (unused ones 0)
+ * read s with overlapping loads, so that with n they determine s. */
+static inline void word_key(const char *s, size_t n, uint64_t w[3])
+{
+    w[1] = w[2] = 0;
+    if (n >= 8) {
+        w[0] = load8(s);
+        if (n > 16) {
+            w[1] = load8(s + 8);
+            w[2] = load8(s + n - 8);
+        } else if (n > 8)
+            w[1] = load8(s + n - 8);
+    } else if (n >= 4)
+        w[0] = load4(s) | load4(s + n - 4) << 32;
+    else
+        w[0] = (uint64_t)(uint8_t)s[0] | (uint64_t)(uint8_t)s[n >> 1] << 8 | (uint64_t)(uint8_t)s[n - 1] << 16;
+}
+
+static inline uint64_t key_hash(const uint64_t w[3], unsigned nk)
+{
+    uint64_t h = (w[0] ^ nk) * 0x9e3779b97f4a7c15ull;
+    h ^= w[1] * 0xbf58476d1ce4e5b9ull;
+    h ^= w[2] * 0x94d049bb133111ebull;
+    h ^= h >> 29;
+    h *= 0xff51afd7ed558ccdull;
+    return h ^ (h >> 32);
+}
+
+static inline void put_ids(TokIds *out, const int32_t *ids, size_t n, size_t max)
+{
+    if (out->n + max > out->cap) tokids_reserve(out, max);
+    memcpy(out->ids + out->n, ids, max * sizeof(int32_t));   /* a fixed-size copy; n <= max count */
+    out->n += n;
+}
+
 /* The ids of word s[0..n) by merging, through the cache. */
 static void word_ids(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes, TokIds *out)
 {
-    CacheEntry *set = NULL;
-    uint64_t h = 0;
-    if (n <= CACHE_KEY) {
-        if (!sc->cache) sc->cache = td_calloc(2 * CACHE_SETS * sizeof(CacheEntry));
-        h = tok_hash(s, n) | 1;   /* 0 marks an empty entry */
-        set = &sc->cache[2 * (h & (CACHE_SETS - 1))];
-        for (int w = 0; w < 2; w++) {
-            CacheEntry *ce = &set[w];
-            if (ce->h != h || ce->klen != n || memcmp(ce->key, s, n)) continue;
-            tokids_reserve(out, ce->nids);
-            memcpy(out->ids + out->n, ce->ids, ce->nids * sizeof(int32_t));
-            out->n += ce->nids;
-            if (w == 1) {   /* most recent first */
-                CacheEntry t = set[0];
-                set[0] = set[1];
-                set[1] = t;
+    uint64_t w[3] = { 0, 0, 0 };
+    unsigned nk = (unsigned)n | (bytes ? 0x80u : 0);
+    SmallEntry *ss = NULL;
+    BigEntry *bs = NULL;
+    if (n <= BIG_KEY) {
+        word_key(s, n, w);
+        uint64_t h = key_hash(w, nk);
+        if (n <= SMALL_KEY) {
+            if (!sc->small) sc->small = td_calloc(2 * SMALL_SETS * sizeof(SmallEntry));
+            ss = &sc->small[2 * (h & (SMALL_SETS - 1))];
+            for (int k = 0; k < 2; k++) {
+                SmallEntry *e = &ss[k];
+                if (e->n != nk || e->w[0] != w[0] || e->w[1] != w[1]) continue;
+                put_ids(out, e->ids, e->nids, SMALL_IDS);
+                if (k) {   /* most recent first */
+                    SmallEntry t = ss[0];
+                    ss[0] = ss[1];
+                    ss[1] = t;
+                }
+                return;
+            }
+        }
+        if (!sc->big) sc->big = td_calloc(2 * BIG_SETS * sizeof(BigEntry));
+        bs = &sc->big[2 * ((h >> 32) & (BIG_SETS - 1))];
+        for (int k = 0; k < 2; k++) {
+            BigEntry *e = &bs[k];
+            if (e->n != nk || e->w[0] != w[0] || e->w[1] != w[1] || e->w[2] != w[2]) continue;
+            put_ids(out, e->ids, e->nids, BIG_IDS);
+            if (k) {
+                BigEntry t = bs[0];
+                bs[0] = bs[1];
+                bs[1] = t;
             }
             return;
         }
@@ -478,14 +562,16 @@ static void word_ids(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool
     for (size_t i = 0; i < sc->n_sym; i++)
         if (sc->sym[i].len) tokids_push(out, sc->sym[i].c);
     size_t got = out->n - first;
-    if (set && got <= CACHE_IDS) {
-        set[1] = set[0];
-        CacheEntry *ce = &set[0];
-        ce->h = h;
-        ce->klen = (uint8_t)n;
-        ce->nids = (uint8_t)got;
-        memcpy(ce->key, s, n);
-        memcpy(ce->ids, out->ids + first, got * sizeof(int32_t));
+    if (ss && got <= SMALL_IDS) {
+        ss[1] = ss[0];
+        SmallEntry *e = &ss[0];
+        *e = (SmallEntry){ .w = { w[0], w[1] }, .n = (uint8_t)nk, .nids = (uint8_t)got };
+        memcpy(e->ids, out->ids + first, got * sizeof(int32_t));
+    } else if (bs && got <= BIG_IDS) {
+        bs[1] = bs[0];
+        BigEntry *e = &bs[0];
+        *e = (BigEntry){ .w = { w[0], w[1], w[2] }, .n = (uint8_t)nk, .nids = (uint8_t)got };
+        memcpy(e->ids, out->ids + first, got * sizeof(int32_t));
     }
 }
 

@@ -7,8 +7,8 @@
  * byte_fallback, else unk, else dropped, as HF does), then merged: the
  * pair of lowest merge rank first, the leftmost of equal ranks, with a
  * binary heap over a linked list of symbols (HF's Word::merge_all), so a
- * word of L chars costs O(L log L).  Words under 256 bytes are cached per
- * scratch (a bounded direct-mapped table).
+ * word of L chars costs O(L log L).  Words of up to 24 bytes and 9 ids
+ * are cached per scratch (bounded 2-way tables, bpe.c).
  *
  * Splitting before '▁': a word without a pre-tokenizer (Llama 2, Mistral:
  * the whole text is one word) is cut before each '▁' (U+2581) that no merge
