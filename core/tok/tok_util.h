@@ -146,10 +146,22 @@ typedef struct {
     size_t n, cap;   /* n ranges */
 } TokSpans;
 
-void spans_push(TokSpans *s, size_t a, size_t b);
+void spans_grow(TokSpans *s);   /* room for one more */
+static inline void spans_push(TokSpans *s, size_t a, size_t b)
+{
+    if (s->n == s->cap) spans_grow(s);
+    s->v[2 * s->n] = a;
+    s->v[2 * s->n + 1] = b;
+    s->n++;
+}
 void spans_free(TokSpans *s);
 
-void pieces_push(Pieces *p, uint32_t off, uint32_t len, int32_t id, uint32_t flags);
+void pieces_grow(Pieces *p);   /* room for one more */
+static inline void pieces_push(Pieces *p, uint32_t off, uint32_t len, int32_t id, uint32_t flags)
+{
+    if (p->n == p->cap) pieces_grow(p);
+    p->v[p->n++] = (Piece){ off, len, id, flags };
+}
 void pieces_free(Pieces *p);
 
 /* ---------------------------------------------------------------- JSON */
