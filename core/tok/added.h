@@ -29,6 +29,7 @@ typedef struct {
     size_t n, cap;
     int32_t root_child[256];
     bool any;
+    int first;                 /* the one byte every token starts with (-1: several) */
 } AddedTrie;
 
 typedef struct {

@@ -247,3 +247,19 @@ int norm_apply(const Normalizer *nz, NormScratch *ns, TokBuf *out, const char *s
     }
     return apply_one(nz, ns, 0, out, s, n, err, en);
 }
+
+bool norm_keeps(const Normalizer *nz, const char *s, size_t n)
+{
+    if (!nz) return true;
+    switch (nz->kind) {
+    case NZ_NFC:
+    case NZ_NFD:
+    case NZ_NFKC:
+    case NZ_NFKD: return tok_ascii(s, n);   /* ASCII is invariant under every form */
+    case NZ_SEQUENCE:   /* each member sees s again */
+        for (int i = 0; i < nz->n_sub; i++)
+            if (!norm_keeps(nz->sub[i], s, n)) return false;
+        return true;
+    default: return false;
+    }
+}

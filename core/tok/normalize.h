@@ -34,4 +34,8 @@ void norm_scratch_free(NormScratch *ns);   /* not ns->rx */
 int norm_apply(const Normalizer *nz, NormScratch *ns, TokBuf *out, const char *s, size_t n, char *err,
                size_t en);
 
+/* True when norm_apply(nz, s) surely gives s back (nz NULL; Unicode
+ * forms, or Sequences of them, on ASCII text), so the caller may skip it. */
+bool norm_keeps(const Normalizer *nz, const char *s, size_t n);
+
 #endif

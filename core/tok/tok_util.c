@@ -104,6 +104,20 @@ void pieces_free(Pieces *p)
 
 /* ---------------------------------------------------------------- UTF-8 */
 
+bool tok_ascii(const char *s, size_t n)
+{
+    uint64_t acc = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        acc |= w;
+    }
+    for (; i < n; i++) acc |= (uint8_t)s[i];
+    return !(acc & 0x8080808080808080ull);
+}
+
+
 /* Second-byte range of a lead byte (Unicode Table 3-7); lo > hi: invalid
  * lead. */
 static void utf8_lead(uint8_t c, int *len, uint8_t *lo, uint8_t *hi)

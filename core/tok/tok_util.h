@@ -50,6 +50,8 @@ void toktext_put(TokText *t, const char *s, size_t n);
 int utf8_next(const char *s, size_t n, uint32_t *cp);
 /* Writes cp as UTF-8 (1..4 bytes) to out; returns the length. */
 int utf8_put(uint32_t cp, char *out);
+/* s[0..n) is all ASCII (8 bytes at a time). */
+bool tok_ascii(const char *s, size_t n);
 /* -1 when s[0..n) is valid UTF-8, else the offset of the first bad byte. */
 long utf8_check(const char *s, size_t n);
 /* Rust's String::from_utf8_lossy over s[0..n): each maximal invalid

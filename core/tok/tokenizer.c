@@ -461,7 +461,7 @@ static int encode_slot(const Tokenizer *t, Slot *s, const char *text, size_t len
             continue;
         }
         uint32_t off = pc.off, n = pc.len;
-        if (t->norm) {
+        if (!norm_keeps(t->norm, s->arena.p + pc.off, pc.len)) {
             s->nbuf.n = 0;
             if (norm_apply(t->norm, &s->ns, &s->nbuf, s->arena.p + pc.off, pc.len, err, en)) return -1;
             off = (uint32_t)s->arena.n;
