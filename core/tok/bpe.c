@@ -51,7 +51,7 @@ struct BpeScratch {
     size_t n_sym, cap_sym;
     Merge *heap;
     size_t n_heap, cap_heap;
-    SmallEntry *small;       /* 2 * SMALL_SETS */
+    SmallEntry *small;       /* 2 * SMALL_SETS (the word cache) */
     BigEntry *big;           /* 2 * BIG_SETS */
 };
 
@@ -281,7 +281,14 @@ int bpe_load(Bpe *m, const cJSON *model, bool with_bytes, char *err, size_t n)
 
 /* ---------------------------------------------------------------- scratch */
 
-BpeScratch *bpe_scratch_new(void) { return td_calloc(sizeof(BpeScratch)); }
+BpeScratch *bpe_scratch_new(void)
+{
+    BpeScratch *sc = td_calloc(sizeof(BpeScratch));
+    /* zeroed pages: the memory is only touched as words come */
+    sc->small = td_calloc(2 * SMALL_SETS * sizeof(SmallEntry));
+    sc->big = td_calloc(2 * BIG_SETS * sizeof(BigEntry));
+    return sc;
+}
 
 void bpe_scratch_free(BpeScratch *sc)
 {
@@ -406,7 +413,7 @@ static int32_t char_id(const Bpe *m, const char *c, size_t l, bool first, bool l
 }
 
 /* HF's merge_word: the initial symbols of s[0..n), then merge_all. */
-static void merge_word(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes)
+__attribute__((noinline)) static void merge_word(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes)
 {
     sc->n_sym = 0;
     int32_t unk_id = -1;
@@ -518,38 +525,21 @@ static inline void put_ids(TokIds *out, const int32_t *ids, size_t n, size_t max
     out->n += n;
 }
 
-/* The ids of word s[0..n) by merging, through the cache. */
-static void word_ids(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes, TokIds *out)
+/* word_ids past the small table: the big table, else merging (and
+ * caching the result).  w, nk, h: the word's key and hash (0s when the
+ * word is too long to cache). */
+__attribute__((noinline)) static void word_ids_slow(const Bpe *m, BpeScratch *sc, const char *s, size_t n,
+                                                    bool bytes, TokIds *out, const uint64_t w[3], unsigned nk,
+                                                    uint64_t h)
 {
-    uint64_t w[3] = { 0, 0, 0 };
-    unsigned nk = (unsigned)n | (bytes ? 0x80u : 0);
-    SmallEntry *ss = NULL;
     BigEntry *bs = NULL;
     if (n <= BIG_KEY) {
-        word_key(s, n, w);
-        uint64_t h = key_hash(w, nk);
-        if (n <= SMALL_KEY) {
-            if (!sc->small) sc->small = td_calloc(2 * SMALL_SETS * sizeof(SmallEntry));
-            ss = &sc->small[2 * (h & (SMALL_SETS - 1))];
-            for (int k = 0; k < 2; k++) {
-                SmallEntry *e = &ss[k];
-                if (e->n != nk || e->w[0] != w[0] || e->w[1] != w[1]) continue;
-                put_ids(out, e->ids, e->nids, SMALL_IDS);
-                if (k) {   /* most recent first */
-                    SmallEntry t = ss[0];
-                    ss[0] = ss[1];
-                    ss[1] = t;
-                }
-                return;
-            }
-        }
-        if (!sc->big) sc->big = td_calloc(2 * BIG_SETS * sizeof(BigEntry));
         bs = &sc->big[2 * ((h >> 32) & (BIG_SETS - 1))];
         for (int k = 0; k < 2; k++) {
             BigEntry *e = &bs[k];
             if (e->n != nk || e->w[0] != w[0] || e->w[1] != w[1] || e->w[2] != w[2]) continue;
             put_ids(out, e->ids, e->nids, BIG_IDS);
-            if (k) {
+            if (k) {   /* most recent first */
                 BigEntry t = bs[0];
                 bs[0] = bs[1];
                 bs[1] = t;
@@ -562,7 +552,8 @@ static void word_ids(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool
     for (size_t i = 0; i < sc->n_sym; i++)
         if (sc->sym[i].len) tokids_push(out, sc->sym[i].c);
     size_t got = out->n - first;
-    if (ss && got <= SMALL_IDS) {
+    if (n <= SMALL_KEY && got <= SMALL_IDS) {
+        SmallEntry *ss = &sc->small[2 * (h & (SMALL_SETS - 1))];
         ss[1] = ss[0];
         SmallEntry *e = &ss[0];
         *e = (SmallEntry){ .w = { w[0], w[1] }, .n = (uint8_t)nk, .nids = (uint8_t)got };
@@ -573,6 +564,33 @@ static void word_ids(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool
         *e = (BigEntry){ .w = { w[0], w[1], w[2] }, .n = (uint8_t)nk, .nids = (uint8_t)got };
         memcpy(e->ids, out->ids + first, got * sizeof(int32_t));
     }
+}
+
+/* The ids of word s[0..n) by merging, through the cache: the small table
+ * here, the rest in word_ids_slow. */
+static inline void word_ids(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes, TokIds *out)
+{
+    uint64_t w[3] = { 0, 0, 0 }, h = 0;
+    unsigned nk = (unsigned)n | (bytes ? 0x80u : 0);
+    if (n <= BIG_KEY) {
+        word_key(s, n, w);
+        h = key_hash(w, nk);
+        if (n <= SMALL_KEY) {
+            SmallEntry *ss = &sc->small[2 * (h & (SMALL_SETS - 1))];
+            for (int k = 0; k < 2; k++) {
+                SmallEntry *e = &ss[k];
+                if (e->n != nk || e->w[0] != w[0] || e->w[1] != w[1]) continue;
+                put_ids(out, e->ids, e->nids, SMALL_IDS);
+                if (k) {
+                    SmallEntry t = ss[0];
+                    ss[0] = ss[1];
+                    ss[1] = t;
+                }
+                return;
+            }
+        }
+    }
+    word_ids_slow(m, sc, s, n, bytes, out, w, nk, h);
 }
 
 /* May the word be cut between the char ending at s[i) and the '▁' at s[i]
