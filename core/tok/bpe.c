@@ -568,7 +568,7 @@ __attribute__((noinline)) static void word_ids_slow(const Bpe *m, BpeScratch *sc
 
 /* The ids of word s[0..n) by merging, through the cache: the small table
  * here, the rest in word_ids_slow. */
-static inline void word_ids(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes, TokIds *out)
+__attribute__((always_inline)) static inline void word_ids(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes, TokIds *out)
 {
     uint64_t w[3] = { 0, 0, 0 }, h = 0;
     unsigned nk = (unsigned)n | (bytes ? 0x80u : 0);

@@ -432,14 +432,10 @@ void tokregex_scratch_free(TokRegexScratch *sc)
     td_free(sc);
 }
 
-int tokregex_find(const TokRegex *re, TokRegexScratch *sc, const char *s, size_t n, size_t from,
-                  size_t *ms, size_t *me, char *err, size_t en)
+/* One PCRE2 match from `from` (tokregex_find). */
+__attribute__((noinline)) static int find_pcre2(const TokRegex *re, TokRegexScratch *sc, const char *s, size_t n,
+                                                size_t from, size_t *ms, size_t *me, char *err, size_t en)
 {
-    if (from > n) return 0;
-    if (re->use_scan) {
-        int k = re->scan((const unsigned char *)s, n, from, ms, me);
-        if (k != SCAN_PCRE2) return k;
-    }
     int rc = re->jit ? pcre2_jit_match(re->code, (PCRE2_SPTR)s, n, from, 0, sc->md, sc->mc)
                      : pcre2_match(re->code, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, sc->md, sc->mc);
     if (rc == PCRE2_ERROR_NOMATCH) return 0;
@@ -455,13 +451,31 @@ int tokregex_find(const TokRegex *re, TokRegexScratch *sc, const char *s, size_t
     return 1;
 }
 
+/* tokregex_find for from <= n: the scanner when it answers, else PCRE2. */
+static inline int find_one(const TokRegex *re, TokRegexScratch *sc, const char *s, size_t n, size_t from,
+                           size_t *ms, size_t *me, char *err, size_t en)
+{
+    if (re->use_scan) {
+        int k = re->scan((const unsigned char *)s, n, from, ms, me);
+        if (k != SCAN_PCRE2) return k;
+    }
+    return find_pcre2(re, sc, s, n, from, ms, me, err, en);
+}
+
+int tokregex_find(const TokRegex *re, TokRegexScratch *sc, const char *s, size_t n, size_t from,
+                  size_t *ms, size_t *me, char *err, size_t en)
+{
+    if (from > n) return 0;
+    return find_one(re, sc, s, n, from, ms, me, err, en);
+}
+
 int tokregex_find_all(const TokRegex *re, TokRegexScratch *sc, const char *s, size_t n, TokSpans *out,
                       char *err, size_t en)
 {
     size_t last_end = 0, last_match_end = (size_t)-1;
     while (last_end <= n) {
         size_t ms, me;
-        int r = tokregex_find(re, sc, s, n, last_end, &ms, &me, err, en);
+        int r = find_one(re, sc, s, n, last_end, &ms, &me, err, en);
         if (r < 0) return -1;
         if (r == 0) break;
         if (ms == me && me == last_match_end) {   /* no empty match right after a match */
