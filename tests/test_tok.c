@@ -4,8 +4,11 @@
  * of the reference packages for the streaming-decode property.  The
  * line-by-line comparison with the reference port is tests/cli/tokenize.sh. */
 #include "core/common.h"
+#include "core/tok/regex.h"
 #include "core/tok/tok_util.h"
 #include "core/tok/tokenizer.h"
+
+#include <dirent.h>
 
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -79,6 +82,78 @@ Test(tok, bpe_merges_by_rank)
     EXPECT(t, "aaa", false, 6, 0);
     EXPECT(t, "aaaaa", false, 7, 0);
     cr_assert_eq(tok_vocab_size(t), 8);
+    tok_free(t);
+}
+
+/* A word is cut before '▁' only where no merge can join across the cut
+ * (bpe.h): "x ▁y" joins x to a part starting with '▁', so "x▁y" stays
+ * whole (x + ▁y -> x▁y); "<0x71> ▁x" joins q's fallback byte (q is not a
+ * token) to "▁x".  Cutting at every '▁' would give [1, 3, 5] and [8, 5]. */
+static const char SEP_BPE[] =
+    "{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {\"\\u2581\": 0, \"x\": 1, \"y\": 2,"
+    " \"\\u2581y\": 3, \"x\\u2581y\": 4, \"\\u2581x\": 5, \"z\": 6, \"<0x71>\": 8, \"<0x71>\\u2581x\": 9},"
+    " \"merges\": [\"\\u2581 y\", \"x \\u2581y\", \"\\u2581 x\", \"<0x71> \\u2581x\"]}}";
+
+Test(tok, bpe_cut_before_sep_only_where_safe)
+{
+    Tokenizer *t = load(SEP_BPE, NULL);
+    EXPECT(t, "x\xe2\x96\x81y\xe2\x96\x81x", false, 4, 5);
+    EXPECT(t, "q\xe2\x96\x81x", false, 9);
+    EXPECT(t, "z\xe2\x96\x81x\xe2\x96\x81y\xe2\x96\x81\xe2\x96\x81x", false, 6, 0, 4, 0, 5);   /* x takes ▁y before ▁ takes x */
+    tok_free(t);
+}
+
+/* Normalizers in nested Sequences, each reading the previous output:
+ * "ab" -> "X" (a String: every non-overlapping match), Lowercase, then a
+ * Regex x+ -> "y", an empty Sequence, Append "!".
+ * "AbabAB cab" -> "AbXAB cX" -> "abxab cx" -> "abyab cy" -> "abyab cy!". */
+static const char NESTED_NORM[] =
+    "{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": ["
+    "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Replace\", \"pattern\": {\"String\": \"ab\"},"
+    " \"content\": \"X\"}, {\"type\": \"Lowercase\"}]},"
+    " {\"type\": \"Replace\", \"pattern\": {\"Regex\": \"x+\"}, \"content\": \"y\"},"
+    " {\"type\": \"Sequence\", \"normalizers\": []}, {\"type\": \"Append\", \"append\": \"!\"}]},"
+    " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"c\": 2, \"x\": 3, \"y\": 4, \" \": 5,"
+    " \"!\": 6, \"X\": 7}, \"merges\": []}}";
+
+Test(tok, normalizer_sequences_nest)
+{
+    Tokenizer *t = load(NESTED_NORM, NULL);
+    EXPECT(t, "AbabAB cab", false, 0, 1, 4, 0, 1, 5, 2, 4, 6);
+    EXPECT(t, "xxab", false, 4, 6);   /* "xxX" -> "xxx" -> "y" */
+    tok_free(t);
+}
+
+/* The word cache keys a word by overlapping loads of its bytes (bpe.c):
+ * words of every length up to past the longest cached one, each with one
+ * 'b' at every position among 'a's, twice over in one text, must all
+ * come out as merged afresh (a run of k a's: k / 2 "aa", then "a" when k
+ * is odd), whatever was cached before them. */
+Test(tok, word_cache_keys_are_exact)
+{
+    Tokenizer *t = load("{\"pre_tokenizer\": {\"type\": \"WhitespaceSplit\"}, \"model\": {\"type\": \"BPE\","
+                        " \"vocab\": {\"a\": 0, \"b\": 1, \"aa\": 2}, \"merges\": [\"a a\"]}}", NULL);
+    TokBuf text = { 0 };
+    TokIds want = { 0 }, got = { 0 };
+    for (int pass = 0; pass < 2; pass++)
+        for (int n = 1; n <= 30; n++)
+            for (int p = 0; p <= n; p++) {   /* p == n: no 'b' */
+                for (int i = 0; i < n; i++) tokbuf_putc(&text, i == p ? 'b' : 'a');
+                tokbuf_putc(&text, ' ');
+                int runs[2] = { p < n ? p : n, p < n ? n - p - 1 : 0 };
+                for (int r = 0; r < 2; r++) {
+                    for (int k = 0; k < runs[r] / 2; k++) tokids_push(&want, 2);
+                    if (runs[r] % 2) tokids_push(&want, 0);
+                    if (r == 0 && p < n) tokids_push(&want, 1);
+                }
+            }
+    char err[256];
+    cr_assert_eq(tok_encode(t, text.p, text.n, false, &got, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(got.n, want.n, "%zu ids, want %zu", got.n, want.n);
+    for (size_t i = 0; i < got.n; i++) cr_assert_eq(got.ids[i], want.ids[i], "id %zu: %d, want %d", i, got.ids[i], want.ids[i]);
+    tokbuf_free(&text);
+    tok_ids_free(&want);
+    tok_ids_free(&got);
     tok_free(t);
 }
 
@@ -497,6 +572,169 @@ Test(tok, token_bytes_join_to_the_text)
     cr_assert(b.len == 1 && (unsigned char)b.s[0] == 0xe4);
     tok_text_free(&b);
     tok_free(t);
+}
+
+/* ---------------------------------------------------------------- regex scanners */
+
+/* The patterns with a hand-written scanner (regex.c), spelled as
+ * tokenizer.json has them: Qwen2/3, Llama 3, GPT-2 (ByteLevel use_regex),
+ * DeepSeek-V3's three (its \r \n are raw chars there). */
+static const char *const SCANNED[] = {
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+    "\\s+(?!\\S)|\\s+",
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+    "\\s+(?!\\S)|\\s+",
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+    " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+    "\\p{N}{1,3}",
+    "[\xe4\xb8\x80-\xe9\xbe\xa5\xe3\x81\x80-\xe3\x82\x9f\xe3\x82\xa0-\xe3\x83\xbf]+",
+};
+#define N_SCANNED (sizeof SCANNED / sizeof SCANNED[0])
+
+typedef struct {
+    TokRegex *re[N_SCANNED];
+    TokRegexScratch *rx;
+    TokSpans a, b;
+    size_t texts, bytes, matches;
+} ScanCheck;
+
+static void scan_check_init(ScanCheck *c)
+{
+    memset(c, 0, sizeof *c);
+    char err[256];
+    for (size_t k = 0; k < N_SCANNED; k++) {
+        cr_assert_eq(tokregex_compile(&c->re[k], SCANNED[k], true, "test", err, sizeof err), 0, "%s", err);
+        cr_assert(tokregex_set_scanner(c->re[k], true), "pattern %zu has no scanner", k);
+    }
+    c->rx = tokregex_scratch_new();
+}
+
+static void scan_check_free(ScanCheck *c)
+{
+    for (size_t k = 0; k < N_SCANNED; k++) tokregex_free(c->re[k]);
+    tokregex_scratch_free(c->rx);
+    spans_free(&c->a);
+    spans_free(&c->b);
+}
+
+/* Every pattern's matches over s, scanner on and off, must be the same;
+ * at_each: also a single find from every char boundary. */
+static void scan_check(ScanCheck *c, const char *s, size_t n, bool at_each)
+{
+    char err[256];
+    for (size_t k = 0; k < N_SCANNED; k++) {
+        c->a.n = c->b.n = 0;
+        tokregex_set_scanner(c->re[k], true);
+        cr_assert_eq(tokregex_find_all(c->re[k], c->rx, s, n, &c->a, err, sizeof err), 0, "%s", err);
+        tokregex_set_scanner(c->re[k], false);
+        cr_assert_eq(tokregex_find_all(c->re[k], c->rx, s, n, &c->b, err, sizeof err), 0, "%s", err);
+        bool same = c->a.n == c->b.n && !memcmp(c->a.v, c->b.v, 2 * c->a.n * sizeof(size_t));
+        if (!same) {
+            size_t i = 0;
+            while (i < c->a.n && i < c->b.n && c->a.v[2 * i] == c->b.v[2 * i] && c->a.v[2 * i + 1] == c->b.v[2 * i + 1])
+                i++;
+            cr_assert_fail("pattern %zu, text \"%.*s\": match %zu: scanner [%zu, %zu), PCRE2 [%zu, %zu)", k,
+                           (int)(n < 200 ? n : 200), s, i, i < c->a.n ? c->a.v[2 * i] : 0,
+                           i < c->a.n ? c->a.v[2 * i + 1] : 0, i < c->b.n ? c->b.v[2 * i] : 0,
+                           i < c->b.n ? c->b.v[2 * i + 1] : 0);
+        }
+        c->matches += c->a.n;
+        for (size_t from = 0; at_each && from <= n; from++) {
+            if (from < n && ((unsigned char)s[from] & 0xc0) == 0x80) continue;
+            size_t s1 = 0, e1 = 0, s2 = 0, e2 = 0;
+            tokregex_set_scanner(c->re[k], true);
+            int r1 = tokregex_find(c->re[k], c->rx, s, n, from, &s1, &e1, err, sizeof err);
+            tokregex_set_scanner(c->re[k], false);
+            int r2 = tokregex_find(c->re[k], c->rx, s, n, from, &s2, &e2, err, sizeof err);
+            cr_assert(r1 == r2 && (r1 != 1 || (s1 == s2 && e1 == e2)),
+                      "pattern %zu, text \"%.*s\", from %zu: scanner %d [%zu, %zu), PCRE2 %d [%zu, %zu)", k, (int)n, s,
+                      from, r1, s1, e1, r2, s2, e2);
+        }
+        tokregex_set_scanner(c->re[k], true);
+    }
+    c->texts++;
+    c->bytes += n;
+}
+
+/* Fortunes in six languages (installed by ./tandem.sh), in pieces of
+ * whole lines of about 2 kB (newlines inside), up to `budget` bytes of
+ * each language's valid UTF-8 files. */
+static void scan_check_fortunes(ScanCheck *c, const char *dir, size_t budget)
+{
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "%s is missing (./tandem.sh deps installs the fortunes packages)", dir);
+    char *names[256];
+    int nn = 0;
+    for (struct dirent *e; (e = readdir(d)) && nn < 256;) {
+        const char *dot = strrchr(e->d_name, '.');
+        if (e->d_name[0] == '.' || (dot && (!strcmp(dot, ".dat") || !strcmp(dot, ".u8")))) continue;
+        names[nn++] = td_strdup(e->d_name);
+    }
+    closedir(d);
+    size_t used = 0;
+    for (int i = 0; i < nn; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        FILE *f = used < budget ? fopen(path, "rb") : NULL;
+        static char buf[1 << 20];
+        size_t len = f ? fread(buf, 1, sizeof buf, f) : 0;
+        if (f) fclose(f);
+        if (len && utf8_check(buf, len) < 0) {
+            for (size_t at = 0; at < len;) {
+                size_t e = at + 2000 < len ? at + 2000 : len;
+                while (e < len && buf[e - 1] != '\n') e++;
+                scan_check(c, buf + at, e - at, false);
+                at = e;
+            }
+            used += len;
+        }
+        td_free(names[i]);
+    }
+    cr_assert_gt(used, 0, "no UTF-8 fortunes in %s", dir);
+}
+
+Test(tok, regex_scanners_equal_pcre2, .timeout = 300)
+{
+    ScanCheck c;
+    scan_check_init(&c);
+    const char *langs[] = { "", "/de", "/es", "/it", "/ru", "/pl" };
+    for (int l = 0; l < 6; l++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, "/usr/share/games/fortunes%s", langs[l]);
+        scan_check_fortunes(&c, dir, 300000);
+    }
+    /* random strings of pieces around each class edge: contractions in
+     * both cases and with U+017F (caseless 's') and U+212A, \s chars
+     * outside ASCII (NBSP, U+0085, U+2028, U+3000), letters, marks and
+     * digits outside ASCII, CJK at and beyond the DeepSeek ranges */
+    static const char *const atoms[] = {
+        "a", "Z", "q", "0", "7", " ", " ", "  ", "\t", "\r", "\n", "\r\n", "\x0b", "\x0c", "\x01", "\x7f", "!", ".",
+        "'", "\"", "-", "_", "`", "~", "$", "+", "<", "|", "'s", "'S", "'t", "'re", "'RE", "'rE", "'ve", "'m", "'ll",
+        "'Ll", "'d", "'D", "'x", "'\xc5\xbf", "'\xe2\x84\xaa", "r\xc5\xbf", "\xc2\xa0", "\xc2\x85", "\xe2\x80\xa8",
+        "\xe3\x80\x80", "\xe2\x80\x83", "\xe2\x80\x8b", "\xc3\xa9", "e\xcc\x81", "\xcc\x81", "\xd9\xa3", "\xc2\xb2",
+        "\xe2\x85\xa0", "\xc2\xbd", "\xc2\xaa", "\xe4\xb8\x80", "\xe9\xbe\xa5", "\xe9\xbe\xa6", "\xe3\x81\x80",
+        "\xe3\x82\x9f", "\xe3\x83\xbf", "\xe3\x84\x80", "\xe4\xb8\xad\xe6\x96\x87", "\xf0\x9f\x98\x80",
+        "\xe2\x80\x99", "\xe2\x80\x9c", "\xe2\x82\xac", "\xd0\x96", "hello", " world", "don't", "1234567",
+    };
+    size_t na = sizeof atoms / sizeof atoms[0];
+    uint64_t x = 88172645463325252ull;
+    char buf[512];
+    for (int trial = 0; trial < 20000; trial++) {
+        size_t n = 0;
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int pieces = (int)(x % 24);
+        for (int p = 0; p < pieces; p++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            const char *a = atoms[x % na];
+            size_t l = strlen(a);
+            memcpy(buf + n, a, l);
+            n += l;
+        }
+        scan_check(&c, buf, n, true);
+    }
+    cr_log_info("regex scanners: %zu texts, %zu bytes, %zu matches agree with PCRE2", c.texts, c.bytes, c.matches);
+    scan_check_free(&c);
 }
 
 /* ---------------------------------------------------------------- threads */

@@ -24,6 +24,7 @@ static void trie_init(AddedTrie *t)
 {
     memset(t, 0, sizeof *t);
     for (int i = 0; i < 256; i++) t->root_child[i] = -1;
+    t->first = -1;
 }
 
 static void trie_insert(AddedTrie *t, const char *s, size_t n, int32_t tok)
@@ -43,6 +44,7 @@ static void trie_insert(AddedTrie *t, const char *s, size_t n, int32_t tok)
         cur = c;
     }
     if (t->node[cur].tok < 0) t->node[cur].tok = tok;   /* first token with this content wins */
+    t->first = !t->any || t->first == (uint8_t)s[0] ? (uint8_t)s[0] : -1;
     t->any = true;
 }
 
@@ -127,7 +129,7 @@ int added_load(Added *a, const cJSON *j, char *err, size_t n)
     return 0;
 }
 
-int added_build(Added *a, const Normalizer *nz, TokRegexScratch *rx, char *err, size_t n)
+int added_build(Added *a, const Normalizer *nz, NormScratch *ns, char *err, size_t n)
 {
     /* HF builds the tries from the special tokens, then the others. */
     for (int pass = 0; pass < 2; pass++)
@@ -139,7 +141,7 @@ int added_build(Added *a, const Normalizer *nz, TokRegexScratch *rx, char *err, 
                 continue;
             }
             TokBuf nb = { 0 };
-            if (norm_apply(nz, rx, &nb, t->content, t->len, err, n)) {
+            if (norm_apply(nz, ns, &nb, t->content, t->len, err, n)) {
                 tokbuf_free(&nb);
                 return -1;
             }
@@ -168,6 +170,14 @@ void added_split(const Added *a, const AddedTrie *tr, const char *s, size_t n, u
         size_t ms = pos, len = 0;
         int32_t ti = -1;
         for (; ms < n; ms++) {
+            if (tr->first >= 0) {   /* e.g. every token starts with '<' */
+                const char *q = memchr(s + ms, tr->first, n - ms);
+                if (!q) {
+                    ms = n;
+                    break;
+                }
+                ms = (size_t)(q - s);
+            }
             if (tr->root_child[(uint8_t)s[ms]] < 0) continue;
             len = trie_longest(tr, s + ms, n - ms, &ti);
             if (len) break;

@@ -29,6 +29,7 @@ typedef struct {
     size_t n, cap;
     int32_t root_child[256];
     bool any;
+    int first;                 /* the one byte every token starts with (-1: several) */
 } AddedTrie;
 
 typedef struct {
@@ -41,7 +42,7 @@ typedef struct {
 /* Reads the `added_tokens` array j.  0, or -1 with err naming the entry. */
 int added_load(Added *a, const cJSON *j, char *err, size_t n);
 /* Builds both tries; normalized contents go through nz (NULL: none). */
-int added_build(Added *a, const Normalizer *nz, TokRegexScratch *rx, char *err, size_t n);
+int added_build(Added *a, const Normalizer *nz, NormScratch *ns, char *err, size_t n);
 void added_free(Added *a);
 
 /* Splits s[0..n) on the tokens of trie tr: appends to out, in order, the

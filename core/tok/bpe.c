@@ -6,16 +6,35 @@
 
 #include <stdio.h>
 
-#define CACHE_SETS 32768     /* 2-way sets of 64-byte entries: 4 MiB per scratch */
-#define CACHE_KEY 26         /* longest word cached, bytes */
-#define CACHE_IDS 7          /* most ids of a cached word */
+#define SEP "\xe2\x96\x81"  /* '▁' (U+2581), SentencePiece's space */
+
+/* The word cache (per scratch, allocated on first use): a word of n <= 24
+ * bytes is keyed by n and up to three 64-bit loads that together cover
+ * its bytes (word_key), so equal keys mean equal words, exactly.  Short
+ * words with few ids go in 32-byte entries, two to a 64-byte set (one
+ * cache line per lookup), the rest in 64-byte entries; way 0 is the more
+ * recent, a new word evicts way 1. */
+#define SMALL_SETS 32768     /* 2 MiB */
+#define SMALL_KEY 16
+#define SMALL_IDS 3
+#define BIG_SETS 4096        /* 512 KiB */
+#define BIG_KEY 24
+#define BIG_IDS 9
 
 typedef struct {
-    uint64_t h;              /* 0: empty */
-    uint8_t klen, nids;
-    char key[CACHE_KEY];
-    int32_t ids[CACHE_IDS];
-} CacheEntry;                /* one cache line */
+    uint64_t w[2];
+    uint8_t n;               /* word length | 0x80 in byte mode; 0: empty */
+    uint8_t nids;
+    uint16_t unused;
+    int32_t ids[SMALL_IDS];
+} SmallEntry;
+
+typedef struct {
+    uint64_t w[3];
+    uint8_t n, nids;
+    uint16_t unused;
+    int32_t ids[BIG_IDS];
+} BigEntry;
 
 typedef struct {
     int32_t c, prev, next;
@@ -32,7 +51,8 @@ struct BpeScratch {
     size_t n_sym, cap_sym;
     Merge *heap;
     size_t n_heap, cap_heap;
-    CacheEntry *cache;       /* 2 * CACHE_SETS entries (way 0 most recent), allocated on first use */
+    SmallEntry *small;       /* 2 * SMALL_SETS (the word cache) */
+    BigEntry *big;           /* 2 * BIG_SETS */
 };
 
 /* ---------------------------------------------------------------- load */
@@ -46,6 +66,7 @@ void bpe_free(Bpe *m)
     td_free(m->id_len);
     td_free(m->prefix);
     td_free(m->suffix);
+    td_free(m->sep_keep);
     memset(m, 0, sizeof *m);
 }
 
@@ -84,6 +105,30 @@ static int merge_sides(const cJSON *e, int i, const char **a, size_t *na, const 
     return -1;
 }
 
+/* Records the last char of a, the left side of a merge whose right side
+ * starts with '▁' (bpe.h: splitting before '▁'). */
+static void note_sep_keep(Bpe *m, const char *a, size_t na)
+{
+    size_t b = na - 1;
+    while (b > 0 && ((unsigned char)a[b] & 0xc0) == 0x80) b--;
+    uint32_t cp = 0;
+    if (utf8_next(a + b, na - b, &cp) <= 0) cp = UINT32_MAX;   /* not UTF-8: matches no char */
+    for (size_t k = 0; k < m->n_sep_keep; k++)
+        if (m->sep_keep[k] == cp) return;
+    uint32_t *v = td_malloc((m->n_sep_keep + 1) * sizeof(uint32_t));
+    if (m->n_sep_keep) memcpy(v, m->sep_keep, m->n_sep_keep * sizeof(uint32_t));
+    td_free(m->sep_keep);
+    m->sep_keep = v;
+    m->sep_keep[m->n_sep_keep++] = cp;
+}
+
+static bool sep_kept(const Bpe *m, uint32_t cp)
+{
+    for (size_t k = 0; k < m->n_sep_keep; k++)
+        if (m->sep_keep[k] == cp) return true;
+    return false;
+}
+
 static int load_merges(Bpe *m, const cJSON *arr, char *err, size_t n)
 {
     if (!cJSON_IsArray(arr)) {
@@ -119,6 +164,7 @@ static int load_merges(Bpe *m, const cJSON *arr, char *err, size_t n)
             break;
         }
         pairmap_put(&m->merges, ia, ib, i, id);
+        if (nb >= 3 && !memcmp(b, SEP, 3) && na) note_sep_keep(m, a, na);
     }
     tokbuf_free(&cat);
     return rc;
@@ -209,6 +255,12 @@ int bpe_load(Bpe *m, const cJSON *model, bool with_bytes, char *err, size_t n)
         snprintf(name, sizeof name, "<0x%02X>", b);
         m->fallback[b] = strmap_get(&m->vocab, name, 6);
     }
+    /* splitting before '▁' (bpe.h) */
+    m->sep_split = !m->prefix && !m->suffix && strmap_get(&m->vocab, SEP, 3) >= 0;
+    for (int c = 0; c < 128; c++) {
+        char ch = (char)c;
+        m->sep_after[c] = m->sep_split && strmap_get(&m->vocab, &ch, 1) >= 0 && !sep_kept(m, (uint32_t)c);
+    }
     m->byte_ok = with_bytes && !m->prefix && !m->suffix;
     if (m->byte_ok) {
         for (int b = 0; b < 256; b++) {
@@ -229,14 +281,22 @@ int bpe_load(Bpe *m, const cJSON *model, bool with_bytes, char *err, size_t n)
 
 /* ---------------------------------------------------------------- scratch */
 
-BpeScratch *bpe_scratch_new(void) { return td_calloc(sizeof(BpeScratch)); }
+BpeScratch *bpe_scratch_new(void)
+{
+    BpeScratch *sc = td_calloc(sizeof(BpeScratch));
+    /* zeroed pages: the memory is only touched as words come */
+    sc->small = td_calloc(2 * SMALL_SETS * sizeof(SmallEntry));
+    sc->big = td_calloc(2 * BIG_SETS * sizeof(BigEntry));
+    return sc;
+}
 
 void bpe_scratch_free(BpeScratch *sc)
 {
     if (!sc) return;
     td_free(sc->sym);
     td_free(sc->heap);
-    td_free(sc->cache);
+    td_free(sc->small);
+    td_free(sc->big);
     td_free(sc);
 }
 
@@ -353,7 +413,7 @@ static int32_t char_id(const Bpe *m, const char *c, size_t l, bool first, bool l
 }
 
 /* HF's merge_word: the initial symbols of s[0..n), then merge_all. */
-static void merge_word(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes)
+__attribute__((noinline)) static void merge_word(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes)
 {
     sc->n_sym = 0;
     int32_t unk_id = -1;
@@ -416,32 +476,73 @@ static void merge_word(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bo
     merge_all(m, sc);
 }
 
-void bpe_tokenize(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes, TokIds *out)
+static inline uint64_t load8(const char *p)
 {
-    if (!n) return;
-    if (m->ignore_merges) {
-        int32_t id = bytes ? strmap_get(&m->byte_vocab, s, n) : strmap_get(&m->vocab, s, n);
-        if (id >= 0) {
-            tokids_push(out, id);
-            return;
-        }
-    }
-    CacheEntry *set = NULL;
-    uint64_t h = 0;
-    if (n <= CACHE_KEY) {
-        if (!sc->cache) sc->cache = td_calloc(2 * CACHE_SETS * sizeof(CacheEntry));
-        h = tok_hash(s, n) | 1;   /* 0 marks an empty entry */
-        set = &sc->cache[2 * (h & (CACHE_SETS - 1))];
-        for (int w = 0; w < 2; w++) {
-            CacheEntry *ce = &set[w];
-            if (ce->h != h || ce->klen != n || memcmp(ce->key, s, n)) continue;
-            tokids_reserve(out, ce->nids);
-            memcpy(out->ids + out->n, ce->ids, ce->nids * sizeof(int32_t));
-            out->n += ce->nids;
-            if (w == 1) {   /* most recent first */
-                CacheEntry t = set[0];
-                set[0] = set[1];
-                set[1] = t;
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline uint64_t load4(const char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* The cache key of s[0..n), 1 <= n <= BIG_KEY: w[0..2] (unused ones 0)
+ * read s with overlapping loads, so that with n they determine s. */
+static inline void word_key(const char *s, size_t n, uint64_t w[3])
+{
+    w[1] = w[2] = 0;
+    if (n >= 8) {
+        w[0] = load8(s);
+        if (n > 16) {
+            w[1] = load8(s + 8);
+            w[2] = load8(s + n - 8);
+        } else if (n > 8)
+            w[1] = load8(s + n - 8);
+    } else if (n >= 4)
+        w[0] = load4(s) | load4(s + n - 4) << 32;
+    else
+        w[0] = (uint64_t)(uint8_t)s[0] | (uint64_t)(uint8_t)s[n >> 1] << 8 | (uint64_t)(uint8_t)s[n - 1] << 16;
+}
+
+static inline uint64_t key_hash(const uint64_t w[3], unsigned nk)
+{
+    uint64_t h = (w[0] ^ nk) * 0x9e3779b97f4a7c15ull;
+    h ^= w[1] * 0xbf58476d1ce4e5b9ull;
+    h ^= w[2] * 0x94d049bb133111ebull;
+    h ^= h >> 29;
+    h *= 0xff51afd7ed558ccdull;
+    return h ^ (h >> 32);
+}
+
+static inline void put_ids(TokIds *out, const int32_t *ids, size_t n, size_t max)
+{
+    if (out->n + max > out->cap) tokids_reserve(out, max);
+    memcpy(out->ids + out->n, ids, max * sizeof(int32_t));   /* a fixed-size copy; n <= max count */
+    out->n += n;
+}
+
+/* word_ids past the small table: the big table, else merging (and
+ * caching the result).  w, nk, h: the word's key and hash (0s when the
+ * word is too long to cache). */
+__attribute__((noinline)) static void word_ids_slow(const Bpe *m, BpeScratch *sc, const char *s, size_t n,
+                                                    bool bytes, TokIds *out, const uint64_t w[3], unsigned nk,
+                                                    uint64_t h)
+{
+    BigEntry *bs = NULL;
+    if (n <= BIG_KEY) {
+        bs = &sc->big[2 * ((h >> 32) & (BIG_SETS - 1))];
+        for (int k = 0; k < 2; k++) {
+            BigEntry *e = &bs[k];
+            if (e->n != nk || e->w[0] != w[0] || e->w[1] != w[1] || e->w[2] != w[2]) continue;
+            put_ids(out, e->ids, e->nids, BIG_IDS);
+            if (k) {   /* most recent first */
+                BigEntry t = bs[0];
+                bs[0] = bs[1];
+                bs[1] = t;
             }
             return;
         }
@@ -451,13 +552,84 @@ void bpe_tokenize(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool by
     for (size_t i = 0; i < sc->n_sym; i++)
         if (sc->sym[i].len) tokids_push(out, sc->sym[i].c);
     size_t got = out->n - first;
-    if (set && got <= CACHE_IDS) {
-        set[1] = set[0];
-        CacheEntry *ce = &set[0];
-        ce->h = h;
-        ce->klen = (uint8_t)n;
-        ce->nids = (uint8_t)got;
-        memcpy(ce->key, s, n);
-        memcpy(ce->ids, out->ids + first, got * sizeof(int32_t));
+    if (n <= SMALL_KEY && got <= SMALL_IDS) {
+        SmallEntry *ss = &sc->small[2 * (h & (SMALL_SETS - 1))];
+        ss[1] = ss[0];
+        SmallEntry *e = &ss[0];
+        *e = (SmallEntry){ .w = { w[0], w[1] }, .n = (uint8_t)nk, .nids = (uint8_t)got };
+        memcpy(e->ids, out->ids + first, got * sizeof(int32_t));
+    } else if (bs && got <= BIG_IDS) {
+        bs[1] = bs[0];
+        BigEntry *e = &bs[0];
+        *e = (BigEntry){ .w = { w[0], w[1], w[2] }, .n = (uint8_t)nk, .nids = (uint8_t)got };
+        memcpy(e->ids, out->ids + first, got * sizeof(int32_t));
     }
+}
+
+/* The ids of word s[0..n) by merging, through the cache: the small table
+ * here, the rest in word_ids_slow. */
+__attribute__((always_inline)) static inline void word_ids(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes, TokIds *out)
+{
+    uint64_t w[3] = { 0, 0, 0 }, h = 0;
+    unsigned nk = (unsigned)n | (bytes ? 0x80u : 0);
+    if (n <= BIG_KEY) {
+        word_key(s, n, w);
+        h = key_hash(w, nk);
+        if (n <= SMALL_KEY) {
+            SmallEntry *ss = &sc->small[2 * (h & (SMALL_SETS - 1))];
+            for (int k = 0; k < 2; k++) {
+                SmallEntry *e = &ss[k];
+                if (e->n != nk || e->w[0] != w[0] || e->w[1] != w[1]) continue;
+                put_ids(out, e->ids, e->nids, SMALL_IDS);
+                if (k) {
+                    SmallEntry t = ss[0];
+                    ss[0] = ss[1];
+                    ss[1] = t;
+                }
+                return;
+            }
+        }
+    }
+    word_ids_slow(m, sc, s, n, bytes, out, w, nk, h);
+}
+
+/* May the word be cut between the char ending at s[i) and the '▁' at s[i]
+ * (bpe.h)?  i > 0. */
+static bool sep_cut(const Bpe *m, const char *s, size_t i)
+{
+    unsigned char c = (unsigned char)s[i - 1];
+    if (c < 0x80) return m->sep_after[c];
+    size_t b = i - 1;
+    while (b > 0 && ((unsigned char)s[b] & 0xc0) == 0x80) b--;
+    uint32_t cp;
+    if (utf8_next(s + b, i - b, &cp) <= 0) return false;
+    return !sep_kept(m, cp) && strmap_get(&m->vocab, s + b, i - b) >= 0;
+}
+
+void bpe_tokenize(const Bpe *m, BpeScratch *sc, const char *s, size_t n, bool bytes, TokIds *out)
+{
+    if (!n) return;
+    if (m->ignore_merges) {   /* HF looks the whole word up first */
+        int32_t id = bytes ? strmap_get(&m->byte_vocab, s, n) : strmap_get(&m->vocab, s, n);
+        if (id >= 0) {
+            tokids_push(out, id);
+            return;
+        }
+    }
+    if (bytes || !m->sep_split) {
+        word_ids(m, sc, s, n, bytes, out);
+        return;
+    }
+    size_t start = 0, i = 1;
+    while (i + 3 <= n) {
+        const char *p = memchr(s + i, SEP[0], n - i - 2);
+        if (!p) break;
+        i = (size_t)(p - s);
+        if (!memcmp(p, SEP, 3) && sep_cut(m, s, i)) {
+            word_ids(m, sc, s + start, i - start, false, out);
+            start = i;
+        }
+        i++;
+    }
+    word_ids(m, sc, s + start, n - start, false, out);
 }

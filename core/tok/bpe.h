@@ -7,8 +7,21 @@
  * byte_fallback, else unk, else dropped, as HF does), then merged: the
  * pair of lowest merge rank first, the leftmost of equal ranks, with a
  * binary heap over a linked list of symbols (HF's Word::merge_all), so a
- * word of L chars costs O(L log L).  Words under 256 bytes are cached per
- * scratch (a bounded direct-mapped table).
+ * word of L chars costs O(L log L).  Words of up to 24 bytes and 9 ids
+ * are cached per scratch (bounded 2-way tables, bpe.c).
+ *
+ * Splitting before '▁': a word without a pre-tokenizer (Llama 2, Mistral:
+ * the whole text is one word) is cut before each '▁' (U+2581) that no merge
+ * can join to the char before it, and each part is merged (and cached) on
+ * its own.  That gives the same ids: merge_all only ever merges adjacent
+ * symbols, and if no merge pairs a symbol ending in char p with one
+ * starting with '▁' (checked over the merges at load: the left side of
+ * every merge whose right side starts with '▁' must not end in p, and p
+ * and '▁' must be tokens of their own, so neither falls back to bytes or
+ * unk), no heap entry ever spans the cut; the entries of each part are
+ * then popped in the same relative order as when the part is merged
+ * alone, because the heap order (rank, position) is the same within a
+ * part.  Enabled only without prefix/suffix and outside byte mode.
  *
  * Byte mode: when a ByteLevel pre-tokenizer is the last step, pieces stay
  * raw bytes (PIECE_BYTES) and byte b is looked up as the vocabulary's
@@ -32,6 +45,11 @@ typedef struct {
     bool byte_ok;              /* no prefix/suffix: byte mode allowed */
     int32_t byte_id[256];      /* id of the ByteLevel char of each byte, -1 when absent */
     StrMap byte_vocab;         /* raw bytes of every token that is all ByteLevel chars -> id */
+    /* splitting a word before '▁' (bpe_tokenize) */
+    bool sep_split;            /* allowed at all (see bpe_load) */
+    uint8_t sep_after[128];    /* ASCII char c: a split between c and '▁' is safe */
+    uint32_t *sep_keep;        /* the last chars of merges' left sides whose right side starts with '▁' */
+    size_t n_sep_keep;
 } Bpe;
 
 typedef struct BpeScratch BpeScratch;

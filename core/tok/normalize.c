@@ -16,9 +16,13 @@ struct Normalizer {
     NzKind kind;
     bool left, right;          /* Strip */
     char *str;                 /* Prepend / Append text, Replace content */
-    TokRegex *re;              /* Replace pattern */
+    size_t str_len;
+    TokRegex *re;              /* Replace pattern (a Regex) */
+    char *lit;                 /* Replace pattern (a String: matched as bytes) */
+    size_t lit_len;
     Normalizer **sub;          /* Sequence */
     int n_sub;
+    int depth;                 /* Sequences nested in this one, itself included */
 };
 
 void norm_free(Normalizer *nz)
@@ -27,6 +31,7 @@ void norm_free(Normalizer *nz)
     for (int i = 0; i < nz->n_sub; i++) norm_free(nz->sub[i]);
     td_free(nz->sub);
     td_free(nz->str);
+    td_free(nz->lit);
     tokregex_free(nz->re);
     td_free(nz);
 }
@@ -72,9 +77,15 @@ int norm_load(Normalizer **out, const cJSON *j, const char *path, char *err, siz
             rc = -1;
         }
         if (!rc) {
+            /* a String pattern is a plain byte search (what PCRE2_LITERAL
+             * would do), without the regex machinery */
             char p2[256];
             snprintf(p2, sizeof p2, "%s.pattern", path);
-            rc = tokregex_compile(&nz->re, pat, is_re, p2, err, n);
+            if (is_re) rc = tokregex_compile(&nz->re, pat, is_re, p2, err, n);
+            else {
+                nz->lit = td_strdup(pat);
+                nz->lit_len = strlen(pat);
+            }
             nz->str = td_strdup(content);
         }
     } else if (!strcmp(type, "Sequence")) {
@@ -95,6 +106,9 @@ int norm_load(Normalizer **out, const cJSON *j, const char *path, char *err, siz
                 rc = norm_load(&nz->sub[nz->n_sub], c, p2, err, n);
                 if (!rc && nz->sub[nz->n_sub]) nz->n_sub++;
             }
+            for (int q = 0; q < nz->n_sub; q++)
+                if (nz->sub[q]->depth > nz->depth) nz->depth = nz->sub[q]->depth;
+            nz->depth++;
         }
     } else {
         tok_errf(err, n, "tokenizer.json: %s.type \"%s\" is not supported", path, type);
@@ -104,8 +118,18 @@ int norm_load(Normalizer **out, const cJSON *j, const char *path, char *err, siz
         norm_free(nz);
         return -1;
     }
+    if (nz->str) nz->str_len = strlen(nz->str);
     *out = nz;
     return 0;
+}
+
+void norm_scratch_free(NormScratch *ns)
+{
+    for (size_t i = 0; i < ns->n_buf; i++) tokbuf_free(&ns->buf[i]);
+    td_free(ns->buf);
+    spans_free(&ns->sp);
+    ns->buf = NULL;
+    ns->n_buf = 0;
 }
 
 /* Length of the run of whitespace chars at the start (left) or end of s. */
@@ -132,8 +156,10 @@ static size_t ws_run(const char *s, size_t n, bool left)
     return n - e;
 }
 
-static int apply_one(const Normalizer *nz, TokRegexScratch *rx, TokBuf *out, const char *s, size_t n, char *err,
-                     size_t en)
+/* Appends normalize(s[0..n)) to out; depth: the Sequence nesting level
+ * (its buffers are ns->buf[2 * depth ..]). */
+static int apply_one(const Normalizer *nz, NormScratch *ns, int depth, TokBuf *out, const char *s, size_t n,
+                     char *err, size_t en)
 {
     switch (nz->kind) {
     case NZ_NFC: uni_normalize(out, s, n, UNI_NFC); return 0;
@@ -149,12 +175,12 @@ static int apply_one(const Normalizer *nz, TokRegexScratch *rx, TokBuf *out, con
         return 0;
     }
     case NZ_PREPEND:   /* only a non-empty string gets it */
-        if (n) tokbuf_put(out, nz->str, strlen(nz->str));
+        if (n) tokbuf_put(out, nz->str, nz->str_len);
         tokbuf_put(out, s, n);
         return 0;
     case NZ_APPEND:
         tokbuf_put(out, s, n);
-        if (n) tokbuf_put(out, nz->str, strlen(nz->str));
+        if (n) tokbuf_put(out, nz->str, nz->str_len);
         return 0;
     case NZ_BYTELEVEL:
         for (size_t i = 0; i < n; i++) {
@@ -163,51 +189,77 @@ static int apply_one(const Normalizer *nz, TokRegexScratch *rx, TokBuf *out, con
         }
         return 0;
     case NZ_REPLACE: {
-        TokSpans sp = { 0 };
-        if (tokregex_find_all(nz->re, rx, s, n, &sp, err, en)) {
-            spans_free(&sp);
-            return -1;
-        }
-        size_t at = 0, cl = strlen(nz->str);
-        for (size_t i = 0; i < sp.n; i++) {
-            tokbuf_put(out, s + at, sp.v[2 * i] - at);
-            tokbuf_put(out, nz->str, cl);
-            at = sp.v[2 * i + 1];
+        size_t at = 0;
+        if (nz->lit) {   /* leftmost non-overlapping matches, as find_iter gives them */
+            tokbuf_reserve(out, n);
+            for (;;) {
+                const char *m = at < n ? memmem(s + at, n - at, nz->lit, nz->lit_len) : NULL;
+                if (!m) break;
+                tokbuf_put(out, s + at, (size_t)(m - (s + at)));
+                tokbuf_put(out, nz->str, nz->str_len);
+                at = (size_t)(m - s) + nz->lit_len;
+            }
+        } else {
+            ns->sp.n = 0;
+            if (tokregex_find_all(nz->re, ns->rx, s, n, &ns->sp, err, en)) return -1;
+            for (size_t i = 0; i < ns->sp.n; i++) {
+                tokbuf_put(out, s + at, ns->sp.v[2 * i] - at);
+                tokbuf_put(out, nz->str, nz->str_len);
+                at = ns->sp.v[2 * i + 1];
+            }
         }
         tokbuf_put(out, s + at, n - at);
-        spans_free(&sp);
         return 0;
     }
     case NZ_SEQUENCE: {
-        /* each member reads the previous one's output */
-        TokBuf a = { 0 }, b = { 0 };
-        tokbuf_put(&a, s, n);
+        /* each member reads the previous one's output; the last writes out */
+        const char *in = s;
+        size_t in_n = n;
         for (int i = 0; i < nz->n_sub; i++) {
-            b.n = 0;
-            if (apply_one(nz->sub[i], rx, &b, a.p, a.n, err, en)) {
-                tokbuf_free(&a);
-                tokbuf_free(&b);
-                return -1;
-            }
-            TokBuf t = a;
-            a = b;
-            b = t;
+            TokBuf *to = i == nz->n_sub - 1 ? out : &ns->buf[2 * depth + (i & 1)];
+            if (to != out) to->n = 0;
+            if (apply_one(nz->sub[i], ns, depth + 1, to, in, in_n, err, en)) return -1;
+            in = to->p;
+            in_n = to->n;
         }
-        tokbuf_put(out, a.p, a.n);
-        tokbuf_free(&a);
-        tokbuf_free(&b);
+        if (!nz->n_sub) tokbuf_put(out, s, n);
         return 0;
     }
     }
     return 0;
 }
 
-int norm_apply(const Normalizer *nz, TokRegexScratch *rx, TokBuf *out, const char *s, size_t n, char *err,
+int norm_apply(const Normalizer *nz, NormScratch *ns, TokBuf *out, const char *s, size_t n, char *err,
                size_t en)
 {
     if (!nz) {
         tokbuf_put(out, s, n);
         return 0;
     }
-    return apply_one(nz, rx, out, s, n, err, en);
+    /* every buffer the nesting needs, before any is in use */
+    size_t need = 2 * (size_t)nz->depth;
+    if (ns->n_buf < need) {
+        TokBuf *v = td_calloc(need * sizeof(TokBuf));
+        if (ns->n_buf) memcpy(v, ns->buf, ns->n_buf * sizeof(TokBuf));
+        td_free(ns->buf);
+        ns->buf = v;
+        ns->n_buf = need;
+    }
+    return apply_one(nz, ns, 0, out, s, n, err, en);
+}
+
+bool norm_keeps(const Normalizer *nz, const char *s, size_t n)
+{
+    if (!nz) return true;
+    switch (nz->kind) {
+    case NZ_NFC:
+    case NZ_NFD:
+    case NZ_NFKC:
+    case NZ_NFKD: return tok_ascii(s, n);   /* ASCII is invariant under every form */
+    case NZ_SEQUENCE:   /* each member sees s again */
+        for (int i = 0; i < nz->n_sub; i++)
+            if (!norm_keeps(nz->sub[i], s, n)) return false;
+        return true;
+    default: return false;
+    }
 }

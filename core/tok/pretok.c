@@ -284,6 +284,19 @@ static void fold_feed(Fold *f, size_t rs, size_t re, bool is_match)
 static void split_by(const Piece *pc, size_t n, const TokSpans *m, Behavior behavior, bool invert, Pieces *out)
 {
     if (!n) return;
+    if (behavior == B_ISOLATED || behavior == B_REMOVED) {   /* what the fold does, without it */
+        bool gaps = behavior == B_ISOLATED || !invert, hits = behavior == B_ISOLATED || invert;
+        uint32_t first = pc->flags & PIECE_FIRST;
+        size_t prev = 0;
+        for (size_t k = 0; k < m->n; k++) {
+            size_t ms = m->v[2 * k], me = m->v[2 * k + 1];
+            if (gaps && prev != ms) pieces_push(out, pc->off + (uint32_t)prev, (uint32_t)(ms - prev), -1, prev ? 0 : first);
+            if (hits && me != ms) pieces_push(out, pc->off + (uint32_t)ms, (uint32_t)(me - ms), -1, ms ? 0 : first);
+            prev = me;
+        }
+        if (gaps && prev != n) pieces_push(out, pc->off + (uint32_t)prev, (uint32_t)(n - prev), -1, prev ? 0 : first);
+        return;
+    }
     Fold f = { pc, out, behavior, false, false, 0, 0 };
     size_t prev = 0;
     for (size_t k = 0; k < m->n; k++) {
@@ -429,7 +442,19 @@ static int apply_node(const PreTok *p, TokBuf *arena, Pieces *io, Pieces *tmp, T
         for (int i = 0; i < p->n_sub; i++)
             if (apply_node(p->sub[i], arena, io, tmp, rx, sp, err, en)) return -1;
         return 0;
-    case PT_BYTELEVEL: return each_piece(p, arena, io, tmp, rx, sp, step_bytelevel, err, en);
+    case PT_BYTELEVEL:
+        if (p->bytes_out && !p->prefix_space && !p->re) {   /* only marks the pieces: in place */
+            size_t k = 0;
+            for (size_t i = 0; i < io->n; i++) {
+                Piece q = io->v[i];
+                if (q.id < 0 && !q.len) continue;   /* as each_piece drops it */
+                if (q.id < 0) q.flags |= PIECE_BYTES;
+                io->v[k++] = q;
+            }
+            io->n = k;
+            return 0;
+        }
+        return each_piece(p, arena, io, tmp, rx, sp, step_bytelevel, err, en);
     case PT_METASPACE: return each_piece(p, arena, io, tmp, rx, sp, step_metaspace, err, en);
     default: return each_piece(p, arena, io, tmp, rx, sp, step_split, err, en);
     }

@@ -9,7 +9,9 @@
  * space).  tokregex_compile rewrites \s \S \w \W \h \H to Oniguruma's
  * sets and refuses what it cannot rewrite (\S \W \H inside a bracket
  * class, nested classes, &&).  A literal pattern (Split {"String": ...}) is
- * matched as is. */
+ * matched as is.  Known pre-tokenizer patterns are matched by a
+ * scanner over ASCII, PCRE2 deciding wherever a non-ASCII char matters
+ * (regex.c). */
 #ifndef TANDEM_CORE_TOK_REGEX_H
 #define TANDEM_CORE_TOK_REGEX_H
 
@@ -27,6 +29,11 @@ typedef struct TokRegexScratch TokRegexScratch;
 int tokregex_compile(TokRegex **out, const char *pattern, bool is_regex, const char *path, char *err,
                      size_t n);
 void tokregex_free(TokRegex *re);
+/* The patterns of GPT-2, Qwen2/3, Llama 3 and DeepSeek-V3 have a
+ * hand-written scanner that answers for ASCII and leaves the rest to PCRE2
+ * (same matches, faster); on by default.  Turns it on or off (tests
+ * compare the two); returns whether re has one. */
+bool tokregex_set_scanner(TokRegex *re, bool on);
 
 TokRegexScratch *tokregex_scratch_new(void);
 void tokregex_scratch_free(TokRegexScratch *sc);

@@ -70,19 +70,14 @@ void tok_text_free(TokText *t)
     memset(t, 0, sizeof *t);
 }
 
-void spans_push(TokSpans *s, size_t a, size_t b)
+void spans_grow(TokSpans *s)
 {
-    if (s->n == s->cap) {
-        size_t cap = grow_cap(s->cap, s->n + 1, 64);
-        size_t *v = td_malloc(2 * cap * sizeof(size_t));
-        if (s->n) memcpy(v, s->v, 2 * s->n * sizeof(size_t));
-        td_free(s->v);
-        s->v = v;
-        s->cap = cap;
-    }
-    s->v[2 * s->n] = a;
-    s->v[2 * s->n + 1] = b;
-    s->n++;
+    size_t cap = grow_cap(s->cap, s->n + 1, 64);
+    size_t *v = td_malloc(2 * cap * sizeof(size_t));
+    if (s->n) memcpy(v, s->v, 2 * s->n * sizeof(size_t));
+    td_free(s->v);
+    s->v = v;
+    s->cap = cap;
 }
 
 void spans_free(TokSpans *s)
@@ -91,17 +86,14 @@ void spans_free(TokSpans *s)
     memset(s, 0, sizeof *s);
 }
 
-void pieces_push(Pieces *p, uint32_t off, uint32_t len, int32_t id, uint32_t flags)
+void pieces_grow(Pieces *p)
 {
-    if (p->n == p->cap) {
-        size_t cap = grow_cap(p->cap, p->n + 1, 64);
-        Piece *v = td_malloc(cap * sizeof(Piece));
-        if (p->n) memcpy(v, p->v, p->n * sizeof(Piece));
-        td_free(p->v);
-        p->v = v;
-        p->cap = cap;
-    }
-    p->v[p->n++] = (Piece){ off, len, id, flags };
+    size_t cap = grow_cap(p->cap, p->n + 1, 64);
+    Piece *v = td_malloc(cap * sizeof(Piece));
+    if (p->n) memcpy(v, p->v, p->n * sizeof(Piece));
+    td_free(p->v);
+    p->v = v;
+    p->cap = cap;
 }
 
 void pieces_free(Pieces *p)
@@ -111,6 +103,20 @@ void pieces_free(Pieces *p)
 }
 
 /* ---------------------------------------------------------------- UTF-8 */
+
+bool tok_ascii(const char *s, size_t n)
+{
+    uint64_t acc = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        acc |= w;
+    }
+    for (; i < n; i++) acc |= (uint8_t)s[i];
+    return !(acc & 0x8080808080808080ull);
+}
+
 
 /* Second-byte range of a lead byte (Unicode Table 3-7); lo > hi: invalid
  * lead. */

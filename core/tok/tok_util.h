@@ -50,6 +50,8 @@ void toktext_put(TokText *t, const char *s, size_t n);
 int utf8_next(const char *s, size_t n, uint32_t *cp);
 /* Writes cp as UTF-8 (1..4 bytes) to out; returns the length. */
 int utf8_put(uint32_t cp, char *out);
+/* s[0..n) is all ASCII (8 bytes at a time). */
+bool tok_ascii(const char *s, size_t n);
 /* -1 when s[0..n) is valid UTF-8, else the offset of the first bad byte. */
 long utf8_check(const char *s, size_t n);
 /* Rust's String::from_utf8_lossy over s[0..n): each maximal invalid
@@ -146,10 +148,22 @@ typedef struct {
     size_t n, cap;   /* n ranges */
 } TokSpans;
 
-void spans_push(TokSpans *s, size_t a, size_t b);
+void spans_grow(TokSpans *s);   /* room for one more */
+static inline void spans_push(TokSpans *s, size_t a, size_t b)
+{
+    if (s->n == s->cap) spans_grow(s);
+    s->v[2 * s->n] = a;
+    s->v[2 * s->n + 1] = b;
+    s->n++;
+}
 void spans_free(TokSpans *s);
 
-void pieces_push(Pieces *p, uint32_t off, uint32_t len, int32_t id, uint32_t flags);
+void pieces_grow(Pieces *p);   /* room for one more */
+static inline void pieces_push(Pieces *p, uint32_t off, uint32_t len, int32_t id, uint32_t flags)
+{
+    if (p->n == p->cap) pieces_grow(p);
+    p->v[p->n++] = (Piece){ off, len, id, flags };
+}
 void pieces_free(Pieces *p);
 
 /* ---------------------------------------------------------------- JSON */

@@ -24,6 +24,7 @@ typedef struct {
     Pieces a, b, tmp;
     TokSpans sp;
     TokRegexScratch *rx;
+    NormScratch ns;            /* ns.rx = rx */
     BpeScratch *bpe;
 } Slot;
 
@@ -86,6 +87,7 @@ static void slot_free(Slot *s)
     pieces_free(&s->b);
     pieces_free(&s->tmp);
     spans_free(&s->sp);
+    norm_scratch_free(&s->ns);
     tokregex_scratch_free(s->rx);
     bpe_scratch_free(s->bpe);
     pthread_mutex_destroy(&s->mu);
@@ -239,9 +241,10 @@ static int build(Tokenizer *t, const cJSON *j, const cJSON *cfg, char *err, size
         int32_t v = strmap_get(&t->bpe.vocab, a->content, a->len);
         if (v >= 0) a->id = v;
     }
-    TokRegexScratch *rx = tokregex_scratch_new();
-    int rc = added_build(&t->added, t->norm, rx, err, n);
-    tokregex_scratch_free(rx);
+    NormScratch ns = { .rx = tokregex_scratch_new() };
+    int rc = added_build(&t->added, t->norm, &ns, err, n);
+    norm_scratch_free(&ns);
+    tokregex_scratch_free(ns.rx);
     if (rc) return -1;
 
     t->V = t->bpe.n_ids;
@@ -445,7 +448,7 @@ const char *tok_config_text(const Tokenizer *t, size_t *len)
 
 static int encode_slot(const Tokenizer *t, Slot *s, const char *text, size_t len, TokIds *out, char *err, size_t en)
 {
-    if (!s->rx) s->rx = tokregex_scratch_new();
+    if (!s->rx) s->rx = s->ns.rx = tokregex_scratch_new();
     if (!s->bpe) s->bpe = bpe_scratch_new();
     s->arena.n = 0;
     tokbuf_put(&s->arena, text, len);
@@ -461,9 +464,9 @@ static int encode_slot(const Tokenizer *t, Slot *s, const char *text, size_t len
             continue;
         }
         uint32_t off = pc.off, n = pc.len;
-        if (t->norm) {
+        if (!norm_keeps(t->norm, s->arena.p + pc.off, pc.len)) {
             s->nbuf.n = 0;
-            if (norm_apply(t->norm, s->rx, &s->nbuf, s->arena.p + pc.off, pc.len, err, en)) return -1;
+            if (norm_apply(t->norm, &s->ns, &s->nbuf, s->arena.p + pc.off, pc.len, err, en)) return -1;
             off = (uint32_t)s->arena.n;
             n = (uint32_t)s->nbuf.n;
             tokbuf_put(&s->arena, s->nbuf.p, s->nbuf.n);

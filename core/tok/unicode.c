@@ -5,18 +5,11 @@
 #include <stdlib.h>
 #include <utf8proc.h>
 
-static bool all_ascii(const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)s[i] >= 0x80) return false;
-    return true;
-}
-
 void uni_normalize(TokBuf *out, const char *s, size_t n, UniForm form)
 {
     /* ASCII is invariant under every form (the common case, and utf8proc
      * is the slow part of a Qwen encode otherwise). */
-    if (all_ascii(s, n)) {
+    if (tok_ascii(s, n)) {
         tokbuf_put(out, s, n);
         return;
     }
