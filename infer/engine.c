@@ -48,6 +48,8 @@ void engine_init(Engine *e, const Model *m, const EngineOpts *o)
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->st.kv_total = e->kv.n_blocks;
+    e->st.kv_token_bytes = kvcache_token_bytes(&e->kv);
+    e->st.weight_bytes = model_weight_bytes(m);
 }
 
 void engine_free(Engine *e)

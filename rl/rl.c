@@ -806,8 +806,7 @@ static int rl_setup(Rl *r)
         eo.max_queue = eo.max_running + 1;
         eo.max_batch_tokens = td_max(512, eo.max_running);
         size_t per_seq = (size_t)kvcache_blocks_for(&(KvCache){ .bs = r->m.attn.bs }, r->T + 1) + 1;
-        eo.kv_budget_bytes = td_max((size_t)8 << 20, eo.max_running * per_seq * attn_block_floats(&r->m.attn) *
-                                                          sizeof(float) * (size_t)cfg.num_hidden_layers);
+        eo.kv_budget_bytes = td_max((size_t)8 << 20, eo.max_running * per_seq * attn_block_bytes(&r->m.attn) * (size_t)cfg.num_hidden_layers);
         engine_init(&r->eng, &r->m, &eo);
         r->have_eng = true;
     }

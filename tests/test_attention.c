@@ -65,7 +65,7 @@ static void layout_init(Layout *L, size_t H, size_t Hkv, size_t hd, size_t bs,
 {
     cr_assert(n_seq <= MAX_SEQ);
     memset(L, 0, sizeof *L);
-    L->sh = (AttnShape){ H, Hkv, hd, bs };
+    L->sh = (AttnShape){ H, Hkv, hd, bs, DTYPE_F32 };
     L->n_seq = n_seq;
     size_t nb = 3;   /* spare blocks nobody uses */
     for (size_t i = 0; i < n_seq; i++) nb += (lens[i] + bs - 1) / bs;
@@ -90,7 +90,7 @@ static void layout_init(Layout *L, size_t H, size_t Hkv, size_t hd, size_t bs,
         row += lens[i];
     }
     L->rows = row;
-    size_t nf = nb * attn_block_floats(&L->sh);
+    size_t nf = nb * (attn_block_bytes(&L->sh) / sizeof(float));
     L->kv = td_malloc(nf * sizeof(float));
     for (size_t i = 0; i < nf; i++) L->kv[i] = NAN;
     td_free(perm);
@@ -99,7 +99,7 @@ static void layout_init(Layout *L, size_t H, size_t Hkv, size_t hd, size_t bs,
 
 static void layout_clear(Layout *L)
 {
-    size_t nf = L->n_blocks * attn_block_floats(&L->sh);
+    size_t nf = L->n_blocks * (attn_block_bytes(&L->sh) / sizeof(float));
     for (size_t i = 0; i < nf; i++) L->kv[i] = NAN;
 }
 
@@ -255,14 +255,14 @@ Test(attention, kv_store_writes_the_documented_block_layout)
     Layout L;
     layout_init(&L, 4, 2, 8, 32, lens, 3, 1);
     cr_expect(!is_identity(&L), "the block table should be shuffled");
-    cr_expect_eq(attn_block_floats(&L.sh), 2 * 2 * 8 * 32, "block floats");
+    cr_expect_eq((attn_block_bytes(&L.sh) / sizeof(float)), 2 * 2 * 8 * 32, "block floats");
     Qkv x = qkv_rand(&L, 2);
     attention_kv_store(L.kv, L.seq, L.n_seq, x.k, x.v, &L.sh);
     const size_t hd = 8, bs = 32, Hkv = 2, kw = Hkv * hd;
     size_t bad = 0, written = 0;
     for (size_t i = 0; i < L.n_seq; i++)
         for (size_t p = 0; p < L.len[i]; p++) {
-            const float *blk = L.kv + (size_t)L.table[i][p / bs] * attn_block_floats(&L.sh);
+            const float *blk = L.kv + (size_t)L.table[i][p / bs] * (attn_block_bytes(&L.sh) / sizeof(float));
             const size_t off = p % bs, r = L.seq[i].row + p;
             for (size_t g = 0; g < Hkv; g++)
                 for (size_t d = 0; d < hd; d++) {
@@ -273,7 +273,7 @@ Test(attention, kv_store_writes_the_documented_block_layout)
                 }
         }
     cr_expect_eq(bad, 0, "%zu stored floats are not where the header says", bad);
-    size_t finite = 0, nf = L.n_blocks * attn_block_floats(&L.sh);
+    size_t finite = 0, nf = L.n_blocks * (attn_block_bytes(&L.sh) / sizeof(float));
     for (size_t i = 0; i < nf; i++) finite += !isnan(L.kv[i]);
     cr_expect_eq(finite, written, "%zu floats written, %zu expected (nothing else touched)", finite, written);
     qkv_free(&x);
