@@ -184,13 +184,23 @@ static int check_finite(const char *path, const char *name, const float *x, size
     return 0;
 }
 
-/* rows x K int8 weights q with their scales s (rows x G): every scale a
+/* Where flat row r of a tensor's slice is: "[e, r]" for a stack of
+ * matrices of `rows` rows (experts), "[r]" otherwise. */
+static void fmt_row(char *out, size_t n, size_t r, size_t rows, bool stacked)
+{
+    if (stacked) snprintf(out, n, "[%zu, %zu]", r / rows, r % rows);
+    else snprintf(out, n, "[%zu]", r);
+}
+
+/* n_rows x K int8 weights q with their scales s (n_rows x G) -- flat rows
+ * row0.. of the slice, matrices of `rows` rows when stacked: every scale a
  * finite number >= 0, zero only for a group of zeros; no -128. */
-static int check_q8(const char *path, const char *name, const int8_t *q, const float *s, size_t rows, size_t K,
-                    size_t row0, char *err, size_t err_len)
+static int check_q8(const char *path, const char *name, const int8_t *q, const float *s, size_t n_rows, size_t K,
+                    size_t row0, size_t rows, bool stacked, char *err, size_t err_len)
 {
     const size_t G = dtype_q8_groups(K);
-    for (size_t r = 0; r < rows; r++)
+    char at[64];
+    for (size_t r = 0; r < n_rows; r++)
         for (size_t g = 0; g < G; g++) {
             const float sc = s[r * G + g];
             const int8_t *qg = q + r * K + g * GQ;
@@ -199,15 +209,17 @@ static int check_q8(const char *path, const char *name, const int8_t *q, const f
             for (size_t i = 0; i < n; i++) {
                 any |= qg[i] != 0;
                 if (qg[i] == -128) {
-                    (void)td_snprintf(err, err_len, "%s: dataset /%s: value -128 in row %zu (int8 g32 weights lie in [-127, 127])",
-                             path, name, row0 + r);
+                    fmt_row(at, sizeof at, row0 + r, rows, stacked);
+                    (void)td_snprintf(err, err_len, "%s: dataset /%s: value -128 in row %s (int8 g32 weights lie in [-127, 127])",
+                                      path, name, at);
                     return -1;
                 }
             }
             if (!isfinite(sc) || sc < 0 || (sc == 0 && any)) {
-                (void)td_snprintf(err, err_len, "%s: dataset /%s.scale: scale %g of row %zu, group %zu is %s", path, name, (double)sc,
-                         row0 + r, g,
-                         !isfinite(sc) ? "not finite" : sc < 0 ? "negative" : "zero for non-zero weights");
+                fmt_row(at, sizeof at, row0 + r, rows, stacked);
+                (void)td_snprintf(err, err_len, "%s: dataset /%s.scale: scale %g of row %s, group %zu is %s", path, name,
+                                  (double)sc, at, g,
+                                  !isfinite(sc) ? "not finite" : sc < 0 ? "negative" : "zero for non-zero weights");
                 return -1;
             }
         }
@@ -256,7 +268,7 @@ static int load_param(const char *path, hid_t f, Model *m, Param *p, const TDesc
             scnt[last] = G;
             rc = read_box(path, f, p->name, &td->w, off, cnt, qb, err, err_len) ||
                          read_box(path, f, sname, &td->s, soff, scnt, sb, err, err_len) ||
-                         check_q8(path, p->name, qb, sb, ne * rows, cols, e0 * rows, err, err_len)
+                         check_q8(path, p->name, qb, sb, ne * rows, cols, e0 * rows, rows, p->ndim == 3, err, err_len)
                      ? -1
                      : 0;
             if (rc) break;

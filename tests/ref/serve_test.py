@@ -284,7 +284,7 @@ def test_score_parity():
         out = os.path.join(ARGS.tmp, f"seq{k}.h5")
         T = len(ids) - 1
         subprocess.run([ARGS.tandem, "score", "--ckpt", ARGS.ckpt, "--text", path, "--seq-len", str(T),
-                        "--output", out], check=True, stdout=subprocess.DEVNULL)
+                        "--output", out] + ARGS.score_args.split(), check=True, stdout=subprocess.DEVNULL)
         with h5py.File(out, "r") as f:
             ref = np.asarray(f["logprobs"], dtype=np.float32)[0]
         P = len(prompt.encode())
@@ -637,6 +637,7 @@ def main():
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--tmp", required=True)
     ap.add_argument("--only", default="", help="comma-separated test names to run (default: all)")
+    ap.add_argument("--score-args", default="", help="extra arguments of tandem score (the server's --dtype ...)")
     ARGS = ap.parse_args()
     u = urllib.parse.urlparse(ARGS.url)
     HOST, PORT = u.hostname, u.port
