@@ -154,7 +154,10 @@ Test(gemm, pack_layout_is_panels_of_32_zero_padded)
                             const float want = n < N ? W[n * K + k] : 0.0f;
                             ok = !memcmp((const float *)(const void *)P + i, &want, 4);
                         } else if (dt == DTYPE_BF16) {
-                            ok = ((const uint16_t *)(const void *)P)[i] == (n < N ? dtype_bf16_from_f32(W[n * K + k]) : 0);
+                            /* interleaved for the unpacking widen: column j at word s(j) of the row */
+                            const size_t sj = j < 16 ? j / 4 * 8 + j % 4 : (j - 16) / 4 * 8 + 4 + j % 4;
+                            ok = ((const uint16_t *)(const void *)P)[(p * K + k) * GEMM_NR + sj] ==
+                                 (n < N ? dtype_bf16_from_f32(W[n * K + k]) : 0);
                         } else {
                             ok = ((const int8_t *)P)[i] == (n < N ? q[k] : 0);
                             if (k % 32 == 0) ok &= !memcmp(&w.scale[(p * G + k / 32) * GEMM_NR + j], &sc[k / 32], 4);

@@ -79,6 +79,16 @@ ALWAYS_INLINE const float *scales_at(const int DT, const GemmW *W, size_t p)
     return DT == DTYPE_INT8 ? W->scale + p * dtype_q8_groups(W->K) * GEMM_NR : NULL;
 }
 
+/* bf16: where column j (0..31) of a panel row is stored -- interleaved so
+ * that unpacking the row's 16-bit words with zeros (vpunpck{l,h}wd, per
+ * 128-bit lane) gives columns 0-15 and 16-31 in order, already widened:
+ * word 8L + i holds column 4L + i, word 8L + 4 + i column 16 + 4L + i
+ * (L = 0..3, i = 0..3). */
+static inline size_t bf16_slot(size_t j)
+{
+    return j < 16 ? (j / 4) * 8 + j % 4 : ((j - 16) / 4) * 8 + 4 + (j - 16) % 4;
+}
+
 struct pack_ctx { void *P; Dtype t; const float *W; const int8_t *Q; const float *S; size_t N, K; };
 
 static void pack_range(void *vctx, size_t p0, size_t p1, int tid)
@@ -98,7 +108,7 @@ static void pack_range(void *vctx, size_t p0, size_t p1, int tid)
                 for (size_t k = 0; k < K; k++) d[k * GEMM_NR + j] = src ? src[k] : 0.0f;
             } else if (c->t == DTYPE_BF16) {
                 uint16_t *d = (uint16_t *)(void *)pan;
-                for (size_t k = 0; k < K; k++) d[k * GEMM_NR + j] = src ? dtype_bf16_from_f32(src[k]) : 0;
+                for (size_t k = 0; k < K; k++) d[k * GEMM_NR + bf16_slot(j)] = src ? dtype_bf16_from_f32(src[k]) : 0;
             } else {
                 int8_t *d = (int8_t *)pan, q[GQ];
                 for (size_t g = 0; g < G; g++) {
@@ -149,7 +159,7 @@ void gemm_pack_q8(void *P, const int8_t *Q, const float *S, size_t N, size_t K)
 ALWAYS_INLINE float wval(const int DT, const void *pan, size_t k, size_t j, const float *sp)
 {
     if (DT == DTYPE_F32) return ((const float *)pan)[k * GEMM_NR + j];
-    if (DT == DTYPE_BF16) return dtype_f32_from_bf16(((const uint16_t *)pan)[k * GEMM_NR + j]);
+    if (DT == DTYPE_BF16) return dtype_f32_from_bf16(((const uint16_t *)pan)[k * GEMM_NR + bf16_slot(j)]);
     return (float)((const int8_t *)pan)[k * GEMM_NR + j] * sp[j];
 }
 
@@ -183,9 +193,10 @@ void gemm_unpack_row(float *dst, const GemmW *W, size_t n)
 ALWAYS_INLINE __m512 wrow16(const int DT, const void *pan, size_t k, int j0, const float *sp)
 {
     if (DT == DTYPE_F32) return _mm512_loadu_ps((const float *)pan + k * GEMM_NR + j0);
-    if (DT == DTYPE_BF16) {
-        const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)pan + k * GEMM_NR + j0));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    if (DT == DTYPE_BF16) {   /* the row's 32 words, unpacked with zeros: columns j0 .. j0 + 15 (bf16_slot) */
+        const __m512i h = _mm512_loadu_si512((const void *)((const uint16_t *)pan + k * GEMM_NR));
+        const __m512i z = _mm512_setzero_si512();
+        return _mm512_castsi512_ps(j0 == 0 ? _mm512_unpacklo_epi16(z, h) : _mm512_unpackhi_epi16(z, h));
     }
     const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)((const int8_t *)pan + k * GEMM_NR + j0));
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_loadu_ps(sp + j0));
@@ -228,24 +239,26 @@ ALWAYS_INLINE void tile_avx512(const int DT, const int MR, float *y, size_t ldy,
     }
 }
 
-/* Few rows (MR <= 3), four full panels (128 columns) at once: enough
- * independent chains to hide FMA latency when streaming weights for decode. */
-ALWAYS_INLINE void wide_avx512(const int DT, const int MR, float *y, size_t ldy, const float *x, size_t ldx,
-                               const void *panel, const float *scales, size_t K)
+/* Few rows (MR <= 3), NPW <= 4 full panels (32 NPW columns) at once:
+ * enough independent chains to hide FMA latency when streaming weights for
+ * decode.  (Narrow weights at MR = 3 go two panels at a time: 24
+ * accumulators and 8 widened rows would not fit the 32 registers.) */
+ALWAYS_INLINE void wide_avx512(const int DT, const int MR, const int NPW, float *y, size_t ldy, const float *x,
+                               size_t ldx, const void *panel, const float *scales, size_t K)
 {
     const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT), ss = dtype_q8_groups(K) * GEMM_NR;  /* panel strides */
     __m512 acc[3][2 * NP_WIDE];
 #pragma GCC unroll 3
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
-        for (int q = 0; q < 2 * NP_WIDE; q++) acc[r][q] = _mm512_setzero_ps();
+        for (int q = 0; q < 2 * NPW; q++) acc[r][q] = _mm512_setzero_ps();
     for (size_t k0 = 0; k0 < K; k0 += GK(DT, K)) {
         const size_t k1 = td_min(K, k0 + GK(DT, K));
         const float *sp = DT == DTYPE_INT8 ? scales + k0 / GQ * GEMM_NR : NULL;
         for (size_t k = k0; k < k1; k++) {
             __m512 b[2 * NP_WIDE];
 #pragma GCC unroll 4
-            for (int q = 0; q < NP_WIDE; q++) {
+            for (int q = 0; q < NPW; q++) {
                 const void *pq = (const char *)panel + q * ps;
                 const float *sq = DT == DTYPE_INT8 ? sp + q * ss : NULL;
                 b[2 * q] = wrow16(DT, pq, k, 0, sq);
@@ -255,14 +268,14 @@ ALWAYS_INLINE void wide_avx512(const int DT, const int MR, float *y, size_t ldy,
             for (int r = 0; r < MR; r++) {
                 const __m512 a = _mm512_set1_ps(x[(size_t)r * ldx + k]);
 #pragma GCC unroll 8
-                for (int q = 0; q < 2 * NP_WIDE; q++) acc[r][q] = _mm512_fmadd_ps(a, b[q], acc[r][q]);
+                for (int q = 0; q < 2 * NPW; q++) acc[r][q] = _mm512_fmadd_ps(a, b[q], acc[r][q]);
             }
         }
     }
 #pragma GCC unroll 3
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
-        for (int q = 0; q < 2 * NP_WIDE; q++)
+        for (int q = 0; q < 2 * NPW; q++)
             _mm512_storeu_ps(y + (size_t)r * ldy + q * 16, acc[r][q]);
 }
 #endif
@@ -277,9 +290,12 @@ ALWAYS_INLINE void wide_avx512(const int DT, const int MR, float *y, size_t ldy,
 ALWAYS_INLINE __m256 wrow8(const int DT, const void *pan, size_t k, size_t j0, const float *sp)
 {
     if (DT == DTYPE_F32) return _mm256_loadu_ps((const float *)pan + k * GEMM_NR + j0);
-    if (DT == DTYPE_BF16) {
-        const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)pan + k * GEMM_NR + j0));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    if (DT == DTYPE_BF16) {   /* half the row's words, unpacked with zeros (bf16_slot): columns 0-7 and
+                               * 16-23 from words 0-15, 8-15 and 24-31 from words 16-31 */
+        const size_t base = j0 == 8 || j0 == 24 ? 16 : 0;
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)pan + k * GEMM_NR + base));
+        const __m256i z = _mm256_setzero_si256();
+        return _mm256_castsi256_ps(j0 < 16 ? _mm256_unpacklo_epi16(z, h) : _mm256_unpackhi_epi16(z, h));
     }
     const __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)((const int8_t *)pan + k * GEMM_NR + j0));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_loadu_ps(sp + j0));
@@ -441,9 +457,18 @@ ALWAYS_INLINE void wide(const int DT, int MR, float *y, size_t ldy, const float 
 {
 #ifdef GEMM_AVX512
     switch (MR) {
-    case 1:  wide_avx512(DT, 1, y, ldy, x, ldx, panel, scales, K); return;
-    case 2:  wide_avx512(DT, 2, y, ldy, x, ldx, panel, scales, K); return;
-    default: wide_avx512(DT, 3, y, ldy, x, ldx, panel, scales, K); return;
+    case 1:  wide_avx512(DT, 1, NP_WIDE, y, ldy, x, ldx, panel, scales, K); return;
+    case 2:  wide_avx512(DT, 2, NP_WIDE, y, ldy, x, ldx, panel, scales, K); return;
+    default:
+        if (DT == DTYPE_F32) {
+            wide_avx512(DT, 3, NP_WIDE, y, ldy, x, ldx, panel, scales, K);
+        } else {
+            const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT), ss = dtype_q8_groups(K) * GEMM_NR;
+            wide_avx512(DT, 3, 2, y, ldy, x, ldx, panel, scales, K);
+            wide_avx512(DT, 3, 2, y + 2 * GEMM_NR, ldy, x, ldx, (const char *)panel + 2 * ps,
+                        DT == DTYPE_INT8 ? scales + 2 * ss : NULL, K);
+        }
+        return;
     }
 #elif defined(GEMM_AVX2)
     const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT), ss = dtype_q8_groups(K) * GEMM_NR;

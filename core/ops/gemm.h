@@ -27,7 +27,9 @@
  * Packed layouts (GEMM_NR = 32 columns per panel, np = ceil(N / 32) panels,
  * G = ceil(K / 32) groups, rows past N zero):
  *     f32   P[p][k][j] = W[p*32 + j][k]                  float
- *     bf16  P[p][k][j] = bf16(W[p*32 + j][k])             uint16
+ *     bf16  P[p][k][s(j)] = bf16(W[p*32 + j][k])          uint16, s(j) = 8 (j/4) + j%4 for j < 16,
+ *           8 ((j-16)/4) + 4 + j%4 above: unpacking a row's words with zeros (per 128-bit lane)
+ *           is then the widening, columns 0-15 and 16-31 in order
  *     int8  Q[p][k][j] = q(W[p*32 + j][k])                int8, then at the next
  *           64-byte boundary S[p][g][j] = scale of row p*32 + j, group g   float
  * A panel row (one k) is the 32 weights one broadcast of x[m][k] meets; the
