@@ -11,6 +11,7 @@
 #include "infer/infer_cmd.h"
 #include "rl/rl.h"
 #include "rl/rlcheck.h"
+#include "train/quant_cmd.h"
 #include "train/train_cmd.h"
 
 #include <stdio.h>
@@ -31,6 +32,13 @@ static int cmd_score_any(int argc, char **argv)
 /* tokenize --tokenizer takes a checkpoint too: core/tok knows nothing of
  * checkpoint/, so the opener comes from here. */
 static int cmd_tokenize_any(int argc, char **argv) { return cmd_tokenize(argc, argv, ckpt_open_tokenizer_arg); }
+/* ckpt quantize calibrates on token files with the training forward
+ * (train/quant_cmd.c); the other ckpt subcommands are checkpoint/'s. */
+static int cmd_ckpt_any(int argc, char **argv)
+{
+    if (argc >= 2 && !strcmp(argv[1], "quantize")) return cmd_ckpt_quantize(argc - 1, argv + 1);
+    return cmd_ckpt(argc, argv);
+}
 
 static const struct {
     const char *name;
@@ -44,7 +52,7 @@ static const struct {
     { "generate", cmd_generate, "sample a completion from a checkpoint" },
     { "serve", cmd_serve, "OpenAI-compatible HTTP server" },
     { "rollout", cmd_rollout, "RL rollout worker: samples, logprobs, routes, policy version" },
-    { "ckpt", cmd_ckpt, "inspect, verify, reshard, export, diff checkpoints" },
+    { "ckpt", cmd_ckpt_any, "inspect, verify, reshard, export, diff, quantize checkpoints" },
     { "rl", cmd_rl, "GRPO post-training with exact rollout logprobs" },
     { "tokenize", cmd_tokenize_any, "Hugging Face tokenizers: ids of a text, chat rendering, decode" },
     { NULL, NULL, NULL },

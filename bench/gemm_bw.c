@@ -40,7 +40,11 @@ typedef struct {
 
 typedef void (*BenchFn)(Bench *b);
 
-static void run_fwd(Bench *b) { gemm_xwt(b->y, b->N, b->x, b->K, b->P, b->M, b->N, b->K); }
+static void run_fwd(Bench *b)
+{
+    const GemmW W = gemm_w(DTYPE_F32, b->P, b->N, b->K);
+    gemm_xwt(b->y, b->N, b->x, b->K, &W, b->M);
+}
 static void run_dx(Bench *b) { gemm_dx_acc(b->dx, b->K, b->dy, b->N, b->W, b->M, b->N, b->K); }
 static void run_dw(Bench *b) { gemm_dw_acc(b->dW, b->dy, b->N, b->x, b->K, b->M, b->N, b->K); }
 
@@ -129,7 +133,7 @@ static void bench_shape(size_t M, size_t N, size_t K, int nt)
     size_t mk = td_max(M * K, 1), nk = td_max(N * K, 1), mn = td_max(M * N, 1);
     b.x = td_malloc(mk * sizeof(float));
     b.W = td_malloc(nk * sizeof(float));
-    b.P = td_malloc(td_max(gemm_packed_floats(N, K), 1) * sizeof(float));
+    b.P = td_malloc(td_max(gemm_packed_bytes(DTYPE_F32, N, K), 64));
     b.dy = td_malloc(mn * sizeof(float));
     b.y = td_malloc(mn * sizeof(float));
     b.dx = td_calloc(mk * sizeof(float));
@@ -138,7 +142,7 @@ static void bench_shape(size_t M, size_t N, size_t K, int nt)
     for (size_t i = 0; i < mk; i++) b.x[i] = (float)((s = s * 1664525u + 1013904223u) >> 8) * 0x1p-24f - 0.5f;
     for (size_t i = 0; i < nk; i++) b.W[i] = (float)((s = s * 1664525u + 1013904223u) >> 8) * 0x1p-24f - 0.5f;
     for (size_t i = 0; i < mn; i++) b.dy[i] = (float)((s = s * 1664525u + 1013904223u) >> 8) * 0x1p-24f - 0.5f;
-    gemm_pack(b.P, b.W, N, K);
+    gemm_pack(b.P, DTYPE_F32, b.W, N, K);
 
     const Variant v[12] = {
         { run_fwd, 1, 1 }, { run_dx, 1, 1 }, { run_dw, 1, 1 }, { run_bdx, 1, 1 }, { run_bdw, 1, 1 },

@@ -3,9 +3,11 @@
  *
  *   infer --ckpt CKPT [--threads 2,1] [--prompt 256] [--gen 128] [--batch 16]
  *         [--reps 3] [--batch-reps 1] [--only ttft,b1,b16]
+ *         [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]
  *         [--loop-b1 | --loop-bn SECONDS [--perf-ctl CTL_FIFO[,ACK_FIFO]]]
  *
- * The checkpoint is loaded once; for each thread count of --threads the
+ * The checkpoint is loaded once, as `tandem serve` would (--dtype,
+ * --kv-dtype: the weights and KV cache held in that dtype); for each thread count of --threads the
  * pool is resized (pool_init) and, after a short warm-up run of each kind
  * (same prompts, 16 tokens):
  *   ttft  time to first token of one request with a --prompt token prompt
@@ -48,6 +50,7 @@
  * Output: progress on stderr, one JSON line {"bench":"infer", ...} on stdout.
  */
 #include "checkpoint/ckpt_model.h"
+#include "checkpoint/ckpt_serve.h"
 #include "core/common.h"
 #include "core/pool.h"
 #include "infer/engine.h"
@@ -281,6 +284,15 @@ typedef struct {
 
 static double numel(const Param *p) { return p ? (double)p->numel : 0; }
 
+/* Bytes of p as held: its dtype's element size (int8: + a float32 scale
+ * per 32) for the packed matrices, float32 otherwise. */
+static double wb(const Param *p)
+{
+    if (!p) return 0;
+    if (!p->packed) return 4.0 * (double)p->numel;
+    return (double)p->numel * ((double)dtype_size(p->dtype) + (p->dtype == DTYPE_INT8 ? 4.0 / DTYPE_Q8_GROUP : 0));
+}
+
 static Acct account(const Model *m, size_t T)
 {
     Acct a;
@@ -289,30 +301,32 @@ static Acct account(const Model *m, size_t T)
     for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {
         const Layer *L = &m->layers[l];
         double attn = numel(L->q) + numel(L->k) + numel(L->v) + numel(L->o);
-        double norms = numel(L->ln1) + numel(L->ln2);
-        double ffn_shared = 0;
+        double attn_b = wb(L->q) + wb(L->k) + wb(L->v) + wb(L->o), norms_b = wb(L->ln1) + wb(L->ln2);
+        double ffn_b = 0;
         mats_active += attn;
         if (L->moe) {
             double ex = (numel(L->egate) + numel(L->eup) + numel(L->edown)) / (double)m->E;
+            double ex_b = (wb(L->egate) + wb(L->eup) + wb(L->edown)) / (double)m->E;
             double sh = numel(L->sgate) + numel(L->sup) + numel(L->sdown);
-            ffn_shared = numel(L->router) + sh;
-            a.w_expert = 4 * ex;
+            ffn_b = wb(L->router) + wb(L->sgate) + wb(L->sup) + wb(L->sdown);
+            a.w_expert = ex_b;
             mats_active += numel(L->router) + sh + (double)m->k * ex;
-            a.w_active += 4 * (double)m->k * ex;
-            a.w_all += 4 * (double)m->E * ex;
+            a.w_active += (double)m->k * ex_b;
+            a.w_all += (double)m->E * ex_b;
             a.n_moe++;
         } else {
-            ffn_shared = numel(L->gate) + numel(L->up) + numel(L->down);
-            mats_active += ffn_shared;
+            mats_active += numel(L->gate) + numel(L->up) + numel(L->down);
+            ffn_b = wb(L->gate) + wb(L->up) + wb(L->down);
         }
-        a.w_shared += 4 * (attn + norms + ffn_shared);
+        a.w_shared += attn_b + norms_b + ffn_b;
         /* causal attention of a T-token prompt: QK^T and PV, 2 flops a MAC */
         a.prefill_flops += 4.0 * (double)m->hd * (double)m->H * (double)T * (double)(T + 1) / 2;
     }
-    a.w_shared += 4 * (numel(m->lm_head) + numel(m->norm) + (double)m->d);
+    a.w_shared += wb(m->lm_head) + wb(m->norm) + wb(m->embed) / (double)m->V;
     a.w_active += a.w_shared;
     a.w_all += a.w_shared;
-    a.kv_per_pos = 4.0 * 2 * (double)m->Hkv * (double)m->hd * (double)(m->topo.layer_end - m->topo.layer_begin);
+    a.kv_per_pos = (double)attn_block_bytes(&m->attn) / (double)m->attn.bs *
+                   (double)(m->topo.layer_end - m->topo.layer_begin);
     a.prefill_flops += 2.0 * mats_active * (double)T + 2.0 * numel(m->lm_head);
     a.E = (int)m->E;
     a.k = (int)m->k;
@@ -329,7 +343,7 @@ int main(int argc, char **argv)
     int gen = 128, reps = 3, breps = 1;
     double loop_s = 0;
     bool loop_bn = false;
-    const char *perf_fifos = NULL;
+    const char *perf_fifos = NULL, *dtype = NULL, *kv_dtype = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--ckpt") && v) ckpt = argv[++i];
@@ -352,9 +366,12 @@ int main(int argc, char **argv)
             loop_bn = true;
         }
         else if (!strcmp(a, "--perf-ctl") && v) perf_fifos = argv[++i];
+        else if (!strcmp(a, "--dtype") && v) dtype = argv[++i];
+        else if (!strcmp(a, "--kv-dtype") && v) kv_dtype = argv[++i];
         else {
             fprintf(stderr, "usage: infer --ckpt CKPT [--threads 2,1] [--prompt 256] [--gen 128] [--batch 16]\n"
                             "             [--reps 3] [--batch-reps 1] [--only ttft,b1,b16]\n"
+                            "             [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
                             "             [--loop-b1 | --loop-bn SECONDS [--perf-ctl CTL_FIFO[,ACK_FIFO]]]\n");
             return 2;
         }
@@ -369,7 +386,12 @@ int main(int argc, char **argv)
     Model m;
     char err[512];
     double tl = td_now();
-    if (ckpt_model_open(ckpt, &m, NULL, false, 16, err, sizeof err)) {
+    ServeDtypes sd;
+    if (ckpt_serve_dtypes(&sd, dtype, kv_dtype, err, sizeof err)) {
+        fprintf(stderr, "infer: %s\n", err);
+        return 2;
+    }
+    if (ckpt_open_serving(ckpt, &m, NULL, &sd, err, sizeof err)) {
         fprintf(stderr, "infer: %s\n", err[0] ? err : "cannot open the checkpoint");
         return 1;
     }
@@ -381,7 +403,7 @@ int main(int argc, char **argv)
     EngineOpts eo;
     engine_opts_default(&eo);   /* as tandem serve: 256 MiB of cache, 512 rows a step */
     if (eo.max_running < batch) eo.max_running = batch;
-    size_t need = batch * (n_prompt + (size_t)gen + 16) * 2 * m.Hkv * m.hd * sizeof(float) *
+    size_t need = batch * (n_prompt + (size_t)gen + 16) * (attn_block_bytes(&m.attn) / m.attn.bs) *
                   (size_t)(m.topo.layer_end - m.topo.layer_begin);
     if (eo.kv_budget_bytes < need) eo.kv_budget_bytes = need;
     Engine e;
@@ -428,11 +450,11 @@ int main(int argc, char **argv)
     char *json = td_malloc(1 << 16);
     size_t jn = 0, jcap = 1 << 16;
 #define J(...) (jn += (size_t)snprintf(json + jn, jn < jcap ? jcap - jn : 0, __VA_ARGS__))
-    J("{\"bench\":\"infer\",\"ckpt\":\"%s\",\"d\":%zu,\"layers\":%d,\"E\":%zu,\"k\":%zu,\"V\":%zu,"
+    J("{\"bench\":\"infer\",\"dtype\":\"%s\",\"kv_dtype\":\"%s\",\"weight_bytes\":%zu,\"ckpt\":\"%s\",\"d\":%zu,\"layers\":%d,\"E\":%zu,\"k\":%zu,\"V\":%zu,"
       "\"prompt\":%zu,\"gen\":%d,\"batch\":%zu,\"reps\":%d,\"batch_reps\":%d,\"load_s\":%.2f,"
       "\"acct\":{\"w_active_bytes\":%.0f,\"w_shared_bytes\":%.0f,\"w_expert_bytes\":%.0f,\"w_all_bytes\":%.0f,"
       "\"kv_bytes_per_pos\":%.0f,\"n_moe\":%d,\"prefill_flops\":%.0f},\"runs\":[",
-      ckpt, m.d, m.cfg.num_hidden_layers, m.E, m.k, m.V, n_prompt, gen, batch, reps, breps, tl, ac.w_active,
+      dtype_name(m.dt.mat), dtype_name(m.attn.kv), model_weight_bytes(&m), ckpt, m.d, m.cfg.num_hidden_layers, m.E, m.k, m.V, n_prompt, gen, batch, reps, breps, tl, ac.w_active,
       ac.w_shared, ac.w_expert, ac.w_all, ac.kv_per_pos, ac.n_moe, ac.prefill_flops);
     for (int ti = 0; ti < n_threads; ti++) {
         int nt = threads[ti] > 0 ? threads[ti] : 1;

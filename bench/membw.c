@@ -99,7 +99,11 @@ static void run_sgemm(Gemm *g)
                 g->B, (int)g->K, 0.0f, g->C, (int)g->N);
 }
 
-static void run_xwt(Gemm *g) { gemm_xwt(g->C, g->N, g->A, g->K, g->P, g->M, g->N, g->K); }
+static void run_xwt(Gemm *g)
+{
+    const GemmW W = gemm_w(DTYPE_F32, g->P, g->N, g->K);
+    gemm_xwt(g->C, g->N, g->A, g->K, &W, g->M);
+}
 
 /* Best GFLOP/s of 2 x reps samples of ~10 ms each, after a warm-up call. */
 static double gflops_best(void (*fn)(Gemm *), Gemm *g, int reps)
@@ -203,15 +207,16 @@ int main(int argc, char **argv)
     double gv_xwt = 0, gv_blas = 0;
     {
         const size_t K = 4096, N = (gemv_mb << 20) / sizeof(float) / K;
-        float *W = td_malloc(N * K * sizeof(float)), *P = td_malloc(gemm_packed_floats(N, K) * sizeof(float));
+        float *W = td_malloc(N * K * sizeof(float)), *P = td_malloc(gemm_packed_bytes(DTYPE_F32, N, K));
         float *x = td_malloc(K * sizeof(float)), *y = td_malloc(N * sizeof(float));
         for (size_t i = 0; i < N * K; i++) W[i] = (float)(i % 7) * 0.01f;
         for (size_t i = 0; i < K; i++) x[i] = 1.0f;
-        gemm_pack(P, W, N, K);
+        gemm_pack(P, DTYPE_F32, W, N, K);
+        const GemmW PW = gemm_w(DTYPE_F32, P, N, K);
         const double bytes = (double)N * (double)K * sizeof(float);
         for (int r = -1; r < 4 * reps; r++) {
             double t0 = td_now();
-            gemm_xwt(y, N, x, K, P, 1, N, K);
+            gemm_xwt(y, N, x, K, &PW, 1);
             double dt = td_now() - t0;
             if (r >= 0 && bytes / dt / 1e9 > gv_xwt) gv_xwt = bytes / dt / 1e9;
         }
@@ -239,10 +244,10 @@ int main(int argc, char **argv)
         g.A = td_malloc(g.M * g.K * sizeof(float));
         g.B = td_malloc(g.N * g.K * sizeof(float));
         g.C = td_malloc(g.M * g.N * sizeof(float));
-        g.P = td_malloc(gemm_packed_floats(g.N, g.K) * sizeof(float));
+        g.P = td_malloc(gemm_packed_bytes(DTYPE_F32, g.N, g.K));
         for (size_t i = 0; i < g.M * g.K; i++) g.A[i] = (float)((i * 7) % 13) * 0.01f - 0.06f;
         for (size_t i = 0; i < g.N * g.K; i++) g.B[i] = (float)((i * 5) % 11) * 0.01f - 0.05f;
-        gemm_pack(g.P, g.B, g.N, g.K);
+        gemm_pack(g.P, DTYPE_F32, g.B, g.N, g.K);
         pool_init(1);                     /* OpenBLAS owns the cores ... */
         openblas_set_num_threads(threads);
         gf_sgemm[s] = gflops_best(run_sgemm, &g, reps);

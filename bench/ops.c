@@ -77,7 +77,8 @@ typedef struct {
 static void lin_fw(void *v)
 {
     LinCase *c = v;
-    linear_forward(c->y, c->x, c->P, c->M, c->N, c->K);
+    const GemmW W = gemm_w(DTYPE_F32, c->P, c->N, c->K);
+    linear_forward(c->y, c->x, &W, c->M);
 }
 
 static void lin_bw(void *v)
@@ -138,8 +139,8 @@ static LinResult bench_linear(size_t M, size_t N, size_t K, int threads)
     LinCase c = { M, N, K, rand_floats(M * K, 1, -1, 1), rand_floats(N * K, 2, -0.1f, 0.1f), NULL,
                   td_malloc(M * N * sizeof(float)), rand_floats(M * N, 3, -1, 1),
                   td_calloc(M * K * sizeof(float)), td_calloc(N * K * sizeof(float)) };
-    c.P = td_malloc(gemm_packed_floats(N, K) * sizeof(float));
-    gemm_pack(c.P, c.W, N, K);
+    c.P = td_malloc(gemm_packed_bytes(DTYPE_F32, N, K));
+    gemm_pack(c.P, DTYPE_F32, c.W, N, K);
     const double f = gemm_flops(M, N, K) / 1e9;
     LinResult r;
     r.fw[0] = f / best_time(lin_fw, &c);
@@ -175,13 +176,13 @@ typedef struct {
 static void attn_case_init(AttnCase *c, size_t H, size_t Hkv, size_t hd, size_t T)
 {
     memset(c, 0, sizeof *c);
-    c->sh = (AttnShape){ H, Hkv, hd, 16 };
+    c->sh = (AttnShape){ H, Hkv, hd, 16, DTYPE_F32 };
     c->T = T;
     const size_t nb = (T + 15) / 16, qn = T * H * hd, kn = T * Hkv * hd;
     c->table = td_malloc(nb * sizeof(int32_t));
     for (size_t i = 0; i < nb; i++) c->table[i] = (int32_t)i;
     c->seq = (AttnSeq){ 0, T, 0, c->table };
-    c->kv = td_calloc(nb * attn_block_floats(&c->sh) * sizeof(float));
+    c->kv = td_calloc(nb * attn_block_bytes(&c->sh));
     c->q = rand_floats(qn, 11, -1, 1);
     c->k = rand_floats(kn, 12, -1, 1);
     c->v = rand_floats(kn, 13, -1, 1);

@@ -19,6 +19,7 @@
 #include "checkpoint/ckpt_io.h"
 #include "checkpoint/hf/hf_config.h"
 #include "checkpoint/hf/hf_load.h"
+#include "checkpoint/ckpt_q8.h"
 #include "comm/comm.h"
 #include "core/common.h"
 
@@ -890,9 +891,10 @@ int ckpt_read_config(const char *path, ModelConfig *cfg, CkptMeta *meta, char *e
 /* ---------------------------------------------------------------- dataset checks */
 
 /* Dataset `name` exists, has rank ndim and the given shape, and a float
- * type tandem reads (float32, float16, bfloat16); fills d. */
+ * type tandem reads (float32, float16, bfloat16) -- or, when q8_ok, int8
+ * g32 with its scales (a quantized checkpoint, ckpt_serve.h); fills d. */
 static int check_float_dataset(hid_t f, const char *path, const char *name, int ndim, const size_t *shape,
-                               CkptH5Desc *d, char *err, size_t err_len)
+                               CkptH5Desc *d, bool q8_ok, char *err, size_t err_len)
 {
     if (ckpt_h5_describe(f, name, d)) {
         snprintf(err, err_len, "%s: dataset /%s is missing", path, name);
@@ -909,6 +911,15 @@ static int check_float_dataset(hid_t f, const char *path, const char *name, int 
         fmt_shape(got, sizeof got, d->ndim < 0 ? 0 : d->ndim, d->shape);
         fmt_shape(exp, sizeof exp, ndim, want);
         snprintf(err, err_len, "%s: dataset /%s: shape %s does not match the config %s", path, name, got, exp);
+        return -1;
+    }
+    if (d->type == CKPT_H5_I8) {
+        CkptH5Desc sd;
+        if (q8_ok) return ckpt_q8_check(f, path, name, ndim, shape, &sd, err, err_len);
+        snprintf(err, err_len,
+                 "%s: dataset /%s is int8 (a quantized serving checkpoint): this needs float weights; use the float "
+                 "checkpoint it was quantized from",
+                 path, name);
         return -1;
     }
     if (d->type != CKPT_H5_F32 && d->type != CKPT_H5_BF16 && d->type != CKPT_H5_F16) {
@@ -1000,7 +1011,7 @@ static int load_validate(hid_t f, const char *path, const Model *m, bool moments
     char name[CKPT_NAME_MAX];
     for (int i = 0; i < m->n_params; i++) {
         const Param *p = &m->params[i];
-        if (check_float_dataset(f, path, p->name, p->ndim, p->shape, &pd[i].w, err, err_len)) return -1;
+        if (check_float_dataset(f, path, p->name, p->ndim, p->shape, &pd[i].w, false, err, err_len)) return -1;
         if (!moments) continue;
         for (int k = 0; k < 2; k++) {
             snprintf(name, sizeof name, "optimizer/%s/%s", k ? "exp_avg_sq" : "exp_avg", p->name);
@@ -1009,7 +1020,7 @@ static int load_validate(hid_t f, const char *path, const Model *m, bool moments
                          path);
                 return -1;
             }
-            if (check_float_dataset(f, path, name, p->ndim, p->shape, k ? &pd[i].eas : &pd[i].ea, err, err_len))
+            if (check_float_dataset(f, path, name, p->ndim, p->shape, k ? &pd[i].eas : &pd[i].ea, false, err, err_len))
                 return -1;
         }
     }
@@ -1375,7 +1386,7 @@ int ckpt_verify(const char *path, char *err, size_t err_len)
         size_t shape[PARAM_MAX_DIMS];
         for (int k = 0; k < e->ndim; k++) shape[k] = (size_t)e->shape[k];
         CkptH5Desc d;
-        rc = check_float_dataset(f, path, e->name, e->ndim, shape, &d, err, err_len);
+        rc = check_float_dataset(f, path, e->name, e->ndim, shape, &d, true, err, err_len);
         if (!rc) {
             hid_t ds = H5Dopen2(f, e->name, H5P_DEFAULT);
             char *part = NULL;
@@ -1388,7 +1399,7 @@ int ckpt_verify(const char *path, char *err, size_t err_len)
         }
         for (int k = 0; !rc && meta.has_optimizer && k < 2; k++) {
             snprintf(name, sizeof name, "optimizer/%s/%s", k ? "exp_avg_sq" : "exp_avg", e->name);
-            rc = check_float_dataset(f, path, name, e->ndim, shape, &d, err, err_len);
+            rc = check_float_dataset(f, path, name, e->ndim, shape, &d, false, err, err_len);
         }
     }
     if (!rc && meta.has_trainer) {

@@ -25,8 +25,10 @@
  * Everything is validated (format, version, config, every dataset's
  * presence, shape and dtype) before any byte reaches the caller's model;
  * a checksum or I/O failure during the data pass zeroes what was loaded.
- * 16-bit checkpoints (bf16 / f16) are upcast to float32 on load: tandem
- * computes in float32 (the row-invariant kernels are float32 only).
+ * 16-bit checkpoints (bf16 / f16) are upcast to float32 on load into this
+ * float32 (training-layout) model; int8-quantized ones are refused here.
+ * The serving commands load into serving models in their dtype instead
+ * (checkpoint/ckpt_serve.h).
  *
  * MPI.  A model whose topology spans several ranks (m->topo.world > 1) is
  * saved and loaded by every rank of the job together (collective calls, in

@@ -58,7 +58,12 @@ static const char *g_usage =
     "                               tandem checkpoint: weights, config, tokenizer files, and what\n"
     "                               export --format hf needs to write it back bit for bit; --dtype\n"
     "                               stores the matrices in that type (default: the HF files' own)\n"
-    "  import --list-families       every family's config-key and tensor tables (markdown)\n";
+    "  import --list-families       every family's config-key and tensor tables (markdown)\n"
+    "  quantize IN OUT --dtype bf16|int8 [--calib DATA.bin]\n"
+    "                               serving checkpoint in 16 / 8 bits (int8: a scale per 32\n"
+    "                               weights), per-tensor error, calibration perplexity and routing\n"
+    "                               (tandem ckpt quantize --help)\n";
+
 
 static double mib(size_t b) { return (double)b / 1048576.0; }
 
@@ -211,7 +216,10 @@ static void print_info_text(const char *path, const CkptInfo *in)
     printf("format      %s, version %d\n", CKPT_FORMAT, m->format_version);
     printf("step        %lld (tokens seen %lld)\n", (long long)m->step, (long long)m->tokens_seen);
     printf("topology    world %d = dp %d x tp %d x pp %d, ep %d\n", m->world, m->dp, m->tp, m->pp, m->ep);
-    printf("weights     %s\n", ckpt_dtype_name(m->dtype));
+    bool q8 = false;
+    for (int i = 0; i < in->n_tensors; i++) q8 |= !strcmp(in->tensors[i].dtype, "int8");
+    printf("weights     %s\n", q8 ? "int8 g32 (quantized: a float32 scale per 32 weights; routers, norms float32)"
+                                   : ckpt_dtype_name(m->dtype));
     if (m->has_optimizer && in->st.has_trainer) {
         const CkptState *s = &in->st;
         printf("optimizer   AdamW beta1 %g beta2 %g eps %g weight_decay %g step %lld lr %g\n", s->beta1, s->beta2,

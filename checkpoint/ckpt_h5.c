@@ -332,6 +332,7 @@ static void types_of(CkptH5Type t, hid_t *ftype, hid_t *mtype, bool *owned)
     case CKPT_H5_BF16: *ftype = H5T_STD_U16LE; *mtype = H5T_NATIVE_UINT16; break;
     case CKPT_H5_F16: *ftype = *mtype = half_type(); *owned = true; break;
     case CKPT_H5_U8: *ftype = H5T_STD_U8LE; *mtype = H5T_NATIVE_UINT8; break;
+    case CKPT_H5_I8: *ftype = H5T_STD_I8LE; *mtype = H5T_NATIVE_INT8; break;
     default: *ftype = H5T_STD_U64LE; *mtype = H5T_NATIVE_UINT64; break;
     }
 }
@@ -354,7 +355,8 @@ hid_t ckpt_h5_create_dataset(hid_t file, const CkptPiece *pc, char *err, size_t 
     if (ds >= 0) {
         stage = "write the attributes of";
         if ((pc->partition && ckpt_h5_put_str(ds, "partition", pc->partition)) ||
-            (pc->type == CKPT_H5_BF16 && ckpt_h5_put_str(ds, "dtype", "bfloat16"))) {
+            (pc->dtype_attr && ckpt_h5_put_str(ds, "dtype", pc->dtype_attr)) ||
+            (!pc->dtype_attr && pc->type == CKPT_H5_BF16 && ckpt_h5_put_str(ds, "dtype", "bfloat16"))) {
             H5Dclose(ds);
             ds = -1;
         }
@@ -449,6 +451,7 @@ static void classify(hid_t ds, hid_t t, CkptH5Desc *d)
         snprintf(d->type_name, sizeof d->type_name, "%sint%zu", is_signed ? "" : "u", 8 * size);
         if (!is_signed && size == 8) d->type = CKPT_H5_U64;
         if (!is_signed && size == 1) d->type = CKPT_H5_U8;
+        if (is_signed && size == 1) d->type = CKPT_H5_I8;
         if (!is_signed && size == 2) {
             char *s = NULL;
             if (ckpt_h5_get_str(ds, "dtype", &s) == 0 && !strcmp(s, "bfloat16")) {
@@ -552,6 +555,9 @@ int ckpt_h5_read_box(hid_t file, const char *name, const CkptH5Desc *d, const hs
         break;
     case CKPT_H5_U8:
         st = H5Dread(ds, H5T_NATIVE_UINT8, mspace, fspace, H5P_DEFAULT, out);
+        break;
+    case CKPT_H5_I8:
+        st = H5Dread(ds, H5T_NATIVE_INT8, mspace, fspace, H5P_DEFAULT, out);
         break;
     default:
         st = -1;

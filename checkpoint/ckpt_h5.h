@@ -24,18 +24,19 @@
 #define CKPT_H5_MAX_DIMS 4
 
 /* Storage types.  BF16: uint16 with the attribute dtype="bfloat16".  U8:
- * raw bytes (the files of /tokenizer). */
-typedef enum { CKPT_H5_F32, CKPT_H5_BF16, CKPT_H5_F16, CKPT_H5_U64, CKPT_H5_U8, CKPT_H5_OTHER } CkptH5Type;
+ * raw bytes (the files of /tokenizer).  I8: int8, read and written as is
+ * (the quantized weights of docs/checkpoint.md, attribute dtype="int8_g32"). */
+typedef enum { CKPT_H5_F32, CKPT_H5_BF16, CKPT_H5_F16, CKPT_H5_U64, CKPT_H5_U8, CKPT_H5_I8, CKPT_H5_OTHER } CkptH5Type;
 
 /* Bytes of one element on disk, and in memory (float types are float32 in
  * memory unless a piece says raw). */
 static inline size_t ckpt_h5_disk_size(CkptH5Type t)
 {
-    return t == CKPT_H5_U64 ? 8 : t == CKPT_H5_F32 ? 4 : t == CKPT_H5_U8 ? 1 : 2;
+    return t == CKPT_H5_U64 ? 8 : t == CKPT_H5_F32 ? 4 : t == CKPT_H5_U8 || t == CKPT_H5_I8 ? 1 : 2;
 }
 static inline size_t ckpt_h5_mem_size(CkptH5Type t)
 {
-    return t == CKPT_H5_U64 ? 8 : t == CKPT_H5_U8 ? 1 : 4;
+    return t == CKPT_H5_U64 ? 8 : t == CKPT_H5_U8 || t == CKPT_H5_I8 ? 1 : 4;
 }
 
 /* Switches HDF5's automatic error printing off (once per process). */
@@ -79,10 +80,11 @@ typedef struct {
     hsize_t chunk[CKPT_H5_MAX_DIMS];
     hsize_t off[CKPT_H5_MAX_DIMS];    /* this rank's hyperslab ... */
     hsize_t cnt[CKPT_H5_MAX_DIMS];    /* ... (any zero: nothing to write) */
-    const void *data;                 /* float32 box (F32/BF16/F16), uint64 (U64) or bytes (U8), row-major */
+    const void *data;                 /* float32 box (F32/BF16/F16), uint64 (U64), bytes (U8) or int8 (I8), row-major */
     CkptH5Type type;
     bool raw;                         /* BF16/F16: data already holds the 16-bit values (no conversion) */
     const char *partition;            /* attribute; NULL: none */
+    const char *dtype_attr;           /* attribute dtype (I8: "int8_g32"); NULL: the type's own (BF16: "bfloat16") */
 } CkptPiece;
 
 /* Creates the dataset of pc (chunked, Fletcher32, no fill pass) with its

@@ -498,7 +498,8 @@ int ckpt_io_read_add(CkptIoRead *r, const char *name, const CkptH5Desc *d, const
         while (split < nd - 1 && t->cdim[split] == 1) split++;
         bool contiguous = true;
         for (int i = split + 1; i < nd; i++) contiguous &= t->cdim[i] == cnt[i];
-        t->direct = inside && contiguous && (d->type == CKPT_H5_F32 || d->type == CKPT_H5_U64 || d->type == CKPT_H5_U8);
+        t->direct = inside && contiguous &&
+                    (d->type == CKPT_H5_F32 || d->type == CKPT_H5_U64 || d->type == CKPT_H5_U8 || d->type == CKPT_H5_I8);
         t->dst_off = 0;
         for (int i = 0; i < nd; i++) t->dst_off += (size_t)(t->coff[i] - off[i]) * bstride[i];
         for (int i = nd - 1; i >= 0; i--) {   /* next chunk coordinate */

@@ -125,3 +125,59 @@ void dtype_q8_0_to_f32(float *restrict y, const uint8_t *restrict x, size_t n)
         for (int j = 0; j < DTYPE_Q8_0_BLOCK; j++) y[b * DTYPE_Q8_0_BLOCK + j] = (float)(int8_t)xb[2 + j] * d;
     }
 }
+
+const char *dtype_name(Dtype t)
+{
+    return t == DTYPE_BF16 ? "bf16" : t == DTYPE_INT8 ? "int8" : "f32";
+}
+
+int dtype_parse(const char *s, Dtype *t)
+{
+    if (!strcmp(s, "f32") || !strcmp(s, "float32")) *t = DTYPE_F32;
+    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *t = DTYPE_BF16;
+    else if (!strcmp(s, "int8")) *t = DTYPE_INT8;
+    else return -1;
+    return 0;
+}
+
+float dtype_q8_quantize(int8_t *restrict q, const float *restrict x, size_t n)
+{
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        const float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    const float s = amax / 127.0f;
+    if (!(s > 0.0f)) {   /* zeros, an underflow (or a NaN amax): all q = 0 */
+        memset(q, 0, n);
+        return 0.0f;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float v = rintf(x[i] / s);   /* the default rounding mode: to nearest, ties to even */
+        v = v > 127.0f ? 127.0f : v;
+        v = v >= -127.0f ? v : -127.0f;   /* NaN lands here too: defined, never UB */
+        q[i] = (int8_t)v;
+    }
+    return s;
+}
+
+void dtype_q8_dequantize(float *restrict y, const int8_t *restrict q, float s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = (float)q[i] * s;
+}
+
+void dtype_q8_quantize_row(int8_t *restrict q, float *restrict s, const float *restrict x, size_t K)
+{
+    for (size_t g = 0, k = 0; k < K; g++, k += DTYPE_Q8_GROUP) {
+        const size_t n = K - k < DTYPE_Q8_GROUP ? K - k : DTYPE_Q8_GROUP;
+        s[g] = dtype_q8_quantize(q + k, x + k, n);
+    }
+}
+
+void dtype_q8_dequantize_row(float *restrict y, const int8_t *restrict q, const float *restrict s, size_t K)
+{
+    for (size_t g = 0, k = 0; k < K; g++, k += DTYPE_Q8_GROUP) {
+        const size_t n = K - k < DTYPE_Q8_GROUP ? K - k : DTYPE_Q8_GROUP;
+        dtype_q8_dequantize(y + k, q + k, s[g], n);
+    }
+}

@@ -17,6 +17,17 @@
  *              with d' the float32 scale before rounding (1/d' taken
  *              once), exactly ggml's quantize_row_q8_0_ref; decode is
  *              q * float32(fp16 d)
+ *   int8 g32   symmetric groupwise int8 (the serving dtype of SPEC section
+ *              11): a run of n values (a group of up to DTYPE_Q8_GROUP
+ *              weights along a matrix's input dimension, or one head of a
+ *              cached key / value) gets one float32 scale
+ *                  s = amax / 127          amax = max |x_i| over the group
+ *                  q_i = rne(x_i / s)      clamped to [-127, 127]
+ *              (the division and the rounding to nearest, ties to even, are
+ *              IEEE float32 operations: the same bits on every machine),
+ *              and stands for the float32 values (float)q_i * s, rounded
+ *              once.  A group of zeros (or so small that s underflows to
+ *              0) has s = 0 and q = 0.  -128 is never produced.
  *
  * All functions are pure and thread-safe.  The array forms take any n
  * (0 included) and need their pointers aligned for the element type.
@@ -26,6 +37,18 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* The storage types a tensor can be served in (weights: SPEC section 11;
+ * the KV cache). */
+typedef enum { DTYPE_F32 = 0, DTYPE_BF16, DTYPE_INT8 } Dtype;
+#define DTYPE_Q8_GROUP 32
+
+/* "f32", "bf16", "int8". */
+const char *dtype_name(Dtype t);
+/* "f32" / "float32", "bf16" / "bfloat16", "int8" -> *t; -1 otherwise. */
+int dtype_parse(const char *s, Dtype *t);
+/* Bytes per element (int8: without its scales). */
+static inline size_t dtype_size(Dtype t) { return t == DTYPE_F32 ? 4 : t == DTYPE_BF16 ? 2 : 1; }
 
 /* float32 -> bfloat16: the upper 16 bits rounded to nearest even; NaN stays
  * a (quiet) NaN, overflow rounds to infinity. */
@@ -50,5 +73,17 @@ void dtype_f8e4m3_to_f32(float *restrict y, const uint8_t *restrict x, size_t n)
 void dtype_q8_0_from_f32(uint8_t *restrict y, const float *restrict x, size_t n);
 /* n / 32 Q8_0 blocks -> y[0..n); n a multiple of 32. */
 void dtype_q8_0_to_f32(float *restrict y, const uint8_t *restrict x, size_t n);
+/* int8 g32 of x[0..n) (any n >= 1; a weight group has n <= 32): q[i]
+ * overwritten, returns the scale.  x must be finite (a non-finite input
+ * gives some clamped q, never undefined behaviour). */
+float dtype_q8_quantize(int8_t *restrict q, const float *restrict x, size_t n);
+/* y[i] = (float)q[i] * s, i < n. */
+void dtype_q8_dequantize(float *restrict y, const int8_t *restrict q, float s, size_t n);
+/* A row of K weights quantized in groups of DTYPE_Q8_GROUP: q (K), s
+ * (dtype_q8_groups(K)); the last group holds K mod 32 weights when K is not
+ * a multiple of 32. */
+static inline size_t dtype_q8_groups(size_t K) { return (K + DTYPE_Q8_GROUP - 1) / DTYPE_Q8_GROUP; }
+void dtype_q8_quantize_row(int8_t *restrict q, float *restrict s, const float *restrict x, size_t K);
+void dtype_q8_dequantize_row(float *restrict y, const int8_t *restrict q, const float *restrict s, size_t K);
 
 #endif

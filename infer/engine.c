@@ -65,6 +65,8 @@ void engine_init(Engine *e, const Model *m, const EngineOpts *o)
         if (j == e->n_stop_ids) e->stop_ids[e->n_stop_ids++] = o->stop_ids[i];
     }
     qsort(e->stop_ids, e->n_stop_ids, sizeof(int32_t), cmp_i32);
+    e->st.kv_token_bytes = kvcache_token_bytes(&e->kv);
+    e->st.weight_bytes = model_weight_bytes(m);
 }
 
 void engine_free(Engine *e)

@@ -126,6 +126,8 @@ typedef struct {
     long steps, tokens_generated, prompt_tokens, requests_done, preemptions;
     size_t running, waiting;
     int32_t kv_used, kv_total;
+    size_t kv_token_bytes;    /* one cached position, all local layers (the KV dtype's) */
+    size_t weight_bytes;      /* the model's weights as held (model_weight_bytes) */
 } EngineStats;
 
 typedef struct {

@@ -2,6 +2,7 @@
  * streamed to the terminal or printed as JSON (SPEC section 8). */
 #include "infer/infer_cmd.h"
 #include "checkpoint/ckpt_model.h"
+#include "checkpoint/ckpt_serve.h"
 #include "core/args.h"
 #include "core/common.h"
 #include "infer/engine.h"
@@ -18,13 +19,17 @@ static const char *const g_gen_help =
     "usage: tandem generate --ckpt CKPT (--prompt TEXT | --prompt-ids 1,2,3)\n"
     "                       [--max-tokens 128] [--temperature 1.0] [--top-k 0] [--top-p 1.0]\n"
     "                       [--seed 0] [--stop STR ...] [--ignore-eos] [--logprobs N] [--json]\n"
+    "                       [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
     "Streams the completion to stdout as it is produced and reports time to first\n"
     "token and tokens/s on stderr.  --temperature 0 is greedy.  --json prints one\n"
     "object instead: prompt_ids, ids, text, logprobs, finish_reason, ttft_ms,\n"
     "tokens_per_s (decode rate after the first token).  The text goes through the\n"
     "checkpoint's tokenizer (byte-level when it holds none): --prompt is encoded as\n"
     "HF's tokenizer(text) does, the output decoded without special tokens, and the\n"
-    "model's end-of-turn ids end it (finish \"stop\") unless --ignore-eos.\n";
+    "model's end-of-turn ids end it (finish \"stop\") unless --ignore-eos.\n"
+    "--dtype holds the weights in that dtype and computes from them (default: as the\n"
+    "checkpoint stores them; an int8 checkpoint serves as int8); --kv-dtype holds\n"
+    "the KV cache so (default f32).  docs/serving.md\n";
 
 /* Shared by generate and serve/rollout: sampling options from Args. */
 int infer_gen_params(GenParams *gp, const Args *a, char *err, size_t n)
@@ -98,7 +103,7 @@ static int generate_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "prompt=", "prompt-ids=", "max-tokens=", "temperature=",
                                         "top-k=", "top-p=", "seed=", "stop+", "logprobs=", "json", "ignore-eos",
-                                        NULL };
+                                        "dtype=", "kv-dtype=", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("generate: %s", err);
@@ -119,8 +124,13 @@ static int generate_run(Args *ap, int argc, char **argv)
         return 2;
     }
     bool json = args_flag(ap, "json");
+    ServeDtypes sd;
+    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err)) {
+        td_error("generate: %s", err);
+        return 2;
+    }
     Model m;
-    if (ckpt_model_open(ckpt, &m, NULL, false, 16, err, sizeof err)) {
+    if (ckpt_open_serving(ckpt, &m, NULL, &sd, err, sizeof err)) {
         if (err[0]) td_error("generate: %s", err);
         return 1;
     }
@@ -157,7 +167,7 @@ static int generate_run(Args *ap, int argc, char **argv)
     eo.stop_ids = tx.stop_ids;
     eo.n_stop_ids = tx.n_stop_ids;
     size_t need = (size_t)n_ids + (size_t)gp.max_tokens + 16;
-    eo.kv_budget_bytes = td_max((size_t)16 << 20, need * 2 * m.Hkv * m.hd * sizeof(float) *
+    eo.kv_budget_bytes = td_max((size_t)16 << 20, need * (attn_block_bytes(&m.attn) / m.attn.bs) *
                                                       (size_t)(m.topo.layer_end - m.topo.layer_begin) * 2);
     eo.max_running = 1;
     Engine e;

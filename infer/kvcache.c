@@ -9,7 +9,7 @@ void kvcache_init(KvCache *c, const Model *m, size_t budget_bytes)
     memset(c, 0, sizeof *c);
     c->n_layers = m->topo.layer_end - m->topo.layer_begin;
     c->bs = m->attn.bs;
-    c->block_floats = attn_block_floats(&m->attn);
+    c->block_bytes = attn_block_bytes(&m->attn);
     size_t per_block = kvcache_block_bytes(c);
     size_t n = budget_bytes / (per_block ? per_block : 1);
     if (n < 1) n = 1;
@@ -17,7 +17,7 @@ void kvcache_init(KvCache *c, const Model *m, size_t budget_bytes)
     c->n_blocks = (int32_t)n;
     /* zeroed once: a stale or never-written slot is only ever read for a
      * masked key, whose score is replaced, never used */
-    c->pool = td_calloc((size_t)c->n_layers * n * c->block_floats * sizeof(float) + 64);
+    c->pool = td_calloc((size_t)c->n_layers * n * c->block_bytes + 64);
     c->free_list = td_malloc(n * sizeof(int32_t));
     for (size_t i = 0; i < n; i++) c->free_list[i] = (int32_t)(n - 1 - i);  /* pop gives 0, 1, ... */
     c->n_free = (int32_t)n;
@@ -32,7 +32,7 @@ void kvcache_free(KvCache *c)
 
 size_t kvcache_block_bytes(const KvCache *c)
 {
-    return (size_t)c->n_layers * c->block_floats * sizeof(float);
+    return (size_t)c->n_layers * c->block_bytes;
 }
 
 bool kvcache_reserve(KvCache *c, KvSeq *s, size_t len)

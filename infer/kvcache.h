@@ -6,7 +6,10 @@
  * table: block j of the table holds its positions [j bs, (j+1) bs) in every
  * layer (the same id indexes each layer's pool).  Blocks come from one free
  * list and return to it when the sequence ends, so memory is bounded by the
- * budget and not by the longest possible context of every request.
+ * budget and not by the longest possible context of every request.  The
+ * blocks hold keys and values in the model's KV dtype (m->attn.kv:
+ * float32, bf16 or int8 with a scale per position and head,
+ * core/ops/attention.h).
  */
 #ifndef TANDEM_INFER_KVCACHE_H
 #define TANDEM_INFER_KVCACHE_H
@@ -19,10 +22,10 @@
 
 typedef struct {
     int n_layers;              /* local layers */
-    size_t block_floats;       /* per layer per block */
+    size_t block_bytes;        /* per layer per block */
     size_t bs;                 /* positions per block */
     int32_t n_blocks;
-    float *pool;               /* owned: [n_layers][n_blocks][block_floats] */
+    unsigned char *pool;       /* owned: [n_layers][n_blocks][block_bytes] */
     int32_t *free_list;        /* owned, stack of free ids */
     int32_t n_free;
 } KvCache;
@@ -38,10 +41,13 @@ void kvcache_init(KvCache *c, const Model *m, size_t budget_bytes);
 void kvcache_free(KvCache *c);
 /* Bytes one block of all layers takes. */
 size_t kvcache_block_bytes(const KvCache *c);
+/* Bytes one cached position takes, all local layers (keys, values and
+ * their scales). */
+static inline size_t kvcache_token_bytes(const KvCache *c) { return kvcache_block_bytes(c) / c->bs; }
 /* The pool of local layer i (0-based within the stage). */
-static inline float *kvcache_layer(const KvCache *c, int i)
+static inline void *kvcache_layer(const KvCache *c, int i)
 {
-    return c->pool + (size_t)i * (size_t)c->n_blocks * c->block_floats;
+    return c->pool + (size_t)i * (size_t)c->n_blocks * c->block_bytes;
 }
 /* Blocks needed for a sequence to hold `len` positions. */
 static inline int32_t kvcache_blocks_for(const KvCache *c, size_t len)

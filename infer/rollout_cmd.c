@@ -31,6 +31,7 @@
 #include "infer/infer_cmd.h"
 #include "checkpoint/ckpt.h"
 #include "checkpoint/ckpt_model.h"
+#include "checkpoint/ckpt_serve.h"
 #include "core/args.h"
 #include "core/common.h"
 #include "core/model/config.h"
@@ -53,6 +54,7 @@ static const char *const g_rollout_help =
     "                      [--top-k 0] [--top-p 1] [--seed 0] [--stop STR ...] [--ignore-eos]\n"
     "                      [--kv-mb 256] [--max-running 64] [--max-batch-tokens 512]\n"
     "                      [--prefill-chunk 256] [--wait-timeout 60]\n"
+    "                      [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
     "RL rollout worker.  Each line of P.jsonl is an object with \"prompt\" (text,\n"
     "encoded by the checkpoint's tokenizer as HF's tokenizer(text) does; byte-level\n"
     "when the checkpoint holds none) or \"prompt_ids\" (token ids), and optionally\n"
@@ -74,8 +76,10 @@ static const char *const g_rollout_help =
     "--follow DIR serves the checkpoint DIR/latest names (waiting up to\n"
     "--wait-timeout seconds for one) and reloads when latest changes: running\n"
     "samples finish under the old weights, later ones use the new, each tagged\n"
-    "with its policy_version.  Check a rollout with the trainer's forward:\n"
-    "  tandem score --rollout OUT.jsonl --ckpt CKPT|RUN_DIR\n";
+    "with its policy_version.  --dtype / --kv-dtype hold the weights (each reload\n"
+    "quantized the same way) and the KV cache in that dtype (docs/serving.md).\n"
+    "Check a rollout with the trainer's forward (the same dtypes):\n"
+    "  tandem score --rollout OUT.jsonl --ckpt CKPT|RUN_DIR [--dtype D --kv-dtype D]\n";
 
 #define ROLLOUT_SEED_STRIDE 1000003ULL
 
@@ -339,6 +343,7 @@ typedef struct {
 
 struct Rollout {
     Model m;
+    ServeDtypes sd;            /* --dtype, --kv-dtype */
     Engine e;
     CkptText tx;              /* the tokenizer and stop ids of the first checkpoint */
     bool have_model, have_engine;
@@ -472,14 +477,7 @@ static int load_first(Rollout *ro, const char *file, char *err, size_t n)
     ModelConfig cfg;
     CkptMeta meta;
     if (ckpt_read_config(file, &cfg, &meta, err, n)) return -1;
-    Topology topo;
-    topo_single(&topo, &cfg);
-    model_init(&ro->m, &cfg, &topo, false, 16);
-    if (ckpt_load(file, &ro->m, NULL, NULL, NULL, err, n)) {
-        model_free(&ro->m);
-        return -1;
-    }
-    model_pack(&ro->m);
+    if (ckpt_open_serving(file, &ro->m, NULL, &ro->sd, err, n)) return -1;
     ro->have_model = true;
     ro->version = meta.step;
     return 0;
@@ -501,14 +499,13 @@ static int reload(Rollout *ro, const char *file, char *err, size_t n)
         td_error("rollout: %s has another model config than the one being served; restart the worker", file);
         return -2;
     }
-    if (ckpt_load(file, &ro->m, NULL, NULL, NULL, err, n)) {
+    if (ckpt_load_serving(file, &ro->m, err, n)) {
         /* the weights may be zeroed now: forget what is loaded, so that
          * admission stays held until a load succeeds, even if latest moves
          * back to the previous checkpoint */
         ro->loaded[0] = 0;
         return -1;
     }
-    model_pack(&ro->m);
     ro->version = meta.step;
     return 0;
 }
@@ -630,7 +627,7 @@ static int rollout_run(Args *ap, int argc, char **argv)
     static const char *const spec[] = { "ckpt=", "follow=", "prompts=", "n=", "output=", "max-tokens=",
                                         "temperature=", "top-k=", "top-p=", "seed=", "stop+", "kv-mb=",
                                         "max-running=", "max-batch-tokens=", "prefill-chunk=", "wait-timeout=",
-                                        "ignore-eos", NULL };
+                                        "ignore-eos", "dtype=", "kv-dtype=", NULL };
     char err[1024];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("rollout: %s", err);
@@ -676,6 +673,11 @@ static int rollout_run(Args *ap, int argc, char **argv)
         td_error("rollout: --n must be a whole number");
         return 2;
     }
+    ServeDtypes sd;
+    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err)) {
+        td_error("rollout: %s", err);
+        return 2;
+    }
     /* 1. the prompts (syntax), before waiting for or loading anything */
     Prompt *prompts;
     size_t np;
@@ -685,6 +687,7 @@ static int rollout_run(Args *ap, int argc, char **argv)
     }
     Rollout ro;
     memset(&ro, 0, sizeof ro);
+    ro.sd = sd;
     ro.prompts = prompts;
     ro.wait_timeout = num[WAIT].v;
     int rc = 1;

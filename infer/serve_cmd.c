@@ -4,6 +4,7 @@
 #include "infer/infer_cmd.h"
 #include "checkpoint/ckpt.h"
 #include "checkpoint/ckpt_model.h"
+#include "checkpoint/ckpt_serve.h"
 #include "core/args.h"
 #include "core/common.h"
 #include "comm/comm.h"
@@ -23,16 +24,20 @@ static const char *const g_serve_help =
     "                    [--max-batch-tokens 512] [--prefill-chunk 256]\n"
     "                    [--max-body 1048576] [--max-n 16] [--max-connections 512]\n"
     "                    [--idle-timeout 60] [--drain-timeout 30] [--quiet]\n"
+    "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
     "       mpirun -np N tandem serve --ckpt CKPT --port P tp=T ep=E    (N = T x E)\n"
     "OpenAI-compatible HTTP server: POST /v1/completions and /v1/chat/completions\n"
     "(\"stream\": true for server-sent events), POST /tokenize and /detokenize,\n"
     "GET /v1/models, /health, /metrics (Prometheus).  Text goes through the\n"
     "checkpoint's tokenizer (byte-level when it holds none), chat through its chat\n"
     "template; generation stops at the model's end-of-turn ids.\n"
-    "CKPT is a checkpoint file or a run directory (its latest); bf16/f16 weights\n"
-    "are upcast to float32.  --port 0 picks a free port; the start-up line on\n"
-    "stderr names it.  SIGTERM or SIGINT drains: new completions get 503, running\n"
-    "ones finish (up to --drain-timeout seconds), then the server exits 0.\n"
+    "CKPT is a checkpoint file or a run directory (its latest).  --dtype holds the\n"
+    "weights in that dtype and computes from them (default: as stored; f16 is\n"
+    "upcast to float32); --kv-dtype the KV cache (default f32); the start-up line\n"
+    "and /metrics give the bytes a cached token takes.  --port 0 picks a free\n"
+    "port; the start-up line on stderr names it.  SIGTERM or SIGINT drains: new\n"
+    "completions get 503, running ones finish (up to --drain-timeout seconds),\n"
+    "then the server exits 0.\n"
     "Under mpirun the model is split over the ranks (tensor parallel over tp,\n"
     "experts over ep); rank 0 serves HTTP and the others follow its schedule.\n"
     "Details: docs/serving.md\n";
@@ -78,7 +83,7 @@ static int serve_run(Args *ap, int argc, char **argv)
     static const char *const spec[] = { "ckpt=", "port=", "host=", "model-name=", "kv-mb=", "max-running=",
                                         "max-queue=", "max-batch-tokens=", "prefill-chunk=", "max-body=",
                                         "max-n=", "max-connections=", "idle-timeout=", "drain-timeout=",
-                                        "quiet", "tp=", "ep=", NULL };
+                                        "quiet", "tp=", "ep=", "dtype=", "kv-dtype=", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("serve: %s", err);
@@ -129,6 +134,11 @@ static int serve_run(Args *ap, int argc, char **argv)
         td_error("serve: tp=%d x ep=%d must equal the number of ranks (%d)", tp, ep, comm_size());
         return 2;
     }
+    ServeDtypes sd;
+    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err)) {
+        td_error("serve: %s", err);
+        return 2;
+    }
     char file[PATH_MAX], name[PATH_MAX];
     if (ckpt_resolve(ckpt, file, sizeof file)) return 1;   /* printed */
     model_name_of(name, sizeof name, file);
@@ -146,7 +156,7 @@ static int serve_run(Args *ap, int argc, char **argv)
         }
         tptr = &topo;
     }
-    if (ckpt_model_open(ckpt, &m, tptr, false, 16, err, sizeof err)) {
+    if (ckpt_open_serving(ckpt, &m, tptr, &sd, err, sizeof err)) {
         if (err[0]) td_error("serve: %s", err);
         return 1;
     }
@@ -220,11 +230,12 @@ static int serve_run(Args *ap, int argc, char **argv)
     }
     bool v6 = strchr(so.host, ':') != NULL;
     fprintf(stderr,
-            "tandem: serving %s on http://%s%s%s:%d (model \"%s\", context %d, KV cache %d blocks of %zu positions "
-            "= %zu MiB, max running %zu, %d threads)\n",
+            "tandem: serving %s on http://%s%s%s:%d (model \"%s\", context %d, weights %s %.1f MiB, KV cache %s "
+            "%d blocks of %zu positions = %zu MiB, %zu bytes per cached token, max running %zu, %d threads)\n",
             file, v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), so.model_name,
-            m.cfg.max_position_embeddings, e.kv.n_blocks, e.kv.bs,
-            (kvcache_block_bytes(&e.kv) * (size_t)e.kv.n_blocks) >> 20, e.o.max_running, pool_threads());
+            m.cfg.max_position_embeddings, dtype_name(m.dt.mat), (double)model_weight_bytes(&m) / 1048576.0,
+            dtype_name(m.attn.kv), e.kv.n_blocks, e.kv.bs, (kvcache_block_bytes(&e.kv) * (size_t)e.kv.n_blocks) >> 20,
+            kvcache_token_bytes(&e.kv), e.o.max_running, pool_threads());
     const char *ce = server_chat_error(srv);
     fprintf(stderr, "tandem: serve: tokenizer %s (V = %d, %zu stop ids); %s%s\n",
             tok_is_byte_level(tx.tok) ? "byte-level" : "of the checkpoint", tok_vocab_size(tx.tok), tx.n_stop_ids,

@@ -12,6 +12,18 @@
  *           + kl_coef * (1 - exp(ref - new))
  * The first update of a batch runs at the rollout's weights, so r == 1
  * exactly: the trainer's forward reproduces the rollout's arithmetic.
+ *
+ * rollout_dtype=bf16|int8: the engine generates from a serving model q
+ * holding the weights in that dtype (re-quantized from the float32 weights
+ * after every step's updates, model_quantize_from; the split placement
+ * broadcasts q itself, 2 or ~3.6 times fewer bytes).  The behaviour
+ * log-probabilities -- old, the ones the ratio divides by, and the ones
+ * logprob_diff_max compares with the rollout's -- are the trainer's
+ * forward on q: the same kernels on the same rounded weights, so they equal
+ * the rollout's bit for bit.  The update's new log-probabilities and
+ * gradient are the float32 model's, so the first ratio is exp(new_f32 -
+ * old_q), the exact importance weight of the rounding (quant_logprob_diff_max
+ * reports its size), not an estimate of it.
  */
 #include "rl/rl.h"
 #include "checkpoint/ckpt.h"
@@ -405,6 +417,10 @@ typedef struct {
     Topology topo;
     Model m, ref;                /* ref: frozen initial model when kl_coef > 0 */
     bool have_ref;
+    Model q;                     /* rollout_dtype != f32: the serving model the engine runs */
+    bool have_q;
+    Model *gen;                  /* the model the engine runs: &m or &q */
+    size_t k;                    /* experts per token */
     float *m1, *m2;
     AdamHyper adam;
     TrainActs acts;
@@ -422,13 +438,12 @@ typedef struct {
     int64_t version;             /* updates applied to the rollout weights */
 } Rl;
 
-/* FNV-1a over the weights' bits, 8 bytes at a time (a serial multiply chain:
- * per byte it cost ~70 ms for small's 54 MB, per word ~9). */
-static uint64_t hash_weights(const Model *m)
+/* FNV-1a over nb bytes, 8 at a time (a serial multiply chain: per byte it
+ * cost ~70 ms for small's 54 MB, per word ~9). */
+static uint64_t hash_bytes(uint64_t h, const void *buf, size_t nb)
 {
-    uint64_t h = 1469598103934665603ULL;
-    const size_t nb = m->n_w * sizeof(float), nw = nb / 8;
-    const unsigned char *p = (const unsigned char *)m->w;
+    const size_t nw = nb / 8;
+    const unsigned char *p = buf;
     for (size_t i = 0; i < nw; i++) {
         uint64_t w;
         memcpy(&w, p + 8 * i, 8);
@@ -436,6 +451,13 @@ static uint64_t hash_weights(const Model *m)
     }
     for (size_t i = 8 * nw; i < nb; i++) h = (h ^ p[i]) * 1099511628211ULL;
     return h;
+}
+
+/* The weights the rollout side runs: the float32 slab, or q's slabs. */
+static uint64_t hash_weights(const Model *m)
+{
+    uint64_t h = hash_bytes(1469598103934665603ULL, m->w, m->n_w * sizeof(float));
+    return m->serving ? hash_bytes(h, m->packed, m->n_packed) : h;
 }
 
 /* This rank's prompts of the step: rollout rank r of G takes [r P/G, (r+1) P/G). */
@@ -504,7 +526,7 @@ static Sample *rollout(Rl *r, const Prompt *prompts, int first, int count, int64
     }
     while (engine_step(&r->eng) > 0) {}
     Sample *out = td_calloc((size_t)(n > 0 ? n : 1) * sizeof(Sample));
-    const size_t per = (size_t)r->n_moe * r->m.k;
+    const size_t per = (size_t)r->n_moe * r->k;
     for (int i = 0; i < n; i++) {
         Request *q = req[i];
         Sample *s = &out[i];
@@ -570,7 +592,7 @@ static int score_samples(Rl *r, Sample *s, int n, const Prompt *prompts, char *w
  * q % n_train through COMM_ALL as one int64/float stream. */
 static void send_samples(Rl *r, const Sample *s, int n)
 {
-    const size_t per = (size_t)r->n_moe * r->m.k;
+    const size_t per = (size_t)r->n_moe * r->k;
     size_t words = 1;
     for (int i = 0; i < n; i++) words += 6 + (size_t)(s[i].n_prompt + s[i].n_out) + 2 * (size_t)s[i].n_out + (size_t)s[i].n_out * per;
     int64_t *buf = td_malloc(words * sizeof(int64_t));
@@ -601,7 +623,7 @@ static void send_samples(Rl *r, const Sample *s, int n)
 
 static Sample *recv_samples(Rl *r, int *n_out)
 {
-    const size_t per = (size_t)r->n_moe * r->m.k;
+    const size_t per = (size_t)r->n_moe * r->k;
     Sample *all = NULL;
     int n_all = 0;
     for (int q = r->n_train; q < r->n_train + r->n_rollout; q++) {
@@ -670,7 +692,34 @@ static size_t fill_batch(Rl *r, const Sample *s, int n, int b0)
 
 typedef struct {
     double diff_max, route_bad, route_all, clip, tok, kl, loss;
+    double quant_diff_max;   /* rollout_dtype != f32: max |f32 policy - behaviour (q)| logprob */
 } EpochStats;
+
+/* Exactness: the log-probabilities and routes of micro-batch mb that the
+ * last forward (on the rollout's model) left in r->acts, against the
+ * rollout's. */
+static void check_rollout(Rl *r, const Sample *s, int n, int mb, const Model *m, EpochStats *es)
+{
+    const size_t B = r->B, T = r->T, k = r->k, per = (size_t)r->n_moe * k;
+    for (size_t row = 0; row < B; row++) {
+        const int i = mb * (int)B + (int)row;
+        if (i >= n) continue;
+        const Sample *q = &s[i];
+        for (int j = 0; j < q->n_out; j++) {
+            const size_t t = (size_t)(q->n_prompt - 1 + j);
+            es->diff_max = fmax(es->diff_max, fabs((double)r->acts.logp[row * T + t] - (double)q->logp[j]));
+            int mi = 0;
+            for (int li = 0; li < r->topo.layer_end - r->topo.layer_begin; li++) {
+                if (!m->layers[r->topo.layer_begin + li].moe) continue;
+                const int32_t *tr = r->acts.la[li].topk_idx + (row * T + t) * k;
+                const int32_t *ro = q->routes + (size_t)j * per + (size_t)mi * k;
+                es->route_bad += memcmp(tr, ro, k * sizeof(int32_t)) != 0;
+                es->route_all += 1;
+                mi++;
+            }
+        }
+    }
+}
 
 /* One PPO epoch over this rank's samples: forward, objective, backward,
  * then the dp-summed gradient, clipping and one AdamW update. */
@@ -679,7 +728,7 @@ static double ppo_epoch(Rl *r, Sample *s, int n, double total_tokens, double n_s
 {
     const RunConfig *rc = r->rc;
     Model *m = &r->m;
-    const size_t B = r->B, T = r->T, k = m->k, per = (size_t)r->n_moe * k;
+    const size_t B = r->B, T = r->T;
     const bool seq_mean = !strcmp(rc->loss_agg, "seq_mean");
     memset(m->g, 0, m->n_w * sizeof(float));
     int n_mb = (n + (int)B - 1) / (int)B;
@@ -689,7 +738,14 @@ static double ppo_epoch(Rl *r, Sample *s, int n, double total_tokens, double n_s
     for (int mb = 0; mb < (int)nm; mb++) {
         fill_batch(r, s, n, mb * (int)B);
         LossParts lp = { 0 };
+        /* the behaviour policy first: the forward of the model the rollout
+         * ran (q in low precision: the same kernels on the same weights) */
+        if (first_epoch && r->have_q) {
+            model_train_forward(&r->q, &r->acts, r->ids, r->tg, B * T, NULL);
+            check_rollout(r, s, n, mb, &r->q, es);
+        }
         model_train_forward(m, &r->acts, r->ids, r->tg, B * T, &lp);
+        if (first_epoch && !r->have_q) check_rollout(r, s, n, mb, m, es);
         memset(r->dlogp, 0, B * T * sizeof(float));
         for (size_t row = 0; row < B; row++) {
             int i = mb * (int)B + (int)row;
@@ -699,19 +755,8 @@ static double ppo_epoch(Rl *r, Sample *s, int n, double total_tokens, double n_s
             for (int j = 0; j < q->n_out; j++) {
                 size_t t = (size_t)(q->n_prompt - 1 + j);
                 const float lnew = r->acts.logp[row * T + t];
-                if (first_epoch) {
-                    /* exactness: the rollout's logprob and routes, recomputed */
-                    es->diff_max = fmax(es->diff_max, fabs((double)lnew - (double)q->logp[j]));
-                    int mi = 0;
-                    for (int li = 0; li < r->topo.layer_end - r->topo.layer_begin; li++) {
-                        if (!m->layers[r->topo.layer_begin + li].moe) continue;
-                        const int32_t *tr = r->acts.la[li].topk_idx + (row * T + t) * k;
-                        const int32_t *ro = q->routes + (size_t)j * per + (size_t)mi * k;
-                        es->route_bad += memcmp(tr, ro, k * sizeof(int32_t)) != 0;
-                        es->route_all += 1;
-                        mi++;
-                    }
-                }
+                if (first_epoch && r->have_q)
+                    es->quant_diff_max = fmax(es->quant_diff_max, fabs((double)lnew - (double)q->logp[j]));
                 const double ratio = exp((double)lnew - (double)q->logp[j]), A = q->adv;
                 const double lo = 1.0 - rc->clip_eps, hi = 1.0 + rc->clip_eps;
                 const double clipped = (ratio < lo ? lo : ratio > hi ? hi : ratio) * A;
@@ -802,15 +847,31 @@ static int rl_setup(Rl *r)
     }
     if (r->train_rank && comm_setup(&r->topo)) return -1;
     comm_sync_group(r->split && (r->rollout_rank || r->all_rank == 0));
-    model_init(&r->m, &cfg, &r->topo, r->train_rank, 16);
-    if (src[0]) {
-        if (ckpt_load(src, &r->m, NULL, NULL, NULL, err, sizeof err)) {
-            td_error("%s", err);
-            return -1;
+    Dtype rd = DTYPE_F32;
+    dtype_parse(rc->rollout_dtype, &rd);   /* checked by the run config */
+    r->k = (size_t)cfg.num_experts_per_tok;
+    /* the float32 model: the trainer's, and the rollout's at rollout_dtype
+     * f32; a rollout-only rank in low precision holds only q (it receives
+     * q's weights at every sync) */
+    if (r->train_rank || rd == DTYPE_F32) {
+        model_init(&r->m, &cfg, &r->topo, r->train_rank, 16);
+        if (src[0]) {
+            if (ckpt_load(src, &r->m, NULL, NULL, NULL, err, sizeof err)) {
+                td_error("%s", err);
+                return -1;
+            }
+            model_pack(&r->m);
+        } else {
+            model_init_weights(&r->m, (uint64_t)rc->seed);
         }
-        model_pack(&r->m);
-    } else {
-        model_init_weights(&r->m, (uint64_t)rc->seed);
+    }
+    r->gen = &r->m;
+    if (rd != DTYPE_F32) {
+        const ModelDtypes dt = model_dtypes_default(rd);
+        model_init_serving(&r->q, &cfg, &r->topo, 16, &dt);
+        if (r->train_rank) model_quantize_from(&r->q, &r->m);
+        r->have_q = true;
+        r->gen = &r->q;
     }
     for (int l = 0; l < cfg.num_hidden_layers; l++) r->n_moe += config_layer_is_moe(&cfg, l);
 
@@ -881,13 +942,13 @@ static int rl_setup(Rl *r)
         eo.max_running = n_req > 0 ? n_req : 1;
         eo.max_queue = eo.max_running + 1;
         eo.max_batch_tokens = td_max(512, eo.max_running);
-        size_t per_seq = (size_t)kvcache_blocks_for(&(KvCache){ .bs = r->m.attn.bs }, r->T + 1) + 1;
-        eo.kv_budget_bytes = td_max((size_t)8 << 20, eo.max_running * per_seq * attn_block_floats(&r->m.attn) *
-                                                          sizeof(float) * (size_t)cfg.num_hidden_layers);
+        size_t per_seq = (size_t)kvcache_blocks_for(&(KvCache){ .bs = r->gen->attn.bs }, r->T + 1) + 1;
+        eo.kv_budget_bytes = td_max((size_t)8 << 20, eo.max_running * per_seq * attn_block_bytes(&r->gen->attn) *
+                                                          (size_t)cfg.num_hidden_layers);
         eo.tok = r->tx.tok;
         eo.stop_ids = r->tx.stop_ids;
         eo.n_stop_ids = r->tx.n_stop_ids;
-        engine_init(&r->eng, &r->m, &eo);
+        engine_init(&r->eng, r->gen, &eo);
         r->have_eng = true;
     }
     if (r->all_rank == 0) {
@@ -920,38 +981,58 @@ static void rl_free(Rl *r)
         td_free(r->m2);
     }
     if (r->have_ref) model_free(&r->ref);
+    if (r->have_q) model_free(&r->q);
     model_free(&r->m);
     if (r->file_prompts) free_prompts(r->file_prompts, r->n_file_prompts);
     ckpt_text_free(&r->tx);
 }
 
-/* Weights to the rollout ranks (split placement): one broadcast over
- * COMM_SYNC from trainer rank 0, whose dp-replicated weights are the whole
- * model.  Returns the seconds of the broadcast and the rollout side's
- * repacking; *equal: every rollout rank's weights hash like the
- * trainer's. */
-static double sync_weights(Rl *r, bool *equal)
+/* Weights to the rollout side.  updated: after a step's updates, when a
+ * low-precision q is re-quantized from the float32 weights first (every
+ * trainer rank: they all check the rollout with q).  Split placement: one
+ * broadcast over COMM_SYNC from trainer rank 0, whose dp-replicated weights
+ * are the whole model -- q's slabs in low precision, else the float32
+ * weights, repacked on arrival.  Returns the seconds of the re-quantizing,
+ * the broadcast and the repacking; *equal: every rollout rank's weights
+ * hash like the trainer's. */
+static double sync_weights(Rl *r, bool updated, bool *equal)
 {
     *equal = true;
-    if (!r->split) return 0.0;
+    double tq = td_now();
+    if (updated && r->have_q && r->train_rank) model_quantize_from(&r->q, &r->m);
+    tq = td_now() - tq;
+    if (!r->split) {
+        double v = tq;
+        comm_allreduce_max_f64(COMM_ALL, &v, 1);
+        return v;
+    }
     bool member = r->rollout_rank || r->all_rank == 0;
     double t0 = 0, dt = 0;
     if (member) {
         comm_barrier(COMM_SYNC);   /* time the transfer, not the wait for the trainers */
         t0 = td_now();
-        comm_bcast(COMM_SYNC, r->m.w, r->m.n_w * sizeof(float), 0);
-        if (r->rollout_rank) model_pack(&r->m);   /* the engine's forward reads packed weights */
+        Model *g = r->gen;
+        comm_bcast(COMM_SYNC, g->w, g->n_w * sizeof(float), 0);
+        if (r->have_q) comm_bcast(COMM_SYNC, g->packed, g->n_packed, 0);
+        else if (r->rollout_rank) model_pack(g);   /* the engine's forward reads packed weights */
         dt = td_now() - t0;
         /* the check that both sides hold the same bits, not timed */
-        uint64_t h = hash_weights(&r->m);
+        uint64_t h = hash_weights(g);
         double hv[4] = { (double)(h >> 32), (double)(h & 0xffffffffu), -(double)(h >> 32), -(double)(h & 0xffffffffu) };
         comm_allreduce_max_f64(COMM_SYNC, hv, 4);
         *equal = hv[0] == -hv[2] && hv[1] == -hv[3];
     }
-    double v[2] = { dt, *equal ? 0.0 : 1.0 };
+    double v[2] = { dt + tq, *equal ? 0.0 : 1.0 };
     comm_allreduce_max_f64(COMM_ALL, v, 2);
     *equal = v[1] == 0.0;
     return v[0];
+}
+
+/* Bytes one split-placement sync broadcasts. */
+static size_t sync_bytes(const Rl *r)
+{
+    if (!r->split) return 0;
+    return r->gen->n_w * sizeof(float) + (r->have_q ? r->gen->n_packed : 0);
 }
 
 static int rl_save(Rl *r, int64_t step)
@@ -984,7 +1065,7 @@ static int rl_run(const RunConfig *rc)
     int ret = 1;
     if (rl_setup(&r)) goto out;
     bool eq;
-    double sync0 = sync_weights(&r, &eq);   /* same start on both sides */
+    double sync0 = sync_weights(&r, false, &eq);   /* same start on both sides */
     if (r.all_rank == 0)
         td_info("rl: task %s, %d prompts x %d samples per step, %d steps, %s (%d trainer, %d rollout ranks), "
                 "initial weight sync %.3f s",
@@ -1070,6 +1151,7 @@ static int rl_run(const RunConfig *rc)
             double sums[5] = { es.route_bad, es.route_all, es.clip, es.tok, es.kl };
             comm_allreduce_f64(COMM_DP, sums, 5);
             comm_allreduce_max_f64(COMM_DP, &es.diff_max, 1);
+            comm_allreduce_max_f64(COMM_DP, &es.quant_diff_max, 1);
             double l = es.loss;
             comm_allreduce_f64(COMM_DP, &l, 1);
             es.loss = l;
@@ -1083,7 +1165,7 @@ static int rl_run(const RunConfig *rc)
             updates += rc->ppo_epochs;
         }
         double t_train = td_now() - t1;
-        double sync_s = sync_weights(&r, &eq);
+        double sync_s = sync_weights(&r, true, &eq);
         if (r.metrics) {
             double rt = tmax > 0 ? red[4] / tmax : 0;
             fprintf(r.metrics,
@@ -1091,12 +1173,12 @@ static int rl_run(const RunConfig *rc)
                     "\"clip_frac\":%.6f,\"logprob_diff_max\":%.9g,\"routing_mismatch\":%.9g,\"lr\":%.6e,"
                     "\"grad_norm\":%.6f,\"samples\":%.0f,\"rollout_tokens\":%.0f,\"rollout_tokens_per_s\":%.1f,"
                     "\"train_tokens_per_s\":%.1f,\"sync_s\":%.6f,\"sync_bytes\":%zu,\"weights_equal\":%s,"
-                    "\"policy_version\":%lld,\"step_s\":%.3f}\n",
+                    "\"policy_version\":%lld,\"rollout_dtype\":\"%s\",\"quant_logprob_diff_max\":%.9g,\"step_s\":%.3f}\n",
                     (long long)step, es.loss, rmean, rstd, es.tok ? es.kl / es.tok : 0.0,
                     es.tok ? es.clip / es.tok : 0.0, es.diff_max, es.route_all ? es.route_bad / es.route_all : 0.0,
                     lr, gnorm, red[3], red[4], rt, t_train > 0 ? train_tok * rc->ppo_epochs / t_train : 0.0,
-                    sync_s, r.split ? r.m.n_w * sizeof(float) : 0, eq ? "true" : "false",
-                    (long long)(updates - rc->ppo_epochs), td_now() - t0);
+                    sync_s, sync_bytes(&r), eq ? "true" : "false",
+                    (long long)(updates - rc->ppo_epochs), rc->rollout_dtype, es.quant_diff_max, td_now() - t0);
             fflush(r.metrics);
         }
         if (r.all_rank == 0 && (tty || step % rc->log_every == 0 || step == rc->steps))

@@ -12,6 +12,7 @@
 #include "rl/rlcheck.h"
 #include "checkpoint/ckpt.h"
 #include "checkpoint/ckpt_model.h"
+#include "checkpoint/ckpt_serve.h"
 #include "core/args.h"
 #include "core/model/backprop.h"
 #include "core/common.h"
@@ -356,7 +357,7 @@ static int cmp_i64(const void *a, const void *b)
 
 static int rlcheck_cmd_run(Args *ap, int argc, char **argv)
 {
-    static const char *const spec[] = { "rollout=", "ckpt=", "batch=", NULL };
+    static const char *const spec[] = { "rollout=", "ckpt=", "batch=", "dtype=", "kv-dtype=", NULL };
     char err[1024];
     bool help = false;   /* "--rollout --help": --help is not the file name */
     for (int i = 1; i < argc; i++) help |= !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
@@ -366,6 +367,7 @@ static int rlcheck_cmd_run(Args *ap, int argc, char **argv)
     }
     if (help) {
         printf("usage: tandem score --rollout OUT.jsonl --ckpt CKPT|RUN_DIR [--batch 8]\n"
+               "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
                "Recomputes, with the training forward, the log-probability of every generated\n"
                "token of a `tandem rollout` output and the experts it was routed to, and\n"
                "prints {\"samples\", \"tokens\", \"routes\", \"logprob_diff_max\", \"routing_mismatch\",\n"
@@ -373,6 +375,8 @@ static int rlcheck_cmd_run(Args *ap, int argc, char **argv)
                "of (token, MoE layer) whose top-k experts differ; both 0 when the engine and\n"
                "the trainer agree bit for bit.  Each sample is scored with the checkpoint of\n"
                "its policy_version: RUN_DIR/step_<version>.h5, or CKPT when its step matches.\n"
+               "--dtype / --kv-dtype: the dtypes the rollout ran with (tandem rollout's), so that\n"
+               "the trainer computes from the same rounded weights and keys and values.\n"
                "Exit 0 whatever the measurement; 2 for a malformed file.\n");
         return 0;
     }
@@ -383,6 +387,11 @@ static int rlcheck_cmd_run(Args *ap, int argc, char **argv)
         return 2;
     }
     if (args_num(ap, "batch", 8, 1, 4096, &B, err, sizeof err) < 0) {
+        td_error("score: %s", err);
+        return 2;
+    }
+    ServeDtypes sd;
+    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err)) {
         td_error("score: %s", err);
         return 2;
     }
@@ -416,7 +425,7 @@ static int rlcheck_cmd_run(Args *ap, int argc, char **argv)
             break;
         }
         Model m;
-        if (ckpt_model_open(file, &m, NULL, false, 16, err, sizeof err)) {
+        if (ckpt_open_serving(file, &m, NULL, &sd, err, sizeof err)) {
             if (err[0]) td_error("score: %s", err);
             rc = 1;
             break;

@@ -60,12 +60,14 @@ typedef struct {
     size_t n_blocks;
 } Layout;
 
-static void layout_init(Layout *L, size_t H, size_t Hkv, size_t hd, size_t bs,
-                        const size_t *lens, size_t n_seq, uint64_t seed)
+/* A pool whose blocks hold keys and values as kv: unwritten bytes are
+ * 0xFF (a NaN in f32 and bf16, a NaN scale in int8). */
+static void layout_init_kv(Layout *L, size_t H, size_t Hkv, size_t hd, size_t bs, const size_t *lens, size_t n_seq,
+                           uint64_t seed, Dtype kv)
 {
     cr_assert(n_seq <= MAX_SEQ);
     memset(L, 0, sizeof *L);
-    L->sh = (AttnShape){ H, Hkv, hd, bs };
+    L->sh = (AttnShape){ H, Hkv, hd, bs, kv };
     L->n_seq = n_seq;
     size_t nb = 3;   /* spare blocks nobody uses */
     for (size_t i = 0; i < n_seq; i++) nb += (lens[i] + bs - 1) / bs;
@@ -90,17 +92,22 @@ static void layout_init(Layout *L, size_t H, size_t Hkv, size_t hd, size_t bs,
         row += lens[i];
     }
     L->rows = row;
-    size_t nf = nb * attn_block_floats(&L->sh);
-    L->kv = td_malloc(nf * sizeof(float));
-    for (size_t i = 0; i < nf; i++) L->kv[i] = NAN;
+    const size_t nbytes = nb * attn_block_bytes(&L->sh);
+    L->kv = td_malloc(nbytes + sizeof(float));
+    memset(L->kv, 0xFF, nbytes);
     td_free(perm);
     td_free(u);
 }
 
+static void layout_init(Layout *L, size_t H, size_t Hkv, size_t hd, size_t bs,
+                        const size_t *lens, size_t n_seq, uint64_t seed)
+{
+    layout_init_kv(L, H, Hkv, hd, bs, lens, n_seq, seed, DTYPE_F32);
+}
+
 static void layout_clear(Layout *L)
 {
-    size_t nf = L->n_blocks * attn_block_floats(&L->sh);
-    for (size_t i = 0; i < nf; i++) L->kv[i] = NAN;
+    memset(L->kv, 0xFF, L->n_blocks * attn_block_bytes(&L->sh));
 }
 
 static void layout_free(Layout *L)
@@ -255,14 +262,14 @@ Test(attention, kv_store_writes_the_documented_block_layout)
     Layout L;
     layout_init(&L, 4, 2, 8, 32, lens, 3, 1);
     cr_expect(!is_identity(&L), "the block table should be shuffled");
-    cr_expect_eq(attn_block_floats(&L.sh), 2 * 2 * 8 * 32, "block floats");
+    cr_expect_eq((attn_block_bytes(&L.sh) / sizeof(float)), 2 * 2 * 8 * 32, "block floats");
     Qkv x = qkv_rand(&L, 2);
     attention_kv_store(L.kv, L.seq, L.n_seq, x.k, x.v, &L.sh);
     const size_t hd = 8, bs = 32, Hkv = 2, kw = Hkv * hd;
     size_t bad = 0, written = 0;
     for (size_t i = 0; i < L.n_seq; i++)
         for (size_t p = 0; p < L.len[i]; p++) {
-            const float *blk = L.kv + (size_t)L.table[i][p / bs] * attn_block_floats(&L.sh);
+            const float *blk = L.kv + (size_t)L.table[i][p / bs] * (attn_block_bytes(&L.sh) / sizeof(float));
             const size_t off = p % bs, r = L.seq[i].row + p;
             for (size_t g = 0; g < Hkv; g++)
                 for (size_t d = 0; d < hd; d++) {
@@ -273,7 +280,7 @@ Test(attention, kv_store_writes_the_documented_block_layout)
                 }
         }
     cr_expect_eq(bad, 0, "%zu stored floats are not where the header says", bad);
-    size_t finite = 0, nf = L.n_blocks * attn_block_floats(&L.sh);
+    size_t finite = 0, nf = L.n_blocks * (attn_block_bytes(&L.sh) / sizeof(float));
     for (size_t i = 0; i < nf; i++) finite += !isnan(L.kv[i]);
     cr_expect_eq(finite, written, "%zu floats written, %zu expected (nothing else touched)", finite, written);
     qkv_free(&x);
@@ -1029,6 +1036,137 @@ Test(attention, backward_schedules_give_the_same_bits)
         td_free(dout);
         td_free(out);
         td_free(lse);
+        qkv_free(&x);
+        layout_free(&L);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+/* ------------------------------------------------------------ bf16 and int8 KV caches */
+
+/* The values a bf16 / int8 cache stands for, from the definitions (SPEC
+ * section 11, core/dtype.h), written here: bf16 rounds to nearest even;
+ * int8 takes one scale per (row, kv head) over its hd values, s = amax /
+ * 127, q = rne(x / s), value (float)q * s. */
+static float *rounded(const float *x, size_t rows, size_t Hkv, size_t hd, Dtype kv)
+{
+    float *y = td_malloc(rows * Hkv * hd * sizeof(float));
+    for (size_t r = 0; r < rows * Hkv; r++) {
+        const float *a = x + r * hd;
+        float *b = y + r * hd, amax = 0;
+        for (size_t d = 0; d < hd; d++) amax = fmaxf(amax, fabsf(a[d]));
+        const float s = amax / 127.0f;
+        for (size_t d = 0; d < hd; d++) {
+            if (kv == DTYPE_BF16) {
+                uint32_t u;
+                memcpy(&u, &a[d], 4);
+                u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+                memcpy(&b[d], &u, 4);
+            } else {
+                const int q = s > 0 ? (int)fmaxf(-127, fminf(127, rintf(a[d] / s))) : 0;
+                b[d] = (float)q * s;
+            }
+        }
+    }
+    return y;
+}
+
+Test(attention, narrow_kv_cache_is_f32_attention_on_the_rounded_keys_and_values)
+{
+    /* Keys and values stored as bf16 / int8 give, bit for bit, the f32
+     * attention over the rounded values (a pool poisoned with NaN bytes
+     * where nothing is stored); and decode steps and a chunked prefill
+     * over the narrow cache give the bits of its full forward. */
+    const size_t lens[] = { 37, 20, 5 };
+    for (int t = 1; t < 3; t++)
+        for (size_t c = 0; c < N_LONG; c++)
+            for (size_t bs = 16; bs <= 32; bs += 16) {
+                const Dtype kv = (Dtype)t;
+                const size_t H = LONG_CONFIGS[c][0], Hkv = LONG_CONFIGS[c][1], hd = LONG_CONFIGS[c][2], qw = H * hd;
+                Layout Ln, Lf;
+                layout_init_kv(&Ln, H, Hkv, hd, bs, lens, 3, 300 + c + bs, kv);
+                layout_init(&Lf, H, Hkv, hd, bs, lens, 3, 300 + c + bs);
+                Qkv x = qkv_rand(&Ln, 310 + c);
+                Qkv xr = { x.q, rounded(x.k, Ln.rows, Hkv, hd, kv), rounded(x.v, Ln.rows, Hkv, hd, kv) };
+                float *on, *ln_, *of, *lf;
+                full_forward(&on, &ln_, &Ln, &x);
+                full_forward(&of, &lf, &Lf, &xr);
+                char what[96];
+                snprintf(what, sizeof what, "%s cache vs f32 on rounded K/V, H=%zu Hkv=%zu hd=%zu bs=%zu", dtype_name(kv),
+                         H, Hkv, hd, bs);
+                EXPECT_BITWISE(on, of, Ln.rows * qw, what);
+                EXPECT_BITWISE(ln_, lf, Ln.rows * H, what);
+                /* decode: every position of sequence 0 alone */
+                float *o1 = td_malloc(qw * sizeof(float)), *l1 = td_malloc(H * sizeof(float));
+                size_t bad = 0;
+                for (size_t p = 0; p < lens[0]; p++) {
+                    AttnSeq sq = { 0, 1, p, Ln.table[0] };
+                    attention_forward(o1, l1, x.q + p * qw, Ln.kv, &sq, 1, &Ln.sh);
+                    bad += fixture_first_diff(o1, on + p * qw, qw) != qw || fixture_first_diff(l1, ln_ + p * H, H) != H;
+                }
+                cr_expect_eq(bad, 0, "%s: %zu decode positions differ from the full forward", what, bad);
+                /* chunked prefill into a fresh pool */
+                layout_clear(&Ln);
+                float *oc = td_malloc(lens[0] * qw * sizeof(float)), *lc = td_malloc(lens[0] * H * sizeof(float));
+                const size_t cuts[3] = { 13, 16, 37 };
+                for (size_t j = 0, p0 = 0; j < 3; p0 = cuts[j++]) {
+                    AttnSeq sq = { 0, cuts[j] - p0, p0, Ln.table[0] };
+                    attention_kv_store(Ln.kv, &sq, 1, x.k + p0 * Hkv * hd, x.v + p0 * Hkv * hd, &Ln.sh);
+                    attention_forward(oc + p0 * qw, lc + p0 * H, x.q + p0 * qw, Ln.kv, &sq, 1, &Ln.sh);
+                }
+                EXPECT_BITWISE(oc, on, lens[0] * qw, "chunked prefill over the narrow cache");
+                /* the portable kernels over the same narrow cache */
+                portable_attention_forward(oc, lc, x.q, Ln.kv, Ln.seq, 1, &Ln.sh);
+                EXPECT_BITWISE(oc, on, lens[0] * qw, "portable kernels over the narrow cache");
+                td_free(on);
+                td_free(ln_);
+                td_free(of);
+                td_free(lf);
+                td_free(o1);
+                td_free(l1);
+                td_free(oc);
+                td_free(lc);
+                td_free(xr.k);
+                td_free(xr.v);
+                qkv_free(&x);
+                layout_free(&Ln);
+                layout_free(&Lf);
+            }
+    EXPECT_NO_LEAKS();
+}
+
+Test(attention, narrow_kv_blocks_hold_the_documented_bytes)
+{
+    /* int8 blocks: K^T int8 [Hkv][hd][bs], V int8 [Hkv][bs][hd], then sK and
+     * sV float [Hkv][bs]; bf16: K^T and V as uint16.  Sizes per block and
+     * the bytes of one stored position. */
+    const size_t lens[] = { 20 }, H = 4, Hkv = 2, hd = 8, bs = 16;
+    for (int t = 1; t < 3; t++) {
+        const Dtype kv = (Dtype)t;
+        Layout L;
+        layout_init_kv(&L, H, Hkv, hd, bs, lens, 1, 400, kv);
+        const size_t n = 2 * Hkv * hd * bs;
+        cr_expect_eq(attn_block_bytes(&L.sh), kv == DTYPE_BF16 ? 2 * n : n + 2 * Hkv * bs * 4, "%s block bytes",
+                     dtype_name(kv));
+        Qkv x = qkv_rand(&L, 401);
+        attention_kv_store(L.kv, L.seq, 1, x.k, x.v, &L.sh);
+        const size_t p = 17, g = 1, d = 5;   /* position 17: block 1, offset 1 */
+        const unsigned char *blk = (const unsigned char *)L.kv + (size_t)L.table[0][p / bs] * attn_block_bytes(&L.sh);
+        float *kr = rounded(x.k, L.rows, Hkv, hd, kv), *vr = rounded(x.v, L.rows, Hkv, hd, kv);
+        const float kw = kr[(p * Hkv + g) * hd + d], vw = vr[(p * Hkv + g) * hd + d];
+        float kg, vg;
+        if (kv == DTYPE_BF16) {
+            kg = dtype_f32_from_bf16(((const uint16_t *)(const void *)blk)[(g * hd + d) * bs + p % bs]);
+            vg = dtype_f32_from_bf16(((const uint16_t *)(const void *)blk)[Hkv * hd * bs + (g * bs + p % bs) * hd + d]);
+        } else {
+            const float *sc = (const float *)(const void *)(blk + n);
+            kg = (float)((const int8_t *)blk)[(g * hd + d) * bs + p % bs] * sc[g * bs + p % bs];
+            vg = (float)((const int8_t *)blk)[Hkv * hd * bs + (g * bs + p % bs) * hd + d] * sc[Hkv * bs + g * bs + p % bs];
+        }
+        cr_expect(!memcmp(&kg, &kw, 4) && !memcmp(&vg, &vw, 4), "%s: key %a value %a stored, want %a %a",
+                  dtype_name(kv), (double)kg, (double)vg, (double)kw, (double)vw);
+        td_free(kr);
+        td_free(vr);
         qkv_free(&x);
         layout_free(&L);
     }

@@ -44,7 +44,7 @@ static void bench_open(Bench *b, int n_blocks)
     o.max_running = 4;
     o.max_batch_tokens = 64;
     o.prefill_chunk = 16;
-    o.kv_budget_bytes = (size_t)n_blocks * (size_t)cfg.num_hidden_layers * attn_block_floats(&b->m.attn) * sizeof(float);
+    o.kv_budget_bytes = (size_t)n_blocks * (size_t)cfg.num_hidden_layers * attn_block_bytes(&b->m.attn);
     engine_init(&b->e, &b->m, &o);
     cr_assert_eq(b->e.kv.n_blocks, n_blocks, "cache of %d blocks, want %d", b->e.kv.n_blocks, n_blocks);
 }

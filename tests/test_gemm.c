@@ -22,7 +22,10 @@
  * is then skipped by the guard. */
 #include "core/ops/gemm.h"
 #define TANDEM_PORTABLE 1
-#define gemm_packed_floats portable_gemm_packed_floats
+#define gemm_packed_bytes portable_gemm_packed_bytes
+#define gemm_w portable_gemm_w
+#define gemm_pack_q8 portable_gemm_pack_q8
+#define gemm_unpack_row portable_gemm_unpack_row
 #define gemm_pack portable_gemm_pack
 #define gemm_xwt portable_gemm_xwt
 #define gemm_xwt_serial portable_gemm_xwt_serial
@@ -33,7 +36,10 @@
 #define gemm_scratch_free portable_gemm_scratch_free
 #define gemm_scratch_bytes portable_gemm_scratch_bytes
 #include "core/ops/gemm.c"
-#undef gemm_packed_floats
+#undef gemm_packed_bytes
+#undef gemm_w
+#undef gemm_pack_q8
+#undef gemm_unpack_row
 #undef gemm_pack
 #undef gemm_xwt
 #undef gemm_xwt_serial
@@ -95,46 +101,83 @@ static void naive_xwt_unfused(float *y, const float *x, const float *W, size_t M
         }
 }
 
-static float *packed(const float *W, size_t N, size_t K)
+/* W packed as t (owned by the result: wfree). */
+static GemmW packed_as(Dtype t, const float *W, size_t N, size_t K)
 {
-    float *P = td_malloc(gemm_packed_floats(N, K) * sizeof(float));
-    gemm_pack(P, W, N, K);
-    return P;
+    void *P = td_malloc(gemm_packed_bytes(t, N, K));
+    gemm_pack(P, t, W, N, K);
+    return gemm_w(t, P, N, K);
 }
+
+static GemmW packed(const float *W, size_t N, size_t K) { return packed_as(DTYPE_F32, W, N, K); }
+static void wfree(GemmW W) { td_free((void *)(uintptr_t)W.p); }
 
 /* ------------------------------------------------------------ packing */
 
 Test(gemm, pack_layout_is_panels_of_32_zero_padded)
 {
-    const size_t N = 45, K = 7;   /* two panels, the second 13 real columns + 19 padding */
-    cr_expect_eq(gemm_packed_floats(N, K), 64 * K, "packed size of [45, 7]");
-    cr_expect_eq(gemm_packed_floats(32, 3), 32 * 3, "packed size of [32, 3]");
-    cr_expect_eq(gemm_packed_floats(1, 5), 32 * 5, "packed size of [1, 5]");
+    /* two panels, the second 13 real columns + 19 padding; K = 37: two
+     * int8 groups, the second of 5 */
+    const size_t N = 45, K = 37, G = 2;
+    cr_expect_eq(gemm_packed_bytes(DTYPE_F32, N, K), td_round_up(64 * K * 4, 64), "f32 size of [45, 37]");
+    cr_expect_eq(gemm_packed_bytes(DTYPE_BF16, N, K), td_round_up(64 * K * 2, 64), "bf16 size of [45, 37]");
+    cr_expect_eq(gemm_packed_bytes(DTYPE_INT8, N, K), td_round_up(64 * K, 64) + td_round_up(2 * G * 32 * 4, 64),
+                 "int8 size of [45, 37]");
+    cr_expect_eq(gemm_packed_bytes(DTYPE_F32, 32, 3), 32 * 3 * 4, "f32 size of [32, 3]");
+    cr_expect_eq(gemm_packed_bytes(DTYPE_F32, 1, 5), 32 * 5 * 4, "f32 size of [1, 5]");
     float *W = fixture_rand(N * K, 1, -1, 1);
-    for (int threads = 1; threads <= 2; threads++) {
-        pool_init(threads);
-        size_t np = gemm_packed_floats(N, K);
-        float *P = td_malloc(np * sizeof(float));
-        for (size_t i = 0; i < np; i++) P[i] = NAN;   /* padding must be written */
-        gemm_pack(P, W, N, K);
-        size_t bad = 0, first = np;
-        for (size_t p = 0; p < 2; p++)
-            for (size_t k = 0; k < K; k++)
+    for (int t = 0; t < 3; t++)
+        for (int threads = 1; threads <= 2; threads++) {
+            const Dtype dt = (Dtype)t;
+            pool_init(threads);
+            size_t nb = gemm_packed_bytes(dt, N, K);
+            unsigned char *P = td_malloc(nb);
+            memset(P, 0xA5, nb);   /* padding must be written */
+            gemm_pack(P, dt, W, N, K);
+            const GemmW w = gemm_w(dt, P, N, K);
+            size_t bad = 0, first = SIZE_MAX;
+            for (size_t p = 0; p < 2; p++)
                 for (size_t j = 0; j < GEMM_NR; j++) {
-                    size_t n = p * GEMM_NR + j, i = (p * K + k) * GEMM_NR + j;
-                    float want = n < N ? W[n * K + k] : 0.0f;
-                    if (memcmp(&P[i], &want, sizeof want) != 0) {
-                        bad++;
-                        if (first == np) first = i;
+                    const size_t n = p * GEMM_NR + j;
+                    int8_t q[64];
+                    float sc[2] = { 0, 0 };
+                    /* the documented rule, written out here: s = amax / 127, q = rne(x / s) */
+                    for (size_t g = 0; n < N && g < G; g++) {
+                        float amax = 0;
+                        for (size_t k = g * 32; k < K && k < g * 32 + 32; k++) amax = fmaxf(amax, fabsf(W[n * K + k]));
+                        sc[g] = amax / 127.0f;
+                        for (size_t k = g * 32; k < K && k < g * 32 + 32; k++)
+                            q[k] = (int8_t)fmaxf(-127, fminf(127, rintf(W[n * K + k] / sc[g])));
+                    }
+                    for (size_t k = 0; k < K; k++) {
+                        const size_t i = (p * K + k) * GEMM_NR + j;
+                        int ok;
+                        if (dt == DTYPE_F32) {
+                            const float want = n < N ? W[n * K + k] : 0.0f;
+                            ok = !memcmp((const float *)(const void *)P + i, &want, 4);
+                        } else if (dt == DTYPE_BF16) {
+                            /* interleaved for the unpacking widen: column j at word s(j) of the row */
+                            const size_t sj = j < 16 ? j / 4 * 8 + j % 4 : (j - 16) / 4 * 8 + 4 + j % 4;
+                            ok = ((const uint16_t *)(const void *)P)[(p * K + k) * GEMM_NR + sj] ==
+                                 (n < N ? dtype_bf16_from_f32(W[n * K + k]) : 0);
+                        } else {
+                            ok = ((const int8_t *)P)[i] == (n < N ? q[k] : 0);
+                            if (k % 32 == 0) ok &= !memcmp(&w.scale[(p * G + k / 32) * GEMM_NR + j], &sc[k / 32], 4);
+                        }
+                        if (!ok) {
+                            bad++;
+                            if (first == SIZE_MAX) first = i;
+                        }
                     }
                 }
-        cr_expect_eq(bad, 0, "%d thread(s): %zu packed floats wrong, first at %zu", threads, bad, first);
-        td_free(P);
-    }
+            cr_expect_eq(bad, 0, "%s, %d thread(s): %zu packed values wrong, first at %zu", dtype_name(dt), threads,
+                         bad, first);
+            td_free(P);
+        }
+    pool_init(1);
     td_free(W);
     EXPECT_NO_LEAKS();
 }
-
 /* ------------------------------------------------------------ forward, bitwise */
 
 Test(gemm, xwt_bit_identical_to_fma_chain_over_many_shapes)
@@ -154,13 +197,13 @@ Test(gemm, xwt_bit_identical_to_fma_chain_over_many_shapes)
     for (size_t a = 0; a < sizeof Ns / sizeof *Ns; a++)
         for (size_t b = 0; b < sizeof Ks / sizeof *Ks; b++) {
             const size_t N = Ns[a], K = Ks[b];
-            float *P = packed(W, N, K);
+            GemmW P = packed(W, N, K);
             for (size_t c = 0; c < sizeof Ms / sizeof *Ms; c++) {
                 const size_t M = Ms[c];
                 /* row strides wider than the rows: ldx = K + 3, ldy = N + 5 */
                 const size_t ldx = K + pad_x, ldy = N + pad_y;
                 for (size_t i = 0; i < M * ldy; i++) y[i] = ref[i] = sentinel;
-                gemm_xwt(y, ldy, x, ldx, P, M, N, K);
+                gemm_xwt(y, ldy, x, ldx, &P, M);
                 naive_xwt(ref, ldy, x, ldx, W, M, N, K);
                 /* the whole strided buffer, so the padding columns must be untouched */
                 size_t i = fixture_first_diff(y, ref, M * ldy);
@@ -171,7 +214,7 @@ Test(gemm, xwt_bit_identical_to_fma_chain_over_many_shapes)
                               M, N, K, i / ldy, i % ldy, (double)y[i], (double)ref[i]);
                 }
             }
-            td_free(P);
+            wfree(P);
         }
     cr_expect_eq(n_fail, 0, "%zu of %zu shapes not bit-identical", n_fail, n_cases);
     td_free(x);
@@ -207,14 +250,14 @@ Test(gemm, xwt_row_is_independent_of_batch_and_threads)
      * smaller M splits the panels.  Every row must keep its bits. */
     const size_t M = 500, N = 70, K = 333;
     float *x = fixture_rand(M * K, 6, -1, 1), *W = fixture_rand(N * K, 7, -1, 1);
-    float *P = packed(W, N, K);
+    GemmW P = packed(W, N, K);
     float *full = td_malloc(M * N * sizeof(float)), *part = td_malloc(M * N * sizeof(float));
-    gemm_xwt(full, N, x, K, P, M, N, K);
+    gemm_xwt(full, N, x, K, &P, M);
 
     /* one row at a time (the M = 1 decode path) */
     size_t bad = 0, first = M;
     for (size_t m = 0; m < M; m++) {
-        gemm_xwt(part, N, x + m * K, K, P, 1, N, K);
+        gemm_xwt(part, N, x + m * K, K, &P, 1);
         if (fixture_first_diff(part, full + m * N, N) != N) {
             bad++;
             if (first == M) first = m;
@@ -226,44 +269,45 @@ Test(gemm, xwt_row_is_independent_of_batch_and_threads)
     static const size_t sub[] = { 2, 3, 5, 13, 97 };
     for (size_t s = 0; s < sizeof sub / sizeof *sub; s++) {
         size_t m0 = 11 + 37 * s;
-        gemm_xwt(part, N, x + m0 * K, K, P, sub[s], N, K);
+        gemm_xwt(part, N, x + m0 * K, K, &P, sub[s]);
         char what[64];
         snprintf(what, sizeof what, "rows %zu..%zu as a batch of %zu", m0, m0 + sub[s], sub[s]);
         EXPECT_BITWISE(part, full + m0 * N, sub[s] * N, what);
     }
 
     /* serial variant */
-    gemm_xwt_serial(part, N, x, K, P, M, N, K);
+    gemm_xwt_serial(part, N, x, K, &P, M);
     EXPECT_BITWISE(part, full, M * N, "gemm_xwt_serial vs gemm_xwt");
 
     /* two threads: rows split (M = 500), panels split (M = 7, and M = 2 with
      * the four-panel kernel over N = 300) */
     pool_init(2);
-    gemm_xwt(part, N, x, K, P, M, N, K);
+    gemm_xwt(part, N, x, K, &P, M);
     EXPECT_BITWISE(part, full, M * N, "2 threads, M=500 (row split)");
-    gemm_xwt(part, N, x + 100 * K, K, P, 7, N, K);
+    gemm_xwt(part, N, x + 100 * K, K, &P, 7);
     EXPECT_BITWISE(part, full + 100 * N, 7 * N, "2 threads, M=7 (panel split)");
     pool_init(1);
 
     const size_t N2 = 300;
-    float *W2 = fixture_rand(N2 * K, 8, -1, 1), *P2 = packed(W2, N2, K);
+    float *W2 = fixture_rand(N2 * K, 8, -1, 1);
+    GemmW P2 = packed(W2, N2, K);
     float *y1 = td_malloc(2 * N2 * sizeof(float)), *y2 = td_malloc(2 * N2 * sizeof(float));
     float *ref = td_malloc(2 * N2 * sizeof(float));
     naive_xwt(ref, N2, x, K, W2, 2, N2, K);
-    gemm_xwt(y1, N2, x, K, P2, 2, N2, K);
+    gemm_xwt(y1, N2, x, K, &P2, 2);
     pool_init(2);
-    gemm_xwt(y2, N2, x, K, P2, 2, N2, K);
+    gemm_xwt(y2, N2, x, K, &P2, 2);
     pool_init(1);
     EXPECT_BITWISE(y1, ref, 2 * N2, "M=2 N=300 (wide kernel), 1 thread vs fma chain");
     EXPECT_BITWISE(y2, ref, 2 * N2, "M=2 N=300 (wide kernel), 2 threads vs fma chain");
 
     td_free(x);
     td_free(W);
-    td_free(P);
+    wfree(P);
     td_free(full);
     td_free(part);
     td_free(W2);
-    td_free(P2);
+    wfree(P2);
     td_free(y1);
     td_free(y2);
     td_free(ref);
@@ -273,34 +317,215 @@ Test(gemm, xwt_row_is_independent_of_batch_and_threads)
 Test(gemm, portable_path_bit_identical_to_compiled_path)
 {
     /* With AVX-512 or AVX2 this compares that path with the portable one;
-     * on a machine with neither both sides are the portable kernel. */
+     * on a machine with neither both sides are the portable kernel.  Every
+     * dtype; K not a multiple of 32 gives int8 a partial last group. */
     static const size_t shapes[][3] = {
         { 1, 1, 1 }, { 1, 130, 333 }, { 2, 300, 64 }, { 3, 257, 7 }, { 5, 33, 333 },
-        { 12, 64, 17 }, { 13, 100, 65 }, { 200, 45, 100 },
+        { 12, 64, 17 }, { 13, 100, 65 }, { 200, 45, 100 }, { 1, 512, 96 }, { 3, 129, 31 },
     };
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-        const size_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-        float *x = fixture_rand(M * K, 10 + s, -1, 1), *W = fixture_rand(N * K, 20 + s, -1, 1);
-        float *P = packed(W, N, K);
-        float *Pp = td_malloc(portable_gemm_packed_floats(N, K) * sizeof(float));
-        portable_gemm_pack(Pp, W, N, K);
-        EXPECT_BITWISE(Pp, P, gemm_packed_floats(N, K), "packed weights");
-        float *y = td_malloc(M * N * sizeof(float)), *yp = td_malloc(M * N * sizeof(float));
-        gemm_xwt(y, N, x, K, P, M, N, K);
-        portable_gemm_xwt(yp, N, x, K, Pp, M, N, K);
-        char what[64];
-        snprintf(what, sizeof what, "portable vs compiled, M=%zu N=%zu K=%zu", M, N, K);
-        EXPECT_BITWISE(y, yp, M * N, what);
-        td_free(x);
-        td_free(W);
-        td_free(P);
-        td_free(Pp);
-        td_free(y);
-        td_free(yp);
-    }
+    for (int t = 0; t < 3; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            const Dtype dt = (Dtype)t;
+            const size_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            float *x = fixture_rand(M * K, 10 + s, -1, 1), *W = fixture_rand(N * K, 20 + s, -1, 1);
+            GemmW P = packed_as(dt, W, N, K);
+            const size_t nb = portable_gemm_packed_bytes(dt, N, K);
+            unsigned char *Pp = td_malloc(nb);
+            portable_gemm_pack(Pp, dt, W, N, K);
+            const GemmW Wp = portable_gemm_w(dt, Pp, N, K);
+            cr_expect_eq(nb, gemm_packed_bytes(dt, N, K), "packed sizes");
+            cr_expect(!memcmp(Pp, P.p, nb), "%s [%zu, %zu]: packed bytes differ", dtype_name(dt), N, K);
+            float *y = td_malloc(M * N * sizeof(float)), *yp = td_malloc(M * N * sizeof(float));
+            gemm_xwt(y, N, x, K, &P, M);
+            portable_gemm_xwt(yp, N, x, K, &Wp, M);
+            char what[64];
+            snprintf(what, sizeof what, "%s portable vs compiled, M=%zu N=%zu K=%zu", dtype_name(dt), M, N, K);
+            EXPECT_BITWISE(y, yp, M * N, what);
+            td_free(x);
+            td_free(W);
+            wfree(P);
+            td_free(Pp);
+            td_free(y);
+            td_free(yp);
+        }
     EXPECT_NO_LEAKS();
 }
 
+/* ------------------------------------------------------------ bf16 and int8 weights */
+
+/* The float32 values a bf16 / int8 weight stands for, computed here from
+ * the definitions (SPEC section 11, core/dtype.h) without the library's
+ * quantizer: bf16 = upper 16 bits rounded to nearest even; int8 = per row,
+ * groups of 32 along K (the last one K mod 32 long), s = amax / 127,
+ * q = rne(x / s) clamped to 127, value = (float)q * s. */
+static void dequantized(float *Wd, Dtype t, const float *W, size_t N, size_t K)
+{
+    for (size_t n = 0; n < N; n++)
+        for (size_t g = 0; g * 32 < K; g++) {
+            const size_t k0 = g * 32, k1 = k0 + 32 < K ? k0 + 32 : K;
+            float amax = 0;
+            for (size_t k = k0; k < k1; k++) amax = fmaxf(amax, fabsf(W[n * K + k]));
+            const float s = amax / 127.0f;
+            for (size_t k = k0; k < k1; k++) {
+                const float w = W[n * K + k];
+                if (t == DTYPE_F32) Wd[n * K + k] = w;
+                else if (t == DTYPE_BF16) {
+                    uint32_t u;
+                    memcpy(&u, &w, 4);
+                    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;   /* finite inputs */
+                    memcpy(&Wd[n * K + k], &u, 4);
+                } else {
+                    const int q = s > 0 ? (int)fmaxf(-127, fminf(127, rintf(w / s))) : 0;
+                    Wd[n * K + k] = (float)q * s;   /* an int: q = 0 is +0, never -0 */
+                }
+            }
+        }
+}
+
+Test(gemm, narrow_weights_bit_identical_to_fma_chain_on_dequantized_weights)
+{
+    /* The contract of gemm.h for bf16 / int8: exactly the f32 chain on the
+     * dequantized weights.  Odd M, N and K; K = 1, 31, 33, 100 leave int8 a
+     * partial last group; row strides wider than the rows; 1 and 2 threads. */
+    static const size_t Ms[] = { 1, 2, 3, 4, 7, 12, 13, 50, 200 };
+    static const size_t Ns[] = { 1, 31, 33, 130, 257 };
+    static const size_t Ks[] = { 1, 31, 32, 33, 100, 333 };
+    const size_t Mmax = 200, Nmax = 257, Kmax = 333, pad_x = 3, pad_y = 5;
+    /* weights spread over several binades, so int8 groups have different scales */
+    float *x = fixture_rand(Mmax * (Kmax + pad_x), 2, -1, 1), *W = fixture_rand(Nmax * Kmax, 3, -1, 1);
+    for (size_t i = 0; i < Nmax * Kmax; i++) W[i] *= (float)(1 << (i * 7919 % 9)) * 0.01f;
+    float *Wd = td_malloc(Nmax * Kmax * sizeof(float));
+    float *y = td_malloc(Mmax * (Nmax + pad_y) * sizeof(float)), *ref = td_malloc(Mmax * (Nmax + pad_y) * sizeof(float));
+    size_t n_cases = 0, n_fail = 0;
+    for (int t = 1; t < 3; t++)
+        for (size_t a = 0; a < sizeof Ns / sizeof *Ns; a++)
+            for (size_t b = 0; b < sizeof Ks / sizeof *Ks; b++) {
+                const Dtype dt = (Dtype)t;
+                const size_t N = Ns[a], K = Ks[b];
+                GemmW P = packed_as(dt, W, N, K);
+                dequantized(Wd, dt, W, N, K);
+                for (size_t c = 0; c < sizeof Ms / sizeof *Ms; c++)
+                    for (int th = 1; th <= 2; th++) {
+                        const size_t M = Ms[c], ldx = K + pad_x, ldy = N + pad_y;
+                        pool_init(th);
+                        for (size_t i = 0; i < M * ldy; i++) y[i] = ref[i] = -12345.0f;
+                        gemm_xwt(y, ldy, x, ldx, &P, M);
+                        naive_xwt(ref, ldy, x, ldx, Wd, M, N, K);
+                        size_t i = fixture_first_diff(y, ref, M * ldy);
+                        n_cases++;
+                        if (i != M * ldy) {
+                            n_fail++;
+                            cr_expect(0, "%s M=%zu N=%zu K=%zu, %d threads: element (%zu, %zu) is %a, chain gives %a",
+                                      dtype_name(dt), M, N, K, th, i / ldy, i % ldy, (double)y[i], (double)ref[i]);
+                        }
+                    }
+                pool_init(1);
+                /* the rows the embedding lookup reads are the same values */
+                float row[333];
+                size_t bad = 0;
+                for (size_t n = 0; n < N; n++) {
+                    gemm_unpack_row(row, &P, n);
+                    bad += memcmp(row, Wd + n * K, K * sizeof(float)) != 0;
+                }
+                cr_expect_eq(bad, 0, "%s [%zu, %zu]: %zu rows of gemm_unpack_row differ from the dequantized weights",
+                             dtype_name(dt), N, K, bad);
+                wfree(P);
+            }
+    cr_expect_eq(n_fail, 0, "%zu of %zu cases not bit-identical", n_fail, n_cases);
+    td_free(x);
+    td_free(W);
+    td_free(Wd);
+    td_free(y);
+    td_free(ref);
+    EXPECT_NO_LEAKS();
+}
+
+Test(gemm, narrow_weights_test_would_notice_a_wrong_scale_or_rounding)
+{
+    /* Guard: the comparison above fails for a kernel that skips the scale's
+     * rounding (fma(x * s, q, c)) or truncates bf16 instead of rounding. */
+    const size_t M = 5, N = 40, K = 100;
+    float *x = fixture_rand(M * K, 4, -1, 1), *W = fixture_rand(N * K, 5, -1, 1);
+    float *Wd = td_malloc(N * K * sizeof(float)), *a = td_malloc(M * N * sizeof(float)), *b = td_malloc(M * N * sizeof(float));
+    GemmW P = packed_as(DTYPE_INT8, W, N, K);
+    dequantized(Wd, DTYPE_INT8, W, N, K);
+    naive_xwt(a, N, x, K, Wd, M, N, K);
+    for (size_t m = 0; m < M; m++)   /* the unrounded variant */
+        for (size_t n = 0; n < N; n++) {
+            float c = 0;
+            for (size_t k = 0; k < K; k++) {
+                const float s = P.scale[(n / 32 * 4 + k / 32) * 32 + n % 32];
+                const float q = ((const int8_t *)P.p)[((n / 32) * K + k) * 32 + n % 32];
+                c = fmaf(x[m * K + k] * s, q, c);
+            }
+            b[m * N + n] = c;
+        }
+    size_t same = 0;
+    for (size_t i = 0; i < M * N; i++) same += memcmp(&a[i], &b[i], 4) == 0;
+    cr_expect_lt(same, M * N / 2, "%zu of %zu elements agree with fma(x s, q, c)", same, M * N);
+    float *Wt = td_malloc(N * K * sizeof(float));
+    for (size_t i = 0; i < N * K; i++) {
+        uint32_t u;
+        memcpy(&u, &W[i], 4);
+        u &= 0xffff0000u;
+        memcpy(&Wt[i], &u, 4);
+    }
+    dequantized(Wd, DTYPE_BF16, W, N, K);
+    naive_xwt(a, N, x, K, Wd, M, N, K);
+    naive_xwt(b, N, x, K, Wt, M, N, K);
+    same = 0;
+    for (size_t i = 0; i < M * N; i++) same += memcmp(&a[i], &b[i], 4) == 0;
+    cr_expect_lt(same, M * N / 2, "%zu of %zu elements agree with truncated bf16", same, M * N);
+    wfree(P);
+    td_free(x);
+    td_free(W);
+    td_free(Wd);
+    td_free(Wt);
+    td_free(a);
+    td_free(b);
+    EXPECT_NO_LEAKS();
+}
+
+Test(gemm, narrow_rows_independent_of_batch_and_pre_quantized_packing_is_the_same)
+{
+    /* A row's bits do not depend on M (decode M = 1 inside a batch of 300)
+     * at any dtype; and packing the checkpoint's int8 values (gemm_pack_q8)
+     * gives the bytes of quantizing at load (gemm_pack). */
+    const size_t M = 300, N = 200, K = 77, G = 3;
+    float *x = fixture_rand(M * K, 6, -1, 1), *W = fixture_rand(N * K, 7, -1, 1);
+    float *full = td_malloc(M * N * sizeof(float)), *part = td_malloc(M * N * sizeof(float));
+    for (int t = 0; t < 3; t++) {
+        GemmW P = packed_as((Dtype)t, W, N, K);
+        gemm_xwt(full, N, x, K, &P, M);
+        size_t bad = 0;
+        for (size_t m = 0; m < M; m += 7) {
+            gemm_xwt(part, N, x + m * K, K, &P, 1);
+            bad += fixture_first_diff(part, full + m * N, N) != N;
+        }
+        cr_expect_eq(bad, 0, "%s: %zu rows differ computed alone", dtype_name((Dtype)t), bad);
+        gemm_xwt(part, N, x + 5 * K, K, &P, 3);
+        EXPECT_BITWISE(part, full + 5 * N, 3 * N, "rows 5..8 as a batch of 3");
+        wfree(P);
+    }
+    int8_t *Q = td_malloc(N * K);
+    float *S = td_malloc(N * G * sizeof(float));
+    for (size_t n = 0; n < N; n++) dtype_q8_quantize_row(Q + n * K, S + n * G, W + n * K, K);
+    GemmW P = packed_as(DTYPE_INT8, W, N, K);
+    const size_t nb = gemm_packed_bytes(DTYPE_INT8, N, K);
+    unsigned char *P2 = td_malloc(nb);
+    memset(P2, 0x5A, nb);
+    gemm_pack_q8(P2, Q, S, N, K);
+    cr_expect(!memcmp(P2, P.p, nb), "gemm_pack_q8 and gemm_pack give other bytes");
+    wfree(P);
+    td_free(P2);
+    td_free(Q);
+    td_free(S);
+    td_free(x);
+    td_free(W);
+    td_free(full);
+    td_free(part);
+    EXPECT_NO_LEAKS();
+}
 /* ------------------------------------------------------------ backward products */
 
 Test(gemm, dx_dw_accumulate_against_double_product)
@@ -720,16 +945,16 @@ Test(linear, forward_matches_torch)
     cr_expect_geq(n_cases, 4, "linear.h5 has %d cases", n_cases);
     for (int c = 0; c < n_cases; c++) {
         LinCase L = lin_load(c);
-        float *P = packed(L.W, L.N, L.K);
+        GemmW P = packed(L.W, L.N, L.K);
         float *y = td_malloc(L.M * L.N * sizeof(float));
-        linear_forward(y, L.x, P, L.M, L.N, L.K);
+        linear_forward(y, L.x, &P, L.M);
         /* float fma chain over K <= 65 products of terms in [-1, 1] against a
          * float64 reference: error ~ sqrt(K) * 6e-8 * |partial sums| < 1e-6;
          * 1e-5 leaves margin and is far below any indexing mistake. */
         char what[48];
         snprintf(what, sizeof what, "linear y, case %d", c);
         EXPECT_CLOSE(y, L.y, L.M * L.N, 1e-5, 1e-5, what);
-        td_free(P);
+        wfree(P);
         td_free(y);
         lin_free(&L);
     }
@@ -845,14 +1070,14 @@ Test(linear, two_threads_forward_bitwise_backward_close)
 {
     LinCase L = lin_load(3);   /* M=37, N=70, K=65: both products split over 2 threads */
     const size_t M = L.M, N = L.N, K = L.K;
-    float *P = packed(L.W, N, K);
+    GemmW P = packed(L.W, N, K);
     float *y1 = td_malloc(M * N * sizeof(float)), *y2 = td_malloc(M * N * sizeof(float));
     float *dx1 = fixture_rand(M * K, 150, -1, 1), *dW1 = fixture_rand(N * K, 151, -1, 1);
     float *dx2 = fixture_copy(dx1, M * K), *dW2 = fixture_copy(dW1, N * K);
-    linear_forward(y1, L.x, P, M, N, K);
+    linear_forward(y1, L.x, &P, L.M);
     linear_backward(dx1, dW1, L.dy, L.x, L.W, M, N, K);
     pool_init(2);
-    linear_forward(y2, L.x, P, M, N, K);
+    linear_forward(y2, L.x, &P, L.M);
     linear_backward(dx2, dW2, L.dy, L.x, L.W, M, N, K);
     pool_init(1);
     EXPECT_BITWISE(y2, y1, M * N, "forward, 2 threads vs 1");
@@ -861,7 +1086,7 @@ Test(linear, two_threads_forward_bitwise_backward_close)
      * O(10) results, nowhere near a missing slice (O(1)). */
     EXPECT_CLOSE(dx2, dx1, M * K, 1e-5, 1e-6, "dx, 2 threads vs 1");
     EXPECT_CLOSE(dW2, dW1, N * K, 1e-5, 1e-6, "dW, 2 threads vs 1");
-    td_free(P);
+    wfree(P);
     td_free(y1);
     td_free(y2);
     td_free(dx1);
@@ -877,8 +1102,10 @@ Test(linear, two_threads_forward_bitwise_backward_close)
  * and training-sized problems, empty ones, 1 and 2 threads. */
 Test(gemm, group_equals_separate_calls)
 {
+    /* every dtype in one group too (problem i in dtype i mod 3) */
     static const size_t shapes[][3] = { { 1, 256, 128 }, { 3, 100, 64 }, { 0, 64, 64 }, { 7, 33, 70 },
-                                        { 50, 130, 96 }, { 300, 64, 128 }, { 2, 512, 256 } };
+                                        { 50, 130, 96 }, { 300, 64, 128 }, { 2, 512, 256 }, { 1, 96, 45 },
+                                        { 5, 40, 33 } };
     enum { NS = sizeof shapes / sizeof *shapes };
     for (int th = 1; th <= 2; th++) {
         pool_init(th);
@@ -888,20 +1115,19 @@ Test(gemm, group_equals_separate_calls)
             const size_t M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
             x[i] = fixture_rand(M * K + 1, 100 + i, -1, 1);
             W[i] = fixture_rand(N * K, 200 + i, -1, 1);
-            float *P = td_malloc(gemm_packed_floats(N, K) * sizeof(float));
-            gemm_pack(P, W[i], N, K);
+            GemmW P = packed_as((Dtype)(i % 3), W[i], N, K);
             want[i] = td_calloc((M * N + 1) * sizeof(float));
-            gemm_xwt(want[i], N, x[i], K, P, M, N, K);
-            g[i] = (GemmProblem){ td_calloc((M * N + 1) * sizeof(float)), N, x[i], K, P, M, N, K };
+            gemm_xwt(want[i], N, x[i], K, &P, M);
+            g[i] = (GemmProblem){ td_calloc((M * N + 1) * sizeof(float)), N, x[i], K, P, M };
         }
         gemm_xwt_group(g, NS);
         for (int i = 0; i < NS; i++) {
             const size_t n = shapes[i][0] * shapes[i][1];
             cr_expect(n == 0 || memcmp(g[i].y, want[i], n * sizeof(float)) == 0,
-                      "threads %d, problem %d (%zu x %zu x %zu): grouped result differs", th, i,
-                      shapes[i][0], shapes[i][1], shapes[i][2]);
+                      "threads %d, problem %d (%zu x %zu x %zu, %s): grouped result differs", th, i,
+                      shapes[i][0], shapes[i][1], shapes[i][2], dtype_name((Dtype)(i % 3)));
             td_free(g[i].y);
-            td_free((void *)g[i].P);
+            wfree(g[i].W);
             td_free(want[i]);
             td_free(W[i]);
             td_free(x[i]);
@@ -910,7 +1136,6 @@ Test(gemm, group_equals_separate_calls)
     }
     EXPECT_NO_LEAKS();
 }
-
 /* Hundreds of experts with a few rows each (Qwen3-MoE's 128 experts x gate
  * and up, 512 experts): far more work units than problems ever had, one
  * region, still the bits of separate calls, 1 and 2 threads. */
@@ -918,34 +1143,35 @@ Test(gemm, group_of_many_small_problems_equals_separate_calls)
 {
     enum { NP = 1024 };
     const size_t N = 384, K = 64;
-    float *W = fixture_rand(N * K, 300, -1, 1), *P = td_malloc(gemm_packed_floats(N, K) * sizeof(float));
-    gemm_pack(P, W, N, K);
+    float *W = fixture_rand(N * K, 300, -1, 1);
     size_t off[NP + 1];
     off[0] = 0;
     for (int i = 0; i < NP; i++) off[i + 1] = off[i] + (size_t)(rng_uniform_at(301, (uint64_t)i) * 20);  /* 0..19 rows */
     const size_t R = off[NP];
     float *x = fixture_rand(R * K + 1, 302, -1, 1), *want = td_calloc((R * N + 1) * sizeof(float));
-    for (int i = 0; i < NP; i++)
-        gemm_xwt(want + off[i] * N, N, x + off[i] * K, K, P, off[i + 1] - off[i], N, K);
     GemmProblem *g = td_malloc(NP * sizeof(GemmProblem));
-    for (int th = 1; th <= 2; th++) {
-        pool_init(th);
-        float *y = td_calloc((R * N + 1) * sizeof(float));
-        for (int i = 0; i < NP; i++)
-            g[i] = (GemmProblem){ y + off[i] * N, N, x + off[i] * K, K, P, off[i + 1] - off[i], N, K };
-        gemm_xwt_group(g, NP);
-        EXPECT_BITWISE(y, want, R * N, th == 1 ? "1024 problems, 1 thread" : "1024 problems, 2 threads");
-        td_free(y);
+    for (int t = 0; t < 3; t += 2) {   /* f32 and int8 experts */
+        GemmW P = packed_as((Dtype)t, W, N, K);
+        for (int i = 0; i < NP; i++) gemm_xwt(want + off[i] * N, N, x + off[i] * K, K, &P, off[i + 1] - off[i]);
+        for (int th = 1; th <= 2; th++) {
+            pool_init(th);
+            float *y = td_calloc((R * N + 1) * sizeof(float));
+            for (int i = 0; i < NP; i++) g[i] = (GemmProblem){ y + off[i] * N, N, x + off[i] * K, K, P, off[i + 1] - off[i] };
+            gemm_xwt_group(g, NP);
+            char what[64];
+            snprintf(what, sizeof what, "1024 %s problems, %d thread(s)", dtype_name((Dtype)t), th);
+            EXPECT_BITWISE(y, want, R * N, what);
+            td_free(y);
+        }
+        pool_init(1);
+        wfree(P);
     }
-    pool_init(1);
     td_free(g);
     td_free(W);
-    td_free(P);
     td_free(x);
     td_free(want);
     EXPECT_NO_LEAKS();
 }
-
 /* The grouped backward (every expert's dx and dW in one region) gives the
  * bits of separate gemm_dx_acc / gemm_dw_acc calls, accumulating into
  * non-zero gradients: 300 problems of 0..40 rows, with row strides wider

@@ -221,3 +221,93 @@ Test(model, adamw_matches_torch)
     td_free(m2);
     case_close(&c);
 }
+
+/* ------------------------------------------------------------ serving models */
+
+/* x (rows x K) rounded as dtype t stores it, written out from the
+ * definitions (SPEC section 11): bf16 nearest even; int8 per row, groups
+ * of 32 along K (the last K mod 32 long), s = amax / 127, (float)rne(x / s) s. */
+static void round_rows(float *x, size_t rows, size_t K, Dtype t)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t k0 = 0; k0 < K; k0 += 32) {
+            float *g = x + r * K + k0, amax = 0;
+            const size_t n = K - k0 < 32 ? K - k0 : 32;
+            for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(g[i]));
+            const float s = amax / 127.0f;
+            for (size_t i = 0; i < n; i++) {
+                if (t == DTYPE_BF16) {
+                    uint32_t u;
+                    memcpy(&u, &g[i], 4);
+                    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+                    memcpy(&g[i], &u, 4);
+                } else if (t == DTYPE_INT8) {
+                    const int q = s > 0 ? (int)fmaxf(-127, fminf(127, rintf(g[i] / s))) : 0;
+                    g[i] = (float)q * s;
+                }
+            }
+        }
+}
+
+/* A serving model (model_init_serving + model_quantize_from: packed in its
+ * dtypes, no float32 master, embedding rows looked up from the packed
+ * table) computes, bit for bit, the training forward of a float32 model
+ * whose weights are the rounded ones -- log-probabilities and every
+ * layer's experts -- at each plan, and with a narrow KV cache on both. */
+static void check_serving(const char *file)
+{
+    static const ModelDtypes plans[] = { { DTYPE_F32, DTYPE_F32, DTYPE_F32 }, { DTYPE_BF16, DTYPE_BF16, DTYPE_BF16 },
+                                         { DTYPE_INT8, DTYPE_INT8, DTYPE_INT8 }, { DTYPE_INT8, DTYPE_F32, DTYPE_BF16 } };
+    for (size_t pi = 0; pi < sizeof plans / sizeof *plans; pi++)
+        for (int kv = 0; kv < 3; kv += 2) {
+            Case c;
+            case_open(&c, file, RECOMPUTE_NONE);
+            const ModelDtypes *dt = &plans[pi];
+            Model s;
+            model_init_serving(&s, &c.m.cfg, &c.m.topo, 16, dt);
+            model_quantize_from(&s, &c.m);
+            /* held once: no float32 view of a packed matrix, the weight
+             * slab only the vectors (and shared_expert_gate) */
+            size_t vec = 0, bad = 0;
+            for (int i = 0; i < s.n_params; i++) {
+                const Param *p = &s.params[i];
+                bad += p->packed && p->w != NULL;
+                bad += p->packed && p->dtype != model_serving_dtype(&s.cfg, dt, p);
+                if (!p->packed) vec += (p->numel + 15) / 16 * 16;
+            }
+            cr_expect(bad == 0 && s.n_w == vec && !s.g, "%s: %zu packed matrices keep a float32 view or the wrong dtype; "
+                      "weight slab %zu floats for %zu of vectors", file, bad, s.n_w, vec);
+            /* the reference: the training model with rounded weights */
+            for (int i = 0; i < c.m.n_params; i++) {
+                Param *p = &c.m.params[i];
+                const Dtype t = model_serving_dtype(&c.m.cfg, dt, p);
+                if (p->ndim >= 2) round_rows(p->w, p->numel / p->lshape[p->ndim - 1], p->lshape[p->ndim - 1], t);
+            }
+            model_pack(&c.m);
+            c.m.attn.kv = s.attn.kv = (Dtype)kv;
+            model_train_acts_free(&c.a);
+            model_train_acts_init(&c.a, &c.m, c.B, c.T, RECOMPUTE_NONE);
+            TrainActs sa;
+            model_train_acts_init(&sa, &s, c.B, c.T, RECOMPUTE_NONE);
+            const size_t N = c.B * c.T;
+            model_train_forward(&c.m, &c.a, c.ids, c.targets, N, NULL);
+            model_train_forward(&s, &sa, c.ids, c.targets, N, NULL);
+            char what[128];
+            snprintf(what, sizeof what, "%s, weights %s, embed %s, head %s, kv %s", file, dtype_name(dt->mat),
+                     dtype_name(dt->embed), dtype_name(dt->head), dtype_name((Dtype)kv));
+            EXPECT_BITWISE(sa.logp, c.a.logp, N, what);
+            for (int li = 0; li < s.topo.layer_end - s.topo.layer_begin; li++)
+                if (s.layers[li].moe)
+                    cr_expect(!memcmp(sa.la[li].topk_idx, c.a.la[li].topk_idx, N * s.k * sizeof(int32_t)),
+                              "%s: layer %d routes differ", what, li);
+            model_train_acts_free(&sa);
+            model_free(&s);
+            case_close(&c);
+        }
+}
+
+Test(model, serving_models_compute_the_forward_on_the_rounded_weights) { check_serving("model_base.h5"); }
+Test(model, serving_models_compute_the_forward_on_the_rounded_weights_variants) { check_serving("model_variants.h5"); }
+Test(model, serving_models_compute_the_forward_on_the_rounded_weights_qwen2moe) { check_serving("model_qwen2moe.h5"); }
+Test(model, serving_models_compute_the_forward_on_the_rounded_weights_qwen3moe) { check_serving("model_qwen3moe.h5"); }
+Test(model, serving_models_compute_the_forward_on_the_rounded_weights_olmoe) { check_serving("model_olmoe.h5"); }

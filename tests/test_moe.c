@@ -650,12 +650,13 @@ Test(moe_dispatch, layer_matches_torch)
         cr_expect_eq(p.offsets[E - 1], p.offsets[E], "case %d: expert E-1 should receive no token", c);
         float *xd = td_malloc(N * k * d * sizeof(float)), *eo = td_malloc(N * k * dout * sizeof(float));
         float *y = td_malloc(N * dout * sizeof(float));
-        float *P = td_malloc(gemm_packed_floats(dout, d) * sizeof(float));
+        float *P = td_malloc(gemm_packed_bytes(DTYPE_F32, dout, d));
         moe_dispatch_forward(xd, x, &p, N, k, d);
         for (size_t e = 0; e < E; e++) {
             size_t r0 = (size_t)p.offsets[e], r1 = (size_t)p.offsets[e + 1];
-            gemm_pack(P, A + e * dout * d, dout, d);
-            linear_forward(eo + r0 * dout, xd + r0 * d, P, r1 - r0, dout, d);
+            gemm_pack(P, DTYPE_F32, A + e * dout * d, dout, d);
+            const GemmW W = gemm_w(DTYPE_F32, P, dout, d);
+            linear_forward(eo + r0 * dout, xd + r0 * d, &W, r1 - r0);
         }
         moe_combine_forward(y, eo, w, &p, N, k, dout);
 

@@ -70,6 +70,7 @@ static const struct key g_keys[] = {
     { "reward_cmd", K_STR, F(reward_cmd), 0, 0, "\"\"", NULL },
     { "reward_timeout", K_NUM, F(reward_timeout), 0.001, 1e6, "30", NULL },
     { "reward_on_error", K_STR, F(reward_on_error), 0, 0, "\"skip\"", "skip|stop" },
+    { "rollout_dtype", K_STR, F(rollout_dtype), 0, 0, "\"f32\"", "f32|bf16|int8" },
 };
 #undef F
 #define N_KEYS (sizeof g_keys / sizeof g_keys[0])

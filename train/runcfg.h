@@ -33,7 +33,7 @@ typedef struct {
     char tokenizer[512];     /* HF directory or checkpoint whose tokenizer the run uses; "" = default */
     int threads;             /* 0 = automatic */
     /* RL (tandem rl); ignored by tandem train */
-    char task[32], prompts[512], reward_cmd[512], loss_agg[16], reward_on_error[8];
+    char task[32], prompts[512], reward_cmd[512], loss_agg[16], reward_on_error[8], rollout_dtype[8];
     int prompts_per_step, group_size, max_new_tokens, ppo_epochs, rollout_ranks;
     double temperature, clip_eps, kl_coef, reward_timeout;
     bool model_given;

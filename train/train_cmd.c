@@ -2,6 +2,7 @@
  * and `tandem score` (train_cmd.h). */
 #include "train/train_cmd.h"
 #include "checkpoint/ckpt_model.h"
+#include "checkpoint/ckpt_serve.h"
 #include "comm/comm.h"
 #include "core/args.h"
 #include "core/model/backprop.h"
@@ -105,7 +106,10 @@ int cmd_data(int argc, char **argv)
 }
 
 /* Windows of a token sequence, scored B at a time with the training
- * forward (which is what makes score, eval and training agree). */
+ * forward (which is what makes score, eval and training agree), on the
+ * model as a serving command holds it: --dtype / --kv-dtype (SPEC section
+ * 11) give the weights and the keys and values the bits generate and serve
+ * compute with, the KV rounding done where they store it too. */
 typedef struct {
     Model m;
     TrainActs acts;
@@ -113,10 +117,10 @@ typedef struct {
     int32_t *ids, *tg;
 } Scorer;
 
-static int scorer_open(Scorer *s, const char *ckpt, size_t B, size_t T, char *err, size_t n)
+static int scorer_open(Scorer *s, const char *ckpt, const ServeDtypes *sd, size_t B, size_t T, char *err, size_t n)
 {
     memset(s, 0, sizeof *s);
-    if (ckpt_model_open(ckpt, &s->m, NULL, false, 16, err, n)) return -1;
+    if (ckpt_open_serving(ckpt, &s->m, NULL, sd, err, n)) return -1;
     if (T > (size_t)s->m.cfg.max_position_embeddings) {
         snprintf(err, n, "--seq-len %zu exceeds the model's max_position_embeddings %d", T,
                  s->m.cfg.max_position_embeddings);
@@ -224,7 +228,8 @@ static int32_t *read_tokens(const char *ckpt, const char *data, const char *text
 
 static int score_run(Args *ap, int argc, char **argv)
 {
-    static const char *const spec[] = { "ckpt=", "data=", "text=", "seq-len=", "output=", "batch=", NULL };
+    static const char *const spec[] = { "ckpt=", "data=", "text=", "seq-len=", "output=", "batch=", "dtype=",
+                                        "kv-dtype=", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("score: %s", err);
@@ -232,10 +237,14 @@ static int score_run(Args *ap, int argc, char **argv)
     }
     if (ap->help) {
         printf("usage: tandem score --ckpt CKPT (--data DATA.bin | --text FILE) --seq-len T --output OUT.h5 [--batch 8]\n"
+               "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
                "Scores consecutive whole windows from the start of the token stream: window i\n"
                "has inputs [iT, (i+1)T) and targets [iT+1, (i+1)T+1).  Writes /logprobs [N, T]\n"
                "float32 and the mean loss as the attribute `loss`.  --text FILE is encoded by\n"
-               "the checkpoint's tokenizer (byte-level when it holds none).\n"
+               "the checkpoint's tokenizer (byte-level when it holds none).  --dtype and\n"
+               "--kv-dtype score with the weights and KV cache `tandem generate` would hold\n"
+               "(default: weights as stored, KV float32): the log-probabilities are then\n"
+               "generate's, bit for bit.\n"
                "tandem score --rollout OUT.jsonl --ckpt CKPT|RUN_DIR checks a `tandem rollout`\n"
                "output against the training forward (tandem score --rollout --help).\n");
         return 0;
@@ -264,8 +273,14 @@ static int score_run(Args *ap, int argc, char **argv)
         td_free(tok);
         return 1;
     }
+    ServeDtypes sd;
+    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err)) {
+        td_error("score: %s", err);
+        td_free(tok);
+        return 2;
+    }
     Scorer s;
-    if (scorer_open(&s, ckpt, (size_t)B, (size_t)T, err, sizeof err)) {
+    if (scorer_open(&s, ckpt, &sd, (size_t)B, (size_t)T, err, sizeof err)) {
         if (err[0]) td_error("score: %s", err);
         td_free(tok);
         return 1;
@@ -297,7 +312,8 @@ int cmd_score(int argc, char **argv)
 
 static int eval_run(Args *ap, int argc, char **argv)
 {
-    static const char *const spec[] = { "ckpt=", "data=", "text=", "seq-len=", "batch=", "split=", "max-windows=", NULL };
+    static const char *const spec[] = { "ckpt=", "data=", "text=", "seq-len=", "batch=", "split=", "max-windows=",
+                                        "dtype=", "kv-dtype=", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("eval: %s", err);
@@ -306,6 +322,7 @@ static int eval_run(Args *ap, int argc, char **argv)
     if (ap->help) {
         printf("usage: tandem eval --ckpt CKPT (--data DATA.bin [--split val|train|all] | --text FILE)\n"
                "                   [--seq-len 256] [--batch 8] [--max-windows N]\n"
+               "                   [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
                "Mean loss and perplexity over consecutive windows of the split (default val),\n"
                "printed as one JSON object.\n");
         return 0;
@@ -340,8 +357,14 @@ static int eval_run(Args *ap, int argc, char **argv)
         td_free(tok);
         return 1;
     }
+    ServeDtypes sd;
+    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err)) {
+        td_error("eval: %s", err);
+        td_free(tok);
+        return 2;
+    }
     Scorer s;
-    if (scorer_open(&s, ckpt, (size_t)B, (size_t)T, err, sizeof err)) {
+    if (scorer_open(&s, ckpt, &sd, (size_t)B, (size_t)T, err, sizeof err)) {
         if (err[0]) td_error("eval: %s", err);
         td_free(tok);
         return 1;

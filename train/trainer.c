@@ -92,13 +92,14 @@ void train_measure_peak(double *sgemm_gflops, double *kernel_gflops)
 {
     const size_t n = 1024;
     float *a = td_malloc(n * n * sizeof(float)), *b = td_malloc(n * n * sizeof(float));
-    float *c = td_malloc(n * n * sizeof(float)), *p = td_malloc(gemm_packed_floats(n, n) * sizeof(float));
+    float *c = td_malloc(n * n * sizeof(float)), *p = td_malloc(gemm_packed_bytes(DTYPE_F32, n, n));
     for (size_t i = 0; i < n * n; i++) {
         a[i] = (float)((i * 7919) % 1000) * 1e-3f;
         b[i] = (float)((i * 104729) % 1000) * 1e-3f;
     }
     struct peak_ctx pc = { a, b, c, n };
-    gemm_pack(p, b, n, n);
+    gemm_pack(p, DTYPE_F32, b, n, n);
+    const GemmW W = gemm_w(DTYPE_F32, p, n, n);
     double best_s = 0, best_k = 0, start = td_now();
     /* the first rep warms up; then the best of at least 4 reps or 0.3 s: on
      * a shared host a few reps can all land in a slow moment, and an MFU
@@ -107,7 +108,7 @@ void train_measure_peak(double *sgemm_gflops, double *kernel_gflops)
         double t0 = td_now();
         pool_for(n, 64, sgemm_rows, &pc);
         double t1 = td_now();
-        gemm_xwt(c, n, a, n, p, n, n, n);
+        gemm_xwt(c, n, a, n, &W, n);
         double t2 = td_now();
         if (rep) {
             best_s = fmax(best_s, gemm_flops(n, n, n) / (t1 - t0) * 1e-9);

@@ -45,7 +45,9 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
     const size_t N = a->N, d = m->d, Hq = m->H * m->hd, Hk = m->Hkv * m->hd;
     const size_t E = m->E_global, k = m->k, Nk = N * k, V = m->V;
     const size_t nb = (a->T + m->attn.bs - 1) / m->attn.bs;
-    const size_t kvf = a->B * nb * attn_block_floats(&m->attn);
+    /* KV blocks, in floats (f32 for training; a scorer may ask for a narrow
+     * KV dtype: fewer bytes, still a whole number of floats) */
+    const size_t kvf = (a->B * nb * attn_block_bytes(&m->attn) + sizeof(float) - 1) / sizeof(float);
     const int nl = m->topo.layer_end - m->topo.layer_begin;
     bool any_moe = false, any_dense = false, any_shared = false;
     for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {

@@ -36,19 +36,26 @@ static void tp_sum(const Model *m, float *buf, size_t n)
 
 void model_embed(const Model *m, float *x, const int32_t *ids, size_t n)
 {
-    embedding_forward(x, ids, m->embed->w, n, m->d);
+    if (m->embed->w) {
+        embedding_forward(x, ids, m->embed->w, n, m->d);
+    } else {   /* a serving model: rows of the packed table, as the head reads them */
+        const GemmW W = param_mat(m->embed, 0);
+        embedding_forward_packed(x, ids, &W, n);
+    }
 }
 
 void model_head(const Model *m, float *logits, float *hn, float *rstd, const float *x, size_t n)
 {
     rmsnorm_forward(hn, rstd, x, m->norm->w, n, m->d, (float)m->cfg.rms_norm_eps);
-    linear_forward(logits, hn, m->lm_head->packed, n, m->V, m->d);
+    const GemmW W = param_mat(m->lm_head, 0);
+    linear_forward(logits, hn, &W, n);
 }
 
-/* Packed matrix e of an expert tensor. */
-static const float *expert_packed(const Param *p, size_t e)
+/* y = x W^T for a matrix Param (its dtype). */
+static void param_linear(float *y, const float *x, const Param *p, size_t N)
 {
-    return p->packed + e * gemm_packed_floats(p->lshape[1], p->lshape[2]);
+    const GemmW W = param_mat(p, 0);
+    linear_forward(y, x, &W, N);
 }
 
 void model_experts_forward(const Model *m, const Layer *L, LayerActs *a)
@@ -59,14 +66,14 @@ void model_experts_forward(const Model *m, const Layer *L, LayerActs *a)
     GemmProblem *g = a->eprob;
     for (size_t e = 0; e < E; e++) {
         size_t r0 = (size_t)a->e_off[e], M = (size_t)a->e_off[e + 1] - r0;
-        g[2 * e] = (GemmProblem){ a->eg + r0 * F, F, a->xe + r0 * d, d, expert_packed(L->egate, e), M, F, d };
-        g[2 * e + 1] = (GemmProblem){ a->eu + r0 * F, F, a->xe + r0 * d, d, expert_packed(L->eup, e), M, F, d };
+        g[2 * e] = (GemmProblem){ a->eg + r0 * F, F, a->xe + r0 * d, d, param_mat(L->egate, e), M };
+        g[2 * e + 1] = (GemmProblem){ a->eu + r0 * F, F, a->xe + r0 * d, d, param_mat(L->eup, e), M };
     }
     gemm_xwt_group(g, 2 * (int)E);
     swiglu_forward(a->eh, a->eg, a->eu, a->n_recv, F);
     for (size_t e = 0; e < E; e++) {
         size_t r0 = (size_t)a->e_off[e], M = (size_t)a->e_off[e + 1] - r0;
-        g[e] = (GemmProblem){ a->eoe + r0 * d, d, a->eh + r0 * F, F, expert_packed(L->edown, e), M, d, F };
+        g[e] = (GemmProblem){ a->eoe + r0 * d, d, a->eh + r0 * F, F, param_mat(L->edown, e), M };
     }
     gemm_xwt_group(g, (int)E);
 }
@@ -75,7 +82,8 @@ void model_experts_forward(const Model *m, const Layer *L, LayerActs *a)
 static void pair_forward(float *y1, float *y2, const float *x, const Param *w1, const Param *w2,
                          size_t N, size_t F, size_t d)
 {
-    GemmProblem g[2] = { { y1, F, x, d, w1->packed, N, F, d }, { y2, F, x, d, w2->packed, N, F, d } };
+    (void)d;
+    GemmProblem g[2] = { { y1, F, x, d, param_mat(w1, 0), N }, { y2, F, x, d, param_mat(w2, 0), N } };
     gemm_xwt_group(g, 2);
 }
 
@@ -197,14 +205,14 @@ static void shared_forward(const Model *m, const Layer *L, LayerActs *a, size_t 
         row_scale_forward(a->shg, a->sgv, a->sh, N, m->S);
         hs = a->shg;
     }
-    linear_forward(ys, hs, L->sdown->packed, N, m->d, m->S);
+    param_linear(ys, hs, L->sdown, N);
 }
 
 static void dense_forward(const Model *m, const Layer *L, LayerActs *a, size_t N)
 {
     pair_forward(a->fg, a->fu, a->h2, L->gate, L->up, N, m->Fd, m->d);
     swiglu_forward(a->fh, a->fg, a->fu, N, m->Fd);
-    linear_forward(a->y, a->fh, L->down->packed, N, m->d, m->Fd);
+    param_linear(a->y, a->fh, L->down, N);
 }
 
 /* Router, statistics and losses, dispatch, experts, combine: a->y.  tmp
@@ -212,7 +220,7 @@ static void dense_forward(const Model *m, const Layer *L, LayerActs *a, size_t N
 static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, LayerActs *a, float *tmp)
 {
     const size_t N = b->n, d = m->d, E = m->E_global, k = m->k;
-    linear_forward(a->rlogits, a->h2, L->router->packed, N, E, d);
+    param_linear(a->rlogits, a->h2, L->router, N);
     moe_router_forward(a->probs, a->rlse, a->topk_idx, a->topk_w, a->rlogits, N, E, k,
                        m->cfg.norm_topk_prob);
     /* statistics over the whole micro-batch: count (E), psum (E), z sum (1),
@@ -260,9 +268,9 @@ static void qk_norm_forward(const Model *m, const Layer *L, LayerActs *a, size_t
 static void qkv_forward(const Model *m, const Layer *L, LayerActs *a, size_t N)
 {
     const size_t d = m->d, Hq = m->H * m->hd, Hk = m->Hkv * m->hd;
-    GemmProblem qkv[3] = { { a->qr, Hq, a->h1, d, L->q->packed, N, Hq, d },
-                           { a->kr, Hk, a->h1, d, L->k->packed, N, Hk, d },
-                           { a->vr, Hk, a->h1, d, L->v->packed, N, Hk, d } };
+    GemmProblem qkv[3] = { { a->qr, Hq, a->h1, d, param_mat(L->q, 0), N },
+                           { a->kr, Hk, a->h1, d, param_mat(L->k, 0), N },
+                           { a->vr, Hk, a->h1, d, param_mat(L->v, 0), N } };
     gemm_xwt_group(qkv, 3);   /* one region for the three projections */
     if (L->qb) {
         bias_forward(a->qr, L->qb->w, N, Hq);
@@ -290,7 +298,7 @@ void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float
     rope_forward(a->k, b->pos, &m->rope, N, Hkv, hd);
     attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, a->v, &m->attn);
     attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &m->attn);
-    linear_forward(a->x_mid, a->att, L->o->packed, N, d, H * hd);
+    param_linear(a->x_mid, a->att, L->o, N);
     tp_sum(m, a->x_mid, N * d);
     if (L->ob) bias_forward(a->x_mid, L->ob->w, N, d);   /* once, after the sum */
     residual_add(a->x_mid, x_in, a->x_mid, N * d);

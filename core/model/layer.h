@@ -61,7 +61,7 @@ typedef struct {
     GemmProblem *eprob;                        /* (2 E_local) the experts' grouped GEMMs (scratch) */
     GemmBwProblem *bprob;                      /* (3 E_local) and their backward products (scratch) */
     float aux, z;                              /* this layer's router losses */
-    float *kv;                                 /* this layer's KV block pool */
+    void *kv;                                  /* this layer's KV block pool (m->attn.kv dtype) */
 } LayerActs;
 
 /* x_out = layer l applied to x_in (N, d) for batch b; a holds every buffer

@@ -12,7 +12,25 @@
 
 #define MAX_PARAMS_PER_LAYER 24
 
-/* Appends a Param and computes its local slice.  shape: global. */
+/* The dtype of a matrix by its role (name). */
+static Dtype role_dtype(const ModelConfig *cfg, const ModelDtypes *dt, const char *name)
+{
+    const size_t n = strlen(name);
+    if (n >= 8 && !strcmp(name + n - 8, "mlp/gate")) return DTYPE_F32;   /* the router */
+    if (n >= 22 && !strcmp(name + n - 22, "mlp/shared_expert_gate")) return DTYPE_F32;
+    if (!strcmp(name, "lm_head")) return dt->head;
+    if (!strcmp(name, "model/embed_tokens")) return cfg->tie_word_embeddings ? dt->head : dt->embed;
+    return dt->mat;
+}
+
+Dtype model_serving_dtype(const ModelConfig *cfg, const ModelDtypes *dt, const Param *p)
+{
+    return p->ndim < 2 ? DTYPE_F32 : role_dtype(cfg, dt, p->name);
+}
+
+/* Appends a Param and computes its local slice.  shape: global.  packed:
+ * the forward reads it packed (a serving model then keeps no float32
+ * master of it). */
 static Param *add(Model *m, const char *name, int ndim, const size_t *shape, int tp_dim,
                   int ep_dim, int layer, bool decay, bool packed)
 {
@@ -41,16 +59,21 @@ static Param *add(Model *m, const char *name, int ndim, const size_t *shape, int
         }
         p->numel *= p->lshape[i];
     }
-    p->offset = m->n_w;
-    m->n_w += td_round_up(p->numel, 16);   /* keep every view 64-byte aligned */
     p->n_mats = 1;
+    p->dtype = DTYPE_F32;
+    p->w = (float *)(uintptr_t)1;   /* has a weight view (fixed up in init) */
     if (packed) {
         /* rows x cols of each packed matrix: the last two dims */
         size_t rows = p->lshape[ndim - 2], cols = p->lshape[ndim - 1];
         p->n_mats = ndim == 3 ? p->lshape[0] : 1;
-        p->packed = (float *)(uintptr_t)(m->n_packed + 1);  /* offset + 1, fixed up later */
-        m->n_packed += p->n_mats * gemm_packed_floats(rows, cols);
+        p->dtype = m->serving ? role_dtype(&m->cfg, &m->dt, name) : DTYPE_F32;
+        p->mat_bytes = gemm_packed_bytes(p->dtype, rows, cols);
+        p->packed = (unsigned char *)(uintptr_t)(m->n_packed + 1);  /* offset + 1, fixed up later */
+        m->n_packed += p->n_mats * p->mat_bytes;
+        if (m->serving) p->w = NULL;
     }
+    p->offset = m->n_w;
+    if (p->w) m->n_w += td_round_up(p->numel, 16);   /* keep every view 64-byte aligned */
     return p;
 }
 
@@ -128,12 +151,15 @@ static void layer_params(Model *m, int l)
 #undef NAME
 }
 
-/* Table and local sizes, no slabs: params' w/g/packed hold offsets. */
-static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo)
+/* Table and local sizes, no slabs: params' w/g/packed hold offsets.
+ * dt: NULL for the training layout, else a serving model's dtypes. */
+static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo, const ModelDtypes *dt)
 {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->topo = *topo;
+    m->serving = dt != NULL;
+    m->dt = dt ? *dt : (ModelDtypes){ DTYPE_F32, DTYPE_F32, DTYPE_F32 };
     const ModelConfig *c = cfg;
     const Topology *t = topo;
     m->d = (size_t)c->hidden_size;
@@ -155,7 +181,11 @@ static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo)
     m->layers = td_calloc((size_t)L * sizeof(Layer));
     const size_t d = m->d, V = m->V;
     bool first = topo_is_first_stage(t), last = topo_is_last_stage(t);
-    if (first) m->embed = add(m, "model/embed_tokens", 2, (size_t[]){ V, d }, -1, -1, -1, true, c->tie_word_embeddings && last);
+    /* the embedding: packed when it is also the head, and always in a
+     * serving model (its rows are looked up from the packed copy) */
+    if (first)
+        m->embed = add(m, "model/embed_tokens", 2, (size_t[]){ V, d }, -1, -1, -1, true,
+                       (c->tie_word_embeddings && last) || m->serving);
     for (int l = t->layer_begin; l < t->layer_end; l++) layer_params(m, l);
     if (last) {
         m->norm = add(m, "model/norm", 1, (size_t[]){ d }, -1, -1, -1, false, false);
@@ -172,28 +202,52 @@ static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo)
     }
 }
 
-void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads,
-                size_t kv_block)
+static void init_layout(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads, size_t kv_block,
+                        const ModelDtypes *dt)
 {
-    build_table(m, cfg, topo);
+    build_table(m, cfg, topo, dt);
     m->w = td_calloc(td_max(m->n_w, 1) * sizeof(float));
     if (with_grads) m->g = td_calloc(td_max(m->n_w, 1) * sizeof(float));
-    m->packed = td_calloc(td_max(m->n_packed, 1) * sizeof(float));
+    m->packed = td_calloc(td_max(m->n_packed, 1));
     for (int i = 0; i < m->n_params; i++) {
         Param *p = &m->params[i];
-        p->w = m->w + p->offset;
+        p->w = p->w ? m->w + p->offset : NULL;
         p->g = m->g ? m->g + p->offset : NULL;
         if (p->packed) p->packed = m->packed + ((size_t)(uintptr_t)p->packed - 1);
     }
     rope_table_init(&m->rope, (size_t)cfg->max_position_embeddings, m->hd, cfg->rope_theta);
-    m->attn = (AttnShape){ m->H, m->Hkv, m->hd, kv_block ? kv_block : 16 };
+    m->attn = (AttnShape){ m->H, m->Hkv, m->hd, kv_block ? kv_block : 16, DTYPE_F32 };
+}
+
+void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads,
+                size_t kv_block)
+{
+    init_layout(m, cfg, topo, with_grads, kv_block, NULL);
+}
+
+void model_init_serving(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
+                        const ModelDtypes *dt)
+{
+    init_layout(m, cfg, topo, false, kv_block, dt);
+}
+
+ModelDtypes model_dtypes_default(Dtype d)
+{
+    /* every matrix in d, the embedding and lm_head included (measured in
+     * docs/serving.md: at int8 the change of perplexity and routing they
+     * add is within the budget, and on a 150k vocabulary they are a large
+     * part of the weights) */
+    return (ModelDtypes){ d, d, d };
 }
 
 int model_param_table(const ModelConfig *cfg, const Topology *topo, Param **out)
 {
     Model m;
-    build_table(&m, cfg, topo);
-    for (int i = 0; i < m.n_params; i++) m.params[i].w = m.params[i].g = m.params[i].packed = NULL;
+    build_table(&m, cfg, topo, NULL);
+    for (int i = 0; i < m.n_params; i++) {
+        m.params[i].w = m.params[i].g = NULL;
+        m.params[i].packed = NULL;
+    }
     td_free(m.layers);
     *out = m.params;
     return m.n_params;
@@ -243,6 +297,7 @@ static void init_range(void *vc, size_t i0, size_t i1, int tid)
 
 void model_init_weights(Model *m, uint64_t seed)
 {
+    TD_CHECK(!m->serving, "model_init_weights: a serving model has no float32 weights to draw");
     const double L = (double)m->cfg.num_hidden_layers;
     for (int i = 0; i < m->n_params; i++) {
         Param *p = &m->params[i];
@@ -263,10 +318,46 @@ void model_pack(Model *m)
 {
     for (int i = 0; i < m->n_params; i++) {
         Param *p = &m->params[i];
-        if (!p->packed) continue;
+        if (!p->packed || !p->w) continue;
         size_t rows = p->lshape[p->ndim - 2], cols = p->lshape[p->ndim - 1];
-        size_t pk = gemm_packed_floats(rows, cols);
         for (size_t e = 0; e < p->n_mats; e++)
-            gemm_pack(p->packed + e * pk, p->w + e * rows * cols, rows, cols);
+            gemm_pack(p->packed + e * p->mat_bytes, p->dtype, p->w + e * rows * cols, rows, cols);
+    }
+}
+
+void model_set_weights(Model *m, Param *p, size_t e0, size_t ne, const float *src)
+{
+    (void)m;
+    if (!p->packed) {
+        TD_CHECK(e0 == 0 && p->w, "model_set_weights: %s is a vector, set whole", p->name);
+        memcpy(p->w, src, p->numel * sizeof(float));
+        return;
+    }
+    const size_t rows = p->lshape[p->ndim - 2], cols = p->lshape[p->ndim - 1];
+    TD_CHECK(e0 + ne <= p->n_mats, "model_set_weights: %s has %zu matrices, not %zu", p->name, p->n_mats, e0 + ne);
+    if (p->w) memcpy(p->w + e0 * rows * cols, src, ne * rows * cols * sizeof(float));
+    for (size_t e = 0; e < ne; e++)
+        gemm_pack(p->packed + (e0 + e) * p->mat_bytes, p->dtype, src + e * rows * cols, rows, cols);
+}
+
+void model_set_q8(Model *m, Param *p, size_t e0, size_t ne, const int8_t *q, const float *s)
+{
+    (void)m;
+    const size_t rows = p->lshape[p->ndim - 2], cols = p->lshape[p->ndim - 1], G = dtype_q8_groups(cols);
+    TD_CHECK(p->packed && p->dtype == DTYPE_INT8 && !p->w, "model_set_q8: %s is not an int8 serving matrix", p->name);
+    TD_CHECK(e0 + ne <= p->n_mats, "model_set_q8: %s has %zu matrices, not %zu", p->name, p->n_mats, e0 + ne);
+    for (size_t e = 0; e < ne; e++)
+        gemm_pack_q8(p->packed + (e0 + e) * p->mat_bytes, q + e * rows * cols, s + e * rows * G, rows, cols);
+}
+
+void model_quantize_from(Model *dst, const Model *src)
+{
+    for (int i = 0; i < dst->n_params; i++) {
+        Param *p = &dst->params[i];
+        const Param *f = NULL;
+        for (int j = 0; j < src->n_params && !f; j++)
+            if (!strcmp(src->params[j].name, p->name) && src->params[j].tied_copy == p->tied_copy) f = &src->params[j];
+        TD_CHECK(f && f->w && f->numel == p->numel, "model_quantize_from: no float32 weights for %s", p->name);
+        model_set_weights(dst, p, 0, p->packed ? p->n_mats : 1, f->w);
     }
 }

@@ -8,6 +8,17 @@
  * layers).  Weights, gradients and the packed copies used by the forward
  * GEMM live in three slabs owned by the Model; Params are views.
  *
+ * Two layouts.  A training model (model_init) holds every tensor in
+ * float32 in the weight slab, its gradients, and a float32 packed copy of
+ * every matrix for the forward.  A serving model (model_init_serving)
+ * holds only what the forward reads: every matrix once, packed, in the
+ * dtype of its Param (ModelDtypes: float32, bf16 or int8 g32 -- the router
+ * mlp/gate always float32), and in the weight slab only the vectors (norms,
+ * biases, q/k norms) and shared_expert_gate, float32.  The embedding of a
+ * serving model is looked up from its packed copy.  Both layouts run the
+ * same forward (layer.c); a Param's GEMMs dispatch on its dtype
+ * (param_mat).
+ *
  * Forward.  A batch is N token rows from one or more sequences; sequence i
  * has rows [row, row + n) at positions [pos, pos + n) and its keys/values in
  * blocks of a per-layer pool (core/ops/attention.h).  Training passes B
@@ -29,6 +40,7 @@
 #include <stdint.h>
 
 #include "core/ops/attention.h"
+#include "core/ops/gemm.h"
 #include "core/model/config.h"
 #include "core/ops/moe.h"
 #include "core/ops/rope.h"
@@ -50,10 +62,35 @@ typedef struct {
     bool tied_copy;                /* lm_head copy of a tied embedding on a later stage */
     size_t numel;                  /* local elements */
     size_t offset;                 /* into the weight / gradient slabs, floats */
-    float *w, *g;                  /* views (g NULL without gradients) */
-    float *packed;                 /* packed for gemm_xwt, NULL for vectors */
+    float *w, *g;                  /* views; w NULL for a packed matrix of a serving
+                                    * model, g NULL without gradients */
+    Dtype dtype;                   /* of the packed copy */
+    unsigned char *packed;         /* packed for gemm_xwt (param_mat), NULL for vectors */
     size_t n_mats;                 /* matrices packed (experts: E local), 1 otherwise */
+    size_t mat_bytes;              /* bytes of one packed matrix */
 } Param;
+
+/* Matrix e of a packed Param (expert e, or 0) as the GEMM reads it. */
+static inline GemmW param_mat(const Param *p, size_t e)
+{
+    return gemm_w(p->dtype, p->packed + e * p->mat_bytes, p->lshape[p->ndim - 2], p->lshape[p->ndim - 1]);
+}
+
+/* Dtypes of a serving model's matrices by role (SPEC section 11): every
+ * matrix but the router (always float32), the embedding, and lm_head (a
+ * tied embedding takes head's: it is the head's weight too). */
+typedef struct {
+    Dtype mat, embed, head;
+} ModelDtypes;
+
+/* The dtype a serving model with dtypes dt holds p in (float32 for
+ * vectors, the router and shared_expert_gate); what `ckpt quantize`
+ * writes p as. */
+Dtype model_serving_dtype(const ModelConfig *cfg, const ModelDtypes *dt, const Param *p);
+
+/* The plan `--dtype d` means (docs/serving.md says why embeddings and
+ * lm_head get what they get). */
+ModelDtypes model_dtypes_default(Dtype d);
 
 /* The partition attribute of SPEC section 4 for a Param under topology t:
  * "replicated", or components joined by ',' ("pp", "tp:0", "ep:0,tp:1"). */
@@ -102,8 +139,12 @@ typedef struct {
     int n_params;
     Layer *layers;          /* owned, indexed by global layer id; only this stage's are set */
     Param *embed, *norm, *lm_head;  /* lm_head == embed when tied on a single stage */
-    float *w, *g, *packed;  /* owned slabs */
-    size_t n_w, n_packed;   /* floats */
+    float *w, *g;           /* owned slabs */
+    unsigned char *packed;  /* owned slab of the packed matrices */
+    size_t n_w;             /* floats */
+    size_t n_packed;        /* bytes */
+    bool serving;           /* the serving layout (see the file comment) */
+    ModelDtypes dt;         /* serving: the dtypes by role; training: all f32 */
     RopeTable rope;
     AttnShape attn;         /* local heads, block size */
 } Model;
@@ -114,6 +155,11 @@ typedef struct {
  * call model_init_weights or load a checkpoint, then model_pack. */
 void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads,
                 size_t kv_block);
+/* A serving model (see the file comment): no gradients, no float32
+ * master of the matrices; weights zero until loaded (model_set_weights,
+ * checkpoint/ckpt_serve.h). */
+void model_init_serving(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
+                        const ModelDtypes *dt);
 /* Frees everything; safe on a zeroed struct and twice. */
 void model_free(Model *m);
 /* The parameter table alone (names, global shapes, slices) of the rank
@@ -128,11 +174,30 @@ int model_param_table(const ModelConfig *cfg, const Topology *topo, Param **out)
  * (seed, tensor name, i), so every topology gets the same model.  Also
  * packs. */
 void model_init_weights(Model *m, uint64_t seed);
-/* Refreshes the packed copies from the weights (after load or update). */
+/* Refreshes the packed copies from the weights (after load or update).
+ * A serving model has no weights to pack from: no-op for its matrices. */
 void model_pack(Model *m);
+/* Sets matrices [e0, e0 + ne) of p (all of a vector: e0 = 0, ne = 1) from
+ * float32 values src (row-major, [ne][rows][cols] of the local slice):
+ * into p->w when p has one, and into its packed copy in p's dtype (bf16
+ * rounded, int8 quantized by rows in groups of 32, core/dtype.h).  Uses the
+ * pool. */
+void model_set_weights(Model *m, Param *p, size_t e0, size_t ne, const float *src);
+/* The same for an int8 Param from quantized values: q [ne][rows][cols] and
+ * scales s [ne][rows][ceil(cols / 32)] (a quantized checkpoint's). */
+void model_set_q8(Model *m, Param *p, size_t e0, size_t ne, const int8_t *q, const float *s);
+/* Every weight of serving model dst from the float32 weights of src (same
+ * config and topology; src a training model): quantized as dst's dtypes
+ * say, with the bits `tandem ckpt quantize` writes.  Used after each RL
+ * update (rollout_dtype) and to convert a loaded float32 model. */
+void model_quantize_from(Model *dst, const Model *src);
 /* Looks a parameter up by HDF5 path; NULL when absent on this rank. */
 Param *model_param(Model *m, const char *name);
-/* Bytes of weights held by this rank. */
-static inline size_t model_weight_bytes(const Model *m) { return m->n_w * sizeof(float); }
+/* Bytes of weights held by this rank (the weight slab; a serving model's
+ * matrices live in its packed slab, counted too). */
+static inline size_t model_weight_bytes(const Model *m)
+{
+    return m->n_w * sizeof(float) + (m->serving ? m->n_packed : 0);
+}
 
 #endif

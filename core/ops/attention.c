@@ -82,28 +82,86 @@
 #define BW_KEY_FLOATS 65536 /* backward: their copies (K, V^T: 2 x 16 hd floats a tile), 256 KB */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-static inline const float *block_at(const float *kv, const AttnSeq *s, const AttnShape *sh, size_t p)
+/* Start of the block holding position p of sequence s. */
+static inline const unsigned char *block_at(const void *kv, const AttnSeq *s, const AttnShape *sh, size_t p)
 {
-    return kv + (size_t)s->blocks[p / sh->bs] * attn_block_floats(sh);
+    return (const unsigned char *)kv + (size_t)s->blocks[p / sh->bs] * attn_block_bytes(sh);
 }
 
-static inline const float *tile_kt(const float *kv, const AttnSeq *s, const AttnShape *sh,
+/* f32 blocks: K^T of tile kt of kv head g, [d * bs + j]. */
+static inline const float *tile_kt(const void *kv, const AttnSeq *s, const AttnShape *sh,
                                    size_t g, size_t kt)
 {
     size_t p = kt * ATTN_TILE;
-    const float *blk = block_at(kv, s, sh, p);
-    return blk + g * sh->hd * sh->bs + p % sh->bs;          /* [d * bs + j] */
+    const float *blk = (const float *)(const void *)block_at(kv, s, sh, p);
+    return blk + g * sh->hd * sh->bs + p % sh->bs;
 }
 
-static inline const float *tile_v(const float *kv, const AttnSeq *s, const AttnShape *sh,
+/* f32 blocks: V of tile kt of kv head g, [j * hd + d]. */
+static inline const float *tile_v(const void *kv, const AttnSeq *s, const AttnShape *sh,
                                   size_t g, size_t kt)
 {
     size_t p = kt * ATTN_TILE;
-    const float *blk = block_at(kv, s, sh, p);
-    return blk + sh->Hkv * sh->hd * sh->bs + (g * sh->bs + p % sh->bs) * sh->hd;  /* [j * hd + d] */
+    const float *blk = (const float *)(const void *)block_at(kv, s, sh, p);
+    return blk + sh->Hkv * sh->hd * sh->bs + (g * sh->bs + p % sh->bs) * sh->hd;
 }
 
-void attention_kv_store(float *kv, const AttnSeq *seqs, size_t n_seq, const float *restrict k,
+/* Narrow blocks: element offsets of the K^T, V and scale arrays of
+ * (kv head g, position offset off) inside a block. */
+static inline size_t kt_at(const AttnShape *sh, size_t g, size_t off) { return g * sh->hd * sh->bs + off; }
+static inline size_t v_at(const AttnShape *sh, size_t g, size_t off)
+{
+    return sh->Hkv * sh->hd * sh->bs + (g * sh->bs + off) * sh->hd;
+}
+static inline const float *scales_of(const unsigned char *blk, const AttnShape *sh)
+{
+    return (const float *)(const void *)(blk + 2 * sh->Hkv * sh->hd * sh->bs);   /* sK [Hkv][bs], sV [Hkv][bs] */
+}
+
+/* Key tile kt of kv head g as float32 K^T: the block itself (f32, row
+ * stride bs) or widened into buf (ATTN_TILE * hd floats, row stride
+ * ATTN_TILE).  *ld: the row stride. */
+static const float *keys_f32(float *buf, const void *kv, const AttnSeq *s, const AttnShape *sh, size_t g,
+                             size_t kt, size_t *ld)
+{
+    if (sh->kv == DTYPE_F32) {
+        *ld = sh->bs;
+        return tile_kt(kv, s, sh, g, kt);
+    }
+    const size_t p = kt * ATTN_TILE, off = p % sh->bs, bs = sh->bs, hd = sh->hd;
+    const unsigned char *blk = block_at(kv, s, sh, p);
+    *ld = ATTN_TILE;
+    if (sh->kv == DTYPE_BF16) {
+        const uint16_t *k = (const uint16_t *)(const void *)blk + kt_at(sh, g, off);
+        for (size_t d = 0; d < hd; d++) dtype_bf16_to_f32(buf + d * ATTN_TILE, k + d * bs, ATTN_TILE);
+    } else {
+        const int8_t *k = (const int8_t *)blk + kt_at(sh, g, off);
+        const float *sk = scales_of(blk, sh) + g * bs + off;
+        for (size_t d = 0; d < hd; d++)
+            for (size_t j = 0; j < ATTN_TILE; j++) buf[d * ATTN_TILE + j] = (float)k[d * bs + j] * sk[j];
+    }
+    return buf;
+}
+
+/* Value tile kt of kv head g as float32 V [j][hd]: the block itself or
+ * widened into buf (ATTN_TILE * hd floats). */
+static const float *values_f32(float *buf, const void *kv, const AttnSeq *s, const AttnShape *sh, size_t g,
+                               size_t kt)
+{
+    if (sh->kv == DTYPE_F32) return tile_v(kv, s, sh, g, kt);
+    const size_t p = kt * ATTN_TILE, off = p % sh->bs, bs = sh->bs, hd = sh->hd;
+    const unsigned char *blk = block_at(kv, s, sh, p);
+    if (sh->kv == DTYPE_BF16) {
+        dtype_bf16_to_f32(buf, (const uint16_t *)(const void *)blk + v_at(sh, g, off), ATTN_TILE * hd);
+    } else {
+        const int8_t *v = (const int8_t *)blk + v_at(sh, g, off);
+        const float *sv = scales_of(blk, sh) + sh->Hkv * bs + g * bs + off;
+        for (size_t j = 0; j < ATTN_TILE; j++) dtype_q8_dequantize(buf + j * hd, v + j * hd, sv[j], hd);
+    }
+    return buf;
+}
+
+void attention_kv_store(void *kv, const AttnSeq *seqs, size_t n_seq, const float *restrict k,
                         const float *restrict v, const AttnShape *sh)
 {
     const size_t hd = sh->hd, bs = sh->bs, kvw = sh->Hkv * hd;
@@ -111,13 +169,27 @@ void attention_kv_store(float *kv, const AttnSeq *seqs, size_t n_seq, const floa
         const AttnSeq *s = &seqs[si];
         for (size_t r = 0; r < s->n; r++) {
             size_t p = s->pos + r;
-            float *blk = kv + (size_t)s->blocks[p / bs] * attn_block_floats(sh);
+            unsigned char *blk = (unsigned char *)kv + (size_t)s->blocks[p / bs] * attn_block_bytes(sh);
             size_t off = p % bs;
             const float *kr = k + (s->row + r) * kvw, *vr = v + (s->row + r) * kvw;
             for (size_t g = 0; g < sh->Hkv; g++) {
-                float *kt = blk + g * hd * bs + off;
-                for (size_t d = 0; d < hd; d++) kt[d * bs] = kr[g * hd + d];
-                memcpy(blk + sh->Hkv * hd * bs + (g * bs + off) * hd, vr + g * hd, hd * sizeof(float));
+                const float *kg = kr + g * hd, *vg = vr + g * hd;
+                if (sh->kv == DTYPE_F32) {
+                    float *kt = (float *)(void *)blk + kt_at(sh, g, off);
+                    for (size_t d = 0; d < hd; d++) kt[d * bs] = kg[d];
+                    memcpy((float *)(void *)blk + v_at(sh, g, off), vg, hd * sizeof(float));
+                } else if (sh->kv == DTYPE_BF16) {
+                    uint16_t *kt = (uint16_t *)(void *)blk + kt_at(sh, g, off), *vt = (uint16_t *)(void *)blk + v_at(sh, g, off);
+                    for (size_t d = 0; d < hd; d++) kt[d * bs] = dtype_bf16_from_f32(kg[d]);
+                    for (size_t d = 0; d < hd; d++) vt[d] = dtype_bf16_from_f32(vg[d]);
+                } else {
+                    int8_t q[HD_MAX];
+                    float *sc = (float *)(uintptr_t)scales_of(blk, sh);
+                    int8_t *kt = (int8_t *)blk + kt_at(sh, g, off);
+                    sc[g * bs + off] = dtype_q8_quantize(q, kg, hd);
+                    for (size_t d = 0; d < hd; d++) kt[d * bs] = q[d];
+                    sc[sh->Hkv * bs + g * bs + off] = dtype_q8_quantize((int8_t *)blk + v_at(sh, g, off), vg, hd);
+                }
             }
         }
     }
@@ -850,7 +922,7 @@ static void scores_all(float *s, const float *const *q, size_t nq, const float *
 /* ================================================================ forward */
 
 struct attn_fw {
-    float *out, *lse; const float *q, *kv; const AttnSeq *seqs; size_t n_seq;
+    float *out, *lse; const float *q; const void *kv; const AttnSeq *seqs; size_t n_seq;
     const AttnShape *sh; const size_t *item_start; size_t n_items; float scale;
 };
 
@@ -868,6 +940,11 @@ static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t
     float o[GQ_FLOATS] __attribute__((aligned(64)));
     float lv[GQ_MAX * 16] __attribute__((aligned(64))), p[2 * GQ_MAX * 16] __attribute__((aligned(64)));
     float sc[2 * GQ_MAX * 16] __attribute__((aligned(64)));
+    /* narrow caches: the tiles of a block widened to float32 (f32 reads
+     * the blocks in place) */
+    const bool wid = sh->kv != DTYPE_F32;
+    float kbuf[wid ? SC_PAIRS * ATTN_TILE * hd : 1], vbuf[wid ? ATTN_TILE * hd : 1];
+    size_t ld = sh->bs;
     for (size_t v = 0; v < nq; v++) {
         q[v] = c->q + (s->row + rows[v]) * qw + heads[v] * hd;
         op[v] = o + v * hd;
@@ -881,15 +958,15 @@ static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t
     for (size_t kt0 = 0; kt0 < qt; kt0 += tpb) {
         const size_t nt = td_min(tpb, qt - kt0);
         const float *kts[SC_PAIRS];
-        for (size_t t = 0; t < nt; t++) kts[t] = tile_kt(c->kv, s, sh, g, kt0 + t);
-        scores_all(sc, q, nq, kts, nt, sh->bs, hd, c->scale);
+        for (size_t t = 0; t < nt; t++) kts[t] = keys_f32(kbuf + t * ATTN_TILE * hd, c->kv, s, sh, g, kt0 + t, &ld);
+        scores_all(sc, q, nq, kts, nt, ld, hd, c->scale);
         softmax_step(p, cf, m, lv, sc, NULL, nq, nt);
         for (size_t t = 0; t < nt; t++)
-            pv(op, p + t * nq * 16, cf + t * nq, tile_v(c->kv, s, sh, g, kt0 + t), hd, nq, hd, ATTN_TILE);
+            pv(op, p + t * nq * 16, cf + t * nq, values_f32(vbuf, c->kv, s, sh, g, kt0 + t), hd, nq, hd, ATTN_TILE);
     }
     /* the diagonal tile: each query sees its own number of keys */
-    const float *ktd = tile_kt(c->kv, s, sh, g, qt), *vtd = tile_v(c->kv, s, sh, g, qt);
-    scores_all(sc, q, nq, &ktd, 1, sh->bs, hd, c->scale);
+    const float *ktd = keys_f32(kbuf, c->kv, s, sh, g, qt, &ld), *vtd = values_f32(vbuf, c->kv, s, sh, g, qt);
+    scores_all(sc, q, nq, &ktd, 1, ld, hd, c->scale);
     softmax_step(p, cf, m, lv, sc, nval, nq, 1);
     for (size_t v = 0; v < nq; v++) pv(op + v, p + 16 * v, cf + v, vtd, hd, 1, hd, nval[v]);
     for (size_t v = 0; v < nq; v++) {
@@ -951,7 +1028,7 @@ static size_t seq_items(const AttnSeq *s, const AttnShape *sh)
     return (t1 - t0 + 1) * sh->Hkv;
 }
 
-void attention_forward(float *out, float *lse, const float *restrict q, const float *kv,
+void attention_forward(float *out, float *lse, const float *restrict q, const void *kv,
                        const AttnSeq *seqs, size_t n_seq, const AttnShape *sh)
 {
     TD_CHECK(sh->hd <= HD_MAX, "attention: head_dim %zu > %d", sh->hd, HD_MAX);
@@ -970,7 +1047,7 @@ void attention_forward(float *out, float *lse, const float *restrict q, const fl
 /* ================================================================ backward */
 
 struct attn_bw {
-    float *dq, *dk, *dv; const float *dout, *q, *out, *lse, *kv; const AttnSeq *seqs;
+    float *dq, *dk, *dv; const float *dout, *q, *out, *lse; const void *kv; const AttnSeq *seqs;
     size_t n_seq; const AttnShape *sh; float scale;
     size_t span;   /* tiles per span of the schedule (bw_span_tiles) */
 };
@@ -1220,10 +1297,11 @@ static size_t bw_span_tiles(const AttnShape *sh)
 
 void attention_backward(float *dq, float *dk, float *dv, const float *restrict dout,
                         const float *restrict q, const float *restrict out,
-                        const float *restrict lse, const float *kv, const AttnSeq *seqs,
+                        const float *restrict lse, const void *kv, const AttnSeq *seqs,
                         size_t n_seq, const AttnShape *sh)
 {
     TD_CHECK(sh->hd <= HD_MAX, "attention: head_dim %zu > %d", sh->hd, HD_MAX);
+    TD_CHECK(sh->kv == DTYPE_F32, "attention_backward: the KV blocks are %s, training needs f32", dtype_name(sh->kv));
     size_t n_tiles = 0;
     for (size_t i = 0; i < n_seq; i++) {
         TD_CHECK(seqs[i].pos == 0, "attention_backward: sequence %zu starts at %zu, not 0",

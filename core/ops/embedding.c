@@ -11,6 +11,11 @@ void embedding_forward(float *y, const int32_t *restrict ids, const float *restr
         memcpy(y + t * d, table + (size_t)ids[t] * d, d * sizeof(float));
 }
 
+void embedding_forward_packed(float *y, const int32_t *restrict ids, const GemmW *W, size_t N)
+{
+    for (size_t t = 0; t < N; t++) gemm_unpack_row(y + t * W->K, W, (size_t)ids[t]);
+}
+
 struct emb_bw { float *dtable; const float *dy; const int32_t *ids; size_t N, d; };
 
 static void emb_bw_cols(void *vc, size_t c0, size_t c1, int tid)

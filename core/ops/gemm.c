@@ -8,10 +8,20 @@
  * With AVX2 (16 ymm registers) the register tile is 6 rows x half a panel,
  * or 1-3 rows x whole panels; the chains, and so the bits, are the same.
  *
+ * Every kernel is written once for the three weight dtypes (a constant DT
+ * argument of always-inline functions, so each dtype gets its own
+ * specialisation): wrow16 / wrow8 / wval load a panel row's weights and
+ * widen them to float32 (f32: a load; bf16: zero-extend and shift left 16;
+ * int8: sign-extend, convert, multiply by the group's scale), and the FMA
+ * chain after it is the f32 kernel's.  int8 walks k in groups of 32 (the
+ * scales of a group are loaded once); that only splits the loop, not the
+ * chain.
+ *
  * The backward products (dx = dy W, dW = dy^T x) run the same micro-kernel
  * in a blocked, accumulating driver (section "backward") with AVX-512; the
  * AVX2 and portable builds send them to BLAS instead (on AVX2 OpenBLAS's
  * kernels reach the FMA peak: 84-88 GFLOP/s a core here, bench/gemm_bw.sh).
+ * The backward is float32 only: training keeps float32 weights.
  */
 #include "core/ops/gemm.h"
 #include "core/common.h"
@@ -35,57 +45,182 @@
 #define MR_MAX 12   /* rows per register tile: 12 x 2 zmm = 24 accumulators */
 #define MB     96   /* rows per cache block: MB * K floats of x stay in L2 */
 #define NP_WIDE 4   /* panels side by side in the few-rows kernel */
+#define GQ DTYPE_Q8_GROUP
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-size_t gemm_packed_floats(size_t N, size_t K)
+/* ---------------------------------------------------------------- layout */
+
+static size_t panels_of(size_t N) { return td_round_up(N, GEMM_NR) / GEMM_NR; }
+
+/* int8: bytes of the int8 panels before the scales */
+static size_t q8_panel_bytes(size_t N, size_t K) { return td_round_up(panels_of(N) * K * GEMM_NR, 64); }
+
+size_t gemm_packed_bytes(Dtype t, size_t N, size_t K)
 {
-    return td_round_up(N, GEMM_NR) * K;
+    const size_t np = panels_of(N);
+    if (t == DTYPE_INT8) return q8_panel_bytes(N, K) + td_round_up(np * dtype_q8_groups(K) * GEMM_NR * sizeof(float), 64);
+    return td_round_up(np * K * GEMM_NR * dtype_size(t), 64);
 }
 
-struct pack_ctx { float *P; const float *W; size_t N, K; };
+GemmW gemm_w(Dtype t, const void *base, size_t N, size_t K)
+{
+    GemmW w = { t, base, NULL, N, K };
+    if (t == DTYPE_INT8) w.scale = (const float *)(const void *)((const char *)base + q8_panel_bytes(N, K));
+    return w;
+}
+
+/* Panel p of W and (int8) its scales S[p][0][0]. */
+ALWAYS_INLINE const void *panel_at(const int DT, const GemmW *W, size_t p)
+{
+    return (const char *)W->p + p * W->K * GEMM_NR * dtype_size((Dtype)DT);
+}
+ALWAYS_INLINE const float *scales_at(const int DT, const GemmW *W, size_t p)
+{
+    return DT == DTYPE_INT8 ? W->scale + p * dtype_q8_groups(W->K) * GEMM_NR : NULL;
+}
+
+/* bf16: where column j (0..31) of a panel row is stored -- interleaved so
+ * that unpacking the row's 16-bit words with zeros (vpunpck{l,h}wd, per
+ * 128-bit lane) gives columns 0-15 and 16-31 in order, already widened:
+ * word 8L + i holds column 4L + i, word 8L + 4 + i column 16 + 4L + i
+ * (L = 0..3, i = 0..3). */
+static inline size_t bf16_slot(size_t j)
+{
+    return j < 16 ? (j / 4) * 8 + j % 4 : ((j - 16) / 4) * 8 + 4 + (j - 16) % 4;
+}
+
+struct pack_ctx { void *P; Dtype t; const float *W; const int8_t *Q; const float *S; size_t N, K; };
 
 static void pack_range(void *vctx, size_t p0, size_t p1, int tid)
 {
     (void)tid;
-    struct pack_ctx *c = vctx;
+    const struct pack_ctx *c = vctx;
+    const size_t K = c->K, G = dtype_q8_groups(K);
+    const GemmW w = gemm_w(c->t, c->P, c->N, K);
     for (size_t p = p0; p < p1; p++) {
-        float *dst = c->P + p * c->K * GEMM_NR;
+        char *pan = (char *)c->P + p * K * GEMM_NR * dtype_size(c->t);
+        float *sp = c->t == DTYPE_INT8 ? (float *)(uintptr_t)(w.scale + p * G * GEMM_NR) : NULL;
         for (size_t j = 0; j < GEMM_NR; j++) {
-            size_t n = p * GEMM_NR + j;
-            if (n < c->N) {
-                const float *src = c->W + n * c->K;
-                for (size_t k = 0; k < c->K; k++) dst[k * GEMM_NR + j] = src[k];
+            const size_t n = p * GEMM_NR + j;
+            const float *src = n < c->N && c->W ? c->W + n * K : NULL;
+            if (c->t == DTYPE_F32) {
+                float *d = (float *)(void *)pan;
+                for (size_t k = 0; k < K; k++) d[k * GEMM_NR + j] = src ? src[k] : 0.0f;
+            } else if (c->t == DTYPE_BF16) {
+                uint16_t *d = (uint16_t *)(void *)pan;
+                for (size_t k = 0; k < K; k++) d[k * GEMM_NR + bf16_slot(j)] = src ? dtype_bf16_from_f32(src[k]) : 0;
             } else {
-                for (size_t k = 0; k < c->K; k++) dst[k * GEMM_NR + j] = 0.0f;
+                int8_t *d = (int8_t *)pan, q[GQ];
+                for (size_t g = 0; g < G; g++) {
+                    const size_t k0 = g * GQ, ng = td_min(GQ, K - k0);
+                    float s = 0.0f;
+                    if (src) s = dtype_q8_quantize(q, src + k0, ng);
+                    else if (n < c->N) {   /* pre-quantized */
+                        memcpy(q, c->Q + n * K + k0, ng);
+                        s = c->S[n * G + g];
+                    } else memset(q, 0, ng);
+                    for (size_t i = 0; i < ng; i++) d[(k0 + i) * GEMM_NR + j] = q[i];
+                    sp[g * GEMM_NR + j] = s;
+                }
             }
         }
     }
 }
 
-void gemm_pack(float *P, const float *W, size_t N, size_t K)
+/* Zeroes the bytes of a packed matrix that hold no value (the alignment
+ * padding), so that a packed matrix is a function of its weights alone. */
+static void zero_padding(void *P, Dtype t, size_t N, size_t K)
 {
-    struct pack_ctx c = { P, W, N, K };
-    pool_for(td_round_up(N, GEMM_NR) / GEMM_NR, 1, pack_range, &c);
+    unsigned char *b = P;
+    const size_t np = panels_of(N), total = gemm_packed_bytes(t, N, K);
+    size_t used = np * K * GEMM_NR * dtype_size(t);
+    if (t == DTYPE_INT8) {
+        memset(b + used, 0, q8_panel_bytes(N, K) - used);
+        used = q8_panel_bytes(N, K) + np * dtype_q8_groups(K) * GEMM_NR * sizeof(float);
+    }
+    memset(b + used, 0, total - used);
 }
+
+void gemm_pack(void *P, Dtype t, const float *W, size_t N, size_t K)
+{
+    struct pack_ctx c = { P, t, W, NULL, NULL, N, K };
+    pool_for(panels_of(N), 1, pack_range, &c);
+    zero_padding(P, t, N, K);
+}
+
+void gemm_pack_q8(void *P, const int8_t *Q, const float *S, size_t N, size_t K)
+{
+    struct pack_ctx c = { P, DTYPE_INT8, NULL, Q, S, N, K };
+    pool_for(panels_of(N), 1, pack_range, &c);
+    zero_padding(P, DTYPE_INT8, N, K);
+}
+
+/* Weight j of panel row k as float32; sp: the scales of k's group. */
+ALWAYS_INLINE float wval(const int DT, const void *pan, size_t k, size_t j, const float *sp)
+{
+    if (DT == DTYPE_F32) return ((const float *)pan)[k * GEMM_NR + j];
+    if (DT == DTYPE_BF16) return dtype_f32_from_bf16(((const uint16_t *)pan)[k * GEMM_NR + bf16_slot(j)]);
+    return (float)((const int8_t *)pan)[k * GEMM_NR + j] * sp[j];
+}
+
+void gemm_unpack_row(float *dst, const GemmW *W, size_t n)
+{
+    const size_t p = n / GEMM_NR, j = n % GEMM_NR;
+    switch (W->dtype) {
+    case DTYPE_F32:
+        for (size_t k = 0; k < W->K; k++) dst[k] = wval(DTYPE_F32, panel_at(DTYPE_F32, W, p), k, j, NULL);
+        break;
+    case DTYPE_BF16:
+        for (size_t k = 0; k < W->K; k++) dst[k] = wval(DTYPE_BF16, panel_at(DTYPE_BF16, W, p), k, j, NULL);
+        break;
+    default:
+        for (size_t k = 0; k < W->K; k++)
+            dst[k] = wval(DTYPE_INT8, panel_at(DTYPE_INT8, W, p), k, j, scales_at(DTYPE_INT8, W, p) + k / GQ * GEMM_NR);
+        break;
+    }
+}
+
+/* The k loop of every kernel runs in pieces of GK(DT) steps: int8 a group
+ * of 32 at a time (its scales loaded once), the others 0..K in one piece.
+ * Only the loop is split, never a chain. */
+#define GK(DT, K) ((DT) == DTYPE_INT8 ? (size_t)GQ : (K))
 
 /* ---------------------------------------------------------------- kernels */
 
 #ifdef GEMM_AVX512
+/* The 16 float32 weights of panel row k, columns j0 .. j0 + 15; sp: the
+ * group's scales (int8). */
+ALWAYS_INLINE __m512 wrow16(const int DT, const void *pan, size_t k, int j0, const float *sp)
+{
+    if (DT == DTYPE_F32) return _mm512_loadu_ps((const float *)pan + k * GEMM_NR + j0);
+    if (DT == DTYPE_BF16) {   /* the row's 32 words, unpacked with zeros: columns j0 .. j0 + 15 (bf16_slot) */
+        const __m512i h = _mm512_loadu_si512((const void *)((const uint16_t *)pan + k * GEMM_NR));
+        const __m512i z = _mm512_setzero_si512();
+        return _mm512_castsi512_ps(j0 == 0 ? _mm512_unpacklo_epi16(z, h) : _mm512_unpackhi_epi16(z, h));
+    }
+    const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)((const int8_t *)pan + k * GEMM_NR + j0));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_loadu_ps(sp + j0));
+}
+
 /* y[0..MR)[0..ncols) = x[0..MR) . panel, ncols <= 32. */
-static inline __attribute__((always_inline)) void
-tile_avx512(const int MR, float *y, size_t ldy, const float *x, size_t ldx,
-            const float *panel, size_t K, size_t ncols)
+ALWAYS_INLINE void tile_avx512(const int DT, const int MR, float *y, size_t ldy, const float *x, size_t ldx,
+                               const void *panel, const float *scales, size_t K, size_t ncols)
 {
     __m512 acc[MR_MAX][2];
 #pragma GCC unroll 12
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (size_t k = 0; k < K; k++) {
-        const __m512 b0 = _mm512_loadu_ps(panel + k * GEMM_NR);
-        const __m512 b1 = _mm512_loadu_ps(panel + k * GEMM_NR + 16);
+    for (size_t k0 = 0; k0 < K; k0 += GK(DT, K)) {
+        const size_t k1 = td_min(K, k0 + GK(DT, K));
+        const float *sp = DT == DTYPE_INT8 ? scales + k0 / GQ * GEMM_NR : NULL;
+        for (size_t k = k0; k < k1; k++) {
+            const __m512 b0 = wrow16(DT, panel, k, 0, sp);
+            const __m512 b1 = wrow16(DT, panel, k, 16, sp);
 #pragma GCC unroll 12
-        for (int r = 0; r < MR; r++) {
-            const __m512 a = _mm512_set1_ps(x[(size_t)r * ldx + k]);
-            acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
+            for (int r = 0; r < MR; r++) {
+                const __m512 a = _mm512_set1_ps(x[(size_t)r * ldx + k]);
+                acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
+            }
         }
     }
     if (ncols == GEMM_NR) {
@@ -104,39 +239,43 @@ tile_avx512(const int MR, float *y, size_t ldy, const float *x, size_t ldx,
     }
 }
 
-/* Few rows (MR <= 3), NP <= 4 full panels (up to 128 columns) at once:
+/* Few rows (MR <= 3), NPW <= 4 full panels (32 NPW columns) at once:
  * enough independent chains to hide FMA latency when streaming weights for
- * decode (NP = 4; 2 or 3 for the last panels of a row, e.g. an expert of
- * width 192 = 4 + 2 panels, which a panel at a time would leave
- * latency-bound). */
-static inline __attribute__((always_inline)) void
-wide_avx512(const int MR, const int NP, float *y, size_t ldy, const float *x, size_t ldx,
-            const float *panel, size_t K)
+ * decode.  (Narrow weights at MR = 3 go two panels at a time: 24
+ * accumulators and 8 widened rows would not fit the 32 registers.) */
+ALWAYS_INLINE void wide_avx512(const int DT, const int MR, const int NPW, float *y, size_t ldy, const float *x,
+                               size_t ldx, const void *panel, const float *scales, size_t K)
 {
-    const size_t ps = K * GEMM_NR;  /* panel stride */
+    const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT), ss = dtype_q8_groups(K) * GEMM_NR;  /* panel strides */
     __m512 acc[3][2 * NP_WIDE];
 #pragma GCC unroll 3
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
-        for (int q = 0; q < 2 * NP; q++) acc[r][q] = _mm512_setzero_ps();
-    for (size_t k = 0; k < K; k++) {
-        __m512 b[2 * NP_WIDE];
+        for (int q = 0; q < 2 * NPW; q++) acc[r][q] = _mm512_setzero_ps();
+    for (size_t k0 = 0; k0 < K; k0 += GK(DT, K)) {
+        const size_t k1 = td_min(K, k0 + GK(DT, K));
+        const float *sp = DT == DTYPE_INT8 ? scales + k0 / GQ * GEMM_NR : NULL;
+        for (size_t k = k0; k < k1; k++) {
+            __m512 b[2 * NP_WIDE];
 #pragma GCC unroll 4
-        for (int q = 0; q < NP; q++) {
-            b[2 * q] = _mm512_loadu_ps(panel + q * ps + k * GEMM_NR);
-            b[2 * q + 1] = _mm512_loadu_ps(panel + q * ps + k * GEMM_NR + 16);
-        }
+            for (int q = 0; q < NPW; q++) {
+                const void *pq = (const char *)panel + q * ps;
+                const float *sq = DT == DTYPE_INT8 ? sp + q * ss : NULL;
+                b[2 * q] = wrow16(DT, pq, k, 0, sq);
+                b[2 * q + 1] = wrow16(DT, pq, k, 16, sq);
+            }
 #pragma GCC unroll 3
-        for (int r = 0; r < MR; r++) {
-            const __m512 a = _mm512_set1_ps(x[(size_t)r * ldx + k]);
+            for (int r = 0; r < MR; r++) {
+                const __m512 a = _mm512_set1_ps(x[(size_t)r * ldx + k]);
 #pragma GCC unroll 8
-            for (int q = 0; q < 2 * NP; q++) acc[r][q] = _mm512_fmadd_ps(a, b[q], acc[r][q]);
+                for (int q = 0; q < 2 * NPW; q++) acc[r][q] = _mm512_fmadd_ps(a, b[q], acc[r][q]);
+            }
         }
     }
 #pragma GCC unroll 3
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
-        for (int q = 0; q < 2 * NP; q++)
+        for (int q = 0; q < 2 * NPW; q++)
             _mm512_storeu_ps(y + (size_t)r * ldy + q * 16, acc[r][q]);
 }
 #endif
@@ -147,8 +286,23 @@ wide_avx512(const int MR, const int NP, float *y, size_t ldy, const float *x, si
  * rows x 32 columns for few rows.  The chains are those of gemm.h. */
 #define A2_MR 6
 
+/* The 8 float32 weights of panel row k, columns j0 .. j0 + 7 (see wrow16). */
+ALWAYS_INLINE __m256 wrow8(const int DT, const void *pan, size_t k, size_t j0, const float *sp)
+{
+    if (DT == DTYPE_F32) return _mm256_loadu_ps((const float *)pan + k * GEMM_NR + j0);
+    if (DT == DTYPE_BF16) {   /* half the row's words, unpacked with zeros (bf16_slot): columns 0-7 and
+                               * 16-23 from words 0-15, 8-15 and 24-31 from words 16-31 */
+        const size_t base = j0 == 8 || j0 == 24 ? 16 : 0;
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)pan + k * GEMM_NR + base));
+        const __m256i z = _mm256_setzero_si256();
+        return _mm256_castsi256_ps(j0 < 16 ? _mm256_unpacklo_epi16(z, h) : _mm256_unpackhi_epi16(z, h));
+    }
+    const __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)((const int8_t *)pan + k * GEMM_NR + j0));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_loadu_ps(sp + j0));
+}
+
 /* p[0..n) = the first n <= 8 lanes of v */
-static inline __attribute__((always_inline)) void store8(float *p, __m256 v, size_t n)
+ALWAYS_INLINE void store8(float *p, __m256 v, size_t n)
 {
     if (n >= 8) {
         _mm256_storeu_ps(p, v);
@@ -159,23 +313,26 @@ static inline __attribute__((always_inline)) void store8(float *p, __m256 v, siz
     }
 }
 
-/* y[0..MR)[0..ncols) = x[0..MR) . b, b 16 columns of a panel (row stride
- * 32), MR <= 6, ncols <= 16. */
-static inline __attribute__((always_inline)) void
-half_avx2(const int MR, float *y, size_t ldy, const float *x, size_t ldx,
-          const float *b, size_t K, size_t ncols)
+/* y[0..MR)[0..ncols) = x[0..MR) . columns h .. h + 15 of a panel, MR <= 6,
+ * ncols <= 16. */
+ALWAYS_INLINE void half_avx2(const int DT, const int MR, float *y, size_t ldy, const float *x, size_t ldx,
+                             const void *panel, const float *scales, size_t h, size_t K, size_t ncols)
 {
     __m256 acc[A2_MR][2];
 #pragma GCC unroll 6
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (size_t k = 0; k < K; k++) {
-        const __m256 b0 = _mm256_loadu_ps(b + k * GEMM_NR);
-        const __m256 b1 = _mm256_loadu_ps(b + k * GEMM_NR + 8);
+    for (size_t k0 = 0; k0 < K; k0 += GK(DT, K)) {
+        const size_t k1 = td_min(K, k0 + GK(DT, K));
+        const float *sp = DT == DTYPE_INT8 ? scales + k0 / GQ * GEMM_NR : NULL;
+        for (size_t k = k0; k < k1; k++) {
+            const __m256 b0 = wrow8(DT, panel, k, h, sp);
+            const __m256 b1 = wrow8(DT, panel, k, h + 8, sp);
 #pragma GCC unroll 6
-        for (int r = 0; r < MR; r++) {
-            const __m256 a = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
-            acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+            for (int r = 0; r < MR; r++) {
+                const __m256 a = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
+                acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+            }
         }
     }
 #pragma GCC unroll 6
@@ -185,25 +342,33 @@ half_avx2(const int MR, float *y, size_t ldy, const float *x, size_t ldx,
     }
 }
 
-/* y[0..MR)[0..ncols) = x[0..MR) . NP panels (panel stride ps), MR <= 3,
- * NP * MR <= 3: up to 12 chains of 8 columns; ncols <= 32 NP. */
-static inline __attribute__((always_inline)) void
-few_avx2(const int MR, const int NP, float *y, size_t ldy, const float *x, size_t ldx,
-         const float *panel, size_t ps, size_t K, size_t ncols)
+/* y[0..MR)[0..ncols) = x[0..MR) . NP panels (panel strides ps bytes, ss
+ * scales), MR <= 3, NP * MR <= 3: up to 12 chains of 8 columns; ncols <=
+ * 32 NP.  Each 8 weights are widened once and meet the MR broadcasts
+ * (registers: 12 + 3 + 1). */
+ALWAYS_INLINE void few_avx2(const int DT, const int MR, const int NP, float *y, size_t ldy, const float *x,
+                            size_t ldx, const void *panel, const float *scales, size_t ps, size_t ss, size_t K,
+                            size_t ncols)
 {
     __m256 acc[3][12];
 #pragma GCC unroll 3
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 12
         for (int c = 0; c < 4 * NP; c++) acc[r][c] = _mm256_setzero_ps();
-    for (size_t k = 0; k < K; k++) {
+    for (size_t k0 = 0; k0 < K; k0 += GK(DT, K)) {
+        const size_t k1 = td_min(K, k0 + GK(DT, K));
+        const float *sp = DT == DTYPE_INT8 ? scales + k0 / GQ * GEMM_NR : NULL;
+        for (size_t k = k0; k < k1; k++) {
+            __m256 a[3];
 #pragma GCC unroll 3
-        for (int r = 0; r < MR; r++) {
-            const __m256 a = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
+            for (int r = 0; r < MR; r++) a[r] = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
 #pragma GCC unroll 12
-            for (int c = 0; c < 4 * NP; c++)
-                acc[r][c] = _mm256_fmadd_ps(a, _mm256_loadu_ps(panel + (c / 4) * ps + k * GEMM_NR + (c % 4) * 8),
-                                            acc[r][c]);
+            for (int c = 0; c < 4 * NP; c++) {
+                const __m256 b = wrow8(DT, (const char *)panel + (size_t)(c / 4) * ps, k, (size_t)(c % 4) * 8,
+                                       DT == DTYPE_INT8 ? sp + (size_t)(c / 4) * ss : NULL);
+#pragma GCC unroll 3
+                for (int r = 0; r < MR; r++) acc[r][c] = _mm256_fmadd_ps(a[r], b, acc[r][c]);
+            }
         }
     }
 #pragma GCC unroll 3
@@ -214,182 +379,182 @@ few_avx2(const int MR, const int NP, float *y, size_t ldy, const float *x, size_
                    ncols > (size_t)c * 8 ? ncols - (size_t)c * 8 : 0);
 }
 
-static void half_tile(int MR, float *y, size_t ldy, const float *x, size_t ldx,
-                      const float *b, size_t K, size_t ncols)
+ALWAYS_INLINE void half_tile(const int DT, int MR, float *y, size_t ldy, const float *x, size_t ldx,
+                             const void *panel, const float *scales, size_t h, size_t K, size_t ncols)
 {
     switch (MR) {
-    case 1:  half_avx2(1, y, ldy, x, ldx, b, K, ncols); return;
-    case 2:  half_avx2(2, y, ldy, x, ldx, b, K, ncols); return;
-    case 3:  half_avx2(3, y, ldy, x, ldx, b, K, ncols); return;
-    case 4:  half_avx2(4, y, ldy, x, ldx, b, K, ncols); return;
-    case 5:  half_avx2(5, y, ldy, x, ldx, b, K, ncols); return;
-    default: half_avx2(6, y, ldy, x, ldx, b, K, ncols); return;
+    case 1:  half_avx2(DT, 1, y, ldy, x, ldx, panel, scales, h, K, ncols); return;
+    case 2:  half_avx2(DT, 2, y, ldy, x, ldx, panel, scales, h, K, ncols); return;
+    case 3:  half_avx2(DT, 3, y, ldy, x, ldx, panel, scales, h, K, ncols); return;
+    case 4:  half_avx2(DT, 4, y, ldy, x, ldx, panel, scales, h, K, ncols); return;
+    case 5:  half_avx2(DT, 5, y, ldy, x, ldx, panel, scales, h, K, ncols); return;
+    default: half_avx2(DT, 6, y, ldy, x, ldx, panel, scales, h, K, ncols); return;
     }
 }
 #endif
 
 #if !defined(GEMM_AVX512) && !defined(GEMM_AVX2)
 /* Portable path: the same chain per element with fmaf. */
-static void tile_generic(int MR, float *y, size_t ldy, const float *x, size_t ldx,
-                         const float *panel, size_t K, size_t ncols)
+ALWAYS_INLINE void tile_generic(const int DT, int MR, float *y, size_t ldy, const float *x, size_t ldx,
+                                const void *panel, const float *scales, size_t K, size_t ncols)
 {
-    float acc[MR_MAX][GEMM_NR];
+    float acc[MR_MAX][GEMM_NR], b[GEMM_NR];
     memset(acc, 0, sizeof acc);
-    for (size_t k = 0; k < K; k++) {
-        const float *b = panel + k * GEMM_NR;
-        for (int r = 0; r < MR; r++) {
-            const float a = x[(size_t)r * ldx + k];
-            for (int j = 0; j < GEMM_NR; j++) acc[r][j] = fmaf(a, b[j], acc[r][j]);
+    for (size_t k0 = 0; k0 < K; k0 += GK(DT, K)) {
+        const size_t k1 = td_min(K, k0 + GK(DT, K));
+        const float *sp = DT == DTYPE_INT8 ? scales + k0 / GQ * GEMM_NR : NULL;
+        for (size_t k = k0; k < k1; k++) {
+            for (size_t j = 0; j < GEMM_NR; j++) b[j] = wval(DT, panel, k, j, sp);
+            for (int r = 0; r < MR; r++) {
+                const float a = x[(size_t)r * ldx + k];
+                for (int j = 0; j < GEMM_NR; j++) acc[r][j] = fmaf(a, b[j], acc[r][j]);
+            }
         }
     }
     for (int r = 0; r < MR; r++) memcpy(y + (size_t)r * ldy, acc[r], ncols * sizeof(float));
 }
 #endif
 
-static void tile(int MR, float *y, size_t ldy, const float *x, size_t ldx,
-                 const float *panel, size_t K, size_t ncols)
+ALWAYS_INLINE void tile(const int DT, int MR, float *y, size_t ldy, const float *x, size_t ldx,
+                        const void *panel, const float *scales, size_t K, size_t ncols)
 {
 #ifdef GEMM_AVX512
     /* One specialisation per MR, so the accumulators stay in registers. */
     switch (MR) {
-    case 1:  tile_avx512(1, y, ldy, x, ldx, panel, K, ncols); return;
-    case 2:  tile_avx512(2, y, ldy, x, ldx, panel, K, ncols); return;
-    case 3:  tile_avx512(3, y, ldy, x, ldx, panel, K, ncols); return;
-    case 4:  tile_avx512(4, y, ldy, x, ldx, panel, K, ncols); return;
-    case 5:  tile_avx512(5, y, ldy, x, ldx, panel, K, ncols); return;
-    case 6:  tile_avx512(6, y, ldy, x, ldx, panel, K, ncols); return;
-    case 7:  tile_avx512(7, y, ldy, x, ldx, panel, K, ncols); return;
-    case 8:  tile_avx512(8, y, ldy, x, ldx, panel, K, ncols); return;
-    case 9:  tile_avx512(9, y, ldy, x, ldx, panel, K, ncols); return;
-    case 10: tile_avx512(10, y, ldy, x, ldx, panel, K, ncols); return;
-    case 11: tile_avx512(11, y, ldy, x, ldx, panel, K, ncols); return;
-    default: tile_avx512(12, y, ldy, x, ldx, panel, K, ncols); return;
+    case 1:  tile_avx512(DT, 1, y, ldy, x, ldx, panel, scales, K, ncols); return;
+    case 2:  tile_avx512(DT, 2, y, ldy, x, ldx, panel, scales, K, ncols); return;
+    case 3:  tile_avx512(DT, 3, y, ldy, x, ldx, panel, scales, K, ncols); return;
+    case 4:  tile_avx512(DT, 4, y, ldy, x, ldx, panel, scales, K, ncols); return;
+    case 5:  tile_avx512(DT, 5, y, ldy, x, ldx, panel, scales, K, ncols); return;
+    case 6:  tile_avx512(DT, 6, y, ldy, x, ldx, panel, scales, K, ncols); return;
+    case 7:  tile_avx512(DT, 7, y, ldy, x, ldx, panel, scales, K, ncols); return;
+    case 8:  tile_avx512(DT, 8, y, ldy, x, ldx, panel, scales, K, ncols); return;
+    case 9:  tile_avx512(DT, 9, y, ldy, x, ldx, panel, scales, K, ncols); return;
+    case 10: tile_avx512(DT, 10, y, ldy, x, ldx, panel, scales, K, ncols); return;
+    case 11: tile_avx512(DT, 11, y, ldy, x, ldx, panel, scales, K, ncols); return;
+    default: tile_avx512(DT, 12, y, ldy, x, ldx, panel, scales, K, ncols); return;
     }
 #elif defined(GEMM_AVX2)
     /* few rows: whole panel rows (12 chains); else 6-row half-panel tiles */
     switch (MR) {
-    case 1:  few_avx2(1, 1, y, ldy, x, ldx, panel, 0, K, ncols); return;
-    case 2:  few_avx2(2, 1, y, ldy, x, ldx, panel, 0, K, ncols); return;
-    case 3:  few_avx2(3, 1, y, ldy, x, ldx, panel, 0, K, ncols); return;
+    case 1:  few_avx2(DT, 1, 1, y, ldy, x, ldx, panel, scales, 0, 0, K, ncols); return;
+    case 2:  few_avx2(DT, 2, 1, y, ldy, x, ldx, panel, scales, 0, 0, K, ncols); return;
+    case 3:  few_avx2(DT, 3, 1, y, ldy, x, ldx, panel, scales, 0, 0, K, ncols); return;
     default: break;
     }
     for (int r = 0; r < MR; r += A2_MR)
         for (size_t h = 0; h < ncols; h += 16)
-            half_tile(MR - r < A2_MR ? MR - r : A2_MR, y + (size_t)r * ldy + h, ldy,
-                      x + (size_t)r * ldx, ldx, panel + h, K, td_min(16, ncols - h));
+            half_tile(DT, MR - r < A2_MR ? MR - r : A2_MR, y + (size_t)r * ldy + h, ldy, x + (size_t)r * ldx, ldx,
+                      panel, scales, h, K, td_min(16, ncols - h));
 #else
-    tile_generic(MR, y, ldy, x, ldx, panel, K, ncols);
+    tile_generic(DT, MR, y, ldy, x, ldx, panel, scales, K, ncols);
 #endif
 }
 
-/* NP (2..4) full panels for MR <= 3 rows. */
-static void wide(int MR, int NP, float *y, size_t ldy, const float *x, size_t ldx,
-                 const float *panel, size_t K)
+/* Four full panels for MR <= 3 rows. */
+ALWAYS_INLINE void wide(const int DT, int MR, float *y, size_t ldy, const float *x, size_t ldx,
+                        const void *panel, const float *scales, size_t K)
 {
 #ifdef GEMM_AVX512
-    /* one specialisation per (MR, NP), so the accumulators stay in registers */
-#define WIDE_NP(mr)                                                            \
-    switch (NP) {                                                              \
-    case 2:  wide_avx512(mr, 2, y, ldy, x, ldx, panel, K); return;             \
-    case 3:  wide_avx512(mr, 3, y, ldy, x, ldx, panel, K); return;             \
-    default: wide_avx512(mr, 4, y, ldy, x, ldx, panel, K); return;             \
-    }
     switch (MR) {
-    case 1:  WIDE_NP(1)
-    case 2:  WIDE_NP(2)
-    default: WIDE_NP(3)
-    }
-#undef WIDE_NP
-#elif defined(GEMM_AVX2)
-    const size_t ps = K * GEMM_NR;
-    for (int q = 0; q < NP;) {
-        float *yq = y + q * GEMM_NR;
-        const float *pq = panel + q * ps;
-        if (MR == 1 && q + 2 <= NP) {
-            few_avx2(1, 2, yq, ldy, x, ldx, pq, ps, K, 2 * GEMM_NR);
-            q += 2;
-            continue;
-        }
-        switch (MR) {
-        case 1:  few_avx2(1, 1, yq, ldy, x, ldx, pq, ps, K, GEMM_NR); break;
-        case 2:  few_avx2(2, 1, yq, ldy, x, ldx, pq, ps, K, GEMM_NR); break;
-        default: few_avx2(3, 1, yq, ldy, x, ldx, pq, ps, K, GEMM_NR); break;
-        }
-        q++;
-    }
-#else
-    for (int q = 0; q < NP; q++)
-        tile_generic(MR, y + q * GEMM_NR, ldy, x, ldx, panel + q * K * GEMM_NR, K, GEMM_NR);
-#endif
-}
-
-/* Rows [0, M) x panels [p0, p1). */
-static void drive(float *y, size_t ldy, const float *x, size_t ldx, const float *P,
-                  size_t M, size_t N, size_t K, size_t p0, size_t p1)
-{
-    const size_t ps = K * GEMM_NR;
-    if (M <= 3) {
-        /* full panels NP_WIDE at a time, then the last 2-3 together; a
-         * single or partial panel alone */
-        const size_t full = td_min(p1, N / GEMM_NR);
-        size_t p = p0;
-        while (p < p1) {
-            const size_t np = p < full ? td_min(NP_WIDE, full - p) : 0;
-            if (np >= 2) {
-                wide((int)M, (int)np, y + p * GEMM_NR, ldy, x, ldx, P + p * ps, K);
-                p += np;
-            } else {
-                tile((int)M, y + p * GEMM_NR, ldy, x, ldx, P + p * ps, K, td_min(GEMM_NR, N - p * GEMM_NR));
-                p++;
-            }
+    case 1:  wide_avx512(DT, 1, NP_WIDE, y, ldy, x, ldx, panel, scales, K); return;
+    case 2:  wide_avx512(DT, 2, NP_WIDE, y, ldy, x, ldx, panel, scales, K); return;
+    default:
+        if (DT == DTYPE_F32) {
+            wide_avx512(DT, 3, NP_WIDE, y, ldy, x, ldx, panel, scales, K);
+        } else {
+            const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT), ss = dtype_q8_groups(K) * GEMM_NR;
+            wide_avx512(DT, 3, 2, y, ldy, x, ldx, panel, scales, K);
+            wide_avx512(DT, 3, 2, y + 2 * GEMM_NR, ldy, x, ldx, (const char *)panel + 2 * ps,
+                        DT == DTYPE_INT8 ? scales + 2 * ss : NULL, K);
         }
         return;
     }
-    const size_t mbs = MB;
-    for (size_t mb = 0; mb < M; mb += mbs) {
-        size_t me = td_min(M, mb + mbs);
+#elif defined(GEMM_AVX2)
+    const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT), ss = dtype_q8_groups(K) * GEMM_NR;
+    for (int q = 0; q < NP_WIDE; q += MR == 1 ? 2 : 1) {
+        float *yq = y + q * GEMM_NR;
+        const void *pq = (const char *)panel + (size_t)q * ps;
+        const float *sq = DT == DTYPE_INT8 ? scales + (size_t)q * ss : NULL;
+        switch (MR) {
+        case 1:  few_avx2(DT, 1, 2, yq, ldy, x, ldx, pq, sq, ps, ss, K, 2 * GEMM_NR); break;
+        case 2:  few_avx2(DT, 2, 1, yq, ldy, x, ldx, pq, sq, ps, ss, K, GEMM_NR); break;
+        default: few_avx2(DT, 3, 1, yq, ldy, x, ldx, pq, sq, ps, ss, K, GEMM_NR); break;
+        }
+    }
+#else
+    const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT), ss = dtype_q8_groups(K) * GEMM_NR;
+    for (int q = 0; q < NP_WIDE; q++)
+        tile_generic(DT, MR, y + q * GEMM_NR, ldy, x, ldx, (const char *)panel + (size_t)q * ps,
+                     DT == DTYPE_INT8 ? scales + (size_t)q * ss : NULL, K, GEMM_NR);
+#endif
+}
+
+/* Rows [0, M) x panels [p0, p1) of W, dtype DT. */
+ALWAYS_INLINE void drive_dt(const int DT, float *y, size_t ldy, const float *x, size_t ldx, const GemmW *W,
+                            size_t M, size_t p0, size_t p1)
+{
+    const size_t N = W->N, K = W->K;
+    if (M <= 3) {
+        size_t p = p0;
+        for (; p + NP_WIDE <= p1 && (p + NP_WIDE) * GEMM_NR <= N; p += NP_WIDE)
+            wide(DT, (int)M, y + p * GEMM_NR, ldy, x, ldx, panel_at(DT, W, p), scales_at(DT, W, p), K);
+        for (; p < p1; p++)
+            tile(DT, (int)M, y + p * GEMM_NR, ldy, x, ldx, panel_at(DT, W, p), scales_at(DT, W, p), K,
+                 td_min(GEMM_NR, N - p * GEMM_NR));
+        return;
+    }
+    for (size_t mb = 0; mb < M; mb += MB) {
+        size_t me = td_min(M, mb + MB);
         for (size_t p = p0; p < p1; p++) {
             size_t nc = td_min(GEMM_NR, N - p * GEMM_NR);
             for (size_t m = mb; m < me; m += MR_MAX)
-                tile((int)td_min(MR_MAX, me - m), y + m * ldy + p * GEMM_NR, ldy,
-                     x + m * ldx, ldx, P + p * ps, K, nc);
+                tile(DT, (int)td_min(MR_MAX, me - m), y + m * ldy + p * GEMM_NR, ldy, x + m * ldx, ldx,
+                     panel_at(DT, W, p), scales_at(DT, W, p), K, nc);
         }
     }
 }
 
-void gemm_xwt_serial(float *y, size_t ldy, const float *x, size_t ldx,
-                     const float *P, size_t M, size_t N, size_t K)
+/* The one dispatch on the dtype of a call (or of a unit of a group). */
+static void drive(float *y, size_t ldy, const float *x, size_t ldx, const GemmW *W, size_t M, size_t p0,
+                  size_t p1)
 {
-    if (M == 0 || N == 0) return;
-    drive(y, ldy, x, ldx, P, M, N, K, 0, td_round_up(N, GEMM_NR) / GEMM_NR);
+    switch (W->dtype) {
+    case DTYPE_F32:  drive_dt(DTYPE_F32, y, ldy, x, ldx, W, M, p0, p1); return;
+    case DTYPE_BF16: drive_dt(DTYPE_BF16, y, ldy, x, ldx, W, M, p0, p1); return;
+    default:         drive_dt(DTYPE_INT8, y, ldy, x, ldx, W, M, p0, p1); return;
+    }
+}
+
+void gemm_xwt_serial(float *y, size_t ldy, const float *x, size_t ldx, const GemmW *W, size_t M)
+{
+    if (M == 0 || W->N == 0) return;
+    drive(y, ldy, x, ldx, W, M, 0, panels_of(W->N));
 }
 
 struct xwt_ctx {
-    float *y; size_t ldy; const float *x; size_t ldx; const float *P;
-    size_t M, N, K;
+    float *y; size_t ldy; const float *x; size_t ldx; const GemmW *W; size_t M;
 };
 
 static void xwt_rows(void *vc, size_t m0, size_t m1, int tid)
 {
     (void)tid;
     struct xwt_ctx *c = vc;
-    drive(c->y + m0 * c->ldy, c->ldy, c->x + m0 * c->ldx, c->ldx, c->P, m1 - m0, c->N, c->K,
-          0, td_round_up(c->N, GEMM_NR) / GEMM_NR);
+    drive(c->y + m0 * c->ldy, c->ldy, c->x + m0 * c->ldx, c->ldx, c->W, m1 - m0, 0, panels_of(c->W->N));
 }
 
 static void xwt_panels(void *vc, size_t p0, size_t p1, int tid)
 {
     (void)tid;
     struct xwt_ctx *c = vc;
-    drive(c->y, c->ldy, c->x, c->ldx, c->P, c->M, c->N, c->K, p0, p1);
+    drive(c->y, c->ldy, c->x, c->ldx, c->W, c->M, p0, p1);
 }
 
-void gemm_xwt(float *y, size_t ldy, const float *x, size_t ldx,
-              const float *P, size_t M, size_t N, size_t K)
+void gemm_xwt(float *y, size_t ldy, const float *x, size_t ldx, const GemmW *W, size_t M)
 {
-    if (M == 0 || N == 0) return;
-    struct xwt_ctx c = { y, ldy, x, ldx, P, M, N, K };
-    size_t n_panels = td_round_up(N, GEMM_NR) / GEMM_NR;
+    if (M == 0 || W->N == 0) return;
+    struct xwt_ctx c = { y, ldy, x, ldx, W, M };
+    size_t n_panels = panels_of(W->N);
     size_t nt = (size_t)pool_threads();
     /* Split rows when there are enough for every thread to get whole cache
      * blocks, otherwise split panels (decode, small batches).  Either split
@@ -420,8 +585,7 @@ static void unit_shape(const GemmProblem *q, size_t np, size_t *rb, size_t *pg)
 /* weights are read once per unit, rows cost FMAs */
 static double unit_cost(const GemmProblem *q, size_t m0, size_t m1, size_t p0, size_t p1)
 {
-    (void)q;
-    return (double)(p1 - p0) * (double)q->K * (double)((m1 - m0) + 4);
+    return (double)(p1 - p0) * (double)q->W.K * (double)((m1 - m0) + 4);
 }
 
 struct group_ctx { const GemmProblem *pr; int n; double total; int nt; };
@@ -434,8 +598,8 @@ static double group_walk(const GemmProblem *pr, int n, double lo, double hi, boo
     double at = 0;
     for (int i = 0; i < n; i++) {
         const GemmProblem *q = &pr[i];
-        if (q->M == 0 || q->N == 0) continue;
-        const size_t np = td_round_up(q->N, GEMM_NR) / GEMM_NR;
+        if (q->M == 0 || q->W.N == 0) continue;
+        const size_t np = panels_of(q->W.N);
         size_t rb, pg;
         unit_shape(q, np, &rb, &pg);
         for (size_t m0 = 0; m0 < q->M; m0 += rb)
@@ -445,8 +609,7 @@ static double group_walk(const GemmProblem *pr, int n, double lo, double hi, boo
                 at += cost;
                 if (nu) ++*nu;
                 if (run && mid >= lo && mid < hi)
-                    drive(q->y + m0 * q->ldy, q->ldy, q->x + m0 * q->ldx, q->ldx, q->P, m1 - m0, q->N, q->K,
-                          p0, p1);
+                    drive(q->y + m0 * q->ldy, q->ldy, q->x + m0 * q->ldx, q->ldx, &q->W, m1 - m0, p0, p1);
             }
     }
     return at;

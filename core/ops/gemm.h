@@ -13,8 +13,29 @@
  * chunk and a single-row decode step (SPEC section 8).  OpenBLAS does not
  * promise this (its M=1 and edge-tile paths round differently).
  *
- * Packed layout (GEMM_NR = 32 columns per panel):
- *     P[p][k][j] = W[p*32 + j][k]   for j < 32, zero-padded past N.
+ * Weights in 16 and 8 bits (SPEC section 11).  W may be held as float32,
+ * bfloat16 or int8 with one float32 scale per group of 32 weights along K
+ * (core/dtype.h).  The kernel widens each weight to the float32 value it
+ * stands for, in registers, right after loading it -- bf16: the 16 bits
+ * shifted up (exact); int8: (float)q * s, one rounded float32 product --
+ * and then runs the chain above unchanged.  So a bf16 or int8 product is
+ * bit for bit the float32 product with the dequantized weights, on every
+ * path, and keeps every guarantee above; only the bytes streamed from
+ * memory shrink (2x, ~3.6x).  No native bf16 or VNNI dot products are used
+ * (they would reassociate the sum and round x).
+ *
+ * Packed layouts (GEMM_NR = 32 columns per panel, np = ceil(N / 32) panels,
+ * G = ceil(K / 32) groups, rows past N zero):
+ *     f32   P[p][k][j] = W[p*32 + j][k]                  float
+ *     bf16  P[p][k][s(j)] = bf16(W[p*32 + j][k])          uint16, s(j) = 8 (j/4) + j%4 for j < 16,
+ *           8 ((j-16)/4) + 4 + j%4 above: unpacking a row's words with zeros (per 128-bit lane)
+ *           is then the widening, columns 0-15 and 16-31 in order
+ *     int8  Q[p][k][j] = q(W[p*32 + j][k])                int8, then at the next
+ *           64-byte boundary S[p][g][j] = scale of row p*32 + j, group g   float
+ * A panel row (one k) is the 32 weights one broadcast of x[m][k] meets; the
+ * scales of a group are read once per 32 k.  Every packed matrix takes
+ * gemm_packed_bytes, a multiple of 64, so that matrices packed one after
+ * the other (experts) stay aligned.
  *
  * Backward (gemm_dx_acc, gemm_dw_acc): with AVX-512, the same micro-kernel
  * in a blocked driver that packs slices of its operands itself (no
@@ -35,21 +56,43 @@
 #define TANDEM_CORE_OPS_GEMM_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
 
 #define GEMM_NR 32
 
-/* Floats needed to pack an [N, K] weight. */
-size_t gemm_packed_floats(size_t N, size_t K);
+/* A packed weight matrix W [N, K]: borrowed views of its panels (and, for
+ * int8, its group scales).  Made by gemm_w from the start of a packed
+ * matrix; a GEMM dispatches on dtype once per call. */
+typedef struct {
+    Dtype dtype;
+    const void *p;        /* panels: float, uint16_t (bf16) or int8_t */
+    const float *scale;   /* int8: S[p][g][j]; NULL otherwise */
+    size_t N, K;
+} GemmW;
 
-/* Pack W [N, K] (row stride K) into P (gemm_packed_floats(N, K) floats,
- * overwritten).  Threaded over panels. */
-void gemm_pack(float *P, const float *W, size_t N, size_t K);
+/* Bytes of an [N, K] matrix packed as t (a multiple of 64). */
+size_t gemm_packed_bytes(Dtype t, size_t N, size_t K);
+/* The views of the matrix packed as t at base. */
+GemmW gemm_w(Dtype t, const void *base, size_t N, size_t K);
 
-/* y[M, N] (row stride ldy, overwritten) = x[M, K] (row stride ldx) W^T,
- * W packed in P.  Threaded over the pool (serial inside a pool region).
- * Row-invariant, see the file comment. */
-void gemm_xwt(float *y, size_t ldy, const float *x, size_t ldx,
-              const float *P, size_t M, size_t N, size_t K);
+/* Packs W [N, K] (row stride K, float32) into P (gemm_packed_bytes(t, N, K)
+ * bytes, overwritten) as t: bf16 rounds to nearest even, int8 quantizes
+ * each row in groups of 32 (core/dtype.h: dtype_q8_quantize_row), so the
+ * packed values are those of `tandem ckpt quantize`.  Threaded over panels. */
+void gemm_pack(void *P, Dtype t, const float *W, size_t N, size_t K);
+/* Packs pre-quantized int8 weights: Q [N, K] and their scales S [N, G]
+ * (row-major, as a quantized checkpoint stores them) into P as int8.
+ * Threaded over panels. */
+void gemm_pack_q8(void *P, const int8_t *Q, const float *S, size_t N, size_t K);
+/* dst (K) = row n of W as the kernel sees it (dequantized).  Serial. */
+void gemm_unpack_row(float *dst, const GemmW *W, size_t n);
+
+/* y[M, N] (row stride ldy, overwritten) = x[M, K] (row stride ldx) W^T.
+ * Threaded over the pool (serial inside a pool region).  Row-invariant,
+ * see the file comment. */
+void gemm_xwt(float *y, size_t ldy, const float *x, size_t ldx, const GemmW *W, size_t M);
 
 /* One forward product of a group. */
 typedef struct {
@@ -57,8 +100,8 @@ typedef struct {
     size_t ldy;
     const float *x;    /* (M, K), row stride ldx */
     size_t ldx;
-    const float *P;    /* W packed */
-    size_t M, N, K;
+    GemmW W;           /* N, K from here */
+    size_t M;
 } GemmProblem;
 
 /* Runs n products (e.g. q, k and v of one input; or gate and up of every
@@ -69,8 +112,7 @@ void gemm_xwt_group(const GemmProblem *p, int n);
 
 /* Unthreaded variant of gemm_xwt, for callers that split work themselves.
  * Same arithmetic. */
-void gemm_xwt_serial(float *y, size_t ldy, const float *x, size_t ldx,
-                     const float *P, size_t M, size_t N, size_t K);
+void gemm_xwt_serial(float *y, size_t ldy, const float *x, size_t ldx, const GemmW *W, size_t M);
 
 /* dx[M, K] += dy[M, N] W[N, K]   (input gradient of y = x W^T).
  * Row strides lddx, lddy; W [N, K] unpacked, row stride K.  Accumulates;

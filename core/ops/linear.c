@@ -2,10 +2,9 @@
 #include "core/ops/linear.h"
 #include "core/ops/gemm.h"
 
-void linear_forward(float *y, const float *restrict x, const float *restrict Wp,
-                    size_t M, size_t N, size_t K)
+void linear_forward(float *y, const float *restrict x, const GemmW *W, size_t M)
 {
-    gemm_xwt(y, N, x, K, Wp, M, N, K);
+    gemm_xwt(y, W->N, x, W->K, W, M);
 }
 
 void linear_backward(float *dx, float *dW, const float *restrict dy, const float *restrict x,

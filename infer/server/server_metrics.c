@@ -189,6 +189,10 @@ char *metrics_render(Metrics *m, size_t *len)
     gauge(&b, "tandem_kv_blocks_used", "gauge", "KV-cache blocks in use.", (double)c.st.kv_used);
     gauge(&b, "tandem_kv_blocks_free", "gauge", "KV-cache blocks free.", (double)(c.st.kv_total - c.st.kv_used));
     gauge(&b, "tandem_kv_blocks_total", "gauge", "KV-cache blocks in the pool.", (double)c.st.kv_total);
+    gauge(&b, "tandem_kv_bytes_per_token", "gauge", "Bytes one cached token takes (all layers, the KV dtype's).",
+          (double)c.st.kv_token_bytes);
+    gauge(&b, "tandem_weight_bytes", "gauge", "Bytes of the weights as held (their serving dtype).",
+          (double)c.st.weight_bytes);
     gauge(&b, "tandem_tokens_per_second", "gauge", "Generated tokens per second over the last 10 seconds.",
           rate_of(&c));
     gauge(&b, "tandem_preemptions_total", "counter", "Requests preempted for cache space (and recomputed).",

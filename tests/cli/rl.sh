@@ -63,6 +63,31 @@ print("ok   split: sync of %d bytes per step, kl %.4f, policy versions %s"
       % (rows[0]["sync_bytes"], rows[-1]["kl"], [r["policy_version"] for r in rows]))
 EOF
 
+# ---------------------------------------------------------------- rollouts in low precision
+# rollout_dtype=int8 / bf16: the engine runs the quantized model, the
+# trainer's behaviour log-probabilities are that model's forward, so the
+# check stays exactly 0; the float32 policy differs from it
+# (quant_logprob_diff_max > 0); the split placement ships the quantized
+# weights (fewer bytes than float32's)
+$T rl $C out_dir="$W/q8" steps=4 rollout_dtype=int8 >"$W/log" 2>&1 || { echo "FAIL rl rollout_dtype=int8"; cat "$W/log"; fail=1; }
+check "$W/q8" "colocated, rollout_dtype=int8" 4
+$T rl $C out_dir="$W/qb" steps=2 rollout_dtype=bf16 >"$W/log" 2>&1 || { echo "FAIL rl rollout_dtype=bf16"; cat "$W/log"; fail=1; }
+check "$W/qb" "colocated, rollout_dtype=bf16" 2
+$MPI -np 3 $T rl $C out_dir="$W/sq" steps=3 threads=1 rollout_ranks=1 rollout_dtype=int8 >"$W/log" 2>&1 \
+    || { echo "FAIL split rollout_dtype=int8"; cat "$W/log"; fail=1; }
+check "$W/sq" "split, 2 trainers + 1 rollout rank, rollout_dtype=int8 (quantized weights synced bitwise)" 3
+$PY - "$W" <<'EOF' || fail=1
+import json, sys
+w = sys.argv[1]
+rows = lambda d: [json.loads(l) for l in open(w + "/" + d + "/metrics.jsonl")]
+q8, sq, s3 = rows("q8"), rows("sq"), rows("s3")
+assert all(r["rollout_dtype"] == "int8" and r["quant_logprob_diff_max"] > 0 for r in q8 + sq), q8
+assert all(r["rollout_dtype"] == "f32" and r["quant_logprob_diff_max"] == 0 for r in s3), s3
+assert sq[0]["sync_bytes"] < 0.4 * s3[0]["sync_bytes"], (sq[0]["sync_bytes"], s3[0]["sync_bytes"])
+print("ok   int8: the f32 policy is %.3g from the behaviour (quantized) one at most; split sync %d bytes vs %d in f32"
+      % (max(r["quant_logprob_diff_max"] for r in q8), sq[0]["sync_bytes"], s3[0]["sync_bytes"]))
+EOF
+
 # ---------------------------------------------------------------- other tasks
 $TB rl $C out_dir="$W/t" steps=3 task=target_length >"$W/log" 2>&1 || { echo "FAIL target_length"; cat "$W/log"; fail=1; }
 check "$W/t" "target_length" 3

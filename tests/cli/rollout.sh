@@ -78,6 +78,17 @@ $CHECK verdict "$W/a.check" --samples 24 || fail "trainer check"
 bounded 300 "$TANDEM" score --rollout "$W/c.jsonl" --ckpt "$W/run" >"$W/c.check" || fail "score --rollout (stop)"
 $CHECK verdict "$W/c.check" --samples 12 || fail "trainer check (stop)"
 
+# low precision: weights and KV cache in int8, checked by the trainer at
+# the same dtypes (exactly 0), and not at float32 (the rounding shows)
+"$TANDEM" rollout --ckpt "$CK" --prompts "$W/p.jsonl" --n 2 --max-tokens 32 --seed 7 --dtype int8 --kv-dtype int8 $KV \
+    >"$W/q.jsonl" 2>"$W/q.log" || { cat "$W/q.log"; fail "rollout --dtype int8 --kv-dtype int8"; }
+"$TANDEM" score --rollout "$W/q.jsonl" --ckpt "$CK" --dtype int8 --kv-dtype int8 >"$W/q.check" || fail "score --rollout --dtype int8"
+$CHECK verdict "$W/q.check" --samples 12 || fail "trainer check (int8)"
+"$TANDEM" score --rollout "$W/q.jsonl" --ckpt "$CK" >"$W/q32.check" || fail "score --rollout (int8 rollout, f32 check)"
+$PY -c "import json,sys; c=json.load(open('$W/q32.check')); sys.exit(0 if c['logprob_diff_max'] > 0 else 1)" ||
+    fail "an int8 rollout checked in float32 should differ"
+ok "--dtype int8 --kv-dtype int8: the trainer at the same dtypes reproduces it exactly (in float32 it differs by $($PY -c "import json; print(json.load(open('$W/q32.check'))['logprob_diff_max'])"))"
+
 # ---------------------------------------------------------------- 2. bad input
 bad() {   # bad NAME LINE_TAG: the prompts file $W/NAME.jsonl must fail naming LINE_TAG
     rc=0
@@ -146,6 +157,19 @@ $CHECK shape "$W/g.jsonl" --prompts "$W/p40.jsonl" --n 4 --ckpt "$W/run2/step_00
     --seed 3 --versions 10,20 --order || fail "--follow output after a failed load"
 bounded 300 "$TANDEM" score --rollout "$W/g.jsonl" --ckpt "$W/run3" >"$W/g.check" || fail "score --rollout (retry)"
 $CHECK verdict "$W/g.check" --samples 160 || fail "trainer check (retry)"
+
+# --follow in int8: each new checkpoint quantized at load as the first was
+mkdir "$W/run5"
+cp "$W/run2/step_00000010.h5" "$W/run5/"
+publish "$W/run5" step_00000010.h5
+$FOLLOW --out "$W/k.jsonl" --err "$W/k.log" \
+    --during "cp $W/run2/step_00000020.h5 $W/run5/.tmp.h5 && mv $W/run5/.tmp.h5 $W/run5/step_00000020.h5 && ln -s step_00000020.h5 $W/run5/.latest.new && mv -T $W/run5/.latest.new $W/run5/latest" \
+    -- $ROLL --dtype int8 --kv-dtype int8 --follow "$W/run5" || fail "--follow --dtype int8"
+"$TANDEM" score --rollout "$W/k.jsonl" --ckpt "$W/run5" --dtype int8 --kv-dtype int8 >"$W/k.check" ||
+    fail "score --rollout (follow, int8)"
+$CHECK verdict "$W/k.check" --samples 160 || fail "trainer check (follow, int8)"
+grep -q '"versions":\[10,20\]' "$W/k.check" || fail "the int8 check did not cover both versions"
+ok "--follow --dtype int8 --kv-dtype int8: versions 10 and 20, exact"
 
 # a checkpoint of another model: one error line, non-zero exit
 bounded 300 "$TANDEM_TRAIN" train configs/tiny.json data="$BUILD/fortunes.bin" out_dir="$W/other" steps=1 \

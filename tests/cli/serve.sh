@@ -37,12 +37,14 @@ bounded 300 "$TANDEM" train configs/tiny.json data="$BUILD/fortunes.bin" steps=3
     >"$TMP/train.log" 2>&1 || { cat "$TMP/train.log"; fail "training the tiny model"; }
 
 # the server, on a port the kernel picks (printed in the start-up line)
-start_server() {   # start_server CKPT: sets pid and port
+start_server() {   # start_server CKPT [SERVE_ARGS...]: sets pid and port
+    ck=$1
+    shift
     # emptied here, not by the server's redirection: the loop below must
     # never read the previous server's start-up line (and its port)
     : >"$TMP/serve.log"
-    "$TANDEM" serve --ckpt "$1" --port 0 --kv-mb 16 --max-running 16 --max-queue 48 \
-        --max-body 65536 --drain-timeout 20 2>>"$TMP/serve.log" &
+    "$TANDEM" serve --ckpt "$ck" --port 0 --kv-mb 16 --max-running 16 --max-queue 48 \
+        --max-body 65536 --drain-timeout 20 "$@" 2>>"$TMP/serve.log" &
     pid=$!
     port=""
     i=0
@@ -91,7 +93,26 @@ for v in qwen2moe qwen3moe olmoe; do
     echo "ok   $v: score parity and batch invariance"
 done
 
-# the serving path of docs/serving.md: a weights-only bf16 file (upcast on load)
+# low precision (SPEC 11): weights and KV cache in bf16 / int8, served
+# log-probabilities equal tandem score's at the same dtypes, batch
+# invariance, and the bytes a cached token takes in /metrics and at start-up
+# (tiny: 4 layers x 2 (K, V) x Hkv 4 x hd 8 values; int8 adds a float32
+# scale per position, kv head and K/V)
+for dk in "int8 int8 384" "bf16 f32 1024" "f32 bf16 512" "int8 bf16 512"; do
+    set -- $dk
+    start_server "$TMP/run" --dtype "$1" --kv-dtype "$2"
+    grep -q "weights $1 .* KV cache $2 .* $3 bytes per cached token" "$TMP/serve.log" ||
+        fail "--dtype $1 --kv-dtype $2: start-up line without 'weights $1', 'KV cache $2', '$3 bytes per cached token'"
+    got=$(curl -sf -m 30 "http://127.0.0.1:$port/metrics" | sed -n 's/^tandem_kv_bytes_per_token \([0-9.e+]*\)$/\1/p')
+    [ "$(printf '%.0f' "$got")" = "$3" ] || fail "--kv-dtype $2: /metrics tandem_kv_bytes_per_token is '$got', want $3"
+    bounded 600 $PY tests/ref/serve_test.py --url "http://127.0.0.1:$port" --tandem "$TANDEM" --ckpt "$TMP/run" \
+        --tmp "$TMP" --pid "$pid" --only test_score_parity,test_batch_invariance --score-args "--dtype $1 --kv-dtype $2" ||
+        fail "serve_test.py (--dtype $1 --kv-dtype $2)"
+    stop_server
+    echo "ok   --dtype $1 --kv-dtype $2: score parity, batch invariance, $3 bytes per cached token"
+done
+
+# the serving path of docs/serving.md: a weights-only bf16 file (served in bf16)
 bounded 120 "$TANDEM" ckpt reshard "$TMP/run" "$TMP/serve_bf16.h5" --weights-only --dtype bf16 >/dev/null ||
     fail "ckpt reshard --weights-only --dtype bf16"
 bounded 600 $PY tests/ref/serve_drain.py --tandem "$TANDEM" --ckpt "$TMP/serve_bf16.h5" --model serve_bf16 ||

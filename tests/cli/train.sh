@@ -171,18 +171,20 @@ EOF
 expect_fail "score: window longer than the context" "max_position_embeddings" $T score --ckpt "$W/full" --text "$W/text.txt" --seq-len 1000 --output "$W/s2.h5"
 
 # a generated continuation scored by the trainer's forward: same logprobs, bit for bit
-gen_score() {   # gen_score RUN_DIR LABEL
-    $T generate --ckpt "$1" --prompt "Q: What is" --max-tokens 50 --seed 11 --json >"$W/gen.json" 2>/dev/null
-    $PY - "$W" "$T" "$1" <<'EOF' && ok "generate: logprobs equal tandem score's on the same sequence (max abs diff 0)$2" || fail=1
+gen_score() {   # gen_score RUN_DIR LABEL [--dtype D --kv-dtype D]: the same options for both
+    run=$1 label=$2
+    shift 2
+    $T generate --ckpt "$run" --prompt "Q: What is" --max-tokens 50 --seed 11 --json "$@" >"$W/gen.json" 2>/dev/null
+    $PY - "$W" "$T" "$run" "$@" <<'EOF' && ok "generate: logprobs equal tandem score's on the same sequence (max abs diff 0)$label" || fail=1
 import json, subprocess, sys, h5py, numpy as np
-w, t, ckpt = sys.argv[1], sys.argv[2], sys.argv[3]
+w, t, ckpt, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 g = json.load(open(w + "/gen.json"))
 assert set(g) >= {"prompt_ids", "ids", "text", "logprobs", "finish_reason", "ttft_ms", "tokens_per_s"}, g.keys()
 assert len(g["ids"]) == 50 and g["finish_reason"] == "length"
 seq = g["prompt_ids"] + g["ids"]
 open(w + "/seq.bin", "wb").write(bytes(seq))
 subprocess.run([t, "score", "--ckpt", ckpt, "--text", w + "/seq.bin", "--seq-len", str(len(seq) - 1),
-                "--output", w + "/seq.h5"], check=True, capture_output=True)
+                "--output", w + "/seq.h5"] + extra, check=True, capture_output=True)
 lp = h5py.File(w + "/seq.h5")["logprobs"][0][len(g["prompt_ids"]) - 1:]
 mine = np.array(g["logprobs"], dtype=np.float32)
 d = float(np.abs(mine - lp).max())
@@ -190,10 +192,29 @@ assert d == 0.0, d
 EOF
 }
 gen_score "$W/full" ""
+# the serving dtypes (SPEC 11): generate and score hold the same rounded
+# weights and round keys and values where they store them, so they agree at
+# every dtype; the log-probabilities do differ from float32's
+for d in "bf16 f32" "int8 f32" "f32 bf16" "f32 int8" "int8 int8" "bf16 int8"; do
+    set -- $d
+    gen_score "$W/full" " (--dtype $1 --kv-dtype $2)" --dtype "$1" --kv-dtype "$2"
+    cp "$W/gen.json" "$W/gen_$1_$2.json"
+done
+$T generate --ckpt "$W/full" --prompt "Q: What is" --max-tokens 50 --seed 11 --json >"$W/gen_f32_f32.json" 2>/dev/null
+$PY - "$W" <<'EOF' && ok "the dtypes do change the log-probabilities (by less than 0.2 nats)" || fail=1
+import json, sys, numpy as np
+w = sys.argv[1]
+f = np.array(json.load(open(w + "/gen_f32_f32.json"))["logprobs"])
+for d in ("bf16_f32", "int8_f32", "f32_bf16", "f32_int8", "int8_int8"):
+    g = np.array(json.load(open(w + "/gen_%s.json" % d))["logprobs"])
+    diff = float(np.abs(f - g).max())
+    assert 0 < diff < 0.2, (d, diff)
+EOF
 # the Hugging Face families' ops (configs/tiny_*.json), each variant briefly trained
 for v in qwen2moe qwen3moe olmoe; do
     $T train configs/tiny_$v.json data=$DATA steps=10 out_dir="$W/$v" >/dev/null 2>"$W/log" || { bad "train $v"; cat "$W/log"; }
     gen_score "$W/$v" " ($v)"
+    gen_score "$W/$v" " ($v, --dtype int8 --kv-dtype int8)" --dtype int8 --kv-dtype int8
 done
 # same seed, same tokens; greedy twice the same
 a=$($T generate --ckpt "$W/full" --prompt "ab" --max-tokens 20 --seed 3 --json 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["ids"])')

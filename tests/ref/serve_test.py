@@ -295,7 +295,7 @@ def test_score_parity():
         out = os.path.join(ARGS.tmp, f"seq{k}.h5")
         T = len(ids) - 1
         subprocess.run([ARGS.tandem, "score", "--ckpt", ARGS.ckpt, "--text", path, "--seq-len", str(T),
-                        "--output", out], check=True, stdout=subprocess.DEVNULL)
+                        "--output", out] + ARGS.score_args.split(), check=True, stdout=subprocess.DEVNULL)
         with h5py.File(out, "r") as f:
             ref = np.asarray(f["logprobs"], dtype=np.float32)[0]
         P = len(prompt.encode())
@@ -856,6 +856,7 @@ def main():
     ap.add_argument("--pid", type=int, required=True, help="the server's process id (SIGSTOP/SIGCONT)")
     ap.add_argument("--chat", action="store_true",
                     help="the chat tests: the server's checkpoint holds Qwen3's tokenizer and a raising template")
+    ap.add_argument("--score-args", default="", help="extra arguments of tandem score (the server's --dtype ...)")
     ARGS = ap.parse_args()
     u = urllib.parse.urlparse(ARGS.url)
     HOST, PORT = u.hostname, u.port

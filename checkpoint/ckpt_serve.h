@@ -1,0 +1,89 @@
+/* checkpoint/ckpt_serve.h - checkpoints into serving models (weights held
+ * once, in their serving dtype), and quantized checkpoints (SPEC section
+ * 11; the format is docs/checkpoint.md "Quantized checkpoints").
+ *
+ * Loading for serving never builds a float32 copy of the model: each
+ * tensor is read (a few experts at a time for expert tensors) into a
+ * temporary buffer and packed straight into the serving model's slab in
+ * its dtype -- rounded to bf16 or quantized to int8 g32 on the way when the
+ * file holds float32, packed as stored when the file holds that dtype
+ * already (a quantized checkpoint is served without re-quantizing), or
+ * dequantized when a float dtype is asked of an int8 file.  Quantizing at
+ * load and `tandem ckpt quantize` run the same function
+ * (dtype_q8_quantize_row), so they give the same bits.
+ *
+ * A quantized checkpoint is a tandem checkpoint (SPEC section 4) whose
+ * matrices are stored as
+ *     bf16   uint16 with dtype = "bfloat16" (as a bf16 export)
+ *     int8   <name> int8 [.., K] with dtype = "int8_g32", group_size = 32,
+ *            and <name>.scale float32 [.., ceil(K / 32)]
+ * with the root attribute quantized = "bf16" | "int8"; vectors, the router
+ * (mlp/gate) and shared_expert_gate stay float32.  It holds no optimizer.
+ *
+ * What is refused, with one line naming the dataset: a missing, wrong-shape
+ * or non-float32 scale dataset; a group size other than 32; a scale that is
+ * NaN, infinite or negative, or zero where the group's weights are not; an
+ * int8 value of -128; a float tensor holding NaN or infinity; an int8
+ * dataset without its dtype attribute.
+ *
+ * MPI.  Under tensor / expert parallelism each rank reads its own slices
+ * (POSIX reads) and all ranks agree on the status (collective over the
+ * world when m->topo.world > 1).  int8 under tensor parallelism needs each
+ * rank's part of the input dimension to be whole groups of 32.
+ */
+#ifndef TANDEM_CHECKPOINT_CKPT_SERVE_H
+#define TANDEM_CHECKPOINT_CKPT_SERVE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/model/model.h"
+
+/* What a serving command asks for (--dtype, --kv-dtype). */
+typedef struct {
+    bool dtype_set;   /* false: serve what the checkpoint stores (int8, bf16; f16 and f32 as f32) */
+    Dtype dtype;      /* --dtype */
+    Dtype kv;         /* --kv-dtype */
+} ServeDtypes;
+
+/* Parses --dtype and --kv-dtype values (NULL: not given).  0, or -1 with
+ * one line in err naming the option. */
+int ckpt_serve_dtypes(ServeDtypes *sd, const char *dtype, const char *kv_dtype, char *err, size_t err_len);
+
+/* Opens path (a checkpoint file, or a run directory: its latest) as a
+ * serving model: config read, the dtypes resolved (sd, the file's own),
+ * model_init_serving under topo (NULL: one process), weights loaded, the
+ * KV dtype set (m->attn.kv).  A path that is no tandem checkpoint (a
+ * Hugging Face directory) goes through ckpt_model_open and is converted
+ * (model_quantize_from).  Returns 0, or -1 with one line in err (empty
+ * when already printed). */
+int ckpt_open_serving(const char *path, Model *m, const Topology *topo, const ServeDtypes *sd, char *err,
+                      size_t err_len);
+
+/* Loads the weights of file into serving model m (its config and dtypes
+ * fixed): what ckpt_open_serving does after model_init_serving, for a
+ * model that is already serving (rollout --follow).  Validates everything
+ * first; after a failed data read the weights are zeroed, never partial.
+ * Returns 0 or -1 with one line in err. */
+int ckpt_load_serving(const char *file, Model *m, char *err, size_t err_len);
+
+/* Per-tensor result of ckpt_quantize. */
+typedef struct {
+    char name[PARAM_NAME_MAX];
+    Dtype dtype;          /* stored as */
+    size_t numel;
+    double rel_err;       /* ||W - deq(W)||_2 / ||W||_2 (0 for float32 and an all-zero W) */
+    double max_abs_err;
+} CkptQuantTensor;
+
+/* Writes out (a temporary name, flushed and renamed) as the quantized
+ * checkpoint of in (a float32, f16 or bf16 tandem checkpoint; a run
+ * directory means its latest) with the dtypes dt (dt->mat the `quantized`
+ * attribute), carrying config, step, tokens_seen and the tokenizer files.
+ * Tensors are converted a slab at a time (no whole-model copy).  *rep gets
+ * one entry per tensor (td_malloc'd, *n_rep entries; may be NULL).  One
+ * process.  Returns 0 or -1 with one line in err. */
+int ckpt_quantize(const char *in, const char *out, const ModelDtypes *dt, CkptQuantTensor **rep, int *n_rep,
+                  char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,163 @@
+#!/bin/sh
+# tests/cli/lowprec.sh - quantized checkpoints (SPEC 11, docs/checkpoint.md)
+# end to end: `tandem ckpt quantize` writes what h5py reads as the
+# documented format, with the values numpy computes from the float32 file
+# by the documented rule; loading it serves the bits that quantizing at
+# load (--dtype int8 on the float file) serves; the calibration report;
+# corrupt scales and other group sizes refused with one line naming the
+# dataset; training refuses an int8 file by name.
+set -eu
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build}
+T=bin/tandem
+PY=/usr/bin/python3
+W=$(mktemp -d /tmp/tandem-lowprec-test.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+fail=0
+ok() { printf 'ok   %s\n' "$*"; }
+bad() { printf 'FAIL %s\n' "$*"; fail=1; }
+
+# expect_fail DESCRIPTION PATTERN CMD...: non-zero exit, one stderr line matching PATTERN
+expect_fail() {
+    desc=$1; pat=$2; shift 2
+    if "$@" >"$W/out" 2>"$W/err"; then bad "$desc: exit 0"; return; fi
+    n=$(wc -l <"$W/err")
+    if [ "$n" -ne 1 ] || ! grep -q -- "$pat" "$W/err"; then
+        bad "$desc: want one line matching '$pat', got:"; cat "$W/err"; return
+    fi
+    ok "$desc: $(cat "$W/err")"
+}
+
+DATA=$BUILD/fortunes.bin
+[ -s "$DATA" ] || $T data prepare --input /usr/share/games/fortunes --output "$DATA" 2>/dev/null
+# the tiny model with a shared expert and a dense first layer, d = 72: rows
+# of 72 (two whole groups of 32 and one of 8) and of 64 (the experts' F)
+M='model={"vocab_size":256,"hidden_size":72,"num_hidden_layers":3,"num_attention_heads":6,"num_key_value_heads":2,"moe_intermediate_size":64,"intermediate_size":100,"num_local_experts":4,"num_experts_per_tok":2,"n_shared_experts":1,"first_k_dense_replace":1,"max_position_embeddings":256}'
+$T train configs/tiny.json data="$DATA" steps=15 out_dir="$W/run" "$M" >/dev/null 2>"$W/log" || { bad "train"; cat "$W/log"; }
+
+# ---------------------------------------------------------------- the format
+$T ckpt quantize "$W/run" "$W/q8.h5" --dtype int8 --calib "$DATA" --seq-len 64 --windows 4 >"$W/q8.jsonl" 2>"$W/log" ||
+    { bad "ckpt quantize int8"; cat "$W/log"; }
+$T ckpt quantize "$W/run" "$W/bf.h5" --dtype bf16 >"$W/bf.jsonl" 2>"$W/log" || { bad "ckpt quantize bf16"; cat "$W/log"; }
+$PY - "$W" <<'EOF' && ok "int8 / bf16 files: the documented datasets and attributes, values = numpy's rule on the float32 file, reported errors" || fail=1
+import json, sys, h5py, numpy as np
+w = sys.argv[1]
+src = h5py.File(w + "/run/latest")
+q8, bf = h5py.File(w + "/q8.h5"), h5py.File(w + "/bf.h5")
+assert q8.attrs["quantized"] == "int8" and bf.attrs["quantized"] == "bf16"
+assert q8.attrs["format"] == "tandem-checkpoint" and q8.attrs["config"] == src.attrs["config"]
+rep = {json.loads(l)["tensor"]: json.loads(l) for l in open(w + "/q8.jsonl") if '"tensor"' in l}
+n_q8 = 0
+def visit(name, x):
+    global n_q8
+    if not isinstance(x, h5py.Dataset) or not (name.startswith("model/") or name == "lm_head"):
+        return
+    W = x[()].astype(np.float32)
+    keep = W.ndim < 2 or name.endswith("mlp/gate") or name.endswith("shared_expert_gate")
+    d, b = q8[name], bf[name]
+    if keep:
+        assert d.dtype == np.float32 and np.array_equal(d[()], W), name
+        assert b.dtype == np.float32 and np.array_equal(b[()], W), name
+        return
+    # int8 g32: groups of 32 along the last dim, s = amax / 127, q = rint(x / s) (ties to even)
+    assert d.dtype == np.int8 and d.attrs["dtype"] == "int8_g32" and d.attrs["group_size"] == 32, name
+    s = q8[name + ".scale"]
+    K = W.shape[-1]
+    G = (K + 31) // 32
+    assert s.dtype == np.float32 and s.shape == W.shape[:-1] + (G,), (name, s.shape)
+    pad = np.zeros(W.shape[:-1] + (G * 32,), np.float32)
+    pad[..., :K] = W
+    g = pad.reshape(W.shape[:-1] + (G, 32))
+    sc = (np.abs(g).max(-1) / np.float32(127)).astype(np.float32)
+    safe = np.where(sc > 0, sc, np.float32(1))
+    q = np.clip(np.rint(g / safe[..., None]), -127, 127).astype(np.int8)
+    q[sc == 0] = 0
+    assert np.array_equal(s[()], sc), name
+    assert np.array_equal(d[()], q.reshape(pad.shape)[..., :K]), name
+    deq = (q.astype(np.float32) * sc[..., None]).reshape(pad.shape)[..., :K]
+    rel = np.linalg.norm((W - deq).astype(np.float64)) / np.linalg.norm(W.astype(np.float64))
+    assert abs(rep[name]["rel_err"] - rel) <= 1e-5 * rel + 1e-12, (name, rep[name]["rel_err"], rel)
+    assert rep[name]["dtype"] == "int8"
+    # bf16: the upper half of each float32, rounded to nearest even
+    u = W.view(np.uint32).astype(np.uint64)
+    assert b.dtype == np.uint16 and b.attrs["dtype"] == "bfloat16", name
+    assert np.array_equal(b[()], ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)), name
+    n_q8 += 1
+src.visititems(visit)
+assert n_q8 >= 10, n_q8
+assert "optimizer" not in q8 and "trainer" not in q8
+EOF
+$PY - "$W/q8.jsonl" <<'EOF' && ok "calibration: perplexity of both, its change, top-k change per MoE layer and overall" || fail=1
+import json, sys
+c = [json.loads(l) for l in open(sys.argv[1]) if '"calib"' in l][0]
+assert c["tokens"] == 256 and c["weights"] == "int8", c
+assert len(c["topk_changed_share_per_layer"]) == 2, c       # layers 1, 2 are MoE
+assert 0 <= c["topk_changed_share"] <= 0.2 and abs(c["ppl_change_pct"]) < 2, c
+assert abs(c["ppl"] / c["ppl_f32"] - 1 - c["ppl_change_pct"] / 100) < 1e-6, c
+print("     ppl %.4f -> %.4f (%+.3f%%), top-k changed for %.2f%% of (token, layer)"
+      % (c["ppl_f32"], c["ppl"], c["ppl_change_pct"], 100 * c["topk_changed_share"]))
+EOF
+$T ckpt verify "$W/q8.h5" >/dev/null && ok "ckpt verify: the int8 file is sound" || bad "ckpt verify int8"
+$T ckpt info "$W/q8.h5" | grep -q "int8 g32" && ok "ckpt info: says int8 g32" || bad "ckpt info int8"
+
+# ---------------------------------------------------------------- round trip
+gen() { $T generate --prompt "Round trip" --max-tokens 40 --seed 5 --json "$@" 2>/dev/null; }
+for d in int8 bf16; do
+    [ $d = int8 ] && f=q8 || f=bf
+    gen --ckpt "$W/run" --dtype $d >"$W/a.json"
+    gen --ckpt "$W/$f.h5" >"$W/b.json"
+    gen --ckpt "$W/$f.h5" --dtype $d >"$W/c.json"
+    $PY -c "
+import json, sys
+a, b, c = (json.load(open('$W/%s.json' % x)) for x in 'abc')
+sys.exit(0 if a['ids'] == b['ids'] == c['ids'] and a['logprobs'] == b['logprobs'] == c['logprobs'] else 1)" &&
+        ok "$d: generate on the quantized file = generate --dtype $d on the float32 file (ids and logprobs bitwise)" ||
+        bad "$d: quantized file and quantize-at-load differ"
+done
+gen --ckpt "$W/q8.h5" --dtype f32 >"$W/d.json" && ok "an int8 file served as f32 (dequantized)" || bad "int8 file --dtype f32"
+
+# ---------------------------------------------------------------- refused by name
+corrupt() {   # corrupt NAME PYTHON: a copy of q8.h5 with PYTHON applied to f (h5py, r+)
+    cp "$W/q8.h5" "$W/$1.h5"
+    $PY -c "
+import h5py, numpy as np
+f = h5py.File('$W/$1.h5', 'r+')
+n = 'model/layers/1/mlp/experts/up_proj'
+$2
+f.close()"
+}
+Q=model/layers/1/mlp/experts/up_proj
+corrupt nan "s = f[n + '.scale'][()]; s[1, 3, 0] = np.nan; f[n + '.scale'][...] = s"
+expect_fail "a NaN scale" "dataset /$Q.scale: scale nan of row \[1, 3\], group 0 is not finite" $T generate --ckpt "$W/nan.h5" --prompt hi
+corrupt inf "s = f[n + '.scale'][()]; s[0, 0, 1] = np.inf; f[n + '.scale'][...] = s"
+expect_fail "an infinite scale" "dataset /$Q.scale: .* not finite" $T generate --ckpt "$W/inf.h5" --prompt hi
+corrupt neg "s = f[n + '.scale'][()]; s[2, 5, 1] = -s[2, 5, 1]; f[n + '.scale'][...] = s"
+expect_fail "a negative scale" "dataset /$Q.scale: .* negative" $T generate --ckpt "$W/neg.h5" --prompt hi
+corrupt zero "s = f[n + '.scale'][()]; s[3, 1, 0] = 0; f[n + '.scale'][...] = s"
+expect_fail "a zero scale for non-zero weights" "dataset /$Q.scale: scale 0 .* zero for non-zero weights" \
+    $T generate --ckpt "$W/zero.h5" --prompt hi
+corrupt shape "s = f[n + '.scale'][()]; del f[n + '.scale']; f.create_dataset(n + '.scale', data=s[..., :1])"
+expect_fail "a scale dataset of the wrong shape" "dataset /$Q.scale: shape \[4,64,1\], expected \[4,64,3\]" \
+    $T generate --ckpt "$W/shape.h5" --prompt hi
+corrupt f16 "s = f[n + '.scale'][()]; del f[n + '.scale']; f.create_dataset(n + '.scale', data=s.astype(np.float16))"
+expect_fail "a float16 scale dataset" "dataset /$Q.scale: dtype float16, expected float32" $T generate --ckpt "$W/f16.h5" --prompt hi
+corrupt noscale "del f[n + '.scale']"
+expect_fail "a missing scale dataset" "dataset /$Q.scale is missing" $T generate --ckpt "$W/noscale.h5" --prompt hi
+corrupt g64 "f[n].attrs['group_size'] = 64"
+expect_fail "group size 64 (attribute)" "dataset /$Q: group size 64" $T generate --ckpt "$W/g64.h5" --prompt hi
+corrupt g64b "f[n].attrs['dtype'] = 'int8_g64'"
+expect_fail "groups of 64 (dtype attribute)" "dataset /$Q: int8 in groups of 64" $T generate --ckpt "$W/g64b.h5" --prompt hi
+corrupt m128 "q = f[n][()]; q[0, 0, 0] = -128; f[n][...] = q"
+expect_fail "an int8 value of -128" "dataset /$Q: value -128" $T generate --ckpt "$W/m128.h5" --prompt hi
+corrupt noattr "del f[n].attrs['dtype']"
+expect_fail "int8 without its dtype attribute" "dataset /$Q: int8 without the attribute dtype" $T generate --ckpt "$W/noattr.h5" --prompt hi
+printf 'A few words of text to score.' >"$W/text.txt"
+expect_fail "score refuses a corrupt scale too" "dataset /$Q.scale" $T score --ckpt "$W/nan.h5" --text "$W/text.txt" --seq-len 8 --output "$W/x.h5"
+expect_fail "verify refuses groups of 64" "dataset /$Q: int8 in groups of 64" $T ckpt verify "$W/g64b.h5"
+expect_fail "training from an int8 file" "is int8 (a quantized serving checkpoint)" $T train configs/tiny.json data="$DATA" "$M" steps=1 init_from="$W/q8.h5" out_dir="$W/t"
+expect_fail "quantizing a quantized file" "already quantized" $T ckpt quantize "$W/q8.h5" "$W/qq.h5" --dtype int8
+expect_fail "quantize: a bad dtype" "--dtype must be bf16 or int8" $T ckpt quantize "$W/run" "$W/qq.h5" --dtype int4
+expect_fail "generate: a bad --kv-dtype" "--kv-dtype must be f32, bf16 or int8" $T generate --ckpt "$W/run" --prompt hi --kv-dtype fp8
+[ ! -e "$W/qq.h5" ] && ok "nothing written on failure" || bad "quantize left a file on failure"
+
+[ $fail -eq 0 ] && echo "lowprec.sh: all passed" || { echo "lowprec.sh: FAILED"; exit 1; }

@@ -1,0 +1,259 @@
+/* train/quant_cmd.c - `tandem ckpt quantize IN OUT.h5 --dtype bf16|int8
+ * [--calib DATA.bin]` (quant_cmd.h).
+ *
+ * Writes the quantized checkpoint (checkpoint/ckpt_serve.h: ckpt_quantize)
+ * and prints, one JSON object a line, each tensor's relative error
+ * ||W - deq(W)||_2 / ||W||_2; then, with --calib, scores held-out windows
+ * of the token file twice with the training forward -- the float32 model
+ * (IN served as f32) and OUT loaded back as a serving command loads it --
+ * and prints the perplexity of each and its change, the largest change of
+ * a token's log-probability, and the share of tokens whose top-k experts
+ * (as a set) change, per MoE layer and over all of them.
+ */
+#include "train/quant_cmd.h"
+#include "checkpoint/ckpt_serve.h"
+#include "core/args.h"
+#include "core/common.h"
+#include "core/model/backprop.h"
+#include "train/data.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *const g_help =
+    "usage: tandem ckpt quantize IN OUT.h5 --dtype bf16|int8 [--embed-dtype D] [--head-dtype D]\n"
+    "                            [--calib DATA.bin [--split val|train|all] [--seq-len 256]\n"
+    "                             [--windows 16] [--kv-dtype f32|bf16|int8]]\n"
+    "Writes OUT.h5, the checkpoint IN (a float32, f16 or bf16 checkpoint, or a run\n"
+    "directory: its latest) with its matrices in bf16, or int8 with one float32\n"
+    "scale per 32 weights along the input dim; routers (mlp/gate), norms, biases and\n"
+    "shared_expert_gate stay float32 (docs/checkpoint.md).  --embed-dtype and\n"
+    "--head-dtype override what the embedding and lm_head get (default: --dtype's\n"
+    "plan, docs/serving.md).  Prints one JSON line per tensor (relative error);\n"
+    "with --calib, the perplexity of IN (float32) and of OUT on --windows windows\n"
+    "of the token file, and the share of tokens whose top-k experts change, per MoE\n"
+    "layer and overall (OUT computed with --kv-dtype, default f32).  --dtype f32\n"
+    "copies the weights and, with --kv-dtype, measures the KV dtype alone.\n";
+
+/* Log-probabilities (n_win T) and experts (n_win T, n_moe, k) of windows of
+ * tok under m, in batches of up to 8 windows. */
+static void calib_run(Model *m, const int32_t *tok, size_t n_win, size_t T, float *logp, int32_t *routes, int n_moe)
+{
+    const size_t B = td_min(8, n_win), k = m->k, per = (size_t)n_moe * k;
+    TrainActs a;
+    model_train_acts_init(&a, m, B, T, RECOMPUTE_NONE);
+    int32_t *ids = td_malloc(B * T * sizeof(int32_t)), *tg = td_malloc(B * T * sizeof(int32_t));
+    for (size_t w0 = 0; w0 < n_win; w0 += B) {
+        for (size_t r = 0; r < B; r++) {
+            const size_t w = w0 + r < n_win ? w0 + r : 0;   /* padding rows: copies of window 0 */
+            memcpy(ids + r * T, tok + w * T, T * sizeof(int32_t));
+            memcpy(tg + r * T, tok + w * T + 1, T * sizeof(int32_t));
+        }
+        model_train_forward(m, &a, ids, tg, B * T, NULL);
+        const size_t nb = td_min(B, n_win - w0);
+        memcpy(logp + w0 * T, a.logp, nb * T * sizeof(float));
+        int mi = 0;
+        for (int li = 0; li < m->topo.layer_end - m->topo.layer_begin; li++) {
+            if (!m->layers[m->topo.layer_begin + li].moe) continue;
+            for (size_t t = 0; t < nb * T; t++)
+                memcpy(routes + ((w0 * T + t) * per + (size_t)mi * k), a.la[li].topk_idx + t * k, k * sizeof(int32_t));
+            mi++;
+        }
+    }
+    td_free(ids);
+    td_free(tg);
+    model_train_acts_free(&a);
+}
+
+/* Same set of k experts? */
+static bool same_experts(const int32_t *a, const int32_t *b, size_t k)
+{
+    for (size_t i = 0; i < k; i++) {
+        bool found = false;
+        for (size_t j = 0; j < k && !found; j++) found = a[i] == b[j];
+        if (!found) return false;
+    }
+    return true;
+}
+
+static int read_windows(const char *path, const char *split, size_t T, size_t max_win, int V, int32_t **out,
+                        size_t *n_win, char *err, size_t n)
+{
+    TokenFile tf;
+    if (tokfile_open(&tf, path, err, n)) return -1;
+    TokenStream s = { &tf, 0, tf.count };
+    if (!strcmp(split, "val")) s = tokfile_val(&tf);
+    else if (!strcmp(split, "train")) s = tokfile_train(&tf);
+    size_t nw = s.len > 0 ? (size_t)((s.len - 1) / T) : 0;
+    nw = td_min(nw, max_win);
+    if (nw == 0) {
+        snprintf(err, n, "--calib %s: the %s split (%llu tokens) holds no window of %zu + 1", path, split,
+                 (unsigned long long)s.len, T);
+        tokfile_close(&tf);
+        return -1;
+    }
+    int32_t *t = td_malloc((nw * T + 1) * sizeof(int32_t));
+    for (size_t i = 0; i < nw * T + 1; i++) {
+        t[i] = tokfile_get(&tf, s.begin + i);
+        if (t[i] < 0 || t[i] >= V) {
+            snprintf(err, n, "--calib %s: token %d at %zu is outside the model's vocabulary (%d)", path, t[i], i, V);
+            td_free(t);
+            tokfile_close(&tf);
+            return -1;
+        }
+    }
+    tokfile_close(&tf);
+    *out = t;
+    *n_win = nw;
+    return 0;
+}
+
+static int calibrate(const char *in, const char *out, const char *data, const char *split, size_t T, size_t max_win,
+                     Dtype kv)
+{
+    char err[1024];
+    Model f, q;
+    ServeDtypes f32 = { true, DTYPE_F32, DTYPE_F32 }, asis = { false, DTYPE_F32, kv };
+    if (ckpt_open_serving(in, &f, NULL, &f32, err, sizeof err)) {
+        if (err[0]) td_error("ckpt quantize: %s", err);
+        return 1;
+    }
+    if (T > (size_t)f.cfg.max_position_embeddings) {
+        td_error("ckpt quantize: --seq-len %zu exceeds the model's max_position_embeddings %d", T,
+                 f.cfg.max_position_embeddings);
+        model_free(&f);
+        return 2;
+    }
+    int32_t *tok;
+    size_t n_win;
+    if (read_windows(data, split, T, max_win, f.cfg.vocab_size, &tok, &n_win, err, sizeof err)) {
+        td_error("ckpt quantize: %s", err);
+        model_free(&f);
+        return 1;
+    }
+    int n_moe = 0;
+    for (int l = f.topo.layer_begin; l < f.topo.layer_end; l++) n_moe += f.layers[l].moe;
+    const size_t N = n_win * T, k = f.k, per = (size_t)n_moe * k;
+    float *lp_f = td_malloc(N * sizeof(float)), *lp_q = td_malloc(N * sizeof(float));
+    int32_t *rt_f = td_malloc((N * per + 1) * sizeof(int32_t)), *rt_q = td_malloc((N * per + 1) * sizeof(int32_t));
+    calib_run(&f, tok, n_win, T, lp_f, rt_f, n_moe);
+    model_free(&f);   /* one model at a time */
+    if (ckpt_open_serving(out, &q, NULL, &asis, err, sizeof err)) {
+        if (err[0]) td_error("ckpt quantize: %s", err);
+        td_free(tok);
+        td_free(lp_f);
+        td_free(lp_q);
+        td_free(rt_f);
+        td_free(rt_q);
+        return 1;
+    }
+    calib_run(&q, tok, n_win, T, lp_q, rt_q, n_moe);
+    double sf = 0, sq = 0, dmax = 0, changed_any = 0;
+    double *per_layer = td_calloc(((size_t)n_moe + 1) * sizeof(double));
+    for (size_t t = 0; t < N; t++) {
+        sf -= lp_f[t];
+        sq -= lp_q[t];
+        dmax = fmax(dmax, fabs((double)lp_f[t] - (double)lp_q[t]));
+        bool any = false;
+        for (int l = 0; l < n_moe; l++) {
+            const bool ch = !same_experts(rt_f + t * per + (size_t)l * k, rt_q + t * per + (size_t)l * k, k);
+            per_layer[l] += ch;
+            any |= ch;
+        }
+        changed_any += any;
+    }
+    double all = 0;
+    for (int l = 0; l < n_moe; l++) all += per_layer[l];
+    const double ppl_f = exp(sf / (double)N), ppl_q = exp(sq / (double)N);
+    printf("{\"calib\":\"%s\",\"split\":\"%s\",\"windows\":%zu,\"seq_len\":%zu,\"tokens\":%zu,\"weights\":\"%s\","
+           "\"kv_dtype\":\"%s\",\"ppl_f32\":%.6f,\"ppl\":%.6f,\"ppl_change_pct\":%.4f,\"logprob_diff_max\":%.6g,"
+           "\"topk_changed_share\":%.6f,\"topk_changed_any_layer_share\":%.6f,\"topk_changed_share_per_layer\":[",
+           data, split, n_win, T, N, dtype_name(q.dt.mat), dtype_name(kv), ppl_f, ppl_q, 100.0 * (ppl_q / ppl_f - 1.0),
+           dmax, n_moe ? all / ((double)N * n_moe) : 0.0, changed_any / (double)N);
+    for (int l = 0; l < n_moe; l++) printf("%s%.6f", l ? "," : "", per_layer[l] / (double)N);
+    printf("]}\n");
+    model_free(&q);
+    td_free(per_layer);
+    td_free(tok);
+    td_free(lp_f);
+    td_free(lp_q);
+    td_free(rt_f);
+    td_free(rt_q);
+    return 0;
+}
+
+static int quant_run(Args *ap, int argc, char **argv)
+{
+    static const char *const spec[] = { "dtype=", "embed-dtype=", "head-dtype=", "calib=", "split=", "seq-len=",
+                                        "windows=", "kv-dtype=", NULL };
+    char err[1024];
+    if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
+        td_error("ckpt quantize: %s", err);
+        return 2;
+    }
+    if (ap->help) {
+        fputs(g_help, stdout);
+        return 0;
+    }
+    if (ap->n_pos != 2 || !args_get(ap, "dtype")) {
+        td_error("ckpt quantize: usage: tandem ckpt quantize IN OUT.h5 --dtype bf16|int8 [--calib DATA.bin]");
+        return 2;
+    }
+    Dtype d, kv = DTYPE_F32;
+    if (dtype_parse(args_get(ap, "dtype"), &d)) {
+        td_error("ckpt quantize: --dtype must be bf16 or int8 (or f32: a copy), not \"%s\"", args_get(ap, "dtype"));
+        return 2;
+    }
+    ModelDtypes dt = model_dtypes_default(d);
+    static const char *const opt[2] = { "embed-dtype", "head-dtype" };
+    Dtype *dst[2] = { &dt.embed, &dt.head };
+    for (int i = 0; i < 2; i++)
+        if (args_get(ap, opt[i]) && dtype_parse(args_get(ap, opt[i]), dst[i])) {
+            td_error("ckpt quantize: --%s must be f32, bf16 or int8, not \"%s\"", opt[i], args_get(ap, opt[i]));
+            return 2;
+        }
+    if (args_get(ap, "kv-dtype") && dtype_parse(args_get(ap, "kv-dtype"), &kv)) {
+        td_error("ckpt quantize: --kv-dtype must be f32, bf16 or int8, not \"%s\"", args_get(ap, "kv-dtype"));
+        return 2;
+    }
+    const char *split = args_str(ap, "split", "val");
+    if (strcmp(split, "val") && strcmp(split, "train") && strcmp(split, "all")) {
+        td_error("ckpt quantize: --split must be val, train or all");
+        return 2;
+    }
+    double T, nw;
+    if (args_num(ap, "seq-len", 256, 2, 1 << 20, &T, err, sizeof err) < 0 ||
+        args_num(ap, "windows", 16, 1, 1 << 20, &nw, err, sizeof err) < 0) {
+        td_error("ckpt quantize: %s", err);
+        return 2;
+    }
+    const char *in = ap->pos[0], *out = ap->pos[1];
+    CkptQuantTensor *rep;
+    int n_rep;
+    if (ckpt_quantize(in, out, &dt, &rep, &n_rep, err, sizeof err)) {
+        if (err[0]) td_error("ckpt quantize: %s", err);
+        return 1;
+    }
+    double worst = 0;
+    for (int i = 0; i < n_rep; i++) {
+        printf("{\"tensor\":\"%s\",\"dtype\":\"%s\",\"numel\":%zu,\"rel_err\":%.6g,\"max_abs_err\":%.6g}\n", rep[i].name,
+               dtype_name(rep[i].dtype), rep[i].numel, rep[i].rel_err, rep[i].max_abs_err);
+        worst = fmax(worst, rep[i].rel_err);
+    }
+    printf("{\"quantized\":\"%s\",\"dtype\":\"%s\",\"embed_dtype\":\"%s\",\"head_dtype\":\"%s\",\"tensors\":%d,"
+           "\"rel_err_max\":%.6g}\n",
+           out, dtype_name(dt.mat), dtype_name(dt.embed), dtype_name(dt.head), n_rep, worst);
+    fflush(stdout);
+    td_free(rep);
+    const char *calib = args_get(ap, "calib");
+    return calib ? calibrate(in, out, calib, split, (size_t)T, (size_t)nw, kv) : 0;
+}
+
+int cmd_ckpt_quantize(int argc, char **argv)
+{
+    Args a = { 0 };
+    int rc = quant_run(&a, argc, argv);
+    args_free(&a);
+    return rc;
+}
