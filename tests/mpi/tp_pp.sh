@@ -46,9 +46,9 @@ A="configs/tiny.json data=$DATA shuffle=false save_every=0 threads=1 micro_batch
 # near adam_eps moves with the noise) -> 3e-3.  Each line prints its noise.
 TOL="--steps 10 --loss-tol 1e-7 --gnorm-tol 2e-5 --moment-tol 1e-5 --weight-tol 3e-3"
 compare() {   # compare REF DIR LABEL [ARGS]: 10-step runs REF, DIR; 1-step runs REF.1, DIR.1
-    r=$1 d=$2 l=$3; shift 3
-    $PY tests/ref/run_compare.py "$r" "$d" "$l" $TOL --ckpt "$r.1/latest" "$d.1/latest" --show pp_bubble "$@" || fail=1
-    rm -rf "$2" "$2.1"
+    cr=$1 cd=$2 cl=$3; shift 3
+    $PY tests/ref/run_compare.py "$cr" "$cd" "$cl" $TOL --ckpt "$cr.1/latest" "$cd.1/latest" --show pp_bubble "$@" || fail=1
+    rm -rf "$cd" "$cd.1"
 }
 
 run() {   # run NP OUT ARGS...
