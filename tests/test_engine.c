@@ -280,7 +280,7 @@ Test(engine, stop_ids_end_a_request)
         o.max_running = 4;
         o.max_batch_tokens = 64;
         o.prefill_chunk = 16;
-        o.kv_budget_bytes = (size_t)16 * 2 * attn_block_floats(&s.m.attn) * sizeof(float);
+        o.kv_budget_bytes = (size_t)16 * 2 * attn_block_bytes(&s.m.attn);
         o.stop_ids = &g[at];
         o.n_stop_ids = 1;
         engine_init(&s.e, &s.m, &o);
