@@ -155,9 +155,18 @@ int ckpt_open_text(const char *ckpt_or_hf_dir, bool required, CkptText *out, cha
             }
             ids.ids[ids.n++] = s[i];
         }
+        /* the ids a model can emit: the tokenizer's, or without one (ids
+         * are ids) the model's vocab_size */
+        int32_t V = tok_vocab_size(out->tok);
+        if (tf->generation_config && tok_is_byte_level(out->tok)) {
+            char file[PATH_MAX];
+            ModelConfig cfg;
+            if (ckpt_resolve(ckpt_or_hf_dir, file, sizeof file) == 0 &&
+                ckpt_read_config(file, &cfg, NULL, why, sizeof why) == 0 && cfg.vocab_size > V)
+                V = cfg.vocab_size;
+        }
         if (tf->generation_config &&
-            gen_config_eos(tf->generation_config, tf->generation_config_len, tok_vocab_size(out->tok), &ids, why,
-                           sizeof why)) {
+            gen_config_eos(tf->generation_config, tf->generation_config_len, V, &ids, why, sizeof why)) {
             snprintf(err, err_len, "%s: %s", ckpt_or_hf_dir, why);
             rc = -1;
         }
