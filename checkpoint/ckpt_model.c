@@ -109,14 +109,7 @@ static int gen_config_eos(const char *text, size_t len, int32_t V, TokIds *ids, 
                 snprintf(err, n, "generation_config.json: eos_token_id must be token ids in [0, %d)", (int)V);
                 rc = -1;
             } else {
-                if (ids->n == ids->cap) {
-                    ids->cap = ids->cap ? 2 * ids->cap : 16;
-                    int32_t *nv = td_malloc(ids->cap * sizeof(int32_t));
-                    if (ids->n) memcpy(nv, ids->ids, ids->n * sizeof(int32_t));
-                    td_free(ids->ids);
-                    ids->ids = nv;
-                }
-                ids->ids[ids->n++] = (int32_t)v;
+                tok_ids_push(ids, (int32_t)v);
             }
         }
     }
@@ -146,14 +139,7 @@ int ckpt_open_text(const char *ckpt_or_hf_dir, bool required, CkptText *out, cha
         size_t n;
         const int32_t *s = tok_stop_ids(out->tok, &n);
         for (size_t i = 0; i < n; i++) {
-            if (ids.n == ids.cap) {
-                ids.cap = ids.cap ? 2 * ids.cap : 16;
-                int32_t *nv = td_malloc(ids.cap * sizeof(int32_t));
-                if (ids.n) memcpy(nv, ids.ids, ids.n * sizeof(int32_t));
-                td_free(ids.ids);
-                ids.ids = nv;
-            }
-            ids.ids[ids.n++] = s[i];
+            tok_ids_push(&ids, s[i]);
         }
         /* the ids a model can emit: the tokenizer's, or without one (ids
          * are ids) the model's vocab_size */

@@ -49,6 +49,8 @@ void tok_ids_free(TokIds *v)
     memset(v, 0, sizeof *v);
 }
 
+void tok_ids_push(TokIds *v, int32_t id) { tokids_push(v, id); }
+
 void toktext_put(TokText *t, const char *s, size_t n)
 {
     if (t->len + n + 1 > t->cap) {

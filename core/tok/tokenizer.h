@@ -44,6 +44,8 @@ typedef struct {
 } TokText;
 
 void tok_ids_free(TokIds *v);
+/* Appends id (amortised doubling). */
+void tok_ids_push(TokIds *v, int32_t id);
 void tok_text_free(TokText *t);
 /* Appends s[0..n) to t (NUL-terminated after). */
 void tok_text_put(TokText *t, const char *s, size_t n);

@@ -146,14 +146,7 @@ static int prompt_one(const cJSON *p, const ApiLimits *lim, TokIds *out, ApiErro
             /* a token id (the vocabulary is the engine's check) */
             if (!as_int(x, 0, INT32_MAX, &id))
                 return api_error(err, 400, "prompt", "token ids in 'prompt' must be non-negative integers");
-            if (out->n == out->cap) {
-                out->cap = out->cap ? 2 * out->cap : 64;
-                int32_t *v = td_malloc(out->cap * sizeof(int32_t));
-                if (out->n) memcpy(v, out->ids, out->n * sizeof(int32_t));
-                td_free(out->ids);
-                out->ids = v;
-            }
-            out->ids[out->n++] = (int32_t)id;
+            tok_ids_push(out, (int32_t)id);
         }
     } else {
         return api_error(err, 400, "prompt",
@@ -455,14 +448,7 @@ cJSON *api_detokenize(const char *body, size_t len, const ApiLimits *lim, ApiErr
         if (!as_int(x, -2147483648.0, 2147483647.0, &id))
             rc = api_error(err, 400, "tokens", "'tokens' must be an array of token ids (integers)");
         else {
-            if (ids.n == ids.cap) {
-                ids.cap = ids.cap ? 2 * ids.cap : 64;
-                int32_t *v = td_malloc(ids.cap * sizeof(int32_t));
-                if (ids.n) memcpy(v, ids.ids, ids.n * sizeof(int32_t));
-                td_free(ids.ids);
-                ids.ids = v;
-            }
-            ids.ids[ids.n++] = (int32_t)id;
+            tok_ids_push(&ids, (int32_t)id);
         }
     }
     cJSON_Delete(o);
