@@ -127,7 +127,22 @@ static void fill_weights(Model *m)
 
 /* Tokenizer files: rank 0 passes them, the other ranks none (a parallel
  * save writes rank 0's); every rank must load them back. */
-static const char g_tok_json[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"mpi_ckpt\": true}";
+/* A tokenizer the commands can use on these models: SentencePiece-style
+ * BPE whose vocabulary is the 256 byte tokens <0x00>..<0xFF> at their byte
+ * values, no merges: every character falls back to its bytes, so a text's
+ * ids are its bytes, as without a tokenizer. */
+static char g_tok_json[256 * 16 + 256];
+static size_t g_tok_json_len;
+
+static void make_tok_json(void)
+{
+    size_t k = (size_t)snprintf(g_tok_json, sizeof g_tok_json, "{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, "
+                                                                 "\"merges\": [], \"vocab\": {");
+    for (int b = 0; b < 256; b++)
+        k += (size_t)snprintf(g_tok_json + k, sizeof g_tok_json - k, "%s\"<0x%02X>\": %d", b ? ", " : "", b, b);
+    k += (size_t)snprintf(g_tok_json + k, sizeof g_tok_json - k, "}}, \"decoder\": {\"type\": \"ByteFallback\"}}");
+    g_tok_json_len = k;
+}
 static const char g_gen_json[] = "{\"eos_token_id\": 2}";
 
 static void fill_state(CkptState *st, uint64_t own[1][4], int64_t step)
@@ -148,8 +163,9 @@ static void fill_state(CkptState *st, uint64_t own[1][4], int64_t step)
     st->adam_step = step;
     st->run_config = "{\"tag\":\"mpi_ckpt\"}";
     if (g_rank == 0) {
-        st->tok.tokenizer_json = (char *)g_tok_json;
-        st->tok.tokenizer_json_len = sizeof g_tok_json - 1;
+        if (!g_tok_json_len) make_tok_json();
+        st->tok.tokenizer_json = g_tok_json;
+        st->tok.tokenizer_json_len = g_tok_json_len;
         st->tok.generation_config = (char *)g_gen_json;
         st->tok.generation_config_len = sizeof g_gen_json - 1;
     }
@@ -284,8 +300,9 @@ static int check_load(const char *path, const Ref *ref, CkptDtype dt, int saved_
         FAIL("%s: trainer state differs (step %lld, rows %d)", path, (long long)st.step, st.n_rank_rng);
         bad++;
     }
-    if (!st.tok.tokenizer_json || st.tok.tokenizer_json_len != sizeof g_tok_json - 1 ||
-        memcmp(st.tok.tokenizer_json, g_tok_json, sizeof g_tok_json - 1) || st.tok.tokenizer_config ||
+    if (!g_tok_json_len) make_tok_json();
+    if (!st.tok.tokenizer_json || st.tok.tokenizer_json_len != g_tok_json_len ||
+        memcmp(st.tok.tokenizer_json, g_tok_json, g_tok_json_len) || st.tok.tokenizer_config ||
         !st.tok.generation_config || strcmp(st.tok.generation_config, g_gen_json)) {
         FAIL("%s: the tokenizer files differ from rank 0's (tokenizer.json %zu bytes)", path, st.tok.tokenizer_json_len);
         bad++;

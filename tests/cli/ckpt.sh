@@ -131,7 +131,7 @@ for p in sys.argv[1:]:
         assert "tokenizer/tokenizer_config.json" not in f, p
     want = want or got
     assert got == want, p
-assert json.loads(want[0])["mpi_ckpt"] is True and json.loads(want[1]) == {"eos_token_id": 2}
+assert json.loads(want[0])["model"]["vocab"]["<0xFF>"] == 255 and json.loads(want[1]) == {"eos_token_id": 2}
 EOF
 then pass "h5py: /tokenizer bytes, the same in the resharded and exported files"; else fail "tokenizer files"; fi
 $T ckpt info "$W/bf16.h5" | grep -q "optimizer   none" && pass "export drops the optimizer" || fail "export kept the optimizer"

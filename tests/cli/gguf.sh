@@ -221,6 +221,8 @@ if model qwen3moe '{"vocab_size": 151936, "hidden_size": 64, "num_hidden_layers"
     $PY - "$W/q3tok.h5" "$TOKQ" <<'EOF'
 import sys, h5py, numpy as np
 with h5py.File(sys.argv[1], "a") as f:
+    if "tokenizer" in f:   # training stored the data's tokenizer already: replaced by the files themselves
+        del f["tokenizer"]
     for n in ("tokenizer.json", "tokenizer_config.json"):
         b = np.frombuffer(open(sys.argv[2] + "/" + n, "rb").read(), dtype=np.uint8)
         f.create_dataset("tokenizer/" + n, data=b, chunks=(min(len(b), 1 << 20),), fletcher32=True)

@@ -74,7 +74,17 @@ for g in "$W"/grad/*/; do
     g=${g%/}
     v=$(basename "$g")
     $T ckpt import "$g" "$g.h5" >/dev/null 2>"$W/err" || { fail "import the gradients of $v"; cat "$W/err"; }
-    $T train "$W/run.json" init_from="$W/m/$v" out_dir="$W/train/$v" >/dev/null 2>"$W/err" || { fail "train from $v"; cat "$W/err"; }
+    data=$W/d.bin
+    if [ -f "$W/m/$v/tokenizer.json" ]; then
+        # the directory's tokenizer is the run's: its data is prepared with it
+        # (byte tokens at their byte values: the same ids as d.bin's)
+        data=$W/d_$v.bin
+        $T data prepare --input "$W/corpus" --output "$data" --tokenizer "$W/m/$v" 2>/dev/null ||
+            fail "data prepare --tokenizer $v"
+        cmp -s "$(dirname "$data")/d.bin" "$data" && fail "d_$v.bin: the token file does not name its tokenizer"
+    fi
+    $T train "$W/run.json" init_from="$W/m/$v" data="$data" out_dir="$W/train/$v" >/dev/null 2>"$W/err" ||
+        { fail "train from $v"; cat "$W/err"; }
 done
 # ---- greedy generation
 for g in "$W"/greedy/*.json; do

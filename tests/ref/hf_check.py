@@ -59,9 +59,18 @@ def vname(fam, lay, dt, sh):
 
 GRAD_VARIANTS = [(f, "v4", "f32", 1) for f in FAMILIES] + [(f, "v5", "bf16", 3) for f in FAMILIES]
 GREEDY_VARIANTS = [(f, "v4", "f32", 1) for f in FAMILIES] + [(f, "v5", "bf16", 3) for f in FAMILIES]
-TOKENIZER_JSON = ('{"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, '
-                  '"merges": ["a b"]}}\n')
-TOKENIZER_CONFIG = '{"bos_token": null, "eos_token": "ab", "model_max_length": 512}\n'
+# The tokenizer carried through one directory, and used by every command
+# that reads it: SentencePiece-style BPE over the 256 byte tokens at their
+# byte values (a text's ids are its bytes, as without a tokenizer) and
+# Qwen3-MoE's eos id 287 (config.json, generation_config.json) as a special
+# token.
+TOKENIZER_JSON = json.dumps({
+    "version": "1.0",
+    "added_tokens": [{"id": 287, "content": "<|end|>", "single_word": False, "lstrip": False, "rstrip": False,
+                      "normalized": False, "special": True}],
+    "model": {"type": "BPE", "byte_fallback": True, "merges": [], "vocab": {"<0x%02X>" % b: b for b in range(256)}},
+    "decoder": {"type": "ByteFallback"}}) + "\n"
+TOKENIZER_CONFIG = '{"bos_token": null, "eos_token": "<|end|>", "model_max_length": 512}\n'
 
 
 # ---------------------------------------------------------------- prepare
