@@ -225,7 +225,12 @@ def load_json(name):
     try:
         with open(os.path.join(d, name)) as f:
             t = f.read().strip()
-        return json.loads(t.splitlines()[-1]) if t else None
+        if not t:
+            return None
+        try:   # one object (c_peer prints it over several lines) ...
+            return json.loads(t)
+        except ValueError:   # ... or progress lines, then the object on the last one
+            return json.loads(t.splitlines()[-1])
     except (OSError, ValueError, IndexError):
         return None
 
