@@ -118,26 +118,47 @@ void td_info(const char *fmt, ...)
     va_end(ap);
 }
 
-/* Each block carries its size in a 64-byte header so td_free can account
- * for it and the user pointer stays 64-byte aligned. */
+/* Each block carries a 64-byte header so td_free can account for it and
+ * the user pointer stays 64-byte aligned: the size, then the pointer the C
+ * library gave. */
+static void *account(void *raw, char *user, size_t n)
+{
+    char *h = user - TD_ALIGN;
+    memcpy(h, &n, sizeof n);
+    memcpy(h + sizeof n, &raw, sizeof raw);
+    size_t cur = atomic_fetch_add(&g_mem_current, n) + n;
+    size_t peak = atomic_load(&g_mem_peak);
+    while (cur > peak && !atomic_compare_exchange_weak(&g_mem_peak, &peak, cur)) {}
+    return user;
+}
+
 void *td_malloc_(size_t n, const char *file, int line)
 {
     void *p = NULL;
     size_t total = n + TD_ALIGN;
     if (total < n || posix_memalign(&p, TD_ALIGN, total) != 0 || !p)
         td_fatal(file, line, "out of memory allocating %zu bytes", n);
-    *(size_t *)p = n;
-    size_t cur = atomic_fetch_add(&g_mem_current, n) + n;
-    size_t peak = atomic_load(&g_mem_peak);
-    while (cur > peak && !atomic_compare_exchange_weak(&g_mem_peak, &peak, cur)) {}
-    return (char *)p + TD_ALIGN;
+    return account(p, (char *)p + TD_ALIGN, n);
 }
+
+/* Large blocks come zeroed from calloc, which maps fresh pages without
+ * writing them: a page becomes resident when it is first written (a
+ * server's KV cache holds only the blocks it has used; an arena the
+ * layers it has reached), instead of all at once here. */
+#define CALLOC_LAZY ((size_t)1 << 20)
 
 void *td_calloc_(size_t n, const char *file, int line)
 {
-    void *p = td_malloc_(n, file, line);
-    memset(p, 0, n);
-    return p;
+    if (n < CALLOC_LAZY) {
+        void *p = td_malloc_(n, file, line);
+        memset(p, 0, n);
+        return p;
+    }
+    size_t total = n + 2 * TD_ALIGN;
+    void *raw = total < n ? NULL : calloc(1, total);
+    if (!raw) td_fatal(file, line, "out of memory allocating %zu bytes", n);
+    uintptr_t u = ((uintptr_t)raw + 2 * TD_ALIGN - 1) & ~(uintptr_t)(TD_ALIGN - 1);   /* >= raw + TD_ALIGN */
+    return account(raw, (char *)u, n);
 }
 
 char *td_strdup_(const char *s, const char *file, int line)
@@ -151,9 +172,13 @@ char *td_strdup_(const char *s, const char *file, int line)
 void td_free(void *p)
 {
     if (!p) return;
-    char *base = (char *)p - TD_ALIGN;
-    atomic_fetch_sub(&g_mem_current, *(size_t *)base);
-    free(base);
+    const char *h = (const char *)p - TD_ALIGN;
+    size_t n;
+    void *raw;
+    memcpy(&n, h, sizeof n);
+    memcpy(&raw, h + sizeof n, sizeof raw);
+    atomic_fetch_sub(&g_mem_current, n);
+    free(raw);
 }
 
 size_t td_mem_current(void) { return atomic_load(&g_mem_current); }

@@ -112,6 +112,34 @@ for dk in "int8 int8 384" "bf16 f32 1024" "f32 bf16 512" "int8 bf16 512"; do
     echo "ok   --dtype $1 --kv-dtype $2: score parity, batch invariance, $3 bytes per cached token"
 done
 
+# the KV cache is resident as it is used, not as budgeted: an idle server
+# with a 1 GiB cache holds about what one with 16 MiB holds (td_calloc maps
+# large blocks without writing them), and the pages requests write count
+rss_kb() {   # the server's VmRSS in kB
+    r=$(awk '$1 == "VmRSS:" { print $2 }' "/proc/$pid/status")
+    [ -n "$r" ] || fail "no VmRSS in /proc/$pid/status"
+    echo "$r"
+}
+start_server "$TMP/run"
+small=$(rss_kb)
+stop_server
+start_server "$TMP/run" --kv-mb 1024
+big=$(rss_kb)
+[ $((big - small)) -lt 32768 ] ||
+    fail "an idle server with --kv-mb 1024 is resident for ${big} kB, with 16 MiB ${small} kB: the KV budget is resident"
+bounded 120 $PY - "$port" <<'PYEOF' || fail "requests to the 1 GiB server"
+import json, sys, urllib.request
+for i in range(8):
+    r = urllib.request.Request("http://127.0.0.1:%s/v1/completions" % sys.argv[1], method="POST",
+                               data=json.dumps({"prompt": "Q%d: " % i + "x" * 200, "max_tokens": 32}).encode(),
+                               headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(r, timeout=60).read()
+PYEOF
+used=$(rss_kb)
+[ "$used" -gt "$big" ] || fail "the server's RSS did not grow with the KV blocks its requests wrote ($big -> $used kB)"
+stop_server
+echo "ok   KV resident as used: idle RSS ${small} kB (16 MiB cache) vs ${big} kB (1 GiB), ${used} kB after 8 requests"
+
 # the serving path of docs/serving.md: a weights-only bf16 file (served in bf16)
 bounded 120 "$TANDEM" ckpt reshard "$TMP/run" "$TMP/serve_bf16.h5" --weights-only --dtype bf16 >/dev/null ||
     fail "ckpt reshard --weights-only --dtype bf16"
