@@ -413,6 +413,23 @@ Test(tok, unsupported_components_refused)
     refused("{" MODEL "}", "{\"tokenizer_class\": \"LlamaTokenizerFast\"}", "add_bos_token is true but bos_token is missing");
 }
 
+/* What tests/fuzz/fuzz_tok.c found: each refused with one line, no
+ * undefined behaviour (the unit tests also run under ASan + UBSan). */
+Test(tok, fuzzed_tokenizers_refused)
+{
+    /* a raw byte that is not UTF-8 inside a string (cJSON takes it; the
+     * normalizers then made invalid UTF-8 of valid text) */
+    refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"\x90\": 1}, \"merges\": []}}", NULL,
+            "tokenizer.json: not valid UTF-8 (byte 45)");
+    refused("{" MODEL "}", "{\"eos_token\": \"\xc3\"}", "tokenizer_config.json: not valid UTF-8 (byte 15)");
+    /* an integer field far outside long's range */
+    refused("{" MODEL ", \"added_tokens\": [{\"id\": 3.11111e+20, \"content\": \"x\"}]}", NULL,
+            "added_tokens[0].id must be an integer in [0, 16777215]");
+    /* ids that would size the tables by the hundred million */
+    refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 228888900}, \"merges\": []}}", NULL,
+            "model.vocab[\"a\"] must be an id (an integer in [0, 16777216))");
+}
+
 /* ---------------------------------------------------------------- streaming */
 
 /* Streams ids one at a time: every delta is whole UTF-8 characters and

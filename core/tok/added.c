@@ -109,7 +109,7 @@ int added_load(Added *a, const cJSON *j, char *err, size_t n)
         const char *content;
         long id;
         if (tj_known(c, path, known, err, n) || tj_str(c, "content", path, true, &content, err, n) ||
-            tj_int(c, "id", path, -1, 0, INT32_MAX - 1, &id, err, n) ||
+            tj_int(c, "id", path, -1, 0, TOK_MAX_IDS - 1, &id, err, n) ||
             tj_bool(c, "single_word", path, false, &t.single_word, err, n) ||
             tj_bool(c, "lstrip", path, false, &t.lstrip, err, n) || tj_bool(c, "rstrip", path, false, &t.rstrip, err, n) ||
             tj_bool(c, "normalized", path, true, &t.normalized, err, n) ||

@@ -220,8 +220,9 @@ int bpe_load(Bpe *m, const cJSON *model, bool with_bytes, char *err, size_t n)
     int32_t max_id = -1;
     for (const cJSON *e = vocab->child; e; e = e->next) {
         double v = cJSON_IsNumber(e) ? e->valuedouble : -1;
-        if (v < 0 || v > INT32_MAX - 1 || v != (double)(int32_t)v) {
-            tok_errf(err, n, "tokenizer.json: model.vocab[\"%s\"] must be an id (an integer >= 0)", e->string);
+        if (!(v >= 0 && v < TOK_MAX_IDS) || v != (double)(int32_t)v) {
+            tok_errf(err, n, "tokenizer.json: model.vocab[\"%s\"] must be an id (an integer in [0, %d))", e->string,
+                     TOK_MAX_IDS);
             bpe_free(m);
             return -1;
         }
@@ -557,12 +558,12 @@ __attribute__((noinline)) static void word_ids_slow(const Bpe *m, BpeScratch *sc
         ss[1] = ss[0];
         SmallEntry *e = &ss[0];
         *e = (SmallEntry){ .w = { w[0], w[1] }, .n = (uint8_t)nk, .nids = (uint8_t)got };
-        memcpy(e->ids, out->ids + first, got * sizeof(int32_t));
+        if (got) memcpy(e->ids, out->ids + first, got * sizeof(int32_t));   /* (out->ids is NULL while empty) */
     } else if (bs && got <= BIG_IDS) {
         bs[1] = bs[0];
         BigEntry *e = &bs[0];
         *e = (BigEntry){ .w = { w[0], w[1], w[2] }, .n = (uint8_t)nk, .nids = (uint8_t)got };
-        memcpy(e->ids, out->ids + first, got * sizeof(int32_t));
+        if (got) memcpy(e->ids, out->ids + first, got * sizeof(int32_t));   /* (out->ids is NULL while empty) */
     }
 }
 

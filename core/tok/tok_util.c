@@ -466,8 +466,9 @@ int tj_int(const cJSON *o, const char *key, const char *path, long dflt, long lo
     const cJSON *v = tj_get(o, key);
     *out = dflt;
     if (!v) return 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long)v->valuedouble || v->valuedouble < lo ||
-        v->valuedouble > hi) {
+    /* the range first: (long) of a double outside long's range is undefined */
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi) ||
+        v->valuedouble != (double)(long)v->valuedouble) {
         tok_errf(err, n, "tokenizer.json: %s.%s must be an integer in [%ld, %ld]", path, key, lo, hi);
         return -1;
     }

@@ -287,6 +287,14 @@ static int build(Tokenizer *t, const cJSON *j, const cJSON *cfg, char *err, size
 /* Parses text as JSON; -1 with err naming file and byte offset. */
 static cJSON *parse_json(const char *text, size_t len, const char *file, char *err, size_t n)
 {
+    /* JSON is UTF-8 (RFC 8259; HF's serde_json refuses anything else), and
+     * every string the tokenizer takes from it (vocabulary, added tokens,
+     * normalizer contents) must be, or its output would not be */
+    long bad = utf8_check(text, len);
+    if (bad >= 0) {
+        tok_errf(err, n, "%s: not valid UTF-8 (byte %ld)", file, bad);
+        return NULL;
+    }
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, false);
     if (!j) {

@@ -31,6 +31,11 @@
 
 typedef struct Tokenizer Tokenizer;
 
+/* The most ids a tokenizer may have: every id of tokenizer.json (its
+ * vocabulary and added tokens) must be below it, as tables are sized by
+ * the largest id.  The largest released vocabularies have 262,144 ids. */
+#define TOK_MAX_IDS (1 << 24)
+
 /* Growable id list, owned by the caller (zero-initialise; tok_ids_free). */
 typedef struct {
     int32_t *ids;
