@@ -89,10 +89,23 @@ fi
 # for apt, and its own host name in /etc/hosts (OpenMPI looks it up)
 cp -L /etc/resolv.conf "$DIR/etc/resolv.conf"
 [ -s "$DIR/etc/hosts" ] || cp -L /etc/hosts "$DIR/etc/hosts"
+# and this network's own certificate authorities, when the host has any (a
+# proxy that inspects TLS: npm would refuse its certificate): the ones
+# /usr/local/share/ca-certificates holds go in before ca-certificates is
+# installed, which adds them to the system bundle; node reads that bundle
+# through NODE_EXTRA_CA_CERTS, as it does on the host
+extra_ca=""
+if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
+    mkdir -p "$DIR/usr/local/share/ca-certificates"
+    cp /usr/local/share/ca-certificates/*.crt "$DIR/usr/local/share/ca-certificates/"
+    extra_ca="NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt"
+    echo "fresh-debian.sh: this host's own certificate authorities copied in ($(ls /usr/local/share/ca-certificates/*.crt | wc -l))"
+fi
 git clone -q "$REPO" "$DIR/root/tandem"
 echo "fresh-debian.sh: cloned $(git -C "$DIR/root/tandem" log -1 --format='%h %s'); running ./tandem.sh test as root"
 rc=0
-chroot "$DIR" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
+# shellcheck disable=SC2086
+chroot "$DIR" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 $extra_ca \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     /bin/sh -c 'cd /root/tandem && ./tandem.sh test' >>"$LOG" 2>&1 || rc=$?
 tail -n 25 "$LOG"
