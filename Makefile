@@ -172,6 +172,7 @@ FUZZ_SRC_safetensors := checkpoint/hf/safetensors.c core/common.c core/dtype.c
 FUZZ_SRC_st_index    := $(FUZZ_SRC_safetensors)
 FUZZ_SRC_chat        := $(wildcard core/chat/*.c core/chat/jinja/*.c) core/common.c
 FUZZ_SRC_tok         := $(filter-out core/tok/tok_cmd.c,$(wildcard core/tok/*.c)) core/common.c
+FUZZ_SRC_api         := infer/server/server_api.c $(sort $(FUZZ_SRC_tok) $(FUZZ_SRC_chat))
 FUZZ_LIBS  := $(shell pkg-config --libs libcjson libutf8proc libpcre2-8 2>/dev/null) -lm
 FUZZ_FLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined \
               -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
