@@ -173,10 +173,13 @@ FUZZ_SRC_st_index    := $(FUZZ_SRC_safetensors)
 FUZZ_SRC_chat        := $(wildcard core/chat/*.c core/chat/jinja/*.c) core/common.c
 FUZZ_SRC_tok         := $(filter-out core/tok/tok_cmd.c,$(wildcard core/tok/*.c)) core/common.c
 FUZZ_SRC_api         := infer/server/server_api.c $(sort $(FUZZ_SRC_tok) $(FUZZ_SRC_chat))
-FUZZ_LIBS  := $(shell pkg-config --libs libcjson libutf8proc libpcre2-8 2>/dev/null) -lm
+FUZZ_SRC_hf_config   := checkpoint/hf/hf_config.c checkpoint/hf/families.c checkpoint/hf/safetensors.c \
+                        core/model/config.c core/model/topology.c core/model/model.c core/common.c core/dtype.c \
+                        core/ops/gemm.c core/ops/rope.c core/pool.c core/rng.c
+FUZZ_LIBS  := $(shell pkg-config --libs openblas libcjson libutf8proc libpcre2-8 2>/dev/null) -lpthread -lm
 FUZZ_FLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined \
               -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
-              $(shell pkg-config --cflags libcjson libutf8proc libpcre2-8 2>/dev/null)
+              $(shell pkg-config --cflags openblas libcjson libutf8proc libpcre2-8 2>/dev/null)
 
 .SECONDEXPANSION:
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_SRC_$$*)

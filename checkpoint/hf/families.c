@@ -70,7 +70,7 @@ static const HfKey g_qwen2_keys[] = {
     COPY("num_hidden_layers", "num_hidden_layers", "24", NULL, HF_ANY, "L"),
     COPY("num_attention_heads", "num_attention_heads", "16", NULL, HF_ANY, "H"),
     COPY("num_key_value_heads", "num_key_value_heads", "16", "0", HF_ANY, "Hkv (null: H)"),
-    COPY("head_dim", "head_dim", "null", "0", 0, "hd (null or absent: d / H)"),
+    COPY("head_dim", "head_dim", "null", "0", HF_ANY, "hd (null or absent: d / H; the modeling code reads it when present, so it is written)"),
     RULE("hidden_act", HFR_ACT, "\"silu\"", HF_ANY, DOC_ACT),
     COPY("max_position_embeddings", "max_position_embeddings", "32768", NULL, HF_ANY, "the context"),
     IGN("initializer_range", "0.02", HF_ANY, "initialisation only"),
