@@ -98,6 +98,7 @@ Test(hf, every_parameter_has_a_row)
         "\"max_position_embeddings\":64}",
         "{\"architectures\":[\"Qwen2MoeForCausalLM\"],\"hidden_size\":32,\"intermediate_size\":16,\"moe_intermediate_size\":8,"
         "\"shared_expert_intermediate_size\":12,\"num_hidden_layers\":3,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+        "\"head_dim\":12,"   /* != d / H: written back too (the config fuzzer found it dropped) */
         "\"num_experts\":4,\"num_experts_per_tok\":2,\"mlp_only_layers\":[1],\"vocab_size\":40,\"max_position_embeddings\":64}",
         "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":32,\"intermediate_size\":16,\"moe_intermediate_size\":8,"
         "\"head_dim\":12,\"attention_bias\":true,\"decoder_sparse_step\":2,\"num_hidden_layers\":4,\"num_attention_heads\":4,"
