@@ -12,6 +12,7 @@
 #include "infer/engine.h"
 #include "infer/server/server.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -25,6 +26,7 @@ static const char *const g_serve_help =
     "                    [--max-body 1048576] [--max-n 16] [--max-connections 512]\n"
     "                    [--idle-timeout 60] [--drain-timeout 30] [--quiet]\n"
     "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
+    "                    [--api-key KEY ...] [--api-key-file FILE]\n"
     "       mpirun -np N tandem serve --ckpt CKPT --port P tp=T ep=E    (N = T x E)\n"
     "OpenAI-compatible HTTP server: POST /v1/completions and /v1/chat/completions\n"
     "(\"stream\": true for server-sent events), POST /tokenize and /detokenize,\n"
@@ -37,7 +39,9 @@ static const char *const g_serve_help =
     "and /metrics give the bytes a cached token takes.  --port 0 picks a free\n"
     "port; the start-up line on stderr names it.  SIGTERM or SIGINT drains: new\n"
     "completions get 503, running ones finish (up to --drain-timeout seconds),\n"
-    "then the server exits 0.\n"
+    "then the server exits 0.  With --api-key (repeatable) or --api-key-file (a key\n"
+    "a line), /v1/*, /tokenize and /detokenize answer 401 unless the request has\n"
+    "\"Authorization: Bearer KEY\" with one of the keys; /health and /metrics stay open.\n"
     "Under mpirun the model is split over the ranks (tensor parallel over tp,\n"
     "experts over ep); rank 0 serves HTTP and the others follow its schedule.\n"
     "Details: docs/serving.md\n";
@@ -78,12 +82,94 @@ typedef struct {
     double v;
 } NumOpt;
 
+/* --api-key KEY (repeatable) and --api-key-file FILE (a key a line; empty
+ * lines and lines starting with # skipped). */
+typedef struct {
+    char **v;
+    size_t n;
+} ApiKeys;
+
+static void api_keys_free(ApiKeys *k)
+{
+    for (size_t i = 0; i < k->n; i++) td_free(k->v[i]);
+    td_free(k->v);
+    k->v = NULL;
+    k->n = 0;
+}
+
+static int api_key_add(ApiKeys *k, const char *key, size_t len, const char *where, char *err, size_t n)
+{
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)key[i] <= ' ' || key[i] == 0x7f) {
+            snprintf(err, n, "%s: an API key must be printable characters without spaces", where);
+            return -1;
+        }
+    if (!len) {
+        snprintf(err, n, "%s: an empty API key", where);
+        return -1;
+    }
+    char **v = td_malloc((k->n + 1) * sizeof *v);
+    if (k->n) memcpy(v, k->v, k->n * sizeof *v);
+    td_free(k->v);
+    k->v = v;
+    k->v[k->n] = td_malloc(len + 1);
+    memcpy(k->v[k->n], key, len);
+    k->v[k->n++][len] = 0;
+    return 0;
+}
+
+static int api_keys_read(ApiKeys *k, const Args *ap, char *err, size_t n)
+{
+    const char *const *vals;
+    int nv = args_multi(ap, "api-key", &vals);
+    for (int i = 0; i < nv; i++)
+        if (api_key_add(k, vals[i], strlen(vals[i]), "--api-key", err, n)) goto bad;
+    const char *file = args_get(ap, "api-key-file");
+    if (file) {
+        FILE *f = fopen(file, "r");
+        if (!f) {
+            snprintf(err, n, "--api-key-file %s: %s", file, strerror(errno));
+            goto bad;
+        }
+        char line[4096];
+        int ln = 0, bad_line = 0;
+        while (fgets(line, sizeof line, f)) {
+            ln++;
+            size_t l = strlen(line);
+            if (l == sizeof line - 1 && line[l - 1] != '\n') {
+                snprintf(err, n, "--api-key-file %s line %d: longer than %zu bytes", file, ln, sizeof line - 2);
+                bad_line = 1;
+                break;
+            }
+            while (l && (line[l - 1] == '\n' || line[l - 1] == '\r')) line[--l] = 0;
+            if (!l || line[0] == '#') continue;
+            char where[64];
+            snprintf(where, sizeof where, "--api-key-file line %d", ln);
+            if (api_key_add(k, line, l, where, err, n)) {
+                bad_line = 1;
+                break;
+            }
+        }
+        fclose(f);
+        if (bad_line) goto bad;
+        if (!k->n) {
+            snprintf(err, n, "--api-key-file %s holds no key", file);
+            goto bad;
+        }
+    }
+    return 0;
+bad:
+    api_keys_free(k);
+    return -1;
+}
+
 static int serve_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "port=", "host=", "model-name=", "kv-mb=", "max-running=",
                                         "max-queue=", "max-batch-tokens=", "prefill-chunk=", "max-body=",
                                         "max-n=", "max-connections=", "idle-timeout=", "drain-timeout=",
-                                        "quiet", "tp=", "ep=", "dtype=", "kv-dtype=", NULL };
+                                        "quiet", "tp=", "ep=", "dtype=", "kv-dtype=", "api-key+", "api-key-file=",
+                                        NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("serve: %s", err);
@@ -201,6 +287,17 @@ static int serve_run(Args *ap, int argc, char **argv)
     so.drain_timeout = num[DRAIN].v;
     so.model_name = args_str(ap, "model-name", name);
     so.quiet = args_flag(ap, "quiet");
+    ApiKeys keys = { 0 };
+    if (api_keys_read(&keys, ap, err, sizeof err)) {
+        td_error("serve: %s", err);
+        engine_release_followers(&e);
+        engine_free(&e);
+        ckpt_text_free(&tx);
+        model_free(&m);
+        return 2;
+    }
+    so.api_keys = (const char *const *)keys.v;
+    so.n_api_keys = keys.n;
 
     /* The signal handlers only set g_stop; the engine loop polls it.  The
      * HTTP threads start with the signals blocked so that they reach this
@@ -226,6 +323,7 @@ static int serve_run(Args *ap, int argc, char **argv)
         engine_free(&e);
         ckpt_text_free(&tx);
         model_free(&m);
+        api_keys_free(&keys);
         return 1;
     }
     bool v6 = strchr(so.host, ':') != NULL;
@@ -240,9 +338,13 @@ static int serve_run(Args *ap, int argc, char **argv)
     fprintf(stderr, "tandem: serve: tokenizer %s (V = %d, %zu stop ids); %s%s\n",
             tok_is_byte_level(tx.tok) ? "byte-level" : "of the checkpoint", tok_vocab_size(tx.tok), tx.n_stop_ids,
             ce ? "chat completions refused: " : "chat template loaded", ce ? ce : "");
+    if (keys.n)
+        fprintf(stderr, "tandem: serve: %zu API key%s: /v1/*, /tokenize and /detokenize need \"Authorization: Bearer KEY\"\n",
+                keys.n, keys.n > 1 ? "s" : "");
     server_run(srv, &g_stop);
     engine_release_followers(&e);
     server_free(srv);
+    api_keys_free(&keys);
     engine_free(&e);
     ckpt_text_free(&tx);
     model_free(&m);

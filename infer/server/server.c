@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -744,8 +745,49 @@ static void safe_path(char *out, size_t n, const char *url)
     out[o] = 0;
 }
 
+/* a == b in time that depends on their lengths only, not on where they
+ * differ (a key is not guessed byte by byte from response times). */
+static bool same_secret(const char *a, size_t na, const char *b, size_t nb)
+{
+    unsigned char d = na != nb;
+    for (size_t i = 0; i < na && i < nb; i++) d |= (unsigned char)(a[i] ^ b[i]);
+    return d == 0;
+}
+
+/* Whether the request may use url: without --api-key always; with it,
+ * /health and /metrics are open and everything else needs
+ * "Authorization: Bearer KEY" with one of the keys (every key compared). */
+static bool authorized(const Server *s, struct MHD_Connection *con, const char *url)
+{
+    if (!s->o.n_api_keys || !strcmp(url, "/health") || !strcmp(url, "/metrics")) return true;
+    const char *h = MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7)) return false;
+    h += 7;
+    while (*h == ' ') h++;
+    const size_t n = strlen(h);
+    bool ok = false;
+    for (size_t i = 0; i < s->o.n_api_keys; i++) ok |= same_secret(h, n, s->o.api_keys[i], strlen(s->o.api_keys[i]));
+    return ok;
+}
+
 static enum MHD_Result route(Server *s, struct MHD_Connection *con, const char *url, const char *method, Upload *u)
 {
+    if (!authorized(s, con, url)) {
+        ApiError err = { .status = 401 };
+        snprintf(err.message, sizeof err.message,
+                 "Incorrect or missing API key: this server needs \"Authorization: Bearer KEY\" (tandem serve --api-key)");
+        char *body = api_error_body(&err);
+        if (!body) return MHD_NO;
+        struct MHD_Response *rsp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_COPY);
+        cJSON_free(body);
+        if (!rsp) return MHD_NO;
+        MHD_add_response_header(rsp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+        MHD_add_response_header(rsp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+        enum MHD_Result rc = MHD_queue_response(con, 401, rsp);
+        MHD_destroy_response(rsp);
+        metrics_http(&s->m, 401);
+        return rc;
+    }
     bool get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
     bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
     char path[96];

@@ -39,6 +39,9 @@ typedef struct {
     double drain_timeout;    /* seconds running requests get after SIGTERM, default 30 */
     const char *model_name;  /* "model" in responses and /v1/models (borrowed) */
     bool quiet;              /* no per-request log lines */
+    const char *const *api_keys; /* when n_api_keys > 0: every /v1/ path, /tokenize and /detokenize
+                                  * need "Authorization: Bearer KEY" with one of them (borrowed) */
+    size_t n_api_keys;
 } ServerOpts;
 
 typedef struct Server Server;

@@ -26,6 +26,7 @@ int api_error(ApiError *err, int status, const char *param, const char *fmt, ...
 static const char *error_type(int status)
 {
     switch (status) {
+    case 401: return "authentication_error";
     case 429: return "rate_limit_error";
     case 503: return "service_unavailable_error";
     default: return status >= 500 ? "server_error" : "invalid_request_error";

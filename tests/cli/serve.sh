@@ -112,6 +112,34 @@ for dk in "int8 int8 384" "bf16 f32 1024" "f32 bf16 512" "int8 bf16 512"; do
     echo "ok   --dtype $1 --kv-dtype $2: score parity, batch invariance, $3 bytes per cached token"
 done
 
+# API keys (--api-key, --api-key-file): /v1/*, /tokenize and /detokenize
+# need "Authorization: Bearer KEY", 401 with WWW-Authenticate otherwise;
+# /health and /metrics stay open; a bad key file is one line, exit 2
+printf '# keys of the test\n\nsk-file-two\n' >"$TMP/keys.txt"
+start_server "$TMP/run" --api-key sk-one --api-key-file "$TMP/keys.txt"
+grep -q "2 API keys" "$TMP/serve.log" || fail "--api-key: the start-up lines do not say 2 API keys"
+u="http://127.0.0.1:$port"
+code() { curl -s -m 30 -o "$TMP/auth.out" -w '%{http_code}' "$@"; }
+[ "$(code "$u/v1/models")" = 401 ] || fail "--api-key: /v1/models without a key is not 401"
+grep -q '"type":"authentication_error"' "$TMP/auth.out" || fail "--api-key: the 401 body: $(cat "$TMP/auth.out")"
+curl -s -m 30 -D - -o /dev/null "$u/v1/models" | grep -qi '^WWW-Authenticate: Bearer' || fail "--api-key: no WWW-Authenticate"
+[ "$(code -H 'Authorization: Bearer sk-onex' "$u/v1/models")" = 401 ] || fail "--api-key: a longer key was accepted"
+[ "$(code -H 'Authorization: Bearer sk-on' "$u/v1/models")" = 401 ] || fail "--api-key: a prefix of the key was accepted"
+[ "$(code -H 'Authorization: Basic sk-one' "$u/v1/models")" = 401 ] || fail "--api-key: a Basic header was accepted"
+[ "$(code -H 'Authorization: Bearer sk-one' "$u/v1/models")" = 200 ] || fail "--api-key: the first key was refused"
+[ "$(code -H 'Authorization: Bearer sk-file-two' -H 'Content-Type: application/json' \
+    -d '{"prompt": "Q: ", "max_tokens": 4}' "$u/v1/completions")" = 200 ] || fail "--api-key: the file's key was refused"
+[ "$(code -d '{"prompt": "Q: "}' "$u/tokenize")" = 401 ] || fail "--api-key: /tokenize without a key is not 401"
+[ "$(code "$u/health")" = 200 ] && [ "$(code "$u/metrics")" = 200 ] || fail "--api-key: /health or /metrics is not open"
+stop_server
+printf 'sk ok\n' >"$TMP/badkeys.txt"
+if bounded 60 "$TANDEM" serve --ckpt "$TMP/run" --port 0 --api-key-file "$TMP/badkeys.txt" 2>"$TMP/bad.err"; then
+    fail "--api-key-file with a key holding a space was accepted"
+fi
+grep -q "api-key-file line 1: an API key must be printable characters without spaces" "$TMP/bad.err" ||
+    fail "--api-key-file: $(cat "$TMP/bad.err")"
+echo "ok   API keys: 401 (authentication_error, WWW-Authenticate) without, with a wrong, a longer or a prefix key; both keys served; /health, /metrics open; a bad key file refused"
+
 # the KV cache is resident as it is used, not as budgeted: an idle server
 # with a 1 GiB cache holds about what one with 16 MiB holds (td_calloc maps
 # large blocks without writing them), and the pages requests write count

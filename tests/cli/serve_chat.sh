@@ -200,9 +200,11 @@ expect_fail "train: a vocabulary smaller than the tokenizer's" "has 151669 ids, 
     "$TANDEM" train configs/tiny_qwen3_vocab.json data="$TMP/fortunes.bin" model="$TMP/m1000.json" out_dir="$TMP/x"
 
 # ---------------------------------------------------------------- 3. serve + the OpenAI SDK
-start_server() {   # start_server CKPT: sets pid and port
+start_server() {   # start_server CKPT [SERVE_ARGS...]: sets pid and port
+    ck=$1
+    shift
     : >"$TMP/serve.log"   # emptied here: never read the previous server's port
-    "$TANDEM" serve --ckpt "$1" --port 0 --kv-mb 16 --max-running 16 --max-body 65536 --quiet 2>>"$TMP/serve.log" &
+    "$TANDEM" serve --ckpt "$ck" --port 0 --kv-mb 16 --max-running 16 --max-body 65536 --quiet "$@" 2>>"$TMP/serve.log" &
     pid=$!
     port=""
     i=0
@@ -229,10 +231,12 @@ stop_server() {
     [ "$rc" -eq 0 ] || fail "serve exit code $rc after SIGTERM"
 }
 
-start_server "$TMP/run"
+# with an API key, as an OpenAI client is used (the SDK sends it as a bearer token)
+KEY=sk-tandem-test-$$
+start_server "$TMP/run" --api-key "$KEY"
 grep -q "chat template loaded" "$TMP/serve.log" || fail "the server did not load Qwen3's chat template"
-NODE_PATH=$NM node tests/ref/openai_sdk_test.js "http://127.0.0.1:$port" step_00000060 "$TMP/sdk.json" ||
-    fail "the OpenAI SDK"
+bounded 600 env TANDEM_TEST_API_KEY="$KEY" NODE_PATH="$NM" node tests/ref/openai_sdk_test.js "http://127.0.0.1:$port" \
+    step_00000060 "$TMP/sdk.json" || fail "the OpenAI SDK"
 stop_server
 # exactness: the chat completion == generate on the rendered prompt; its
 # log-probabilities == score's (the training forward)

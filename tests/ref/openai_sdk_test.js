@@ -24,7 +24,10 @@ if (!outPath) {
   console.error("usage: openai_sdk_test.js URL MODEL OUT.json");
   process.exit(2);
 }
-const client = new OpenAI({ baseURL: url + "/v1", apiKey: "unused", maxRetries: 0, timeout: 60000 });
+// TANDEM_TEST_API_KEY: the server was started with --api-key it; then a
+// client with another key must get AuthenticationError (401)
+const apiKey = process.env.TANDEM_TEST_API_KEY || "unused";
+const client = new OpenAI({ baseURL: url + "/v1", apiKey, maxRetries: 0, timeout: 60000 });
 
 function check(cond, msg) {
   if (!cond) throw new Error(msg);
@@ -180,9 +183,23 @@ async function badRequests() {
   return `bad requests: ${cases.length} raised BadRequestError with the server's message`;
 }
 
+async function wrongKey() {
+  const other = new OpenAI({ baseURL: url + "/v1", apiKey: apiKey + "x", maxRetries: 0, timeout: 60000 });
+  let err = null;
+  try {
+    await other.models.list();
+  } catch (e) {
+    err = e;
+  }
+  check(err instanceof OpenAI.AuthenticationError && err.status === 401,
+        `a wrong API key: want AuthenticationError (401), got ${err}`);
+  return "a wrong API key raised AuthenticationError (401): " + err.message;
+}
+
 (async () => {
   const out = {};
   try {
+    if (process.env.TANDEM_TEST_API_KEY) console.log("ok   " + (await wrongKey()));
     console.log("ok   " + (await models()));
     const whole = await chatWhole();
     console.log(`ok   chat: ${JSON.stringify(whole.choices[0].message.content)} (${whole.usage.completion_tokens} tokens, ${whole.choices[0].finish_reason})`);
