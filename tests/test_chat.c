@@ -178,6 +178,9 @@ Test(chat, unsupported_constructs_are_refused_at_load_with_their_line)
     expect_compile_error("{{ xs|map('nosuch')|list }}", "unsupported filter 'nosuch'");
     expect_compile_error("{{ xs|selectattr('a', 'nosuch') }}", "unsupported test 'nosuch'");
     expect_compile_error("{{ f(*args) }}", "unsupported *args");
+    /* found by fuzz_chat: the slice's object was left unset (a NULL deref at render) */
+    expect_compile_error("{{ xs[::b, 1] }}", "a slice inside a subscript of several parts");
+    expect_compile_error("{{ xs[0, 1:2] }}", "a slice inside a subscript of several parts");
     /* syntax errors */
     expect_compile_error("{% if x %}", "unexpected end of template");
     expect_compile_error("{% endif %}", "unexpected 'endif'");
@@ -217,6 +220,9 @@ Test(chat, hostile_templates_hit_a_limit_and_fail_cleanly)
     expect_render_error("{% set ns = namespace(s='x') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
                         "{}", &lim, "bytes");
     expect_render_error("{{ 'x' * 100000000000 }}", "{}", &lim, "memory");
+    /* found by fuzz_chat: widths past int64 overflowed (UB) */
+    expect_render_error("{{ '{:>99999999999999999999}'.format('x') }}", "{}", &lim, "too many decimal digits");
+    expect_render_error("{{ '%99999999999999999999d' % 5 }}", "{}", &lim, "width with too many digits");
     /* 64-bit integers: overflow is an error, never a wrong number */
     expect_render_error("{{ 9223372036854775807 + 1 }}", "{}", &lim, "integer overflow");
     /* unbounded recursion: the call depth */

@@ -1561,11 +1561,17 @@ Jv jbi_str_percent(JRender *r, const JStr *fmt, Jv args)
         while (i < n && strchr("-+ #0", s[i]) && nf < 7) flags[nf++] = s[i++];
         int64_t width = 0, prec = -1;
         if (i < n && s[i] == '*') jr_fail(r, "'*' width in a format is not supported");
-        while (i < n && s[i] >= '0' && s[i] <= '9') width = width * 10 + (s[i++] - '0');
+        while (i < n && s[i] >= '0' && s[i] <= '9') {
+            width = width * 10 + (s[i++] - '0');
+            if (width > (int64_t)1 << 40) jr_fail(r, "a %%-format width with too many digits");
+        }
         if (i < n && s[i] == '.') {
             i++;
             prec = 0;
-            while (i < n && s[i] >= '0' && s[i] <= '9') prec = prec * 10 + (s[i++] - '0');
+            while (i < n && s[i] >= '0' && s[i] <= '9') {
+                prec = prec * 10 + (s[i++] - '0');
+                if (prec > (int64_t)1 << 40) jr_fail(r, "a %%-format precision with too many digits");
+            }
         }
         while (i < n && strchr("hlL", s[i])) i++;
         if (i >= n) jr_fail(r, "incomplete format");
@@ -1620,13 +1626,21 @@ static void format_spec(JRender *r, JBuf *b, Jv v, const char *spec, size_t n)
         i++;
     }
     int64_t width = 0, prec = -1;
-    while (i < n && spec[i] >= '0' && spec[i] <= '9') width = width * 10 + (spec[i++] - '0');
+    /* (Python refuses widths past sys.maxsize: "Too many decimal digits in
+     * format string"; the render's output limit stops far smaller ones) */
+    while (i < n && spec[i] >= '0' && spec[i] <= '9') {
+        width = width * 10 + (spec[i++] - '0');
+        if (width > (int64_t)1 << 40) jr_fail(r, "format spec '%.*s': too many decimal digits", (int)n, spec);
+    }
     char group = 0;
     if (i < n && (spec[i] == ',' || spec[i] == '_')) group = spec[i++];
     if (i < n && spec[i] == '.') {
         i++;
         prec = 0;
-        while (i < n && spec[i] >= '0' && spec[i] <= '9') prec = prec * 10 + (spec[i++] - '0');
+        while (i < n && spec[i] >= '0' && spec[i] <= '9') {
+            prec = prec * 10 + (spec[i++] - '0');
+            if (prec > (int64_t)1 << 40) jr_fail(r, "format spec '%.*s': too many decimal digits", (int)n, spec);
+        }
     }
     char type = i < n ? spec[i++] : 0;
     if (i != n || group || alt) jr_fail(r, "unsupported format spec '%.*s'", (int)n, spec);

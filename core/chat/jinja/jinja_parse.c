@@ -496,6 +496,12 @@ static JExpr *parse_postfix(P *p, JExpr *node)
             if (args.n == 1) {
                 key = args.v[0];
             } else {
+                /* x[a:b, c]: a slice inside a tuple key (Python's slice
+                 * objects; no list or dict takes them, so jinja2 fails
+                 * at render) */
+                for (size_t k = 0; k < args.n; k++)
+                    if (((JExpr *)args.v[k])->kind == JE_SLICE)
+                        pfail(p, t->line, "a slice inside a subscript of several parts ('[a:b, c]') is not supported");
                 key = mk(p, JE_TUPLE, t->line);
                 key->args = (JExpr **)args.v;
                 key->nargs = args.n;
