@@ -52,39 +52,19 @@ static void no_args(JRender *r, const JArgs *args, const char *fname)
     if (args->npos || args->nkw) jr_fail(r, "%s() takes no arguments", fname);
 }
 
-static bool is_intlike(Jv v) { return v.t == JV_INT || v.t == JV_BOOL; }
-static int64_t as_int(Jv v) { return v.t == JV_BOOL ? (int64_t)v.u.b : v.u.i; }
 
-static const char *pytype(Jv v)
-{
-    switch (v.t) {
-    case JV_UNDEF: return "Undefined";
-    case JV_NONE: return "NoneType";
-    case JV_BOOL: return "bool";
-    case JV_INT: return "int";
-    case JV_FLOAT: return "float";
-    case JV_STR: return "str";
-    case JV_LIST:
-        return (v.flags & JV_F_GEN) ? "generator" : (v.flags & JV_F_KEYS) ? "dict_keys"
-               : (v.flags & JV_F_VALUES) ? "dict_values" : (v.flags & JV_F_ITEMS) ? "dict_items"
-               : (v.flags & JV_F_TUPLE) ? "tuple" : "list";
-    case JV_DICT: return "dict";
-    case JV_NS: return "Namespace";
-    default: return "object";
-    }
-}
 
 static int64_t want_int(JRender *r, Jv v, const char *what)
 {
     if (v.t == JV_UNDEF) jr_fail_undef(r, v);
-    if (!is_intlike(v)) jr_fail(r, "%s: '%s' object cannot be interpreted as an integer", what, pytype(v));
-    return as_int(v);
+    if (!jv_is_intlike(v)) jr_fail(r, "%s: '%s' object cannot be interpreted as an integer", what, jv_pytype(v));
+    return jv_as_int(v);
 }
 
 static const JStr *want_str(JRender *r, Jv v, const char *what)
 {
     if (v.t == JV_UNDEF) jr_fail_undef(r, v);
-    if (v.t != JV_STR) jr_fail(r, "%s: must be str, not %s", what, pytype(v));
+    if (v.t != JV_STR) jr_fail(r, "%s: must be str, not %s", what, jv_pytype(v));
     return v.u.s;
 }
 
@@ -430,7 +410,7 @@ static bool affix(JRender *r, const JStr *s, Jv what, const JArgs *args, bool en
         return false;
     }
     if (what.t != JV_STR)
-        jr_fail(r, "%s first arg must be str or a tuple of str, not %s", fname, pytype(what));
+        jr_fail(r, "%s first arg must be str or a tuple of str, not %s", fname, jv_pytype(what));
     if (b0 > b1) return false;
     const JStr *p = what.u.s;
     if (p->n > b1 - b0) return false;
@@ -497,7 +477,7 @@ static Jv py_splitlines(JRender *r, const JStr *s, bool keepends)
 static Jv attr_path(JRender *r, Jv item, Jv attribute, Jv dflt)
 {
     if (attribute.t == JV_NONE || attribute.t == JV_UNDEF) return item;
-    if (is_intlike(attribute)) {
+    if (jv_is_intlike(attribute)) {
         item = jr_getitem(r, item, attribute);
     } else {
         const JStr *a = want_str(r, attribute, "attribute");
@@ -573,7 +553,7 @@ static size_t py_len(JRender *r, Jv v)
     case JV_DICT: return v.u.d->n;
     default: break;
     }
-    jr_fail(r, "object of type '%s' has no len()", pytype(v));
+    jr_fail(r, "object of type '%s' has no len()", jv_pytype(v));
 }
 
 static Jv f_length(JRender *r, Jv v, const JArgs *args)
@@ -587,12 +567,12 @@ static Jv f_abs(JRender *r, Jv v, const JArgs *args)
     no_args(r, args, "abs");
     if (v.t == JV_UNDEF) jr_fail_undef(r, v);
     if (v.t == JV_FLOAT) return jv_float(fabs(v.u.f));
-    if (is_intlike(v)) {
-        int64_t x = as_int(v);
+    if (jv_is_intlike(v)) {
+        int64_t x = jv_as_int(v);
         if (x == INT64_MIN) jr_fail(r, "integer overflow");
         return jv_int(x < 0 ? -x : x);
     }
-    jr_fail(r, "bad operand type for abs(): '%s'", pytype(v));
+    jr_fail(r, "bad operand type for abs(): '%s'", jv_pytype(v));
 }
 
 static Jv f_capitalize(JRender *r, Jv v, const JArgs *args)
@@ -618,7 +598,7 @@ static Jv f_dictsort(JRender *r, Jv v, const JArgs *args)
 {
     BIND("dictsort", "case_sensitive", "by", "reverse");
     if (v.t == JV_UNDEF) jr_fail_undef(r, v);
-    if (v.t != JV_DICT) jr_fail(r, "'%s' object has no attribute 'items'", pytype(v));
+    if (v.t != JV_DICT) jr_fail(r, "'%s' object has no attribute 'items'", jv_pytype(v));
     int pos = 0;
     if (hv[1]) {
         const JStr *by = want_str(r, av[1], "dictsort by");
@@ -713,7 +693,7 @@ static Jv f_float(JRender *r, Jv v, const JArgs *args)
     Jv dflt = hv[0] ? av[0] : jv_float(0.0);
     if (v.t == JV_UNDEF) jr_fail_undef(r, v);
     if (v.t == JV_FLOAT) return v;
-    if (is_intlike(v)) return jv_float((double)as_int(v));
+    if (jv_is_intlike(v)) return jv_float((double)jv_as_int(v));
     if (v.t == JV_STR) {
         double x;
         if (parse_py_float(v.u.s, &x)) return jv_float(x);
@@ -767,7 +747,7 @@ static Jv f_int(JRender *r, Jv v, const JArgs *args)
     Jv dflt = hv[0] ? av[0] : jv_int(0);
     int base = hv[1] ? (int)want_int(r, av[1], "int base") : 10;
     if (v.t == JV_UNDEF) jr_fail_undef(r, v);
-    if (is_intlike(v)) return jv_int(as_int(v));
+    if (jv_is_intlike(v)) return jv_int(jv_as_int(v));
     if (v.t == JV_FLOAT) {
         if (isnan(v.u.f) || isinf(v.u.f)) return dflt;
         if (fabs(v.u.f) >= 9.2e18) jr_fail(r, "integer overflow");
@@ -802,7 +782,7 @@ static Jv f_indent(JRender *r, Jv v, const JArgs *args)
     if (v.t == JV_UNDEF) jr_fail_undef(r, v);
     if (v.t == JV_LIST && !(v.flags & JV_F_NOSEQ) && !(v.flags & JV_F_TUPLE))
         jr_fail(r, "'list' object has no attribute 'splitlines'");
-    if (v.t != JV_STR) jr_fail(r, "unsupported operand type(s) for +=: '%s' and 'str'", pytype(v));
+    if (v.t != JV_STR) jr_fail(r, "unsupported operand type(s) for +=: '%s' and 'str'", jv_pytype(v));
     const JStr *s = v.u.s;
     JStr *s2 = jarena_alloc(r->a, sizeof *s2 + s->n + 2);
     memcpy(s2->s, s->s, s->n);
@@ -1044,10 +1024,10 @@ static Jv f_round(JRender *r, Jv v, const JArgs *args)
     if (strcmp(method, "common") && strcmp(method, "ceil") && strcmp(method, "floor"))
         jr_fail(r, "method must be common, ceil or floor");
     if (v.t == JV_UNDEF) jr_fail_undef(r, v);
-    if (!jv_is_num(v)) jr_fail(r, "type %s doesn't define __round__ method", pytype(v));
+    if (!jv_is_num(v)) jr_fail(r, "type %s doesn't define __round__ method", jv_pytype(v));
     if (!strcmp(method, "common")) {
-        if (is_intlike(v)) {
-            if (prec >= 0) return jv_int(as_int(v));
+        if (jv_is_intlike(v)) {
+            if (prec >= 0) return jv_int(jv_as_int(v));
             jr_fail(r, "round() of an int to negative precision is not supported here");
         }
         double x = v.u.f;
@@ -1060,7 +1040,7 @@ static Jv f_round(JRender *r, Jv v, const JArgs *args)
         double p = pow(10.0, (double)-prec);
         return jv_float(nearbyint(x / p) * p);
     }
-    double x = v.t == JV_FLOAT ? v.u.f : (double)as_int(v);
+    double x = v.t == JV_FLOAT ? v.u.f : (double)jv_as_int(v);
     if (prec < -300 || prec > 300) jr_fail(r, "round precision out of range");
     double p = pow(10.0, (double)prec);
     double y = !strcmp(method, "ceil") ? ceil(x * p) : floor(x * p);
@@ -1126,10 +1106,10 @@ static Jv f_sum(JRender *r, Jv v, const JArgs *args)
         if (x.t == JV_UNDEF) jr_fail_undef(r, x);
         if (jv_is_num(acc) && jv_is_num(x)) {
             if (acc.t == JV_FLOAT || x.t == JV_FLOAT) {
-                acc = jv_float((acc.t == JV_FLOAT ? acc.u.f : (double)as_int(acc)) + (x.t == JV_FLOAT ? x.u.f : (double)as_int(x)));
+                acc = jv_float((acc.t == JV_FLOAT ? acc.u.f : (double)jv_as_int(acc)) + (x.t == JV_FLOAT ? x.u.f : (double)jv_as_int(x)));
             } else {
                 int64_t z;
-                if (__builtin_add_overflow(as_int(acc), as_int(x), &z)) jr_fail(r, "integer overflow");
+                if (__builtin_add_overflow(jv_as_int(acc), jv_as_int(x), &z)) jr_fail(r, "integer overflow");
                 acc = jv_int(z);
             }
         } else if (acc.t == JV_LIST && x.t == JV_LIST && !((acc.flags | x.flags) & JV_F_NOSEQ)) {
@@ -1139,7 +1119,7 @@ static Jv f_sum(JRender *r, Jv v, const JArgs *args)
             memcpy(o.u.l->v + acc.u.l->n, x.u.l->v, x.u.l->n * sizeof(Jv));
             acc = o;
         } else {
-            jr_fail(r, "unsupported operand type(s) for +: '%s' and '%s'", pytype(acc), pytype(x));
+            jr_fail(r, "unsupported operand type(s) for +: '%s' and '%s'", jv_pytype(acc), jv_pytype(x));
         }
     }
     jr_work(r, l->n);
@@ -1197,7 +1177,7 @@ static Jv unique_eager(JRender *r, Jv v, const JArgs *args)
     size_t m = 0;
     for (size_t k = 0; k < l->n; k++) {
         Jv key = lower_if_str(r, hv[1] ? attr_path(r, l->v[k], av[1], jv_undef0()) : l->v[k], cs);
-        if (!jv_hashable(key)) jr_fail(r, "unhashable type: '%s'", pytype(key));
+        if (!jv_hashable(key)) jr_fail(r, "unhashable type: '%s'", jv_pytype(key));
         bool dup = false;
         for (size_t j = 0; j < m && !dup; j++) dup = jv_eq(seen[j], key);
         jr_work(r, m / 8 + 1);
@@ -1299,9 +1279,9 @@ static bool modulo_is(JRender *r, Jv v, int64_t m, int64_t want)
         if (x != 0 && ((x < 0) != (m < 0))) x += (double)m;
         return x == (double)want;
     }
-    if (!is_intlike(v)) jr_fail(r, "unsupported operand type(s) for %%: '%s' and 'int'", pytype(v));
+    if (!jv_is_intlike(v)) jr_fail(r, "unsupported operand type(s) for %%: '%s' and 'int'", jv_pytype(v));
     if (m == 0) jr_fail(r, "integer division or modulo by zero");
-    int64_t x = as_int(v) % m;
+    int64_t x = jv_as_int(v) % m;
     if (x != 0 && ((x < 0) != (m < 0))) x += m;
     return x == want;
 }
@@ -1313,7 +1293,7 @@ static bool t_divisibleby(JRender *r, Jv v, const JArgs *a)
     Jv m = arg1(r, a, "divisibleby");
     if (m.t == JV_FLOAT) {
         if (v.t == JV_UNDEF) jr_fail_undef(r, v);
-        double x = fmod(v.t == JV_FLOAT ? v.u.f : (double)as_int(v), m.u.f);
+        double x = fmod(v.t == JV_FLOAT ? v.u.f : (double)jv_as_int(v), m.u.f);
         return x == 0;
     }
     return modulo_is(r, v, want_int(r, m, "divisibleby"), 0);
@@ -1386,7 +1366,7 @@ static bool t_in(JRender *r, Jv v, const JArgs *a)
     Jv seq = arg1(r, a, "in");
     if (seq.t == JV_UNDEF) return false;
     if (seq.t == JV_STR) {
-        if (v.t != JV_STR) jr_fail(r, "'in <string>' requires string as left operand, not %s", pytype(v));
+        if (v.t != JV_STR) jr_fail(r, "'in <string>' requires string as left operand, not %s", jv_pytype(v));
         return v.u.s->n == 0 || memmem(seq.u.s->s, seq.u.s->n, v.u.s->s, v.u.s->n) != NULL;
     }
     if (seq.t == JV_LIST) {
@@ -1395,7 +1375,7 @@ static bool t_in(JRender *r, Jv v, const JArgs *a)
         return false;
     }
     if (seq.t == JV_DICT) return jv_hashable(v) && jdict_get(seq.u.d, v) != NULL;
-    jr_fail(r, "argument of type '%s' is not iterable", pytype(seq));
+    jr_fail(r, "argument of type '%s' is not iterable", jv_pytype(seq));
 }
 
 static bool t_sameas(JRender *r, Jv v, const JArgs *a)
@@ -1470,27 +1450,27 @@ static void percent_one(JRender *r, JBuf *b, const char *flags, int64_t width, i
         }
     } else if (type == 'c') {
         if (v.t == JV_STR && jutf8_len(v.u.s->s, v.u.s->n) == 1) jbuf_put(&t, v.u.s->s, v.u.s->n);
-        else if (is_intlike(v)) jbuf_put_cp(&t, (uint32_t)as_int(v));
+        else if (jv_is_intlike(v)) jbuf_put_cp(&t, (uint32_t)jv_as_int(v));
         else jr_fail(r, "%%c requires int or char");
     } else {
         if (v.t == JV_UNDEF) jr_fail_undef(r, v);
-        if (!jv_is_num(v)) jr_fail(r, "%%%c format: a real number is required, not %s", type, pytype(v));
+        if (!jv_is_num(v)) jr_fail(r, "%%%c format: a real number is required, not %s", type, jv_pytype(v));
         numeric = true;
         char spec[32], out[512];
         if (strchr("diu", type)) {
-            int64_t x = v.t == JV_FLOAT ? (int64_t)v.u.f : as_int(v);
+            int64_t x = v.t == JV_FLOAT ? (int64_t)v.u.f : jv_as_int(v);
             snprintf(spec, sizeof spec, "%%%s%s%slld", plus ? "+" : "", space ? " " : "", "");
             snprintf(out, sizeof out, spec, (long long)x);
         } else if (strchr("xXo", type)) {
-            if (!is_intlike(v)) jr_fail(r, "%%%c format: an integer is required, not float", type);
-            int64_t x = as_int(v);
+            if (!jv_is_intlike(v)) jr_fail(r, "%%%c format: an integer is required, not float", type);
+            int64_t x = jv_as_int(v);
             unsigned long long ux = (unsigned long long)(x < 0 ? -x : x);
             char digits[80];
             snprintf(digits, sizeof digits, type == 'o' ? "%llo" : type == 'x' ? "%llx" : "%llX", ux);
             snprintf(out, sizeof out, "%s%s%s", x < 0 ? "-" : plus ? "+" : space ? " " : "",
                      alt ? (type == 'o' ? "0o" : type == 'x' ? "0x" : "0X") : "", digits);
         } else if (strchr("eEfFgG", type)) {
-            double x = v.t == JV_FLOAT ? v.u.f : (double)as_int(v);
+            double x = v.t == JV_FLOAT ? v.u.f : (double)jv_as_int(v);
             snprintf(spec, sizeof spec, "%%%s%s%s.%d%c", plus ? "+" : "", space ? " " : "", alt ? "#" : "",
                      (int)(prec >= 0 ? (prec > 100 ? 100 : prec) : 6), type);
             snprintf(out, sizeof out, spec, x);
@@ -1656,9 +1636,9 @@ static void format_spec(JRender *r, JBuf *b, Jv v, const char *spec, size_t n)
         char out[512];
         const char *sg = sign == '+' ? "+" : sign == ' ' ? " " : "";
         if (v.t != JV_FLOAT && (type == 0 || type == 'd')) {
-            snprintf(out, sizeof out, sign == '+' ? "%+lld" : sign == ' ' ? "% lld" : "%lld", (long long)as_int(v));
+            snprintf(out, sizeof out, sign == '+' ? "%+lld" : sign == ' ' ? "% lld" : "%lld", (long long)jv_as_int(v));
         } else if (type && strchr("eEfFgG%", type)) {
-            double x = v.t == JV_FLOAT ? v.u.f : (double)as_int(v);
+            double x = v.t == JV_FLOAT ? v.u.f : (double)jv_as_int(v);
             char spec2[32];
             int p = (int)(prec >= 0 ? (prec > 100 ? 100 : prec) : 6);
             if (type == '%') {
@@ -1674,12 +1654,12 @@ static void format_spec(JRender *r, JBuf *b, Jv v, const char *spec, size_t n)
             jv_write_float(&f, v.u.f);
             snprintf(out, sizeof out, "%s%s", (sign == '+' && v.u.f >= 0) ? "+" : (sign == ' ' && v.u.f >= 0) ? " " : "", f.p);
         } else {
-            jr_fail(r, "unsupported format spec '%.*s' for %s", (int)n, spec, pytype(v));
+            jr_fail(r, "unsupported format spec '%.*s' for %s", (int)n, spec, jv_pytype(v));
         }
         jbuf_puts(&t, out);
         if (!align) align = '>';
     } else {
-        jr_fail(r, "unsupported format spec '%.*s' for %s", (int)n, spec, pytype(v));
+        jr_fail(r, "unsupported format spec '%.*s' for %s", (int)n, spec, jv_pytype(v));
     }
     size_t len = jutf8_len(t.p ? t.p : "", t.n);
     size_t padn = width > (int64_t)len ? (size_t)width - len : 0;
@@ -1932,7 +1912,7 @@ static Jv str_method(JRender *r, const JStr *s, int id, const char *mname, const
         JBuf b;
         jbuf_init(&b, r->a, r->out ? r->out->limit : 0);
         for (size_t k = 0; k < l->n; k++) {
-            if (l->v[k].t != JV_STR) jr_fail(r, "sequence item %zu: expected str instance, %s found", k, pytype(l->v[k]));
+            if (l->v[k].t != JV_STR) jr_fail(r, "sequence item %zu: expected str instance, %s found", k, jv_pytype(l->v[k]));
             if (k) jbuf_put(&b, s->s, s->n);
             jbuf_put(&b, l->v[k].u.s->s, l->v[k].u.s->n);
         }
@@ -1988,14 +1968,14 @@ Jv jbi_call_method(JRender *r, Jv self, int id, const JArgs *args)
     jr_work(r, 1);
     const char *mname = METHODS[id].name;
     int m = METHODS[id].id;
-    if (m == M_UNIMPLEMENTED) jr_fail(r, "unsupported method .%s() of a %s", mname, pytype(self));
+    if (m == M_UNIMPLEMENTED) jr_fail(r, "unsupported method .%s() of a %s", mname, jv_pytype(self));
     if (self.t == JV_STR) return str_method(r, self.u.s, m, mname, args);
     if (self.t == JV_DICT) {
         switch (m) {
         case M_GET: {
             BIND("get", "key", "default");
             if (!hv[0] || args->nkw) jr_fail(r, "get() takes 1 or 2 positional arguments");
-            if (!jv_hashable(av[0])) jr_fail(r, "unhashable type: '%s'", pytype(av[0]));
+            if (!jv_hashable(av[0])) jr_fail(r, "unhashable type: '%s'", jv_pytype(av[0]));
             JEntry *e = jdict_get(self.u.d, av[0]);
             return e ? e->v : hv[1] ? av[1] : jv_none();
         }
@@ -2034,7 +2014,7 @@ Jv jbi_call_method(JRender *r, Jv self, int id, const JArgs *args)
                 if (m == M_LINDEX) return jv_int((int64_t)i);
                 k++;
             }
-            if (m == M_LINDEX) jr_fail(r, "%s.index(x): x not in %s", pytype(self), pytype(self));
+            if (m == M_LINDEX) jr_fail(r, "%s.index(x): x not in %s", jv_pytype(self), jv_pytype(self));
             return jv_int(k);
         }
     }
@@ -2055,7 +2035,7 @@ Jv jbi_call_method(JRender *r, Jv self, int id, const JArgs *args)
             return jv_bool(true);
         }
     }
-    jr_fail(r, "unsupported method .%s() of a %s", mname, pytype(self));
+    jr_fail(r, "unsupported method .%s() of a %s", mname, jv_pytype(self));
 }
 
 /* ---------------------------------------------------------------- globals */
@@ -2108,7 +2088,7 @@ static void dict_update(JRender *r, JDict *d, const JArgs *args, const char *fna
             for (size_t k = 0; k < l->n; k++) {
                 const JList *pair = jr_iter(r, l->v[k]);
                 if (pair->n != 2) jr_fail(r, "dictionary update sequence element #%zu has length %zu; 2 is required", k, pair->n);
-                if (!jv_hashable(pair->v[0])) jr_fail(r, "unhashable type: '%s'", pytype(pair->v[0]));
+                if (!jv_hashable(pair->v[0])) jr_fail(r, "unhashable type: '%s'", jv_pytype(pair->v[0]));
                 jdict_set(r->a, d, pair->v[0], pair->v[1]);
             }
         }

@@ -368,29 +368,8 @@ Jv jr_call(JRender *r, Jv fn, const JArgs *args)
 
 /* ---------------------------------------------------------------- arithmetic */
 
-static bool is_intlike(Jv v) { return v.t == JV_INT || v.t == JV_BOOL; }
-static int64_t as_int(Jv v) { return v.t == JV_BOOL ? (int64_t)v.u.b : v.u.i; }
-static double as_float(Jv v) { return v.t == JV_FLOAT ? v.u.f : (double)as_int(v); }
+static double as_float(Jv v) { return v.t == JV_FLOAT ? v.u.f : (double)jv_as_int(v); }
 
-static const char *pytype(Jv v)
-{
-    switch (v.t) {
-    case JV_NONE: return "NoneType";
-    case JV_BOOL: return "bool";
-    case JV_INT: return "int";
-    case JV_FLOAT: return "float";
-    case JV_STR: return "str";
-    case JV_LIST:
-        return (v.flags & JV_F_GEN) ? "generator" : (v.flags & JV_F_KEYS) ? "dict_keys"
-               : (v.flags & JV_F_VALUES) ? "dict_values" : (v.flags & JV_F_ITEMS) ? "dict_items"
-               : (v.flags & JV_F_TUPLE) ? "tuple" : "list";
-    case JV_DICT: return "dict";
-    case JV_NS: return "Namespace";
-    case JV_MACRO: return "Macro";
-    case JV_LOOP: return "LoopContext";
-    default: return "builtin_function_or_method";
-    }
-}
 
 static void overflow(JRender *r) { jr_fail(r, "integer overflow (tandem's template integers are 64-bit)"); }
 
@@ -451,8 +430,8 @@ static Jv binop(JRender *r, int op, Jv a, Jv b)
     static const char *sym[] = { [JOP_ADD] = "+", [JOP_SUB] = "-", [JOP_MUL] = "*", [JOP_DIV] = "/",
                                  [JOP_FLOORDIV] = "//", [JOP_MOD] = "%", [JOP_POW] = "** or pow()" };
     if (jv_is_num(a) && jv_is_num(b)) {
-        bool ints = is_intlike(a) && is_intlike(b);
-        int64_t x = ints ? as_int(a) : 0, y = ints ? as_int(b) : 0, z;
+        bool ints = jv_is_intlike(a) && jv_is_intlike(b);
+        int64_t x = ints ? jv_as_int(a) : 0, y = ints ? jv_as_int(b) : 0, z;
         double fx = as_float(a), fy = as_float(b);
         switch (op) {
         case JOP_ADD:
@@ -533,20 +512,20 @@ static Jv binop(JRender *r, int op, Jv a, Jv b)
             jr_work(r, o.u.l->n / 8);
             return o;
         }
-        if (a.t == JV_STR) jr_fail(r, "can only concatenate str (not \"%s\") to str", pytype(b));
+        if (a.t == JV_STR) jr_fail(r, "can only concatenate str (not \"%s\") to str", jv_pytype(b));
         if (a.t == JV_LIST && !(a.flags & JV_F_NOSEQ))
-            jr_fail(r, "can only concatenate %s (not \"%s\") to %s", pytype(a), pytype(b), pytype(a));
+            jr_fail(r, "can only concatenate %s (not \"%s\") to %s", jv_pytype(a), jv_pytype(b), jv_pytype(a));
     }
     if (op == JOP_MUL) {
         bool aseq = a.t == JV_STR || (a.t == JV_LIST && !(a.flags & JV_F_NOSEQ));
         bool bseq = b.t == JV_STR || (b.t == JV_LIST && !(b.flags & JV_F_NOSEQ));
-        if (aseq && is_intlike(b)) return repeat(r, a, as_int(b));
-        if (bseq && is_intlike(a)) return repeat(r, b, as_int(a));
-        if (aseq && !is_intlike(b)) jr_fail(r, "can't multiply sequence by non-int of type '%s'", pytype(b));
-        if (bseq && !is_intlike(a)) jr_fail(r, "can't multiply sequence by non-int of type '%s'", pytype(a));
+        if (aseq && jv_is_intlike(b)) return repeat(r, a, jv_as_int(b));
+        if (bseq && jv_is_intlike(a)) return repeat(r, b, jv_as_int(a));
+        if (aseq && !jv_is_intlike(b)) jr_fail(r, "can't multiply sequence by non-int of type '%s'", jv_pytype(b));
+        if (bseq && !jv_is_intlike(a)) jr_fail(r, "can't multiply sequence by non-int of type '%s'", jv_pytype(a));
     }
     if (op == JOP_MOD && a.t == JV_STR) return jbi_str_percent(r, a.u.s, b);
-    jr_fail(r, "unsupported operand type(s) for %s: '%s' and '%s'", sym[op], pytype(a), pytype(b));
+    jr_fail(r, "unsupported operand type(s) for %s: '%s' and '%s'", sym[op], jv_pytype(a), jv_pytype(b));
 }
 
 /* ---------------------------------------------------------------- comparisons */
@@ -557,7 +536,7 @@ static bool contains(JRender *r, Jv item, Jv container)
     case JV_UNDEF: return false;
     case JV_STR: {
         if (item.t == JV_UNDEF) jr_fail_undef(r, item);
-        if (item.t != JV_STR) jr_fail(r, "'in <string>' requires string as left operand, not %s", pytype(item));
+        if (item.t != JV_STR) jr_fail(r, "'in <string>' requires string as left operand, not %s", jv_pytype(item));
         const JStr *h = container.u.s, *nd = item.u.s;
         jr_work(r, h->n / 64 + 1);
         if (nd->n == 0) return true;
@@ -570,11 +549,11 @@ static bool contains(JRender *r, Jv item, Jv container)
             if (jv_eq(container.u.l->v[k], item)) return true;
         return false;
     case JV_DICT:
-        if (!jv_hashable(item)) jr_fail(r, "unhashable type: '%s'", pytype(item));
+        if (!jv_hashable(item)) jr_fail(r, "unhashable type: '%s'", jv_pytype(item));
         jr_work(r, container.u.d->n / 8 + 1);
         return jdict_get(container.u.d, item) != NULL;
     default:
-        jr_fail(r, "argument of type '%s' is not iterable", pytype(container));
+        jr_fail(r, "argument of type '%s' is not iterable", jv_pytype(container));
     }
 }
 
@@ -610,11 +589,11 @@ static int64_t slice_bound(JRender *r, Jv v, int64_t dflt, bool *bad)
         if (v.t == JV_UNDEF) jr_fail_undef(r, v);
         return dflt;
     }
-    if (!is_intlike(v)) {
+    if (!jv_is_intlike(v)) {
         *bad = true;
         return 0;
     }
-    return as_int(v);
+    return jv_as_int(v);
 }
 
 /* Python's PySlice_AdjustIndices: the items start, start+step, ... of a
@@ -804,11 +783,11 @@ static Jv jr_eval_expr(JRender *r, JScope *s, const JExpr *e)
         Jv a = jr_eval_expr(r, s, e->a);
         r->line = e->line;
         if (a.t == JV_UNDEF) jr_fail_undef(r, a);
-        if (!jv_is_num(a)) jr_fail(r, "bad operand type for unary %c: '%s'", e->kind == JE_NEG ? '-' : '+', pytype(a));
+        if (!jv_is_num(a)) jr_fail(r, "bad operand type for unary %c: '%s'", e->kind == JE_NEG ? '-' : '+', jv_pytype(a));
         if (e->kind == JE_POS) v = a.t == JV_BOOL ? jv_int(a.u.b) : a;
         else if (a.t == JV_FLOAT) v = jv_float(-a.u.f);
         else {
-            int64_t x = as_int(a);
+            int64_t x = jv_as_int(a);
             if (x == INT64_MIN) overflow(r);
             v = jv_int(-x);
         }
@@ -831,7 +810,7 @@ static Jv jr_eval_expr(JRender *r, JScope *s, const JExpr *e)
             Jv key = jr_eval_expr(r, s, e->args[k]);
             Jv val = jr_eval_expr(r, s, e->args[k + 1]);
             r->line = e->line;
-            if (!jv_hashable(key)) jr_fail(r, "unhashable type: '%s'", pytype(key));
+            if (!jv_hashable(key)) jr_fail(r, "unhashable type: '%s'", jv_pytype(key));
             jdict_set(r->a, v.u.d, key, val);
         }
         break;
@@ -965,7 +944,7 @@ static int exec_body(JRender *r, JScope *s, const JBody *b)
             eval_args(r, s, n->expr, &args);
             r->line = n->line;
             if (fn.t == JV_UNDEF) jr_fail_undef(r, fn);
-            if (fn.t != JV_MACRO) jr_fail(r, "{%% call %%} needs a macro, got a %s", pytype(fn));
+            if (fn.t != JV_MACRO) jr_fail(r, "{%% call %%} needs a macro, got a %s", jv_pytype(fn));
             jv_write_str(r->out, call_macro(r, fn.u.p, &args, caller));
             break;
         }

@@ -249,16 +249,15 @@ static int cmp_int_float(int64_t i, double f)
     return fl == f ? 0 : -1; /* i == floor(f) < f when f has a fraction */
 }
 
-static int64_t num_as_int(Jv v) { return v.t == JV_BOOL ? (int64_t)v.u.b : v.u.i; }
 
 static bool eq_depth(Jv a, Jv b, int depth)
 {
     if (depth > JV_MAX_NEST) return false;
     if (jv_is_num(a) && jv_is_num(b)) {
         if (a.t == JV_FLOAT && b.t == JV_FLOAT) return a.u.f == b.u.f;
-        if (a.t == JV_FLOAT) return cmp_int_float(num_as_int(b), a.u.f) == 0;
-        if (b.t == JV_FLOAT) return cmp_int_float(num_as_int(a), b.u.f) == 0;
-        return num_as_int(a) == num_as_int(b);
+        if (a.t == JV_FLOAT) return cmp_int_float(jv_as_int(b), a.u.f) == 0;
+        if (b.t == JV_FLOAT) return cmp_int_float(jv_as_int(a), b.u.f) == 0;
+        return jv_as_int(a) == jv_as_int(b);
     }
     if (a.t != b.t) return false;
     switch (a.t) {
@@ -288,8 +287,7 @@ static bool eq_depth(Jv a, Jv b, int depth)
 
 bool jv_eq(Jv a, Jv b) { return eq_depth(a, b, 0); }
 
-/* Python's type name (type(x).__name__). */
-static const char *py_type(Jv v)
+const char *jv_pytype(Jv v)
 {
     switch (v.t) {
     case JV_UNDEF: return "Undefined";
@@ -334,9 +332,9 @@ static int lt_depth(Jv a, Jv b, bool *lt, char *err, size_t errlen, int depth)
 {
     if (jv_is_num(a) && jv_is_num(b)) {
         if (a.t == JV_FLOAT && b.t == JV_FLOAT) *lt = a.u.f < b.u.f;
-        else if (a.t == JV_FLOAT) *lt = cmp_int_float(num_as_int(b), a.u.f) == 1;
-        else if (b.t == JV_FLOAT) *lt = cmp_int_float(num_as_int(a), b.u.f) == -1;
-        else *lt = num_as_int(a) < num_as_int(b);
+        else if (a.t == JV_FLOAT) *lt = cmp_int_float(jv_as_int(b), a.u.f) == 1;
+        else if (b.t == JV_FLOAT) *lt = cmp_int_float(jv_as_int(a), b.u.f) == -1;
+        else *lt = jv_as_int(a) < jv_as_int(b);
         return 0;
     }
     if (a.t == JV_STR && b.t == JV_STR) {
@@ -355,7 +353,7 @@ static int lt_depth(Jv a, Jv b, bool *lt, char *err, size_t errlen, int depth)
         *lt = a.u.l->n < b.u.l->n;
         return 0;
     }
-    snprintf(err, errlen, "'<' not supported between instances of '%s' and '%s'", py_type(a), py_type(b));
+    snprintf(err, errlen, "'<' not supported between instances of '%s' and '%s'", jv_pytype(a), jv_pytype(b));
     return -1;
 }
 
@@ -772,7 +770,7 @@ static int json_key(JsonOut *o, Jv k)
         jbuf_putc(b, '"');
         return 0;
     default:
-        snprintf(o->err, o->errlen, "keys must be str, int, float, bool or None, not %s", py_type(k));
+        snprintf(o->err, o->errlen, "keys must be str, int, float, bool or None, not %s", jv_pytype(k));
         return -1;
     }
 }
@@ -826,7 +824,7 @@ static int json_val(JsonOut *o, Jv v, int level)
             for (size_t i = 0; i < d->n; i++) {
                 if (d->e[i].k.t != JV_STR) {
                     snprintf(o->err, o->errlen, "'<' not supported between instances of '%s' and 'str'",
-                             py_type(d->e[i].k));
+                             jv_pytype(d->e[i].k));
                     return -1;
                 }
             }
@@ -847,7 +845,7 @@ static int json_val(JsonOut *o, Jv v, int level)
     default:
         break;
     }
-    snprintf(o->err, o->errlen, "Object of type %s is not JSON serializable", py_type(v));
+    snprintf(o->err, o->errlen, "Object of type %s is not JSON serializable", jv_pytype(v));
     return -1;
 }
 

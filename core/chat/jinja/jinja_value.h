@@ -168,8 +168,14 @@ bool jv_hashable(Jv v);
 /* Python's type name as jinja2 shows it in messages: "dict object",
  * "None", "str object" ... */
 const char *jv_type_name(Jv v);
+/* Python's type(x).__name__: "dict", "NoneType", "tuple", "Macro" ...
+ * (TypeError messages). */
+const char *jv_pytype(Jv v);
 /* True for int, float and bool (Python's numbers.Number). */
 static inline bool jv_is_num(Jv v) { return v.t == JV_INT || v.t == JV_FLOAT || v.t == JV_BOOL; }
+/* int or bool (an int to Python), and its value. */
+static inline bool jv_is_intlike(Jv v) { return v.t == JV_INT || v.t == JV_BOOL; }
+static inline int64_t jv_as_int(Jv v) { return v.t == JV_BOOL ? (int64_t)v.u.b : v.u.i; }
 
 /* The evaluator's macro and loop objects start with these, so that values
  * print as Python prints them (<Macro 'name'>, <LoopContext 1/3>). */
