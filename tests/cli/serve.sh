@@ -37,43 +37,8 @@ bounded 300 "$TANDEM" train configs/tiny.json data="$BUILD/fortunes.bin" steps=3
     >"$TMP/train.log" 2>&1 || { cat "$TMP/train.log"; fail "training the tiny model"; }
 
 # the server, on a port the kernel picks (printed in the start-up line)
-start_server() {   # start_server CKPT [SERVE_ARGS...]: sets pid and port
-    ck=$1
-    shift
-    # emptied here, not by the server's redirection: the loop below must
-    # never read the previous server's start-up line (and its port)
-    : >"$TMP/serve.log"
-    "$TANDEM" serve --ckpt "$ck" --port 0 --kv-mb 16 --max-running 16 --max-queue 48 \
-        --max-body 65536 --drain-timeout 20 "$@" 2>>"$TMP/serve.log" &
-    pid=$!
-    port=""
-    i=0
-    while [ -z "$port" ]; do
-        kill -0 "$pid" 2>/dev/null || fail "the server exited at start"
-        [ $i -lt 300 ] || fail "no start-up line after 30 s"
-        port=$(sed -n 's|^tandem: serving .* on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$TMP/serve.log" 2>/dev/null) || port=""   # the log may not exist yet
-        i=$((i + 1))
-        [ -n "$port" ] || sleep 0.1
-    done
-    head -n 1 "$TMP/serve.log"
-    curl -sf --max-time 10 "http://127.0.0.1:$port/health" >/dev/null || fail "/health (curl, 10 s)"
-}
-
-# SIGTERM on an idle server: exit 0 promptly
-stop_server() {
-    kill -TERM "$pid"
-    i=0
-    while kill -0 "$pid" 2>/dev/null; do
-        [ $i -lt 100 ] || fail "still running 10 s after SIGTERM"
-        i=$((i + 1))
-        sleep 0.1
-    done
-    rc=0
-    wait "$pid" || rc=$?
-    pid=""
-    [ "$rc" -eq 0 ] || fail "exit code $rc after SIGTERM"
-    grep -q "tandem: serve: stopped" "$TMP/serve.log" || fail "no clean stop in the log"
-}
+SERVE_ARGS="--max-queue 48 --drain-timeout 20" SERVE_SHOW=1
+. tests/serve_lib.sh
 
 start_server "$TMP/run"
 bounded 900 $PY tests/ref/serve_test.py --url "http://127.0.0.1:$port" --tandem "$TANDEM" --ckpt "$TMP/run" \

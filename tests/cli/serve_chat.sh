@@ -200,36 +200,8 @@ expect_fail "train: a vocabulary smaller than the tokenizer's" "has 151669 ids, 
     "$TANDEM" train configs/tiny_qwen3_vocab.json data="$TMP/fortunes.bin" model="$TMP/m1000.json" out_dir="$TMP/x"
 
 # ---------------------------------------------------------------- 3. serve + the OpenAI SDK
-start_server() {   # start_server CKPT [SERVE_ARGS...]: sets pid and port
-    ck=$1
-    shift
-    : >"$TMP/serve.log"   # emptied here: never read the previous server's port
-    "$TANDEM" serve --ckpt "$ck" --port 0 --kv-mb 16 --max-running 16 --max-body 65536 --quiet "$@" 2>>"$TMP/serve.log" &
-    pid=$!
-    port=""
-    i=0
-    while [ -z "$port" ]; do
-        kill -0 "$pid" 2>/dev/null || fail "the server exited at start"
-        [ $i -lt 300 ] || fail "no start-up line after 30 s"
-        port=$(sed -n 's|^tandem: serving .* on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$TMP/serve.log" 2>/dev/null) || port=""   # the log may not exist yet
-        i=$((i + 1))
-        [ -n "$port" ] || sleep 0.1
-    done
-    sed -n 2p "$TMP/serve.log"
-}
-stop_server() {
-    kill -TERM "$pid"
-    i=0
-    while kill -0 "$pid" 2>/dev/null; do
-        [ $i -lt 100 ] || fail "the server still runs 10 s after SIGTERM"
-        i=$((i + 1))
-        sleep 0.1
-    done
-    rc=0
-    wait "$pid" || rc=$?
-    pid=""
-    [ "$rc" -eq 0 ] || fail "serve exit code $rc after SIGTERM"
-}
+SERVE_ARGS="--quiet" SERVE_SHOW=2
+. tests/serve_lib.sh
 
 # with an API key, as an OpenAI client is used (the SDK sends it as a bearer token)
 KEY=sk-tandem-test-$$
