@@ -67,7 +67,7 @@ static void layout_init_kv(Layout *L, size_t H, size_t Hkv, size_t hd, size_t bs
 {
     cr_assert(n_seq <= MAX_SEQ);
     memset(L, 0, sizeof *L);
-    L->sh = (AttnShape){ H, Hkv, hd, bs, kv };
+    L->sh = (AttnShape){ H, Hkv, hd, bs, kv, hd, 1.0f / sqrtf((float)hd), false };
     L->n_seq = n_seq;
     size_t nb = 3;   /* spare blocks nobody uses */
     for (size_t i = 0; i < n_seq; i++) nb += (lens[i] + bs - 1) / bs;
@@ -237,7 +237,7 @@ typedef struct { float *q, *k, *v; } Qkv;
 
 static Qkv qkv_rand(const Layout *L, uint64_t seed)
 {
-    const size_t rows = L->rows, qw = L->sh.H * L->sh.hd, kw = L->sh.Hkv * L->sh.hd;
+    const size_t rows = L->rows, qw = L->sh.H * L->sh.dk, kw = L->sh.Hkv * L->sh.dk;
     Qkv x = { fixture_rand(rows * qw, seed, -2, 2), fixture_rand(rows * kw, seed + 1, -2, 2),
               fixture_rand(rows * kw, seed + 2, -1, 1) };
     return x;
@@ -375,7 +375,7 @@ Test(attention, forward_matches_torch)
 /* Full forward of a layout with all of its keys stored. */
 static void full_forward(float **out, float **lse, const Layout *L, const Qkv *x)
 {
-    *out = td_malloc(L->rows * L->sh.H * L->sh.hd * sizeof(float));
+    *out = td_malloc(L->rows * L->sh.H * L->sh.dk * sizeof(float));
     *lse = td_malloc(L->rows * L->sh.H * sizeof(float));
     attention_kv_store(L->kv, L->seq, L->n_seq, x->k, x->v, &L->sh);
     attention_forward(*out, *lse, x->q, L->kv, L->seq, L->n_seq, &L->sh);

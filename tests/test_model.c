@@ -150,6 +150,9 @@ Test(model, gradients_match_torch_odd_sizes) { check_against_torch("model_odd.h5
 Test(model, gradients_match_torch_qwen2moe_bias_gated_shared_schedule) { check_against_torch("model_qwen2moe.h5"); }
 Test(model, gradients_match_torch_qwen3moe_head_qk_norm_head_dim) { check_against_torch("model_qwen3moe.h5"); }
 Test(model, gradients_match_torch_olmoe_full_qk_norm_clip_bias) { check_against_torch("model_olmoe.h5"); }
+/* multi-head latent attention, absorbed, against HF's naive form */
+Test(model, gradients_match_torch_mla_q_lora_interleaved_rope) { check_against_torch("model_mla.h5"); }
+Test(model, gradients_match_torch_mla_q_proj) { check_against_torch("model_mla_q.h5"); }
 
 /* recompute=full and =selective: the same gradients, bit for bit, and a
  * smaller activation peak than none. */
@@ -182,6 +185,8 @@ Test(model, recompute_modes_bit_identical_variants) { check_recompute("model_var
 Test(model, recompute_modes_bit_identical_qwen2moe) { check_recompute("model_qwen2moe.h5"); }
 Test(model, recompute_modes_bit_identical_qwen3moe) { check_recompute("model_qwen3moe.h5"); }
 Test(model, recompute_modes_bit_identical_olmoe) { check_recompute("model_olmoe.h5"); }
+Test(model, recompute_modes_bit_identical_mla) { check_recompute("model_mla.h5"); }
+Test(model, recompute_modes_bit_identical_mla_q) { check_recompute("model_mla_q.h5"); }
 
 /* Two AdamW steps on the fixture's gradients equal torch.optim.AdamW's
  * (lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices and
@@ -311,3 +316,4 @@ Test(model, serving_models_compute_the_forward_on_the_rounded_weights_variants) 
 Test(model, serving_models_compute_the_forward_on_the_rounded_weights_qwen2moe) { check_serving("model_qwen2moe.h5"); }
 Test(model, serving_models_compute_the_forward_on_the_rounded_weights_qwen3moe) { check_serving("model_qwen3moe.h5"); }
 Test(model, serving_models_compute_the_forward_on_the_rounded_weights_olmoe) { check_serving("model_olmoe.h5"); }
+Test(model, serving_models_compute_the_forward_on_the_rounded_weights_mla) { check_serving("model_mla.h5"); }
