@@ -264,6 +264,7 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len)
     REQUIRE(c->num_attention_heads % c->num_key_value_heads == 0,
             "\"num_attention_heads\" (%d) must be a multiple of \"num_key_value_heads\" (%d)",
             c->num_attention_heads, c->num_key_value_heads);
+    if (mla_validate(c, err, err_len)) return -1;   /* first: head_dim derives from qk_rope_head_dim */
     REQUIRE(c->head_dim >= 2 && c->head_dim % 2 == 0 && c->head_dim <= 256,
             "\"head_dim\" must be even and in [2, 256] (got %d)", c->head_dim);
     REQUIRE(c->first_k_dense_replace >= 0 && c->first_k_dense_replace <= c->num_hidden_layers,
@@ -280,7 +281,6 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len)
     REQUIRE(n_moe == c->num_hidden_layers || c->intermediate_size >= 1,
             "\"intermediate_size\" must be >= 1 when there are dense layers (got %d)", c->intermediate_size);
     REQUIRE(c->clip_qkv >= 0 && isfinite(c->clip_qkv), "\"clip_qkv\" must be >= 0 (0: off)");
-    if (mla_validate(c, err, err_len)) return -1;
     bool any_moe = n_moe > 0;
     if (any_moe) {
         REQUIRE(c->num_local_experts >= 1, "\"num_local_experts\" must be >= 1 (got %d)", c->num_local_experts);
