@@ -46,6 +46,7 @@ typedef struct {
     size_t B, T;
     LossParts lp;
     float *dlogp;
+    double seq_coef;   /* sequence-wise balance loss coefficient (a run key) */
 } Case;
 
 /* Model with the fixture's weights, acts for its batch. */
@@ -76,6 +77,8 @@ static void case_open(Case *c, const char *file, Recompute mode)
     c->T = 19;
     c->B = n / c->T;
     model_train_acts_init(&c->a, &c->m, c->B, c->T, mode);
+    c->seq_coef = fixture_attr(file, "seq_aux_coef");
+    c->a.seq_bal = c->seq_coef > 0;
     c->dlogp = td_malloc(n * sizeof(float));
 }
 
@@ -98,9 +101,12 @@ static double case_step(Case *c)
     const ModelConfig *cfg = &c->m.cfg;
     float daux = c->lp.n_moe ? (float)(cfg->router_aux_loss_coef / c->lp.n_moe) : 0.0f;
     float dz = c->lp.n_moe ? (float)(cfg->router_z_loss_coef / c->lp.n_moe) : 0.0f;
+    /* sequence-wise balance: mean over the B sequences and the MoE layers */
+    c->a.dseq_bal = c->lp.n_moe ? (float)(c->seq_coef / ((double)c->lp.n_moe * (double)c->B)) : 0.0f;
     model_train_backward(&c->m, &c->a, c->targets, c->dlogp, daux, dz);
+    const double seq = c->lp.n_moe ? c->lp.seq_bal_sum / ((double)c->lp.n_moe * (double)c->B) : 0.0;
     return c->lp.ce_sum / (double)N + cfg->router_aux_loss_coef * c->lp.aux +
-           cfg->router_z_loss_coef * c->lp.z;
+           cfg->router_z_loss_coef * c->lp.z + c->seq_coef * seq;
 }
 
 static void check_against_torch(const char *file)
@@ -150,6 +156,10 @@ Test(model, gradients_match_torch_odd_sizes) { check_against_torch("model_odd.h5
 Test(model, gradients_match_torch_qwen2moe_bias_gated_shared_schedule) { check_against_torch("model_qwen2moe.h5"); }
 Test(model, gradients_match_torch_qwen3moe_head_qk_norm_head_dim) { check_against_torch("model_qwen3moe.h5"); }
 Test(model, gradients_match_torch_olmoe_full_qk_norm_clip_bias) { check_against_torch("model_olmoe.h5"); }
+Test(model, gradients_match_torch_v3router_sigmoid_groups_bias_scale_seq_balance)
+{
+    check_against_torch("model_v3router.h5");
+}
 
 /* recompute=full and =selective: the same gradients, bit for bit, and a
  * smaller activation peak than none. */
@@ -182,6 +192,7 @@ Test(model, recompute_modes_bit_identical_variants) { check_recompute("model_var
 Test(model, recompute_modes_bit_identical_qwen2moe) { check_recompute("model_qwen2moe.h5"); }
 Test(model, recompute_modes_bit_identical_qwen3moe) { check_recompute("model_qwen3moe.h5"); }
 Test(model, recompute_modes_bit_identical_olmoe) { check_recompute("model_olmoe.h5"); }
+Test(model, recompute_modes_bit_identical_v3router) { check_recompute("model_v3router.h5"); }
 
 /* Two AdamW steps on the fixture's gradients equal torch.optim.AdamW's
  * (lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices and
@@ -311,3 +322,4 @@ Test(model, serving_models_compute_the_forward_on_the_rounded_weights_variants) 
 Test(model, serving_models_compute_the_forward_on_the_rounded_weights_qwen2moe) { check_serving("model_qwen2moe.h5"); }
 Test(model, serving_models_compute_the_forward_on_the_rounded_weights_qwen3moe) { check_serving("model_qwen3moe.h5"); }
 Test(model, serving_models_compute_the_forward_on_the_rounded_weights_olmoe) { check_serving("model_olmoe.h5"); }
+Test(model, serving_models_compute_the_forward_on_the_rounded_weights_v3router) { check_serving("model_v3router.h5"); }
