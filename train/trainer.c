@@ -461,6 +461,20 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
     }
     if (tr->topo.ep > 1) fprintf(f, ",\"ep_rows_min\":%.0f,\"ep_rows_max\":%.0f", tr->ep_min, tr->ep_max);
     if (tr->rc->router_seq_aux_loss_coef > 0) fprintf(f, ",\"seq_aux\":%.6f", tr->seq_bal);
+    if (tr->rc->router_bias_update_rate > 0) {   /* the loads the bias update used, per layer */
+        const size_t E = tr->m.E_global;
+        fprintf(f, ",\"expert_load\":[");
+        for (int l = 0; l < tr->m.cfg.num_hidden_layers; l++) {
+            fprintf(f, "%s", l ? "," : "");
+            if (!config_layer_is_moe(&tr->m.cfg, l)) {
+                fprintf(f, "null");
+                continue;
+            }
+            for (size_t e = 0; e < E; e++) fprintf(f, "%s%.0f", e ? "," : "[", tr->load[(size_t)l * E + e]);
+            fprintf(f, "]");
+        }
+        fprintf(f, "]");
+    }
     if (tr->topo.pp > 1) fprintf(f, ",\"pp_bubble\":%.4f", tr->bubble);
     /* per layer of the whole model; dense layers have no experts: null */
     const int L = tr->m.cfg.num_hidden_layers;
@@ -803,6 +817,9 @@ static int train_step(Trainer *tr)
         adamw_step(&tr->m, tr->exp_avg, tr->exp_avg_sq, &tr->adam, tr->step, lr, gscale);
     }
     router_bias_update(tr);
+    /* the loads for metrics: each stage holds its own layers' (zeros elsewhere) */
+    if (tr->topo.pp > 1 && rc->router_bias_update_rate > 0)
+        comm_allreduce_f64(COMM_PP, tr->load, (size_t)L * m->E_global);
     tied_weights(tr);
     model_pack(&tr->m);
     tr->tokens_seen += (int64_t)(n_tot * (size_t)rc->grad_accum);
