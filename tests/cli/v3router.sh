@@ -97,23 +97,26 @@ else bad "resume: final checkpoints differ"; cat "$W/diff"; fi
 
 # ---------------------------------------------------------------- parallel layouts
 # dp, ep and tp change no route in these 3 steps (row-invariant forward;
-# the loads are summed over dp), so the bias moves bit for bit as in one
-# process; the loss agrees to the float32 noise of the reductions
+# the loads are summed over dp; pp stages gather them for metrics), so the
+# bias moves bit for bit as in one process; the loss agrees to the float32
+# noise of the reductions: measured 3.7e-9 relative (dp=2 ep=2 tp=2),
+# tolerance 5e-8
 P="$A steps=3 threads=1 micro_batch=8"
 bounded 300 $T train $P out_dir="$W/p1" 2>/dev/null || bad "1-process run"
-for lay in "2 dp=2" "2 dp=2 ep=2" "4 dp=2 ep=2 tp=2"; do
-    np=${lay%% *}; args=${lay#* }
-    if $MPI -np "$np" $T train $P $args out_dir="$W/p$np" >"$W/log" 2>&1; then
-        $PY - "$W/p1" "$W/p$np" <<'EOF2' && ok "$args: bias bit-identical to one process, loss within 1e-6" || fail=1
+for lay in "2 dp=2" "2 dp=2 ep=2" "4 dp=2 ep=2 tp=2" "2 pp=2"; do
+    np=${lay%% *}; args=${lay#* }; o=$W/p_$(echo "$args" | tr ' =' '__')
+    if $MPI -np "$np" $T train $P $args out_dir="$o" >"$W/log" 2>&1; then
+        $PY - "$W/p1" "$o" <<'EOF2' && ok "$args: bias and loads bit-identical to one process, loss within 5e-8" || fail=1
 import json, sys
 import h5py
 a, b = sys.argv[1], sys.argv[2]
 ra = [json.loads(l) for l in open(a + "/metrics.jsonl")]
 rb = [json.loads(l) for l in open(b + "/metrics.jsonl")]
 for x, y in zip(ra, rb):
-    assert abs(x["loss"] - y["loss"]) <= 1e-6 * abs(x["loss"]), (x["step"], x["loss"], y["loss"])
+    assert abs(x["loss"] - y["loss"]) <= 5e-8 * abs(x["loss"]), (x["step"], x["loss"], y["loss"])
     assert x["expert_load"] == y["expert_load"], x["step"]
 fa, fb = h5py.File(a + "/latest", "r"), h5py.File(b + "/latest", "r")
+print("     loss rel diff max %.2g" % max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(ra, rb)))
 for l, load in enumerate(ra[0]["expert_load"]):
     if load is None:
         continue
