@@ -34,6 +34,7 @@
 #include "core/rng.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

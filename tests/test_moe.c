@@ -1139,3 +1139,25 @@ Test(moe_sigmoid, backward_matches_finite_differences)
         }
     EXPECT_NO_LEAKS();
 }
+
+Test(moe_sigmoid, a_row_does_not_depend_on_the_batch_or_threads)
+{
+    /* each row routed alone, single-threaded, against the batch on 3
+     * threads: the same bits (the serving and training guarantee) */
+    const size_t N = 97, E = 16, k = 4;
+    const MoeSigmoidRouter r = { 4, 2, true, 2.5f };
+    float *logits = fixture_rand(N * E, 95, -3, 3), *bias = fixture_rand(E, 96, -0.1f, 0.1f);
+    float *s = td_malloc(N * E * sizeof(float)), *w = td_malloc(N * k * sizeof(float));
+    float *s1 = td_malloc(N * E * sizeof(float)), *w1 = td_malloc(N * k * sizeof(float));
+    int32_t *idx = td_malloc(N * k * sizeof(int32_t)), *idx1 = td_malloc(N * k * sizeof(int32_t));
+    for (size_t t = 0; t < N; t++)
+        moe_router_sigmoid_forward(s1 + t * E, idx1 + t * k, w1 + t * k, logits + t * E, bias, 1, E, k, &r);
+    pool_free();
+    pool_init(3);
+    moe_router_sigmoid_forward(s, idx, w, logits, bias, N, E, k, &r);
+    EXPECT_BITWISE(s, s1, N * E, "scores");
+    EXPECT_BITWISE(w, w1, N * k, "weights");
+    cr_expect_eq(memcmp(idx, idx1, N * k * sizeof(int32_t)), 0, "choices differ");
+    td_free(logits); td_free(bias); td_free(s); td_free(w); td_free(s1); td_free(w1); td_free(idx); td_free(idx1);
+    EXPECT_NO_LEAKS();
+}

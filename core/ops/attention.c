@@ -49,6 +49,13 @@
  * items are spans of query tiles the same way, each key tile gathered once
  * for the span.
  *
+ * Key and value widths.  Scores run over dk dims, p v and the outputs over
+ * dv (ordinarily both hd).  With v_in_k (MLA's latent cache) a value tile is
+ * the transpose of the first dv rows of the (widened) key tile, built once
+ * per tile and group (values_of_keys); the backward's V^T copy is those
+ * K^T rows themselves.  No arithmetic changes: a query's chains are the
+ * same whichever storage the values come from.
+ *
  * Three kernel paths compute the same operations: AVX-512, AVX2 + FMA (a
  * tile's 16 keys as two 8-lane halves, register blocks of at most 12
  * chains: 16 ymm registers) and portable C; tests/test_attention.c

@@ -85,7 +85,7 @@ done
 # (mla: multi-head latent attention, heads split over tp, the latent's
 # down projections and norms replicated, docs/mla.md)
 for v in qwen2moe:"2 tp=2" qwen2moe:"4 dp=2 ep=2 tp=2" qwen3moe:"2 tp=2" olmoe:"2 tp=2" olmoe:"4 tp=2 pp=2 recompute=selective" \
-    mla:"2 tp=2" mla:"4 tp=2 pp=2 recompute=selective"; do
+    mla:"2 tp=2"; do
     c=${v%%:*}; set -- ${v#*:}; n=$1; shift   # (run sets np)
     # qwen3moe (top-4 of 8, normalized) runs 4 steps: at step 5 a token's
     # 4th and 5th experts are near-tied and tp's float32 partial-sum order
