@@ -58,6 +58,7 @@ typedef struct {
     bool tty, rank0;
     int n_local;
     double *share_min, *share_max;
+    double *load;          /* (L, E) tokens routed to each expert this step, summed over micro-batches */
     Bucket_t *buckets;
     int n_buckets;
     bool zero;             /* ZeRO-1: moments and the update sharded over dp */
@@ -466,6 +467,16 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
         for (int l = 0; l < L; l++)
             fprintf(f, config_layer_is_moe(&tr->m.cfg, l) ? "%s%.4f" : "%snull", l ? "," : "", v[l]);
     }
+    fprintf(f, "],\"expert_load\":[");
+    for (int l = 0; l < L; l++) {
+        if (!config_layer_is_moe(&tr->m.cfg, l)) {
+            fprintf(f, "%snull", l ? "," : "");
+            continue;
+        }
+        for (size_t e = 0; e < tr->m.E_global; e++)
+            fprintf(f, "%s%.0f", e ? "," : l ? ",[" : "[", tr->load[(size_t)l * tr->m.E_global + e]);
+        fprintf(f, "]");
+    }
     fprintf(f, "]");
     if (!isnan(val)) fprintf(f, ",\"val_loss\":%.6f", val);
     fprintf(f, "}\n");
@@ -588,6 +599,7 @@ static void mb_forward(Trainer *tr, Slot *sl, StepAcc *acc)
         if (!tr->m.layers[l].moe) continue;
         tr->share_min[l] += mn[i] / ga;
         tr->share_max[l] += mx[i] / ga;
+        for (size_t e = 0; e < tr->m.E_global; e++) tr->load[(size_t)l * tr->m.E_global + e] += sl->acts.la[i].count[e];
         tr->ep_rows += (double)sl->acts.la[i].n_recv;
     }
 }
@@ -690,6 +702,7 @@ static int train_step(Trainer *tr)
     memset(tr->m.g, 0, tr->m.n_w * sizeof(float));
     StepAcc acc = { 0 };
     for (int l = 0; l < L; l++) tr->share_min[l] = tr->share_max[l] = 0;
+    memset(tr->load, 0, (size_t)L * m->E_global * sizeof(double));
     if (tr->topo.pp > 1) {
         run_1f1b(tr, &acc);
     } else {
@@ -739,6 +752,7 @@ static int train_step(Trainer *tr)
             tr->share_max[l] = enc[l];
             tr->share_min[l] = -enc[L + l];
         }
+        comm_allreduce_f64(COMM_PP, tr->load, (size_t)L * m->E_global);   /* zero outside each stage's layers */
     }
     comm_allreduce_f64(COMM_WORLD, &gsq, 1);
     double gnorm = sqrt(gsq);
@@ -862,6 +876,7 @@ static void trainer_free(Trainer *tr)
     td_free(tr->exp_avg_sq);
     td_free(tr->share_min);
     td_free(tr->share_max);
+    td_free(tr->load);
     td_free(tr->buckets);
     td_free(tr->zbuf);
     tokfile_close(&tr->tf);
@@ -984,6 +999,7 @@ int train_run(const RunConfig *rc)
     tr.n_moe_global = config_n_moe_layers(&tr.m.cfg);
     tr.share_min = td_calloc((size_t)(tr.m.cfg.num_hidden_layers + 1) * sizeof(double));
     tr.share_max = td_calloc((size_t)(tr.m.cfg.num_hidden_layers + 1) * sizeof(double));
+    tr.load = td_calloc(((size_t)tr.m.cfg.num_hidden_layers * tr.m.E_global + 1) * sizeof(double));
     loader_init(&tr.loader, tokfile_train(&tr.tf), (size_t)rc->micro_batch, T, (size_t)tr.topo.dp,
                 (size_t)tr.topo.dp_rank, rc->shuffle, (uint64_t)rc->seed);
     if (resumed) {
