@@ -145,7 +145,8 @@ bench: deps
 	@BUILD=$(BUILD) ./bench/run.sh
 
 # The demo: fortunes -> tokens -> a few minutes of training on both cores ->
-# a checkpoint -> a sample from it through the inference engine.
+# a checkpoint -> a sample from it through the inference engine -> the
+# run's figures (tandem plot: runs/demo/plots/*.png, *.svg).
 DEMO_DATA := $(BUILD)/fortunes.bin
 demo: deps
 	@$(MAKE) --no-print-directory $(BIN)
@@ -153,6 +154,8 @@ demo: deps
 	./bin/tandem train configs/demo.json data=$(DEMO_DATA)
 	./bin/tandem eval --ckpt runs/demo --data $(DEMO_DATA) --seq-len 256
 	./bin/tandem generate --ckpt runs/demo --prompt "A computer" --max-tokens 300 --temperature 0.8 --seed 7
+	@echo "the demo's figures (docs/observability.md):"
+	./bin/tandem plot runs/demo
 
 # libFuzzer harnesses tests/fuzz/fuzz_<name>.c, each linked with the few
 # sources it tests (FUZZ_SRC_<name>: no MPI, no HDF5), built by clang with
