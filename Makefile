@@ -28,7 +28,7 @@
 
 CC       := mpicc
 BUILD    ?= build
-PKGS     := openblas hdf5-openmpi libcjson libmicrohttpd libpcre2-8 libutf8proc cairo
+PKGS     := openblas hdf5-openmpi libcjson libmicrohttpd libpcre2-8 libutf8proc cairo fontconfig
 OPT      ?= -O2
 CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -march=native \
             -ffp-contract=off -fno-math-errno -fvect-cost-model=dynamic \

@@ -10,6 +10,7 @@
 
 #include <cairo.h>
 #include <cairo-svg.h>
+#include <fontconfig/fontconfig.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -438,4 +439,10 @@ int chart_lines_write(const LineChart *c, const char *base, char *err, size_t n)
 int chart_heatmap_write(const Heatmap *h, const char *base, char *err, size_t n)
 {
     return render(draw_heatmap_fn, h, HM_W, hm_height(h), base, err, n);
+}
+
+void chart_release(void)
+{
+    cairo_debug_reset_static_data();
+    FcFini();
 }

@@ -3,7 +3,7 @@
  *
  * The drawing is tandem's (axes with 1-2-5 ticks, labels, legend, colour
  * bar); the rasterising, anti-aliasing, fonts and file formats are cairo's.
- * Only this file includes <cairo.h>.
+ * Only chart.c includes <cairo.h> (and fontconfig, for chart_release).
  */
 #ifndef TANDEM_OBS_CHART_H
 #define TANDEM_OBS_CHART_H
@@ -52,5 +52,8 @@ void chart_colormap(double t, unsigned char rgb[3]);
  * the file cairo could not write. */
 int chart_lines_write(const LineChart *c, const char *base, char *err, size_t n);
 int chart_heatmap_write(const Heatmap *h, const char *base, char *err, size_t n);
+/* Releases the caches cairo and fontconfig keep for the fonts (so that a
+ * leak checker sees none); call once, after the last chart. */
+void chart_release(void);
 
 #endif

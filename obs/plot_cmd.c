@@ -372,6 +372,7 @@ int cmd_plot(int argc, char **argv)
         td_free(names);
         cJSON_Delete(root);
     }
+    if (o.out) chart_release();
     td_free(out);
     for (size_t r = 0; r < n_runs; r++) runlog_free(&runs[r]);
     td_free(runs);
