@@ -251,13 +251,38 @@ static void draw_lines(cairo_t *cr, const LineChart *c)
     cairo_restore(cr);
     frame(cr, &b);
 
-    /* legend: top right inside the plot area, on white */
+    /* legend: inside the plot area, on white */
     if (!c->n_lines) return;
     double tw = 0;
     for (size_t i = 0; i < c->n_lines; i++) tw = fmax(tw, text_width(cr, c->lines[i].label, 12));
     const double row = 18, lw = 30, pad = 8;
     double w = pad + lw + 6 + tw + pad, h = pad + row * (double)c->n_lines + pad - 4;
-    double x0 = floor(b.x1 - w - 8), y0 = floor(b.y0 + 8);
+    /* where in the plot area the box covers the fewest points of the lines
+     * (sampled every few pixels along each segment); ties go to the first
+     * of top right, top left, bottom right, bottom left, middle right,
+     * middle left */
+    double best = INFINITY, x0 = 0, y0 = 0;
+    for (int pos = 0; pos < 6; pos++) {
+        double cx = pos & 1 ? b.x0 + 8 : b.x1 - w - 8;
+        double cy = pos < 2 ? b.y0 + 8 : pos < 4 ? b.y1 - h - 8 : (b.y0 + b.y1 - h) / 2;
+        double hits = 0;
+        for (size_t i = 0; i < c->n_lines; i++) {
+            const ChartLine *l = &c->lines[i];
+            double px = NAN, py = NAN;
+            for (size_t j = 0; j < l->n; j++) {
+                if (!isfinite(l->x[j]) || !isfinite(l->y[j])) continue;
+                double qx = map(l->x[j], ax.lo, ax.hi, b.x0, b.x1), qy = map(l->y[j], ay.lo, ay.hi, b.y1, b.y0);
+                int steps = isfinite(px) ? (int)fmin(ceil(hypot(qx - px, qy - py) / 4), 200) : 0;
+                for (int t = 0; t <= steps; t++) {
+                    double f = steps ? (double)t / steps : 1, sx = px + f * (qx - px), sy = py + f * (qy - py);
+                    if (!steps) sx = qx, sy = qy;
+                    hits += sx >= cx - 4 && sx <= cx + w + 4 && sy >= cy - 4 && sy <= cy + h + 4;
+                }
+                px = qx, py = qy;
+            }
+        }
+        if (hits < best) best = hits, x0 = floor(cx), y0 = floor(cy);
+    }
     cairo_set_source_rgba(cr, 1, 1, 1, 0.9);
     cairo_rectangle(cr, x0, y0, w, h);
     cairo_fill_preserve(cr);
