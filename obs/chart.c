@@ -54,6 +54,11 @@ typedef struct {
     double lo, hi, step;   /* axis range, widened to whole ticks, and the tick spacing */
 } Axis;
 
+/* Ticks are counted, never accumulated: lo + i * step, at most this many
+ * (about 6 are planned; a range too narrow for its magnitude, such as
+ * 1e16 .. 1e16 + 2, cannot loop). */
+#define AXIS_MAX_TICKS 20
+
 static Axis axis_of(double lo, double hi)
 {
     if (!isfinite(lo) || !isfinite(hi)) lo = 0, hi = 1;
@@ -129,7 +134,9 @@ static double map(double v, double lo, double hi, double p0, double p1)
 static void draw_xaxis(cairo_t *cr, const Box *b, const Axis *ax, bool si, bool labels, bool grid)
 {
     char buf[32];
-    for (double v = ax->lo; v <= ax->hi + ax->step * 1e-6; v += ax->step) {
+    for (int i = 0; i <= AXIS_MAX_TICKS; i++) {
+        double v = ax->lo + i * ax->step;
+        if (!(v <= ax->hi + ax->step * 1e-6)) break;
         double px = round(map(v, ax->lo, ax->hi, b->x0, b->x1)) + 0.5;
         if (grid) {
             cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
@@ -151,7 +158,9 @@ static void draw_xaxis(cairo_t *cr, const Box *b, const Axis *ax, bool si, bool 
 static void draw_yaxis(cairo_t *cr, const Box *b, const Axis *ay, bool grid)
 {
     char buf[32];
-    for (double v = ay->lo; v <= ay->hi + ay->step * 1e-6; v += ay->step) {
+    for (int i = 0; i <= AXIS_MAX_TICKS; i++) {
+        double v = ay->lo + i * ay->step;
+        if (!(v <= ay->hi + ay->step * 1e-6)) break;
         double py = round(map(v, ay->lo, ay->hi, b->y1, b->y0)) + 0.5;
         if (grid) {
             cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
@@ -379,7 +388,9 @@ static void draw_heatmap(cairo_t *cr, const Heatmap *h)
         Box bx = b;
         Axis a2 = ax_in;
         /* tick positions on the cells' scale [e0, e1] */
-        for (double v = a2.lo; a2.step > 0 && v <= a2.hi + a2.step * 1e-6; v += a2.step) {
+        for (int i = 0; i <= AXIS_MAX_TICKS; i++) {
+            double v = a2.lo + i * a2.step;
+            if (!(v <= a2.hi + a2.step * 1e-6)) break;
             double px = round(map(v, e0, e1, bx.x0, bx.x1)) + 0.5;
             cairo_set_source_rgb(cr, 0, 0, 0);
             cairo_move_to(cr, px, bx.y1);
@@ -412,7 +423,9 @@ static void draw_heatmap(cairo_t *cr, const Heatmap *h)
     Box cb = { cx0, top, cx1, bottom };
     frame(cr, &cb);
     Axis av = axis_of(0, vmax);
-    for (double v = 0; v <= vmax * (1 + 1e-9); v += av.step) {
+    for (int i = 0; i <= AXIS_MAX_TICKS; i++) {
+        double v = i * av.step;
+        if (!(v <= vmax * (1 + 1e-9))) break;
         double py = round(map(v, 0, vmax, bottom, top)) + 0.5;
         cairo_set_source_rgb(cr, 0, 0, 0);
         cairo_move_to(cr, cx1, py);

@@ -227,6 +227,9 @@ static int line_figure(Output *o, const FigSpec *f, const RunLog *runs, char *co
     return rc;
 }
 
+/* Columns of the expert-load heatmap at most: about one per pixel. */
+#define LOAD_MAX_COLS 600
+
 /* The expert-load heatmap of one run: per MoE layer, the share of the
  * layer's routed tokens that each expert received at each step. */
 static int load_figure(Output *o, const RunLog *r, const char *name, size_t n_runs)
@@ -256,24 +259,36 @@ static int load_figure(Output *o, const RunLog *r, const char *name, size_t n_ru
         for (size_t s = 0; s < S && !any; s++) any = isfinite(r->load[(s * L + l) * E]);
         if (any) layer[n_moe++] = (int)l;
     }
-    double *v = td_malloc((n_moe * E * S + 1) * sizeof(double));
+    /* columns: one per row, or the mean over consecutive rows when there
+     * are more rows than LOAD_MAX_COLS (about a pixel each) */
+    const size_t C = S < LOAD_MAX_COLS ? S : LOAD_MAX_COLS;
+    double *v = td_malloc((n_moe * E * C + 1) * sizeof(double));
+    double *x = td_malloc((C + 1) * sizeof(double));
     double vmax = 0;
-    for (size_t p = 0; p < n_moe; p++)
-        for (size_t s = 0; s < S; s++) {
-            const double *c = r->load + (s * L + (size_t)layer[p]) * E;
-            double tot = 0;
-            for (size_t e = 0; e < E; e++) tot += c[e];
+    for (size_t col = 0; col < C; col++) {
+        const size_t s0 = col * S / C, s1 = (col + 1) * S / C;
+        x[col] = 0;
+        for (size_t s = s0; s < s1; s++) x[col] += step[s] / (double)(s1 - s0);
+        for (size_t p = 0; p < n_moe; p++)
             for (size_t e = 0; e < E; e++) {
-                double share = isfinite(tot) && tot > 0 ? c[e] / tot : NAN;
-                v[(p * E + e) * S + s] = share;
+                double sum = 0;
+                size_t n = 0;
+                for (size_t s = s0; s < s1; s++) {
+                    const double *c = r->load + (s * L + (size_t)layer[p]) * E;
+                    double tot = 0;
+                    for (size_t j = 0; j < E; j++) tot += c[j];
+                    if (isfinite(tot) && tot > 0) sum += c[e] / tot, n++;
+                }
+                double share = n ? sum / (double)n : NAN;
+                v[(p * E + e) * C + col] = share;
                 if (isfinite(share)) vmax = fmax(vmax, share);
             }
-        }
+    }
     char **plabel = td_malloc((n_moe + 1) * sizeof(char *));
     for (size_t p = 0; p < n_moe; p++) plabel[p] = td_sprintf("layer %d", layer[p]);
     char *title = td_sprintf("expert load: share of each MoE layer's routed tokens (%s)", name);
-    Heatmap h = { title, "step", "expert", "share of the layer's tokens", n_moe, E, S,
-                  (const char *const *)plabel, step, v, vmax };
+    Heatmap h = { title, "step", "expert", "share of the layer's tokens", n_moe, E, C,
+                  (const char *const *)plabel, x, v, vmax };
     char *base = td_sprintf("%s/%s", o->out, fname);
     char err[4200];
     int rc = chart_heatmap_write(&h, base, err, sizeof err);
@@ -281,7 +296,7 @@ static int load_figure(Output *o, const RunLog *r, const char *name, size_t n_ru
         td_error("plot: %s", err);
     } else {
         size_t *pts = td_malloc((n_moe + 1) * sizeof(size_t));
-        for (size_t p = 0; p < n_moe; p++) pts[p] = S;
+        for (size_t p = 0; p < n_moe; p++) pts[p] = C;
         note_written(o, fname, base, (const char *const *)plabel, pts, n_moe);
         td_free(pts);
     }
@@ -290,6 +305,7 @@ static int load_figure(Output *o, const RunLog *r, const char *name, size_t n_ru
     for (size_t p = 0; p < n_moe; p++) td_free(plabel[p]);
     td_free(plabel);
     td_free(v);
+    td_free(x);
     td_free(layer);
     return rc;
 }

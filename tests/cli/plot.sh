@@ -209,6 +209,26 @@ else
     tail -3 "$W/dp.log"; bad "training on 2 ranks"
 fi
 
+# ---------------------------------------------------------------- a long run: the heatmap bins steps
+mkdir "$W/long"
+$PY - "$W/long/metrics.jsonl" <<'PYEOF'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for s in range(1, 1501):   # expert 0 takes all of layer 0 for the first 750 steps, then expert 1
+        f.write(json.dumps({"step": s, "loss": 3 + 1 / s, "expert_load": [[100, 0] if s <= 750 else [0, 100]]}) + "\n")
+PYEOF
+if bounded 60 $T plot "$W/long" >"$W/paths" 2>"$W/notes"; then
+    $PY - "$W/long/plots/index.json" <<'PYEOF' || fail=1
+import json, sys
+f = {x["name"]: x for x in json.load(open(sys.argv[1]))["figures"]}
+ok = f["expert_load"]["points"] == [600] and f["loss_steps"]["points"] == [1500]
+print(("ok   " if ok else "FAIL ") + f"1500 steps: heatmap in {f['expert_load']['points']} columns (600 at most), loss line {f['loss_steps']['points']} points")
+sys.exit(not ok)
+PYEOF
+else
+    bad "plot long: exit $?"; cat "$W/notes"
+fi
+
 # ---------------------------------------------------------------- bad input
 expect_fail "missing directory" "$W/nope: No such file or directory" $T plot "$W/nope"
 mkdir "$W/empty"
