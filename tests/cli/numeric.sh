@@ -20,7 +20,7 @@ trap 'rm -rf "$W"' EXIT
 fail=0
 ok() { printf 'ok   %s\n' "$*"; }
 bad() { printf 'FAIL %s\n' "$*"; fail=1; }
-need mpirun h5dump || exit 1
+need mpirun || exit 1
 export TANDEM_THREADS=1
 DATA=$BUILD/fortunes.bin
 [ -s "$DATA" ] || $T data prepare --input /usr/share/games/fortunes --output "$DATA" >/dev/null 2>&1
@@ -59,7 +59,7 @@ for mode in stop skip; do
 done
 [ "$(readlink "$W/a/latest")" = "$good" ] && ok "latest still names $good" || bad "latest is now $(readlink "$W/a/latest")"
 ls "$W/a"/step_*5.h5 >/dev/null 2>&1 && bad "a checkpoint of step 5 was written" || ok "no checkpoint written after the NaN"
-cmp -s "$W/a/metrics.jsonl" "$W/metrics.before" && ok "metrics.jsonl: no row for the failed step" || bad "metrics.jsonl changed"
+[ "$(cat "$W/a/metrics.jsonl")" = "$(cat "$W/metrics.before")" ] && ok "metrics.jsonl: no row for the failed step" || bad "metrics.jsonl changed"
 $T ckpt verify "$W/a/$good" >/dev/null 2>&1 && ok "the good checkpoint verifies" || bad "tandem ckpt verify $good"
 bounded 120 $TRAIN out_dir="$W/a" resume="$W/a" steps=6 >"$W/r.log" 2>&1 && ok "the run resumes from latest" ||
     { tail -3 "$W/r.log"; bad "resume from $W/a"; }
