@@ -28,7 +28,7 @@
 
 CC       := mpicc
 BUILD    ?= build
-PKGS     := openblas hdf5-openmpi libcjson libmicrohttpd libpcre2-8 libutf8proc
+PKGS     := openblas hdf5-openmpi libcjson libmicrohttpd libpcre2-8 libutf8proc cairo fontconfig
 OPT      ?= -O2
 CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -march=native \
             -ffp-contract=off -fno-math-errno -fvect-cost-model=dynamic \
@@ -37,7 +37,7 @@ CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -march=native \
 LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lpthread
 LDFLAGS  := $(EXTRA_LDFLAGS)
 
-LIB_DIRS := core core/ops core/model core/tok core/chat core/chat/jinja comm checkpoint checkpoint/hf checkpoint/gguf train infer infer/server rl
+LIB_DIRS := core core/ops core/model core/tok core/chat core/chat/jinja comm checkpoint checkpoint/hf checkpoint/gguf train infer infer/server rl obs
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libtandem.a
@@ -145,7 +145,8 @@ bench: deps
 	@BUILD=$(BUILD) ./bench/run.sh
 
 # The demo: fortunes -> tokens -> a few minutes of training on both cores ->
-# a checkpoint -> a sample from it through the inference engine.
+# a checkpoint -> a sample from it through the inference engine -> the
+# run's figures (tandem plot: runs/demo/plots/*.png, *.svg).
 DEMO_DATA := $(BUILD)/fortunes.bin
 demo: deps
 	@$(MAKE) --no-print-directory $(BIN)
@@ -153,6 +154,8 @@ demo: deps
 	./bin/tandem train configs/demo.json data=$(DEMO_DATA)
 	./bin/tandem eval --ckpt runs/demo --data $(DEMO_DATA) --seq-len 256
 	./bin/tandem generate --ckpt runs/demo --prompt "A computer" --max-tokens 300 --temperature 0.8 --seed 7
+	@echo "the demo's figures (docs/observability.md):"
+	./bin/tandem plot runs/demo
 
 # libFuzzer harnesses tests/fuzz/fuzz_<name>.c, each linked with the few
 # sources it tests (FUZZ_SRC_<name>: no MPI, no HDF5), built by clang with

@@ -34,6 +34,8 @@ typedef struct {
     char init_from[512], resume[512];
     char tokenizer[512];     /* HF directory or checkpoint whose tokenizer the run uses; "" = default */
     int threads;             /* 0 = automatic */
+    char on_nonfinite[8];    /* stop | skip: a step whose loss or gradient is not finite */
+    char debug_nan_grad[160];/* tests: "STEP:TENSOR" sets one gradient element of TENSOR to NaN at STEP */
     /* RL (tandem rl); ignored by tandem train */
     char task[32], prompts[512], reward_cmd[512], loss_agg[16], reward_on_error[8], rollout_dtype[8];
     int prompts_per_step, group_size, max_new_tokens, ppo_epochs, rollout_ranks;

@@ -70,6 +70,9 @@ typedef struct {
     double ep_min, ep_max; /* ... its min and max over the ep group */
     double bubble;         /* pipeline: mean fraction of the step stages spend waiting */
     double seq_bal;        /* this step's sequence-wise balance loss (mean over sequences, layers, micro-batches) */
+    int64_t nan_step;      /* debug_nan_grad: the step whose gradient gets a NaN (0: none) */
+    Param *nan_param;      /* ... in this tensor, when this rank holds it */
+    int64_t n_skipped;     /* steps skipped for a non-finite loss or gradient (on_nonfinite=skip) */
     /* summary */
     double t_start, last_loss, last_val, tok_s_sum, mfu_sum;
     double gemm_eff, sgemm_eff, gemm_eff_sum, sgemm_eff_sum;   /* this step's, and the sums for the summary */
@@ -437,6 +440,88 @@ static int save(Trainer *tr)
     return rc2;
 }
 
+/* ---------------------------------------------------------------- numeric health */
+
+/* The first non-finite value among the weights (grads: the gradients) this
+ * rank holds, as "NAME[i] = v" (i: the element of the local slice) in out.
+ * Returns 1 when one was found. */
+static int first_nonfinite(const Model *m, bool grads, char *out, size_t n)
+{
+    for (int i = 0; i < m->n_params; i++) {
+        const Param *p = &m->params[i];
+        const float *v = grads ? p->g : p->w;
+        if (!v) continue;
+        for (size_t j = 0; j < p->numel; j++)
+            if (!isfinite(v[j])) {
+                snprintf(out, n, "%s%s[%zu] = %g", grads ? "the gradient of " : "weight ", p->name, j, (double)v[j]);
+                return 1;
+            }
+    }
+    return 0;
+}
+
+/* A step whose loss or gradient norm is not finite (every rank gets here
+ * together: both are global).  Names the first non-finite weight, else
+ * gradient, else the loss, from the lowest rank that holds one.  With
+ * on_nonfinite=skip and every weight finite, the step is skipped: no update
+ * (weights and AdamW moments stay as they were), the step and its tokens
+ * counted, a "skipped" row in metrics.jsonl; returns 1.  Otherwise -1: the
+ * run stops before any update or save, so the last checkpoint stays the
+ * last good one. */
+static int nonfinite_step(Trainer *tr, double loss, double gnorm)
+{
+    char what[PARAM_NAME_MAX + 96];
+    int bad_w = first_nonfinite(&tr->m, false, what, sizeof what);
+    int found = bad_w || first_nonfinite(&tr->m, true, what, sizeof what);
+    if (!found) snprintf(what, sizeof what, "the loss (%g; gradient norm %g)", loss, gnorm);
+    double any_w = bad_w;
+    comm_allreduce_max_f64(COMM_WORLD, &any_w, 1);
+    int32_t who[2] = { bad_w ? 0 : found ? 1 : 2, 0 };   /* the best kind found, then the lowest rank with it */
+    comm_allreduce_min_i32(COMM_WORLD, who, 1);
+    who[1] = (bad_w ? 0 : found ? 1 : 2) == who[0] ? comm_rank() : INT32_MAX;
+    comm_allreduce_min_i32(COMM_WORLD, who + 1, 1);
+    const bool speak = comm_rank() == who[1];
+    const long long step = (long long)tr->step + 1;
+    if (!strcmp(tr->rc->on_nonfinite, "skip") && any_w == 0) {
+        if (speak) td_info("step %lld: skipped (on_nonfinite=skip): %s is not finite", step, what);
+        if (tr->rank0 && tr->metrics) {
+            fprintf(tr->metrics, "{\"step\":%lld,\"skipped\":\"non-finite %s\",\"tokens_seen\":%lld}\n", step,
+                    found ? "gradient" : "loss",
+                    (long long)(tr->tokens_seen + (int64_t)((size_t)tr->rc->micro_batch * (size_t)tr->rc->seq_len *
+                                                            (size_t)tr->rc->grad_accum)));
+            fflush(tr->metrics);
+        }
+        tr->step++;
+        tr->tokens_seen += (int64_t)((size_t)tr->rc->micro_batch * (size_t)tr->rc->seq_len * (size_t)tr->rc->grad_accum);
+        tr->n_skipped++;
+        return 1;
+    }
+    if (speak)
+        td_error("step %lld: %s is not finite (loss %g, gradient norm %g); stopped before the update, nothing "
+                 "saved: %s/latest is as it was%s%s%s%s", step, what, loss, gnorm, tr->rc->out_dir,
+                 tr->last_ckpt[0] ? " (" : "", tr->last_ckpt, tr->last_ckpt[0] ? ")" : "",
+                 any_w == 0 ? "; on_nonfinite=skip would skip such steps"
+                 : !strcmp(tr->rc->on_nonfinite, "skip") ? "; on_nonfinite=skip does not skip a non-finite weight" : "");
+    return -1;
+}
+
+/* debug_nan_grad=STEP:TENSOR (tests): the step and tensor, or -1 with err. */
+static int debug_nan_init(Trainer *tr, char *err, size_t n)
+{
+    const char *s = tr->rc->debug_nan_grad, *colon = strchr(s, ':');
+    if (!*s) return 0;
+    char *end;
+    long long st = strtoll(s, &end, 10);
+    if (!colon || end != colon || st < 1) return snprintf(err, n, "debug_nan_grad: want STEP:TENSOR, got \"%s\"", s), -1;
+    tr->nan_step = st;
+    for (int i = 0; i < tr->m.n_params; i++)
+        if (!strcmp(tr->m.params[i].name, colon + 1)) tr->nan_param = &tr->m.params[i];
+    double held = tr->nan_param != NULL;
+    comm_allreduce_max_f64(COMM_WORLD, &held, 1);
+    if (!held) return snprintf(err, n, "debug_nan_grad: the model has no tensor \"%s\"", colon + 1), -1;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- the loop */
 
 static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, double loss, double lr,
@@ -461,20 +546,6 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
     }
     if (tr->topo.ep > 1) fprintf(f, ",\"ep_rows_min\":%.0f,\"ep_rows_max\":%.0f", tr->ep_min, tr->ep_max);
     if (tr->rc->router_seq_aux_loss_coef > 0) fprintf(f, ",\"seq_aux\":%.6f", tr->seq_bal);
-    if (tr->rc->router_bias_update_rate > 0) {   /* the loads the bias update used, per layer */
-        const size_t E = tr->m.E_global;
-        fprintf(f, ",\"expert_load\":[");
-        for (int l = 0; l < tr->m.cfg.num_hidden_layers; l++) {
-            fprintf(f, "%s", l ? "," : "");
-            if (!config_layer_is_moe(&tr->m.cfg, l)) {
-                fprintf(f, "null");
-                continue;
-            }
-            for (size_t e = 0; e < E; e++) fprintf(f, "%s%.0f", e ? "," : "[", tr->load[(size_t)l * E + e]);
-            fprintf(f, "]");
-        }
-        fprintf(f, "]");
-    }
     if (tr->topo.pp > 1) fprintf(f, ",\"pp_bubble\":%.4f", tr->bubble);
     /* per layer of the whole model; dense layers have no experts: null */
     const int L = tr->m.cfg.num_hidden_layers;
@@ -483,6 +554,16 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
         fprintf(f, which ? "],\"expert_share_max\":[" : ",\"expert_share_min\":[");
         for (int l = 0; l < L; l++)
             fprintf(f, config_layer_is_moe(&tr->m.cfg, l) ? "%s%.4f" : "%snull", l ? "," : "", v[l]);
+    }
+    fprintf(f, "],\"expert_load\":[");
+    for (int l = 0; l < L; l++) {
+        if (!config_layer_is_moe(&tr->m.cfg, l)) {
+            fprintf(f, "%snull", l ? "," : "");
+            continue;
+        }
+        for (size_t e = 0; e < tr->m.E_global; e++)
+            fprintf(f, "%s%.0f", e ? "," : l ? ",[" : "[", tr->load[(size_t)l * tr->m.E_global + e]);
+        fprintf(f, "]");
     }
     fprintf(f, "]");
     if (!isnan(val)) fprintf(f, ",\"val_loss\":%.6f", val);
@@ -755,6 +836,7 @@ static int train_step(Trainer *tr)
     tr->reduce_now = false;
     comm_wait_all();
     tied_grads(tr);
+    if (tr->nan_param && tr->step + 1 == tr->nan_step) tr->nan_param->g[0] = NAN;   /* debug_nan_grad */
     double gsq = 0;
     if (tr->zero) {
         /* ZeRO-1: each rank receives the summed gradient of its shard only */
@@ -795,10 +877,7 @@ static int train_step(Trainer *tr)
     }
     comm_allreduce_f64(COMM_WORLD, &gsq, 1);
     double gnorm = sqrt(gsq);
-    if (!isfinite(gnorm)) {
-        td_error("step %lld: gradient norm is %f (loss %f); stopping", (long long)tr->step + 1, gnorm, loss);
-        return -1;
-    }
+    if (!isfinite(gnorm) || !isfinite(loss)) return nonfinite_step(tr, loss, gnorm) > 0 ? 0 : -1;
     /* clipping: AdamW takes g * gscale (no separate pass over the gradients) */
     const float gscale = rc->grad_clip > 0 && gnorm > rc->grad_clip ? (float)(rc->grad_clip / gnorm) : 1.0f;
     double lr = lr_schedule(rc->lr, rc->min_lr, rc->warmup_steps, rc->steps,
@@ -817,8 +896,9 @@ static int train_step(Trainer *tr)
         adamw_step(&tr->m, tr->exp_avg, tr->exp_avg_sq, &tr->adam, tr->step, lr, gscale);
     }
     router_bias_update(tr);
-    /* the loads for metrics: each stage holds its own layers' (zeros elsewhere) */
-    if (tr->topo.pp > 1 && rc->router_bias_update_rate > 0)
+    /* the loads for metrics (expert_load): each stage holds its own layers'
+     * (zeros elsewhere) */
+    if (tr->topo.pp > 1)
         comm_allreduce_f64(COMM_PP, tr->load, (size_t)L * m->E_global);
     tied_weights(tr);
     model_pack(&tr->m);
@@ -902,6 +982,9 @@ static void summary(Trainer *tr)
             tr->peak_fma, tr->n_timed ? 100 * tr->gemm_eff_sum / tr->n_timed : 0.0, fmax(tr->peak_kernel, tr->peak_sgemm),
             tr->n_timed ? 100 * tr->sgemm_eff_sum / tr->n_timed : 0.0, tr->peak_sgemm, td_mem_peak() / 1048576.0, tr->slots[0].acts.arena.size / 1048576.0,
             td_rss_peak() / 1048576.0, tr->last_ckpt[0] ? tr->last_ckpt : "(none)", rc->out_dir);
+    if (tr->n_skipped)
+        fprintf(stderr, "  skipped      %lld step(s) with a non-finite loss or gradient (on_nonfinite=skip)\n",
+                (long long)tr->n_skipped);
 }
 
 static void trainer_free(Trainer *tr)
@@ -1063,6 +1146,13 @@ int train_run(const RunConfig *rc)
         memcpy(tr.loader.rng.s, st.data_rng, sizeof st.data_rng);
     }
 
+    {
+        char e[300];
+        if (debug_nan_init(&tr, e, sizeof e)) {
+            td_error("%s", e);
+            goto out;
+        }
+    }
     if (tr.rank0 && mkdir_p(rc->out_dir)) {
         td_error("cannot create out_dir %s: %s", rc->out_dir, strerror(errno));
         goto out;

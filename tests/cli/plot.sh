@@ -1,0 +1,258 @@
+#!/bin/sh
+# tests/cli/plot.sh - tandem plot on real runs of configs/tiny.json: the
+# expert_load key of metrics.jsonl (its counts add up to the tokens routed
+# and agree with expert_share_max), every figure written as a PNG that an
+# independent decoder (Python's zlib + struct, below) reads back at its size
+# with real content in the lines' colours, and as well-formed SVG; two runs
+# overlaid (one legend entry per run, both colours drawn); communication
+# figures from a 2-rank run; bad input refused with one line naming the
+# file and line; a cut-short last line skipped with a note.  ~10 s.
+set -eu
+cd "$(dirname "$0")/../.."
+. tests/bounds.sh
+BUILD=${BUILD:-build}
+T=${TANDEM:-bin/tandem}
+PY=/usr/bin/python3
+W=$(mktemp -d /tmp/tandem-plot-test.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+fail=0
+ok() { printf 'ok   %s\n' "$*"; }
+bad() { printf 'FAIL %s\n' "$*"; fail=1; }
+need mpirun || exit 1
+
+expect_fail() {
+    desc=$1; pat=$2; shift 2
+    if "$@" >"$W/out" 2>"$W/err"; then bad "$desc: exit 0"; return; fi
+    n=$(wc -l <"$W/err")
+    if [ "$n" -ne 1 ] || ! grep -q -- "$pat" "$W/err"; then
+        bad "$desc: want one line matching '$pat', got:"; cat "$W/err"; return
+    fi
+    ok "$desc: $(cat "$W/err")"
+}
+
+DATA=$BUILD/fortunes.bin
+[ -s "$DATA" ] || $T data prepare --input /usr/share/games/fortunes --output "$DATA" >/dev/null 2>&1
+
+# two short runs: a (grad_accum 1, evaluations every 4 steps), b (another lr, grad_accum 2)
+export TANDEM_THREADS=1
+bounded 120 $T train configs/tiny.json data="$DATA" out_dir="$W/a" steps=12 eval_every=4 >"$W/a.log" 2>&1 ||
+    { tail -3 "$W/a.log"; echo "plot: FAIL: training run a"; exit 1; }
+bounded 120 $T train configs/tiny.json data="$DATA" out_dir="$W/b" steps=8 lr=1e-3 grad_accum=2 >"$W/b.log" 2>&1 ||
+    { tail -3 "$W/b.log"; echo "plot: FAIL: training run b"; exit 1; }
+
+# ---------------------------------------------------------------- expert_load in metrics.jsonl
+$PY - "$W/a/metrics.jsonl" "$W/b/metrics.jsonl" <<'PYEOF' || fail=1
+import json, sys
+bad = 0
+def check(ok, what):
+    global bad
+    print(("ok   " if ok else "FAIL ") + what)
+    bad |= not ok
+# tiny: 4 MoE layers of 4 experts, k = 2, 8 x 32 tokens per micro-batch
+for path, ga in ((sys.argv[1], 1), (sys.argv[2], 2)):
+    rows = [json.loads(l) for l in open(path)]
+    want = 8 * 32 * 2 * ga
+    shapes = all(len(r["expert_load"]) == 4 and all(len(l) == 4 for l in r["expert_load"]) for r in rows)
+    check(shapes, f"{path}: expert_load is 4 layers x 4 experts in every row")
+    sums = {sum(l) for r in rows for l in r["expert_load"]}
+    check(sums == {want}, f"{path}: every layer's counts add up to tokens x k x grad_accum = {want} (got {sorted(sums)})")
+    check(all(c == int(c) and c >= 0 for r in rows for l in r["expert_load"] for c in l), f"{path}: counts are whole numbers")
+    if ga == 1:   # one micro-batch: the busiest and idlest expert's share is the trainer's expert_share_max/_min
+        err = max(abs(max(l) / want - r["expert_share_max"][i]) + abs(min(l) / want - r["expert_share_min"][i])
+                  for r in rows for i, l in enumerate(r["expert_load"]))
+        check(err <= 1e-4, f"{path}: max/min count over the total = expert_share_max/_min (printed to 4 digits; worst {err:.2g})")
+sys.exit(bad)
+PYEOF
+
+# ---------------------------------------------------------------- the PNG/SVG checker
+# check.py INDEX.json RULES.json: every figure the rules name is in the
+# index and has a PNG that decodes (signature, IHDR, CRCs, zlib, the five
+# filters) at the size expected, with more than 1% non-white pixels, more
+# than 20 distinct colours, and at least 100 pixels of each colour the rules
+# name; its SVG parses as XML with an <svg> root of the same size.
+cat >"$W/check.py" <<'PYEOF'
+import json, struct, sys, zlib
+import numpy as np
+import xml.etree.ElementTree as ET
+
+def png_pixels(path):
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
+    pos, chunks = 8, []
+    while pos < len(data):
+        n, = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        crc, = struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])
+        assert zlib.crc32(kind + body) == crc, f"bad CRC in {kind}"
+        chunks.append((kind, body))
+        pos += 12 + n
+    assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND"
+    w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", chunks[0][1])
+    assert depth == 8 and ctype in (2, 6) and interlace == 0, f"depth {depth} type {ctype}"
+    bpp = 4 if ctype == 6 else 3
+    raw = zlib.decompress(b"".join(b for k, b in chunks if k == b"IDAT"))
+    stride = w * bpp
+    assert len(raw) == h * (stride + 1), "IDAT size"
+    # None, Sub and Up rows vectorised (numpy); Average and Paeth byte by byte
+    img = np.zeros((h, stride), dtype=np.int64)
+    prev = np.zeros(stride, dtype=np.int64)
+    for y in range(h):
+        f = raw[y * (stride + 1)]
+        line = np.frombuffer(raw, dtype=np.uint8, count=stride, offset=y * (stride + 1) + 1).astype(np.int64)
+        if f == 0: pass
+        elif f == 1: line = line.reshape(w, bpp).cumsum(axis=0).reshape(stride) & 255
+        elif f == 2: line = (line + prev) & 255
+        elif f in (3, 4):
+            cur, up = line.tolist(), prev.tolist()
+            for i in range(stride):
+                a = cur[i - bpp] if i >= bpp else 0
+                b, c = up[i], up[i - bpp] if i >= bpp else 0
+                if f == 3: cur[i] = (cur[i] + (a + b) // 2) & 255
+                else:
+                    p = a + b - c
+                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                    cur[i] = (cur[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+            line = np.array(cur, dtype=np.int64)
+        else: raise AssertionError(f"filter {f}")
+        img[y] = prev = line
+    rgb = img.reshape(h, w, bpp)[:, :, :3]
+    pixels = (rgb[:, :, 0] << 16 | rgb[:, :, 1] << 8 | rgb[:, :, 2]).reshape(-1)
+    return w, h, pixels
+
+index, rules = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+bad = 0
+for fig in index["figures"]:
+    name = fig["name"]
+    if name not in rules["figures"]: continue
+    try:
+        w, h, px = png_pixels(fig["png"])
+        keys, counts = np.unique(px, return_counts=True)
+        colours = {(int(k) >> 16, (int(k) >> 8) & 255, int(k) & 255): int(c) for k, c in zip(keys, counts)}
+        ink = 1 - colours.get((255, 255, 255), 0) / len(px)
+        want_w, want_h = rules.get("size", {}).get(name, [900, 540])
+        problems = []
+        if (w, h) != (want_w, want_h): problems.append(f"size {w}x{h}, want {want_w}x{want_h}")
+        if ink < 0.01: problems.append(f"blank: {ink:.2%} non-white")
+        if len(colours) <= 20: problems.append(f"{len(colours)} colours")
+        for rgb in rules.get("colours", {}).get(name, []):
+            if colours.get(tuple(rgb), 0) < 100: problems.append(f"colour {rgb}: {colours.get(tuple(rgb), 0)} pixels")
+        root = ET.parse(fig["svg"]).getroot()
+        if root.tag != "{http://www.w3.org/2000/svg}svg": problems.append(f"svg root {root.tag}")
+        if root.get("width", "").rstrip("pt") != str(w) or root.get("height", "").rstrip("pt") != str(h):
+            problems.append(f"svg size {root.get('width')}x{root.get('height')}")
+        print(("FAIL " if problems else "ok   ") + f"{name}: {w}x{h}, {len(colours)} colours, {ink:.1%} ink"
+              + (": " + "; ".join(problems) if problems else ""))
+        bad |= bool(problems)
+    except Exception as e:
+        print(f"FAIL {name}: {fig['png']} / {fig['svg']}: {e}")
+        bad = 1
+missing = set(rules.get("figures", [])) - {f["name"] for f in index["figures"]}
+if missing: print(f"FAIL figures not written: {sorted(missing)}"); bad = 1
+sys.exit(bad)
+PYEOF
+
+# ---------------------------------------------------------------- one run
+BLUE='[31,119,180]' ORANGE='[255,127,14]' GREEN='[44,160,44]'
+if bounded 60 $T plot "$W/a" >"$W/paths" 2>"$W/notes"; then ok "plot a: exit 0"; else bad "plot a: exit $?"; cat "$W/notes"; fi
+# every path printed exists, and they are the figures' files plus index.json
+n=0
+while read -r p; do [ -s "$p" ] || bad "printed path $p does not exist"; n=$((n + 1)); done <"$W/paths"
+[ "$n" -eq 19 ] && ok "plot a: printed 19 paths (9 figures x png/svg + index.json)" || { bad "plot a: printed $n paths"; cat "$W/paths"; }
+grep -q "^$W/a/plots/loss_steps.png$" "$W/paths" && ok "plot a: default output RUN_DIR/plots" || bad "plot a: not in $W/a/plots"
+grep -q "no comm_time figure" "$W/notes" && ok "plot a: one rank: comm_time skipped with a note" || bad "plot a: no note on comm_time"
+cat >"$W/rules.json" <<EOF
+{ "figures": ["loss_steps", "loss_tokens", "router_loss", "lr", "grad_norm", "tokens_per_s", "mfu", "memory", "expert_load"],
+  "size": { "expert_load": [900, 499] },
+  "colours": { "loss_steps": [$BLUE, $ORANGE, $GREEN], "lr": [$BLUE], "router_loss": [$BLUE, $ORANGE] } }
+EOF
+$PY "$W/check.py" "$W/a/plots/index.json" "$W/rules.json" || fail=1
+$PY - "$W/a/plots/index.json" <<'PYEOF' || fail=1
+import json, sys
+ix = json.load(open(sys.argv[1]))
+f = {x["name"]: x for x in ix["figures"]}
+ok = f["loss_steps"]["legend"] == ["loss", "ce", "val_loss"] and f["loss_steps"]["points"] == [12, 12, 3]
+print(("ok   " if ok else "FAIL ") + f"loss_steps: legend {f['loss_steps']['legend']}, points {f['loss_steps']['points']} (12 steps, 3 evaluations)")
+sys.exit(not ok)
+PYEOF
+
+# ---------------------------------------------------------------- two runs overlaid
+if bounded 60 $T plot "$W/a" "$W/b" --out "$W/ov/deep" >"$W/paths" 2>"$W/notes"; then ok "plot a b: exit 0"; else bad "plot a b: exit $?"; cat "$W/notes"; fi
+cat >"$W/rules.json" <<EOF
+{ "figures": ["loss_steps", "lr", "grad_norm", "expert_load-a", "expert_load-b"],
+  "size": { "expert_load-a": [900, 499], "expert_load-b": [900, 499] },
+  "colours": { "lr": [$BLUE, $ORANGE], "grad_norm": [$BLUE, $ORANGE], "loss_steps": [$BLUE, $ORANGE] } }
+EOF
+$PY "$W/check.py" "$W/ov/deep/index.json" "$W/rules.json" || fail=1
+$PY - "$W/ov/deep/index.json" <<'PYEOF' || fail=1
+import json, sys
+f = {x["name"]: x for x in json.load(open(sys.argv[1]))["figures"]}
+bad = 0
+for name, want in (("lr", ["a lr", "b lr"]), ("loss_steps", ["a loss", "a ce", "a val_loss", "b loss", "b ce"])):
+    got = f[name]["legend"]
+    print(("ok   " if got == want else "FAIL ") + f"overlay {name}: legend {got}")
+    bad |= got != want
+pts = f["lr"]["points"]
+print(("ok   " if pts == [12, 8] else "FAIL ") + f"overlay lr: points per run {pts} (12 and 8 steps)")
+sys.exit(bad or pts != [12, 8])
+PYEOF
+
+# ---------------------------------------------------------------- communication: two ranks
+if bounded 120 mpirun --oversubscribe --allow-run-as-root -np 2 $T train configs/tiny.json data="$DATA" out_dir="$W/dp" \
+        steps=4 dp=2 >"$W/dp.log" 2>&1; then
+    bounded 60 $T plot "$W/dp" >"$W/paths" 2>"$W/notes" || bad "plot dp: exit $?"
+    cat >"$W/rules.json" <<EOF
+{ "figures": ["comm_time", "comm_bytes"], "size": { "expert_load": [900, 499] }, "colours": { "comm_time": [$BLUE], "comm_bytes": [$BLUE] } }
+EOF
+    $PY "$W/check.py" "$W/dp/plots/index.json" "$W/rules.json" || fail=1
+    grep -q '"comm_dp_s"' "$W/dp/plots/index.json" && ok "plot dp: comm_time draws comm_dp_s" || bad "plot dp: no comm_dp_s line"
+else
+    tail -3 "$W/dp.log"; bad "training on 2 ranks"
+fi
+
+# ---------------------------------------------------------------- a long run: the heatmap bins steps
+mkdir "$W/long"
+$PY - "$W/long/metrics.jsonl" <<'PYEOF'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for s in range(1, 1501):   # expert 0 takes all of layer 0 for the first 750 steps, then expert 1
+        f.write(json.dumps({"step": s, "loss": 3 + 1 / s, "expert_load": [[100, 0] if s <= 750 else [0, 100]]}) + "\n")
+PYEOF
+if bounded 60 $T plot "$W/long" >"$W/paths" 2>"$W/notes"; then
+    $PY - "$W/long/plots/index.json" <<'PYEOF' || fail=1
+import json, sys
+f = {x["name"]: x for x in json.load(open(sys.argv[1]))["figures"]}
+ok = f["expert_load"]["points"] == [600] and f["loss_steps"]["points"] == [1500]
+print(("ok   " if ok else "FAIL ") + f"1500 steps: heatmap in {f['expert_load']['points']} columns (600 at most), loss line {f['loss_steps']['points']} points")
+sys.exit(not ok)
+PYEOF
+else
+    bad "plot long: exit $?"; cat "$W/notes"
+fi
+
+# ---------------------------------------------------------------- bad input
+expect_fail "missing directory" "$W/nope: No such file or directory" $T plot "$W/nope"
+mkdir "$W/empty"
+expect_fail "no metrics.jsonl" "$W/empty/metrics.jsonl: No such file or directory" $T plot "$W/empty"
+expect_fail "a good and a missing run" "$W/nope" $T plot "$W/a" "$W/nope"
+mkdir "$W/m1" "$W/m2" "$W/m3" "$W/m4" "$W/cut"
+head -2 "$W/a/metrics.jsonl" >"$W/m1/metrics.jsonl"; echo '{"step":3,"loss":' >>"$W/m1/metrics.jsonl"; tail -1 "$W/a/metrics.jsonl" >>"$W/m1/metrics.jsonl"
+expect_fail "malformed line" "$W/m1/metrics.jsonl:3: not JSON" $T plot "$W/m1"
+head -1 "$W/a/metrics.jsonl" >"$W/m2/metrics.jsonl"; echo '{"loss":1.5}' >>"$W/m2/metrics.jsonl"
+expect_fail "a row without step" "$W/m2/metrics.jsonl:2: no numeric \"step\"" $T plot "$W/m2"
+: >"$W/m3/metrics.jsonl"
+expect_fail "empty metrics.jsonl" "$W/m3/metrics.jsonl: no metrics rows" $T plot "$W/m3"
+head -1 "$W/a/metrics.jsonl" >"$W/m4/metrics.jsonl"; echo '{"step":2,"expert_load":[[1,2],[3]]}' >>"$W/m4/metrics.jsonl"
+expect_fail "ragged expert_load" "$W/m4/metrics.jsonl:2: expert_load" $T plot "$W/m4"
+expect_fail "output is a file" "$W/a/metrics.jsonl" $T plot "$W/a" --out "$W/a/metrics.jsonl"
+# a run still writing: the last line has no newline yet; skipped with a note, not an error
+head -5 "$W/a/metrics.jsonl" >"$W/cut/metrics.jsonl"; sed -n 6p "$W/a/metrics.jsonl" | cut -c1-40 | tr -d '\n' >>"$W/cut/metrics.jsonl"
+if $T plot "$W/cut" >"$W/paths" 2>"$W/notes" && grep -q "metrics.jsonl:6: cut short" "$W/notes" &&
+   $PY -c 'import json, sys; f = {x["name"]: x for x in json.load(open(sys.argv[1]))["figures"]}; sys.exit(f["lr"]["points"] != [5])' \
+       "$W/cut/plots/index.json"; then
+    ok "cut-short last line: skipped with a note ($(grep 'cut short' "$W/notes")), 5 rows drawn"
+else
+    bad "cut-short last line"; cat "$W/notes"
+fi
+
+[ $fail -eq 0 ] && echo "plot: all ok" || echo "plot: FAILED"
+exit $fail
