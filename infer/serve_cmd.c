@@ -26,7 +26,7 @@ static const char *const g_serve_help =
     "                    [--max-body 1048576] [--max-n 16] [--max-connections 512]\n"
     "                    [--idle-timeout 60] [--drain-timeout 30] [--quiet]\n"
     "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
-    "                    [--api-key KEY ...] [--api-key-file FILE]\n"
+    "                    [--api-key KEY ...] [--api-key-file FILE] [--no-prefix-cache]\n"
     "       mpirun -np N tandem serve --ckpt CKPT --port P tp=T ep=E    (N = T x E)\n"
     "OpenAI-compatible HTTP server: POST /v1/completions and /v1/chat/completions\n"
     "(\"stream\": true for server-sent events), POST /tokenize and /detokenize,\n"
@@ -42,6 +42,9 @@ static const char *const g_serve_help =
     "then the server exits 0.  With --api-key (repeatable) or --api-key-file (a key\n"
     "a line), /v1/*, /tokenize and /detokenize answer 401 unless the request has\n"
     "\"Authorization: Bearer KEY\" with one of the keys; /health and /metrics stay open.\n"
+    "Full KV blocks of a prompt prefix are kept and shared by later requests with\n"
+    "that prefix (same output bits; /metrics tandem_prefix_cache_*);\n"
+    "--no-prefix-cache computes every prompt anew.\n"
     "Under mpirun the model is split over the ranks (tensor parallel over tp,\n"
     "experts over ep); rank 0 serves HTTP and the others follow its schedule.\n"
     "Details: docs/serving.md\n";
@@ -169,7 +172,7 @@ static int serve_run(Args *ap, int argc, char **argv)
                                         "max-queue=", "max-batch-tokens=", "prefill-chunk=", "max-body=",
                                         "max-n=", "max-connections=", "idle-timeout=", "drain-timeout=",
                                         "quiet", "tp=", "ep=", "dtype=", "kv-dtype=", "api-key+", "api-key-file=",
-                                        NULL };
+                                        "no-prefix-cache", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("serve: %s", err);
@@ -265,6 +268,7 @@ static int serve_run(Args *ap, int argc, char **argv)
     eo.tok = tx.tok;
     eo.stop_ids = tx.stop_ids;
     eo.n_stop_ids = tx.n_stop_ids;
+    eo.prefix_cache = !args_flag(ap, "no-prefix-cache");
     Engine e;
     engine_init(&e, &m, &eo);
     if (comm_rank() > 0) {   /* followers run rank 0's schedule on their shards */

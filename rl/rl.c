@@ -1166,6 +1166,8 @@ static int rl_run(const RunConfig *rc)
         }
         double t_train = td_now() - t1;
         double sync_s = sync_weights(&r, true, &eq);
+        /* new weights: the prefix cache holds the old ones' keys and values */
+        if (r.have_eng) engine_set_weights_version(&r.eng, r.eng.o.weights_version + 1);
         if (r.metrics) {
             double rt = tmax > 0 ? red[4] / tmax : 0;
             fprintf(r.metrics,

@@ -187,8 +187,19 @@ char *metrics_render(Metrics *m, size_t *len)
     gauge(&b, "tandem_requests_running", "gauge", "Generations in the running batch.", (double)c.st.running);
     gauge(&b, "tandem_requests_waiting", "gauge", "Generations queued for admission.", (double)c.st.waiting);
     gauge(&b, "tandem_kv_blocks_used", "gauge", "KV-cache blocks in use.", (double)c.st.kv_used);
-    gauge(&b, "tandem_kv_blocks_free", "gauge", "KV-cache blocks free.", (double)(c.st.kv_total - c.st.kv_used));
+    gauge(&b, "tandem_kv_blocks_free", "gauge", "KV-cache blocks free (tandem_kv_blocks_cached of them hold a cached prefix).", (double)(c.st.kv_total - c.st.kv_used));
     gauge(&b, "tandem_kv_blocks_total", "gauge", "KV-cache blocks in the pool.", (double)c.st.kv_total);
+    gauge(&b, "tandem_kv_blocks_cached", "gauge",
+          "Free KV-cache blocks that still hold a cached prefix (evicted least recently used first).",
+          (double)c.st.kv_cached);
+    gauge(&b, "tandem_prefix_cache_query_tokens_total", "counter",
+          "Tokens looked up in the prefix cache (each admitted prompt; a resumed request's prompt and output).",
+          (double)c.st.prefix_query_tokens);
+    gauge(&b, "tandem_prefix_cache_hit_tokens_total", "counter",
+          "Of those, tokens whose keys and values were found cached instead of computed.",
+          (double)c.st.prefix_hit_tokens);
+    gauge(&b, "tandem_prefix_cache_hit_rate", "gauge", "hit_tokens_total / query_tokens_total (0 before any query).",
+          c.st.prefix_query_tokens ? (double)c.st.prefix_hit_tokens / (double)c.st.prefix_query_tokens : 0.0);
     gauge(&b, "tandem_kv_bytes_per_token", "gauge", "Bytes one cached token takes (all layers, the KV dtype's).",
           (double)c.st.kv_token_bytes);
     gauge(&b, "tandem_weight_bytes", "gauge", "Bytes of the weights as held (their serving dtype).",
