@@ -800,8 +800,12 @@ static int rollout_run(Args *ap, int argc, char **argv)
     buf_printf(&vs, "%s", "");
     for (int i = 0; i < ro.n_versions; i++)
         buf_printf(&vs, "%s%lld (%ld samples)", i ? ", " : "", (long long)ro.versions[i], ro.version_count[i]);
-    td_info("rollout: %zu samples, %zu tokens in %.2f s (%.0f tokens/s), policy versions %s", ro.n_done, ro.tokens,
-            dt, dt > 0 ? (double)ro.tokens / dt : 0.0, vs.s);
+    EngineStats est;
+    engine_stats(&ro.e, &est);
+    td_info("rollout: %zu samples, %zu tokens in %.2f s (%.0f tokens/s), policy versions %s; prefix cache: %ld of "
+            "%ld prompt tokens found cached",
+            ro.n_done, ro.tokens, dt, dt > 0 ? (double)ro.tokens / dt : 0.0, vs.s, est.prefix_hit_tokens,
+            est.prefix_query_tokens);
     td_free(vs.s);
     rc = 0;
 out:
