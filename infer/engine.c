@@ -368,6 +368,36 @@ size_t engine_admitted_live(Engine *e)
     return n;
 }
 
+/* Cancelled requests still in the queue (never admitted, or preempted)
+ * finish now, in queue order, before anything is admitted: a request whose
+ * client left never takes a slot or computes a row. */
+static void drop_cancelled_waiting(Engine *e)
+{
+    Request *gone = NULL, **tail = &gone, *last = NULL;
+    pthread_mutex_lock(&e->mu);
+    for (Request **at = &e->q_head; *at;) {
+        Request *r = *at;
+        if (atomic_load(&r->cancel)) {
+            *at = r->next;
+            e->st.waiting--;
+            r->next = NULL;
+            *tail = r;
+            tail = &r->next;
+        } else {
+            last = r;
+            at = &r->next;
+        }
+    }
+    e->q_tail = last;
+    pthread_mutex_unlock(&e->mu);
+    while (gone) {
+        Request *r = gone;
+        gone = r->next;
+        r->next = NULL;
+        finish(e, r, "cancelled");
+    }
+}
+
 static void admit(Engine *e)
 {
     pthread_mutex_lock(&e->mu);
@@ -641,6 +671,7 @@ size_t engine_step(Engine *e)
         if (atomic_load(&r->cancel)) finish(e, r, "cancelled");
         else i++;
     }
+    drop_cancelled_waiting(e);
     admit(e);
     if (e->o.prefix_cache) {
         long query = 0, hit = 0;

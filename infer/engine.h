@@ -204,7 +204,9 @@ EngineRefusal engine_check(const Engine *e, const int32_t *prompt, size_t n_prom
  * the vocabulary ever reaches the embedding and no request can wait
  * forever for cache blocks.  Any thread. */
 int engine_submit(Engine *e, Request *r);
-/* Asks for r to stop; it finishes with "cancelled" at the next step. */
+/* Asks for r to stop; it finishes with "cancelled" at the start of the
+ * next step, running (its blocks return at once) or still queued (it is
+ * never admitted). */
 void engine_cancel(Request *r);
 /* One scheduling iteration.  Returns the number of requests still waiting
  * or running. */

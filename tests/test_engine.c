@@ -70,6 +70,15 @@ static GenParams greedy(int max_tokens)
     return gp;
 }
 
+static GenParams seeded(int max_tokens, uint64_t seed)
+{
+    GenParams gp = greedy(max_tokens);
+    gp.sp.temperature = 1.0;
+    gp.sp.top_p = 0.9;
+    gp.seed = seed;
+    return gp;
+}
+
 /* Steps until nothing is left; false if that takes more than MAX_STEPS. */
 static bool run_to_end(Engine *e)
 {
@@ -202,40 +211,96 @@ Test(engine, runaway_request_ends_with_an_error)
     bench_close(&b);
 }
 
-/* Requests that fit alone but not together take turns (preemption) and
- * give the tokens each gives alone. */
+/* Requests that fit alone but not together take turns (preemption: the
+ * youngest gives its blocks back and is recomputed later) and give the
+ * tokens and log-probability bits each gives alone: greedy and seeded,
+ * with and without the prefix cache (which a resumed request may hit). */
 Test(engine, requests_that_fit_alone_all_finish_with_their_own_tokens)
 {
     enum { NR = 3, NP = 10, NT = 50 };
-    int32_t p[NR][NP], alone[NR][NT];
-    for (int i = 0; i < NR; i++) prompt_of(p[i], NP, 10 + i);
-    Bench b;
-    bench_open(&b, 4);
-    GenParams gp = greedy(NT);
-    for (int i = 0; i < NR; i++) {
-        Request *r = request_new(p[i], NP, &gp);
-        cr_assert_eq(engine_submit(&b.e, r), 0, "%s", r->error);
-        cr_assert(run_to_end(&b.e), "request %d alone did not end", i);
-        cr_assert_eq(r->n_out, NT);
-        memcpy(alone[i], r->out, NT * sizeof(int32_t));
-        request_free(r);
+    for (int c = 0; c < 4; c++) {
+        const bool sampled = c & 1, pc = c & 2;
+        int32_t p[NR][NP];
+        int32_t alone[NR][NT];
+        float alone_lp[NR][NT];
+        for (int i = 0; i < NR; i++) prompt_of(p[i], NP, 10 + i);
+        Bench b;
+        bench_open_kv(&b, 4, pc, DTYPE_F32);
+        for (int i = 0; i < NR; i++) {
+            GenParams gp = sampled ? seeded(NT, 40 + (uint64_t)i) : greedy(NT);
+            Request *r = request_new(p[i], NP, &gp);
+            cr_assert_eq(engine_submit(&b.e, r), 0, "%s", r->error);
+            cr_assert(run_to_end(&b.e), "request %d alone did not end", i);
+            cr_assert_eq(r->n_out, NT);
+            memcpy(alone[i], r->out, NT * sizeof(int32_t));
+            memcpy(alone_lp[i], r->out_logp, NT * sizeof(float));
+            request_free(r);
+        }
+        Request *rs[NR];
+        for (int i = 0; i < NR; i++) {
+            GenParams gp = sampled ? seeded(NT, 40 + (uint64_t)i) : greedy(NT);
+            rs[i] = request_new(p[i], NP, &gp);
+            cr_assert_eq(engine_submit(&b.e, rs[i]), 0, "%s", rs[i]->error);
+        }
+        cr_assert(run_to_end(&b.e), "%d requests sharing a cache that holds one did not end within %d steps", NR,
+                  MAX_STEPS);
+        EngineStats st;
+        engine_stats(&b.e, &st);
+        cr_assert(st.preemptions > 0, "case %d: no preemption: the test does not exercise sharing", c);
+        for (int i = 0; i < NR; i++) {
+            cr_assert_str_eq(rs[i]->finish_reason, "length", "case %d, request %d", c, i);
+            cr_assert_eq(rs[i]->n_out, NT, "case %d, request %d", c, i);
+            cr_assert_arr_eq(rs[i]->out, alone[i], NT * sizeof(int32_t), "case %d, request %d: other tokens than alone",
+                             c, i);
+            cr_assert_arr_eq(rs[i]->out_logp, alone_lp[i], NT * sizeof(float),
+                             "case %d, request %d: other log-probability bits than alone", c, i);
+            request_free(rs[i]);
+        }
+        cr_assert_eq(st.kv_used, 0, "case %d: %d blocks still held", c, st.kv_used);
+        bench_close(&b);
     }
+}
+
+/* A cancelled request ends at the start of the next step: a running one
+ * gives its blocks back before anything else runs, a queued one is never
+ * admitted (no slot, no row computed). */
+Test(engine, cancel_frees_blocks_at_the_next_step)
+{
+    enum { NR = 5, NP = 20 };
+    Bench b;
+    bench_open(&b, 32);   /* room for all; max_running 4: the fifth waits */
     Request *rs[NR];
+    GenParams gp = greedy(30);
     for (int i = 0; i < NR; i++) {
-        rs[i] = request_new(p[i], NP, &gp);
+        int32_t p[NP];
+        prompt_of(p, NP, 50 + i);
+        rs[i] = request_new(p, NP, &gp);
         cr_assert_eq(engine_submit(&b.e, rs[i]), 0, "%s", rs[i]->error);
     }
-    cr_assert(run_to_end(&b.e), "%d requests sharing a cache that holds one did not end within %d steps", NR,
-              MAX_STEPS);
-    EngineStats st;
-    engine_stats(&b.e, &st);
-    cr_assert(st.preemptions > 0, "no preemption: the test does not exercise sharing");
-    for (int i = 0; i < NR; i++) {
-        cr_assert_str_eq(rs[i]->finish_reason, "length", "request %d", i);
-        cr_assert_eq(rs[i]->n_out, NT, "request %d", i);
-        cr_assert_arr_eq(rs[i]->out, alone[i], NT * sizeof(int32_t), "request %d: other tokens than alone", i);
-        request_free(rs[i]);
+    engine_step(&b.e);
+    cr_assert_eq(b.e.n_running, 4, "%zu running after one step, want 4", b.e.n_running);
+    cr_assert_eq(atomic_load(&rs[4]->state), REQ_WAITING, "the fifth request is not waiting");
+    EngineStats s0, s1;
+    engine_stats(&b.e, &s0);
+    engine_cancel(rs[0]);
+    engine_cancel(rs[4]);
+    engine_step(&b.e);
+    engine_stats(&b.e, &s1);
+    for (int i = 0; i < NR; i += 4) {
+        cr_assert_eq(atomic_load(&rs[i]->state), REQ_DONE, "request %d not done one step after its cancel", i);
+        cr_assert_str_eq(rs[i]->finish_reason, "cancelled", "request %d", i);
+        cr_assert_eq(rs[i]->kv.n_blocks, 0, "request %d still holds %d blocks", i, rs[i]->kv.n_blocks);
     }
+    cr_assert_eq(rs[4]->admit_order, 0, "the cancelled queued request was admitted");
+    cr_assert_eq(rs[4]->n_out, 0);
+    /* the step computed the 3 others' second prompt chunks (4 tokens each) only */
+    cr_assert_eq(s1.prompt_tokens - s0.prompt_tokens, 3 * (NP - 16), "the step after the cancels prefilled %ld tokens, "
+                 "want %d (the cancelled queued request computed)", s1.prompt_tokens - s0.prompt_tokens, 3 * (NP - 16));
+    int32_t held = 0;
+    for (int i = 1; i < 4; i++) held += rs[i]->kv.n_blocks;
+    cr_assert_eq(s1.kv_used, held, "%d blocks in use, the 3 live requests hold %d", s1.kv_used, held);
+    cr_assert(run_to_end(&b.e), "the other requests did not end");
+    for (int i = 0; i < NR; i++) request_free(rs[i]);
     bench_close(&b);
 }
 
@@ -447,14 +512,6 @@ static void expect_same(const Gen *a, const Gen *b, const char *what)
                      what);
 }
 
-static GenParams seeded(int max_tokens, uint64_t seed)
-{
-    GenParams gp = greedy(max_tokens);
-    gp.sp.temperature = 1.0;
-    gp.sp.top_p = 0.9;
-    gp.seed = seed;
-    return gp;
-}
 
 /* n requests of one prompt submitted together (an RL group, n > 1), then a
  * second turn that resends the first turn's prompt and answer: the same

@@ -424,6 +424,9 @@ static enum MHD_Result reply(Server *s, struct MHD_Connection *con, int status, 
     if (!rsp) return MHD_NO;
     MHD_add_response_header(rsp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (allow) MHD_add_response_header(rsp, MHD_HTTP_HEADER_ALLOW, allow);
+    /* 429 is only ever a full queue (a full KV cache preempts instead):
+     * worth retrying soon */
+    if (status == 429) MHD_add_response_header(rsp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     enum MHD_Result rc = MHD_queue_response(con, (unsigned)status, rsp);
     MHD_destroy_response(rsp);
     metrics_http(&s->m, status);

@@ -637,8 +637,10 @@ def test_overload():
     check(429 in codes and set(codes) <= {200, 429}, f"overload: answers {codes}, want some 429")
     for a in answers.values():
         if b" 429 " in a.split(b"\r\n", 1)[0]:
-            e = json.loads(a.split(b"\r\n\r\n", 1)[1])["error"]
+            head, rest = a.split(b"\r\n\r\n", 1)
+            e = json.loads(rest)["error"]
             check(e["type"] == "rate_limit_error" and e["message"], "429 error object")
+            check(re.search(rb"\r\nRetry-After: 1\r\n", head, re.I), f"429 without Retry-After: 1: {head!r}")
     m, dt = wait_idle("after overload")
     print(f"  overload: {codes.count(429)} of 8 requests refused with 429 at once; "
           f"the abandoned rest freed their slots in {dt:.2f} s")
