@@ -71,6 +71,16 @@ void metrics_http(Metrics *m, int status)
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_reload(Metrics *m, bool ok, double pause, int64_t weights_step)
+{
+    pthread_mutex_lock(&m->mu);
+    m->d.reloads[ok ? 0 : 1]++;
+    m->d.reload_pause_last = pause;
+    m->d.reload_pause_sum += pause;
+    m->d.weights_step = weights_step;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void metrics_engine(Metrics *m, const EngineStats *st)
 {
     double now = td_now();
@@ -209,6 +219,14 @@ char *metrics_render(Metrics *m, size_t *len)
     gauge(&b, "tandem_preemptions_total", "counter", "Requests preempted for cache space (and recomputed).",
           (double)c.st.preemptions);
     gauge(&b, "tandem_engine_steps_total", "counter", "Engine steps (batched forwards).", (double)c.st.steps);
+    gauge(&b, "tandem_weights_step", "gauge", "Training step of the weights being served.", (double)c.weights_step);
+    header(&b, "tandem_weight_reloads_total", "counter", "Weight reloads by result.");
+    put(&b, "tandem_weight_reloads_total{result=\"ok\"} %llu\ntandem_weight_reloads_total{result=\"failed\"} %llu\n",
+        (unsigned long long)c.reloads[0], (unsigned long long)c.reloads[1]);
+    gauge(&b, "tandem_weight_reload_pause_seconds", "gauge",
+          "Seconds the last reload held admission (running requests finishing, then the load).", c.reload_pause_last);
+    gauge(&b, "tandem_weight_reload_pause_seconds_sum", "counter", "Seconds all reloads held admission.",
+          c.reload_pause_sum);
     gauge(&b, "tandem_uptime_seconds", "gauge", "Seconds since the server started.", td_now() - c.start);
     static const char *const ep[2] = { "completions", "chat" };
     header(&b, "tandem_request_prepare_seconds", "summary",

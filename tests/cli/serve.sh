@@ -91,6 +91,24 @@ printf '%s\n' "$mt" | grep -q '^tandem_kv_blocks_cached 0$' || fail "--no-prefix
 stop_server
 echo "ok   --no-prefix-cache: nothing cached, same tokens"
 
+# hot weight reload: --follow a run directory at step 10 while a trainer
+# resumes it to step 20, then POST /v1/admin/reload back to step 10
+# (tests/ref/serve_reload.py); --follow/--admin-token under bad usage
+bounded 300 "$TANDEM" train configs/tiny.json data="$BUILD/fortunes.bin" steps=10 save_every=10 out_dir="$TMP/fr" \
+    >"$TMP/train.log" 2>&1 || { cat "$TMP/train.log"; fail "training the run to follow"; }
+SERVE_CKPT_FLAG=--follow
+start_server "$TMP/fr" --admin-token sekrit-admin
+SERVE_CKPT_FLAG=--ckpt
+bounded 600 $PY tests/ref/serve_reload.py --url "http://127.0.0.1:$port" --tandem "$TANDEM" --dir "$TMP/fr" \
+    --token sekrit-admin --tmp "$TMP" \
+    --train "$TANDEM train configs/tiny.json data=$BUILD/fortunes.bin resume=$TMP/fr out_dir=$TMP/fr steps=20 save_every=20 >$TMP/train2.log 2>&1" ||
+    fail "serve_reload.py"
+stop_server
+rc=0
+"$TANDEM" serve --ckpt "$TMP/fr" --follow "$TMP/fr" --port 0 2>"$TMP/bad.err" || rc=$?
+[ "$rc" -eq 2 ] && grep -q "give --ckpt or --follow, not both" "$TMP/bad.err" || { cat "$TMP/bad.err"; fail "--ckpt with --follow"; }
+echo "ok   --ckpt with --follow: $(cat "$TMP/bad.err")"
+
 # API keys (--api-key, --api-key-file): /v1/*, /tokenize and /detokenize
 # need "Authorization: Bearer KEY", 401 with WWW-Authenticate otherwise;
 # /health and /metrics stay open; a bad key file is one line, exit 2
