@@ -403,6 +403,10 @@ int main(int argc, char **argv)
     EngineOpts eo;
     engine_opts_default(&eo);   /* as tandem serve: 256 MiB of cache, 512 rows a step */
     if (eo.max_running < batch) eo.max_running = batch;
+    /* every rep sends the same prompt: without this its second TTFT would
+     * time the prefix cache, not the prefill the peers are measured on
+     * (bench/prefix.sh measures the cache) */
+    eo.prefix_cache = false;
     size_t need = batch * (n_prompt + (size_t)gen + 16) * (attn_block_bytes(&m.attn) / m.attn.bs) *
                   (size_t)(m.topo.layer_end - m.topo.layer_begin);
     if (eo.kv_budget_bytes < need) eo.kv_budget_bytes = need;

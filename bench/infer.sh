@@ -163,7 +163,9 @@ make_weights() {
 serve_run() {
     err=$DIR/serve.err
     : >"$err"
-    TANDEM_THREADS=$2 "$TANDEM" serve --ckpt "$1" --port 0 --quiet 2>"$err" &
+    # no prefix cache: the load's warm-up sends the same prompts (figures
+    # comparable with earlier runs; bench/prefix.sh measures the cache)
+    TANDEM_THREADS=$2 "$TANDEM" serve --ckpt "$1" --port 0 --quiet --no-prefix-cache 2>"$err" &
     SERVER_PID=$!
     port=""
     i=0

@@ -17,6 +17,15 @@ void engine_opts_default(EngineOpts *o)
     o->prefill_chunk = 256;
     o->max_running = 64;
     o->max_queue = 256;
+    o->prefix_cache = true;
+}
+
+static uint64_t version_seed(uint64_t v)
+{
+    uint64_t z = v + 0x9e3779b97f4a7c15ULL;   /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
 }
 
 static int cmp_i32(const void *a, const void *b)
@@ -67,6 +76,15 @@ void engine_init(Engine *e, const Model *m, const EngineOpts *o)
     qsort(e->stop_ids, e->n_stop_ids, sizeof(int32_t), cmp_i32);
     e->st.kv_token_bytes = kvcache_token_bytes(&e->kv);
     e->st.weight_bytes = model_weight_bytes(m);
+    e->prefix_seed = version_seed(o->weights_version);
+    e->blk_tok = td_malloc(2 * e->kv.bs * sizeof(int32_t));
+}
+
+void engine_set_weights_version(Engine *e, uint64_t version)
+{
+    e->o.weights_version = version;
+    e->prefix_seed = version_seed(version);
+    kvcache_drop_cached(&e->kv);
 }
 
 void engine_free(Engine *e)
@@ -83,6 +101,7 @@ void engine_free(Engine *e)
     td_free(e->running);
     td_free(e->sample_scratch);
     td_free(e->stop_ids);
+    td_free(e->blk_tok);
     tok_free(e->own_tok);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
@@ -198,7 +217,8 @@ void engine_stats(Engine *e, EngineStats *out)
 {
     pthread_mutex_lock(&e->mu);
     *out = e->st;
-    out->kv_used = e->kv.n_blocks - e->kv.n_free;
+    out->kv_used = kvcache_used(&e->kv);
+    out->kv_cached = e->kv.n_cached;
     out->running = e->n_running;
     pthread_mutex_unlock(&e->mu);
 }
@@ -208,6 +228,87 @@ void engine_stats(Engine *e, EngineStats *out)
 static inline int32_t token_at(const Request *r, size_t i)
 {
     return i < r->n_prompt ? r->prompt[i] : r->out[i - r->n_prompt];
+}
+
+/* ---------------------------------------------------------------- prefix cache */
+
+/* Copies the tokens of r's block j into out (bs of them, all known). */
+static const int32_t *block_tokens(const Engine *e, const Request *r, int32_t j, int32_t *out)
+{
+    const size_t bs = e->kv.bs, p0 = (size_t)j * bs;
+    for (size_t i = 0; i < bs; i++) out[i] = token_at(r, p0 + i);
+    return out;
+}
+
+static uint64_t chain_parent(const Engine *e, const KvSeq *s) { return s->n_chained ? s->h_last : e->prefix_seed; }
+
+/* Whether r stands at a block boundary with its next block matchable: all
+ * its positions in full chained blocks and a whole block of known tokens
+ * beyond them that is not the one holding its last known token. */
+static bool at_boundary(const Engine *e, const Request *r)
+{
+    const KvSeq *s = &r->kv;
+    const size_t bs = e->kv.bs;
+    return r->n_fed == (size_t)s->n_blocks * bs && s->n_chained == s->n_blocks &&
+           r->n_fed + bs + 1 <= r->n_prompt + r->n_out;
+}
+
+/* Takes r's next blocks from the cache while they are registered; counts
+ * the hits.  The first time after admission also counts the query. */
+static void prefix_extend(Engine *e, Request *r, long *query, long *hit)
+{
+    if (!r->pc_seen) {
+        r->pc_seen = true;
+        *query += (long)(r->n_prompt + r->n_out);
+    }
+    while (at_boundary(e, r)) {
+        KvSeq *s = &r->kv;
+        uint64_t parent = chain_parent(e, s);
+        const int32_t *t = block_tokens(e, r, s->n_blocks, e->blk_tok);
+        uint64_t h = kvcache_block_hash(parent, t, e->kv.bs);
+        int32_t b = kvcache_lookup(&e->kv, h, parent, t);
+        if (b < 0) break;
+        kvcache_attach(&e->kv, s, b);
+        s->n_chained++;
+        s->h_last = h;
+        r->n_fed += e->kv.bs;
+        *hit += (long)e->kv.bs;
+    }
+}
+
+/* Whether r's next block is computed this step by a request earlier in the
+ * batch (running[0..i), rows take[]) from the same prefix: then r waits a
+ * step and takes it from the cache. */
+static bool prefix_wait(const Engine *e, size_t i, const size_t *take)
+{
+    const Request *r = e->running[i];
+    if (!at_boundary(e, r)) return false;
+    const size_t bs = e->kv.bs;
+    const int32_t *t = block_tokens(e, r, r->kv.n_blocks, e->blk_tok);
+    for (size_t j = 0; j < i; j++) {
+        const Request *a = e->running[j];
+        if (take[j] < bs || a->n_fed != r->n_fed || a->kv.n_chained != r->kv.n_chained ||
+            chain_parent(e, &a->kv) != chain_parent(e, &r->kv) || a->n_fed % bs != 0)
+            continue;
+        const int32_t *u = block_tokens(e, a, (int32_t)(a->n_fed / bs), e->blk_tok + bs);
+        if (!memcmp(t, u, bs * sizeof(int32_t))) return true;
+    }
+    return false;
+}
+
+/* Registers the blocks of r that its fed positions now fill. */
+static void prefix_register(Engine *e, Request *r)
+{
+    KvSeq *s = &r->kv;
+    const size_t bs = e->kv.bs;
+    while ((size_t)(s->n_chained + 1) * bs <= r->n_fed && s->n_chained < s->n_blocks) {
+        uint64_t parent = chain_parent(e, s);
+        const int32_t *t = block_tokens(e, r, s->n_chained, e->blk_tok);
+        uint64_t h = kvcache_block_hash(parent, t, bs);
+        kvcache_register(&e->kv, s->blocks[s->n_chained], h, parent, t);
+        s->n_chained++;
+        s->h_last = h;
+    }
 }
 
 static void finish(Engine *e, Request *r, const char *reason)
@@ -238,6 +339,7 @@ static Request *preempt_youngest(Engine *e)
     Request *r = e->running[e->n_running - 1];   /* admission order: the youngest */
     kvcache_release(&e->kv, &r->kv);
     r->n_fed = 0;
+    r->pc_seen = false;
     pthread_mutex_lock(&e->mu);
     e->n_running--;
     r->next = e->q_head;
@@ -264,6 +366,36 @@ size_t engine_admitted_live(Engine *e)
     for (const Request *r = e->q_head; r; r = r->next) n += r->admit_order != 0;
     pthread_mutex_unlock(&e->mu);
     return n;
+}
+
+/* Cancelled requests still in the queue (never admitted, or preempted)
+ * finish now, in queue order, before anything is admitted: a request whose
+ * client left never takes a slot or computes a row. */
+static void drop_cancelled_waiting(Engine *e)
+{
+    Request *gone = NULL, **tail = &gone, *last = NULL;
+    pthread_mutex_lock(&e->mu);
+    for (Request **at = &e->q_head; *at;) {
+        Request *r = *at;
+        if (atomic_load(&r->cancel)) {
+            *at = r->next;
+            e->st.waiting--;
+            r->next = NULL;
+            *tail = r;
+            tail = &r->next;
+        } else {
+            last = r;
+            at = &r->next;
+        }
+    }
+    e->q_tail = last;
+    pthread_mutex_unlock(&e->mu);
+    while (gone) {
+        Request *r = gone;
+        gone = r->next;
+        r->next = NULL;
+        finish(e, r, "cancelled");
+    }
 }
 
 static void admit(Engine *e)
@@ -539,7 +671,16 @@ size_t engine_step(Engine *e)
         if (atomic_load(&r->cancel)) finish(e, r, "cancelled");
         else i++;
     }
+    drop_cancelled_waiting(e);
     admit(e);
+    if (e->o.prefix_cache) {
+        long query = 0, hit = 0;
+        for (size_t i = 0; i < e->n_running; i++) prefix_extend(e, e->running[i], &query, &hit);
+        pthread_mutex_lock(&e->mu);
+        e->st.prefix_query_tokens += query;
+        e->st.prefix_hit_tokens += hit;
+        pthread_mutex_unlock(&e->mu);
+    }
 
     /* 1. how many rows each running request gets: decoders one, then
      *    prompt chunks while the batch has room */
@@ -555,6 +696,7 @@ size_t engine_step(Engine *e)
         Request *r = e->running[i];
         size_t left = r->n_prompt + r->n_out - r->n_fed;
         if (take[i] || left == 0) continue;
+        if (e->o.prefix_cache && prefix_wait(e, i, take)) continue;
         take[i] = td_min(td_min(left, e->o.prefill_chunk), budget);
         budget -= take[i];
     }
@@ -622,6 +764,7 @@ size_t engine_step(Engine *e)
         size_t total = r->n_prompt + r->n_out;
         if (r->n_fed < r->n_prompt) prompt_tokens += td_min(seq_take[s], r->n_prompt - r->n_fed);
         r->n_fed += seq_take[s];
+        if (e->o.prefix_cache) prefix_register(e, r);
         if (r->n_fed != total) continue;
         Sampled smp;
         sampler_pick(&smp, e->logits + si * V, V, &r->gp.sp, &r->rng, r->gp.n_top, e->sample_scratch);

@@ -10,6 +10,18 @@
  * preempted: its blocks are freed and it is recomputed later (prompt plus
  * what it generated); since every op is row-invariant the recomputation
  * gives the same bits, so preemption never changes a request's output.
+ *
+ * Prefix caching (EngineOpts.prefix_cache, kvcache.h): before a request's
+ * prompt rows are planned, every full block of its known tokens that is
+ * registered is taken from the cache instead of computed (never the block
+ * of its last known token: that row must run to give logits).  Blocks are
+ * registered as soon as a step fills them, prompt or output.  A request
+ * whose next block another request earlier in this step computes from the
+ * same prefix waits a step and then takes it, so the n samples of one
+ * prompt compute it once.  Keys and values depend only on the tokens
+ * before them (row-invariant kernels), so outputs are bit-identical with
+ * and without the cache; the decisions are rank 0's, from token ids only
+ * (followers get the block tables).
  * Preemption only ever waits for older requests to finish: a request that
  * could not fit the whole cache alone would wait forever, so engine_submit
  * refuses it (engine_check is the one place that says what can run).
@@ -103,6 +115,7 @@ struct Request {
     atomic_bool cancel;
     KvSeq kv;
     size_t n_fed;                         /* tokens of prompt+out whose KV is cached */
+    bool pc_seen;                         /* counted in prefix_query_tokens since admitted */
     Rng rng;
     Request *next;                        /* queue link */
     uint64_t admit_order;
@@ -120,12 +133,19 @@ typedef struct {
     const Tokenizer *tok;     /* borrowed for the engine's life: decodes outputs; NULL = byte-level */
     const int32_t *stop_ids;  /* ids that end a generation with "stop" (copied at init); may be NULL */
     size_t n_stop_ids;
+    bool prefix_cache;        /* share full KV blocks of equal prefixes (default on; kvcache.h) */
+    uint64_t weights_version; /* seeds the blocks' hash chain: other weights, other keys */
 } EngineOpts;
 
 typedef struct {
     long steps, tokens_generated, prompt_tokens, requests_done, preemptions;
+    /* prefix cache: tokens known at each admission (a prompt; a preempted
+     * request's prompt and output when it comes back) and those of them
+     * found cached instead of computed */
+    long prefix_query_tokens, prefix_hit_tokens;
     size_t running, waiting;
-    int32_t kv_used, kv_total;
+    int32_t kv_used, kv_total;  /* blocks held by requests; all blocks */
+    int32_t kv_cached;          /* blocks only the prefix cache holds (evicted on demand) */
     size_t kv_token_bytes;    /* one cached position, all local layers (the KV dtype's) */
     size_t weight_bytes;      /* the model's weights as held (model_weight_bytes) */
 } EngineStats;
@@ -156,6 +176,8 @@ typedef struct {
     Tokenizer *own_tok;       /* the byte-level tokenizer when o.tok is NULL */
     int32_t *stop_ids;        /* (n_stop_ids) owned, ascending */
     size_t n_stop_ids;
+    uint64_t prefix_seed;     /* the parent hash of every first block (weights_version) */
+    int32_t *blk_tok;         /* (2 bs) scratch: the tokens of a block */
 } Engine;
 
 void engine_opts_default(EngineOpts *o);
@@ -182,7 +204,9 @@ EngineRefusal engine_check(const Engine *e, const int32_t *prompt, size_t n_prom
  * the vocabulary ever reaches the embedding and no request can wait
  * forever for cache blocks.  Any thread. */
 int engine_submit(Engine *e, Request *r);
-/* Asks for r to stop; it finishes with "cancelled" at the next step. */
+/* Asks for r to stop; it finishes with "cancelled" at the start of the
+ * next step, running (its blocks return at once) or still queued (it is
+ * never admitted). */
 void engine_cancel(Request *r);
 /* One scheduling iteration.  Returns the number of requests still waiting
  * or running. */
@@ -198,6 +222,9 @@ void engine_stats(Engine *e, EngineStats *out);
  * admitted request runs to its end under the weights it started with.
  * Any thread. */
 void engine_hold(Engine *e, bool hold);
+/* New weights: cached prefix blocks are dropped and later blocks hash with
+ * the new version.  Engine thread, between steps. */
+void engine_set_weights_version(Engine *e, uint64_t version);
 /* Requests admitted at least once that have not finished (running, or
  * preempted and waiting to be readmitted).  0 while held means no request
  * depends on the current weights or KV cache: the weights may be replaced

@@ -19,7 +19,7 @@ static const char *const g_gen_help =
     "usage: tandem generate --ckpt CKPT (--prompt TEXT | --prompt-ids 1,2,3)\n"
     "                       [--max-tokens 128] [--temperature 1.0] [--top-k 0] [--top-p 1.0]\n"
     "                       [--seed 0] [--stop STR ...] [--ignore-eos] [--logprobs N] [--json]\n"
-    "                       [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
+    "                       [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--no-prefix-cache]\n"
     "Streams the completion to stdout as it is produced and reports time to first\n"
     "token and tokens/s on stderr.  --temperature 0 is greedy.  --json prints one\n"
     "object instead: prompt_ids, ids, text, logprobs, finish_reason, ttft_ms,\n"
@@ -103,7 +103,7 @@ static int generate_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "prompt=", "prompt-ids=", "max-tokens=", "temperature=",
                                         "top-k=", "top-p=", "seed=", "stop+", "logprobs=", "json", "ignore-eos",
-                                        "dtype=", "kv-dtype=", NULL };
+                                        "dtype=", "kv-dtype=", "no-prefix-cache", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("generate: %s", err);
@@ -166,6 +166,7 @@ static int generate_run(Args *ap, int argc, char **argv)
     eo.tok = tx.tok;
     eo.stop_ids = tx.stop_ids;
     eo.n_stop_ids = tx.n_stop_ids;
+    eo.prefix_cache = !args_flag(ap, "no-prefix-cache");
     size_t need = (size_t)n_ids + (size_t)gp.max_tokens + 16;
     eo.kv_budget_bytes = td_max((size_t)16 << 20, need * (attn_block_bytes(&m.attn) / m.attn.bs) *
                                                       (size_t)(m.topo.layer_end - m.topo.layer_begin) * 2);

@@ -1,15 +1,32 @@
 /* infer/kvcache.h - the paged KV cache (vLLM-style PagedAttention layout,
- * Kwon et al. 2023).
+ * Kwon et al. 2023), with automatic prefix caching.
  *
  * Every layer has a pool of n_blocks blocks of bs positions in the layout of
  * core/ops/attention.h (K^T then V, all local kv heads).  A sequence owns a block
  * table: block j of the table holds its positions [j bs, (j+1) bs) in every
- * layer (the same id indexes each layer's pool).  Blocks come from one free
- * list and return to it when the sequence ends, so memory is bounded by the
+ * layer (the same id indexes each layer's pool).  Memory is bounded by the
  * budget and not by the longest possible context of every request.  The
  * blocks hold keys and values in the model's KV dtype (m->attn.kv:
  * float32, bf16 or int8 with a scale per position and head,
- * core/ops/attention.h).
+ * core/ops/attention.h); nothing here depends on how many bytes a block
+ * takes beyond attn_block_bytes.
+ *
+ * Prefix caching.  A FULL block can be registered under the hash of its
+ * tokens chained to the hash of the block before it (the first block's
+ * parent is a seed the engine derives from the weights' version, so new
+ * weights never meet old keys and values).  Every block has a reference
+ * count: a sequence that finds a registered block for its next bs tokens
+ * takes a reference to it instead of computing it.  Only full blocks are
+ * ever shared, and a shared block is never written again (its positions
+ * are all cached), so the last, partial block of a sequence is always its
+ * own: there is no copy-on-write.  A registered block whose last reference
+ * goes stays cached (a least-recently-used list) until the pool needs a
+ * block and no free one is left; then the least recently released is
+ * evicted.  A lookup compares the parent's hash and the block's tokens as
+ * well as the hash, so only a 64-bit collision of the parent chain could
+ * ever give a wrong block.  (Images: their hash will be mixed into the
+ * block holding their placeholder tokens; kvcache_block_hash takes the
+ * parent, so a caller can fold anything into it.)
  */
 #ifndef TANDEM_INFER_KVCACHE_H
 #define TANDEM_INFER_KVCACHE_H
@@ -26,14 +43,28 @@ typedef struct {
     size_t bs;                 /* positions per block */
     int32_t n_blocks;
     unsigned char *pool;       /* owned: [n_layers][n_blocks][block_bytes] */
-    int32_t *free_list;        /* owned, stack of free ids */
+    int32_t *free_list;        /* owned, stack of free ids (unregistered, unreferenced) */
     int32_t n_free;
+    /* per block (owned, n_blocks each) */
+    int32_t *ref;              /* sequences holding the block */
+    bool *reg;                 /* registered in the hash table */
+    uint64_t *hash, *parent;   /* its chain hash and its parent's */
+    int32_t *tokens;           /* (n_blocks, bs): the tokens of a registered block */
+    int32_t *chain;            /* next block in its hash bucket, -1 ends */
+    int32_t *lru_prev, *lru_next;
+    /* the hash table: n_buckets (a power of two) heads of chains */
+    int32_t *bucket;
+    size_t n_buckets;
+    /* registered, unreferenced blocks: least recently released first */
+    int32_t lru_head, lru_tail, n_cached;
 } KvCache;
 
 typedef struct {
     int32_t *blocks;           /* owned block table */
     int32_t n_blocks, cap;
     size_t len;                /* positions stored */
+    int32_t n_chained;         /* leading blocks whose chain hash is known (full) */
+    uint64_t h_last;           /* the chain hash of block n_chained - 1 */
 } KvSeq;
 
 /* Sizes the pool from a byte budget (at least one block). */
@@ -54,10 +85,30 @@ static inline int32_t kvcache_blocks_for(const KvCache *c, size_t len)
 {
     return (int32_t)((len + c->bs - 1) / c->bs);
 }
-/* Grows s so that it can hold `len` positions; false (nothing changed) if
- * the free list is too short. */
+/* Blocks a sequence can get: free ones and cached ones (evicted on use). */
+static inline int32_t kvcache_available(const KvCache *c) { return c->n_free + c->n_cached; }
+/* Blocks held by sequences. */
+static inline int32_t kvcache_used(const KvCache *c) { return c->n_blocks - c->n_free - c->n_cached; }
+/* Grows s so that it can hold `len` positions, evicting cached blocks
+ * (least recently used first) when no free one is left; false (nothing
+ * changed) if there are not enough of both. */
 bool kvcache_reserve(KvCache *c, KvSeq *s, size_t len);
-/* Returns all blocks of s to the free list and frees its table. */
+/* Drops s's references (a registered block nobody holds any more stays
+ * cached; others return to the free list) and frees its table. */
 void kvcache_release(KvCache *c, KvSeq *s);
+
+/* The chain hash of a block of c->bs tokens after a block of hash parent. */
+uint64_t kvcache_block_hash(uint64_t parent, const int32_t *tokens, size_t bs);
+/* The registered block with this hash, parent hash and tokens, or -1. */
+int32_t kvcache_lookup(const KvCache *c, uint64_t hash, uint64_t parent, const int32_t *tokens);
+/* Appends block b (from kvcache_lookup) to s's table with a reference;
+ * s must have no partial block (its positions all in full blocks). */
+void kvcache_attach(KvCache *c, KvSeq *s, int32_t b);
+/* Registers block b (full, written) under hash: a later kvcache_lookup
+ * finds it.  Does nothing when a block is already registered under it. */
+void kvcache_register(KvCache *c, int32_t b, uint64_t hash, uint64_t parent, const int32_t *tokens);
+/* Unregisters every block: the cached ones return to the free list, held
+ * ones to it when released (new weights: old keys and values are stale). */
+void kvcache_drop_cached(KvCache *c);
 
 #endif

@@ -53,7 +53,7 @@ static const char *const g_rollout_help =
     "                      [--output OUT.jsonl] [--max-tokens 64] [--temperature 1]\n"
     "                      [--top-k 0] [--top-p 1] [--seed 0] [--stop STR ...] [--ignore-eos]\n"
     "                      [--kv-mb 256] [--max-running 64] [--max-batch-tokens 512]\n"
-    "                      [--prefill-chunk 256] [--wait-timeout 60]\n"
+    "                      [--prefill-chunk 256] [--wait-timeout 60] [--no-prefix-cache]\n"
     "                      [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
     "RL rollout worker.  Each line of P.jsonl is an object with \"prompt\" (text,\n"
     "encoded by the checkpoint's tokenizer as HF's tokenizer(text) does; byte-level\n"
@@ -78,6 +78,8 @@ static const char *const g_rollout_help =
     "samples finish under the old weights, later ones use the new, each tagged\n"
     "with its policy_version.  --dtype / --kv-dtype hold the weights (each reload\n"
     "quantized the same way) and the KV cache in that dtype (docs/serving.md).\n"
+    "The --n samples of a prompt share its cached KV blocks (computed once; the\n"
+    "same bits as without); --no-prefix-cache computes each anew.\n"
     "Check a rollout with the trainer's forward (the same dtypes):\n"
     "  tandem score --rollout OUT.jsonl --ckpt CKPT|RUN_DIR [--dtype D --kv-dtype D]\n";
 
@@ -579,6 +581,7 @@ static int follow_poll(Rollout *ro)
     }
     snprintf(ro->loaded, sizeof ro->loaded, "%s", ro->wanted);
     ro->fail_since = 0;
+    engine_set_weights_version(&ro->e, ro->e.o.weights_version + 1);   /* the cached KV is of the old weights */
     engine_hold(&ro->e, false);
     ro->held = false;
     if (ro->progress) fprintf(stderr, "\r\033[K");
@@ -627,7 +630,7 @@ static int rollout_run(Args *ap, int argc, char **argv)
     static const char *const spec[] = { "ckpt=", "follow=", "prompts=", "n=", "output=", "max-tokens=",
                                         "temperature=", "top-k=", "top-p=", "seed=", "stop+", "kv-mb=",
                                         "max-running=", "max-batch-tokens=", "prefill-chunk=", "wait-timeout=",
-                                        "ignore-eos", "dtype=", "kv-dtype=", NULL };
+                                        "ignore-eos", "dtype=", "kv-dtype=", "no-prefix-cache", NULL };
     char err[1024];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("rollout: %s", err);
@@ -727,6 +730,7 @@ static int rollout_run(Args *ap, int argc, char **argv)
     eo.tok = ro.tx.tok;
     eo.stop_ids = ro.tx.stop_ids;
     eo.n_stop_ids = ro.tx.n_stop_ids;
+    eo.prefix_cache = !args_flag(ap, "no-prefix-cache");
     engine_init(&ro.e, &ro.m, &eo);
     ro.have_engine = true;
     /* 3. the prompts against the model, still before generating anything */
@@ -796,8 +800,12 @@ static int rollout_run(Args *ap, int argc, char **argv)
     buf_printf(&vs, "%s", "");
     for (int i = 0; i < ro.n_versions; i++)
         buf_printf(&vs, "%s%lld (%ld samples)", i ? ", " : "", (long long)ro.versions[i], ro.version_count[i]);
-    td_info("rollout: %zu samples, %zu tokens in %.2f s (%.0f tokens/s), policy versions %s", ro.n_done, ro.tokens,
-            dt, dt > 0 ? (double)ro.tokens / dt : 0.0, vs.s);
+    EngineStats est;
+    engine_stats(&ro.e, &est);
+    td_info("rollout: %zu samples, %zu tokens in %.2f s (%.0f tokens/s), policy versions %s; prefix cache: %ld of "
+            "%ld prompt tokens found cached",
+            ro.n_done, ro.tokens, dt, dt > 0 ? (double)ro.tokens / dt : 0.0, vs.s, est.prefix_hit_tokens,
+            est.prefix_query_tokens);
     td_free(vs.s);
     rc = 0;
 out:

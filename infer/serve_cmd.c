@@ -20,13 +20,14 @@
 #include <string.h>
 
 static const char *const g_serve_help =
-    "usage: tandem serve --ckpt CKPT --port P [--host 127.0.0.1] [--model-name NAME]\n"
+    "usage: tandem serve (--ckpt CKPT | --follow DIR) --port P [--host 127.0.0.1] [--model-name NAME]\n"
     "                    [--kv-mb 256] [--max-running 64] [--max-queue 256]\n"
     "                    [--max-batch-tokens 512] [--prefill-chunk 256]\n"
     "                    [--max-body 1048576] [--max-n 16] [--max-connections 512]\n"
     "                    [--idle-timeout 60] [--drain-timeout 30] [--quiet]\n"
     "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
-    "                    [--api-key KEY ...] [--api-key-file FILE]\n"
+    "                    [--api-key KEY ...] [--api-key-file FILE] [--no-prefix-cache]\n"
+    "                    [--admin-token TOKEN]\n"
     "       mpirun -np N tandem serve --ckpt CKPT --port P tp=T ep=E    (N = T x E)\n"
     "OpenAI-compatible HTTP server: POST /v1/completions and /v1/chat/completions\n"
     "(\"stream\": true for server-sent events), POST /tokenize and /detokenize,\n"
@@ -42,6 +43,15 @@ static const char *const g_serve_help =
     "then the server exits 0.  With --api-key (repeatable) or --api-key-file (a key\n"
     "a line), /v1/*, /tokenize and /detokenize answer 401 unless the request has\n"
     "\"Authorization: Bearer KEY\" with one of the keys; /health and /metrics stay open.\n"
+    "Full KV blocks of a prompt prefix are kept and shared by later requests with\n"
+    "that prefix (same output bits; /metrics tandem_prefix_cache_*);\n"
+    "--no-prefix-cache computes every prompt anew.\n"
+    "Hot weight reload: --follow DIR serves DIR/latest and switches to each new\n"
+    "latest; with --admin-token, POST /v1/admin/reload {\"checkpoint\": FILE} and\n"
+    "\"Authorization: Bearer TOKEN\" switches to FILE.  Admission is held while\n"
+    "the admitted requests finish on the old weights, then the weights swap and\n"
+    "the old prefix cache is dropped; every choice names its weights_step.\n"
+    "(One process only for now: not under mpirun.)\n"
     "Under mpirun the model is split over the ranks (tensor parallel over tp,\n"
     "experts over ep); rank 0 serves HTTP and the others follow its schedule.\n"
     "Details: docs/serving.md\n";
@@ -52,6 +62,42 @@ static void on_signal(int sig)
 {
     (void)sig;
     g_stop = 1;
+}
+
+/* Hot reload (ServerOpts.reload), on the engine thread with no request
+ * admitted: the same config only; after a failed load the previous file
+ * is loaded again (-2 if that fails too: nothing usable is left). */
+typedef struct {
+    Model *m;
+    char cur[PATH_MAX * 2 + 2];   /* the file being served */
+} ServeReload;
+
+static int serve_reload(void *user, const char *file, int64_t *step, char *err, size_t n)
+{
+    ServeReload *r = user;
+    ModelConfig cfg;
+    CkptMeta meta;
+    if (ckpt_read_config(file, &cfg, &meta, err, n)) return -1;
+    char *a = config_to_json(&cfg), *b = config_to_json(&r->m->cfg);
+    bool same = !strcmp(a, b);
+    td_free(a);
+    td_free(b);
+    if (!same) {
+        snprintf(err, n, "%s has another model config than the one being served", file);
+        return -1;
+    }
+    if (ckpt_load_serving(file, r->m, err, n)) {
+        char e2[256];
+        if (ckpt_load_serving(r->cur, r->m, e2, sizeof e2)) {
+            size_t l = strlen(err);
+            snprintf(err + l, n - l, "; reloading %s failed too: %s", r->cur, e2);
+            return -2;
+        }
+        return -1;
+    }
+    *step = meta.step;
+    snprintf(r->cur, sizeof r->cur, "%s", file);
+    return 0;
 }
 
 /* Base name of a checkpoint file without ".h5". */
@@ -169,7 +215,7 @@ static int serve_run(Args *ap, int argc, char **argv)
                                         "max-queue=", "max-batch-tokens=", "prefill-chunk=", "max-body=",
                                         "max-n=", "max-connections=", "idle-timeout=", "drain-timeout=",
                                         "quiet", "tp=", "ep=", "dtype=", "kv-dtype=", "api-key+", "api-key-file=",
-                                        NULL };
+                                        "no-prefix-cache", "follow=", "admin-token=", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("serve: %s", err);
@@ -179,9 +225,23 @@ static int serve_run(Args *ap, int argc, char **argv)
         fputs(g_serve_help, stdout);
         return 0;
     }
-    const char *ckpt = args_get(ap, "ckpt");
+    const char *ckpt = args_get(ap, "ckpt"), *follow = args_get(ap, "follow");
+    if (follow && ckpt) {
+        td_error("serve: give --ckpt or --follow, not both (tandem serve --help)");
+        return 2;
+    }
+    if (follow) ckpt = follow;
     if (!ckpt || !args_get(ap, "port")) {
-        td_error("serve: --ckpt and --port are required (tandem serve --help)");
+        td_error("serve: --ckpt (or --follow) and --port are required (tandem serve --help)");
+        return 2;
+    }
+    const char *admin = args_get(ap, "admin-token");
+    if (admin && !admin[0]) {
+        td_error("serve: --admin-token is empty");
+        return 2;
+    }
+    if ((follow || admin) && comm_size() > 1) {
+        td_error("serve: --follow and --admin-token (weight reload) need a single process for now, not mpirun");
         return 2;
     }
     enum { PORT, KV, RUN, QUEUE, BATCH, CHUNK, BODY, MAXN, CONNS, IDLE, DRAIN, N_NUM };
@@ -265,6 +325,7 @@ static int serve_run(Args *ap, int argc, char **argv)
     eo.tok = tx.tok;
     eo.stop_ids = tx.stop_ids;
     eo.n_stop_ids = tx.n_stop_ids;
+    eo.prefix_cache = !args_flag(ap, "no-prefix-cache");
     Engine e;
     engine_init(&e, &m, &eo);
     if (comm_rank() > 0) {   /* followers run rank 0's schedule on their shards */
@@ -298,6 +359,17 @@ static int serve_run(Args *ap, int argc, char **argv)
     }
     so.api_keys = (const char *const *)keys.v;
     so.n_api_keys = keys.n;
+    ServeReload rl = { &m, { 0 } };
+    snprintf(rl.cur, sizeof rl.cur, "%s", file);
+    so.reload = serve_reload;
+    so.reload_user = &rl;
+    so.admin_token = admin;
+    so.follow_dir = follow;
+    {
+        ModelConfig c0;
+        CkptMeta meta;
+        so.weights_step = ckpt_read_config(file, &c0, &meta, err, sizeof err) ? 0 : meta.step;
+    }
 
     /* The signal handlers only set g_stop; the engine loop polls it.  The
      * HTTP threads start with the signals blocked so that they reach this

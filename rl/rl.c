@@ -1166,19 +1166,25 @@ static int rl_run(const RunConfig *rc)
         }
         double t_train = td_now() - t1;
         double sync_s = sync_weights(&r, true, &eq);
+        /* new weights: the prefix cache holds the old ones' keys and values */
+        if (r.have_eng) engine_set_weights_version(&r.eng, r.eng.o.weights_version + 1);
         if (r.metrics) {
             double rt = tmax > 0 ? red[4] / tmax : 0;
+            EngineStats est = { 0 };   /* this rank's engine (none: a trainer-only rank 0 under split) */
+            if (r.have_eng) engine_stats(&r.eng, &est);
             fprintf(r.metrics,
                     "{\"step\":%lld,\"loss\":%.9g,\"reward_mean\":%.6f,\"reward_std\":%.6f,\"kl\":%.6g,"
                     "\"clip_frac\":%.6f,\"logprob_diff_max\":%.9g,\"routing_mismatch\":%.9g,\"lr\":%.6e,"
                     "\"grad_norm\":%.6f,\"samples\":%.0f,\"rollout_tokens\":%.0f,\"rollout_tokens_per_s\":%.1f,"
                     "\"train_tokens_per_s\":%.1f,\"sync_s\":%.6f,\"sync_bytes\":%zu,\"weights_equal\":%s,"
-                    "\"policy_version\":%lld,\"rollout_dtype\":\"%s\",\"quant_logprob_diff_max\":%.9g,\"step_s\":%.3f}\n",
+                    "\"policy_version\":%lld,\"rollout_dtype\":\"%s\",\"quant_logprob_diff_max\":%.9g,\"step_s\":%.3f,"
+                    "\"prefix_hit_tokens\":%ld,\"prefix_query_tokens\":%ld}\n",
                     (long long)step, es.loss, rmean, rstd, es.tok ? es.kl / es.tok : 0.0,
                     es.tok ? es.clip / es.tok : 0.0, es.diff_max, es.route_all ? es.route_bad / es.route_all : 0.0,
                     lr, gnorm, red[3], red[4], rt, t_train > 0 ? train_tok * rc->ppo_epochs / t_train : 0.0,
                     sync_s, sync_bytes(&r), eq ? "true" : "false",
-                    (long long)(updates - rc->ppo_epochs), rc->rollout_dtype, es.quant_diff_max, td_now() - t0);
+                    (long long)(updates - rc->ppo_epochs), rc->rollout_dtype, es.quant_diff_max, td_now() - t0,
+                    est.prefix_hit_tokens, est.prefix_query_tokens);
             fflush(r.metrics);
         }
         if (r.all_rank == 0 && (tty || step % rc->log_every == 0 || step == rc->steps))

@@ -2,6 +2,7 @@
 # tests that drive a server (sourced after tests/bounds.sh; the caller
 # defines TANDEM, TMP and fail).
 #   SERVE_ARGS      options every start_server of the script adds
+#   SERVE_CKPT_FLAG how start_server passes CKPT (default --ckpt; --follow)
 #   start_server CKPT [ARGS...]   starts it on a free port, waits (30 s at
 #                   most) for its start-up line, checks /health; sets pid
 #                   and port; prints the start-up line SERVE_SHOW (1)
@@ -17,7 +18,7 @@ start_server() {
     # never read the previous server's start-up line (and its port)
     : >"$TMP/serve.log"
     # shellcheck disable=SC2086
-    "$TANDEM" serve --ckpt "$ck" --port 0 --kv-mb 16 --max-running 16 --max-body 65536 $SERVE_ARGS "$@" \
+    "$TANDEM" serve "${SERVE_CKPT_FLAG:---ckpt}" "$ck" --port 0 --kv-mb 16 --max-running 16 --max-body 65536 $SERVE_ARGS "$@" \
         2>>"$TMP/serve.log" &
     pid=$!
     port=""

@@ -25,8 +25,9 @@ typedef struct {
     Engine e;
 } Bench;
 
-/* Vocabulary 64, context 256, and a cache of n_blocks blocks of 16. */
-static void bench_open(Bench *b, int n_blocks)
+/* Vocabulary 64, context 256, and a cache of n_blocks blocks of 16, with
+ * or without the prefix cache. */
+static void bench_open_kv(Bench *b, int n_blocks, bool prefix_cache, Dtype kv)
 {
     static const char *js = "{\"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 2,"
                             " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
@@ -39,15 +40,19 @@ static void bench_open(Bench *b, int n_blocks)
     topo_single(&t, &cfg);
     model_init(&b->m, &cfg, &t, false, 16);
     model_init_weights(&b->m, 7);
+    b->m.attn.kv = kv;
     EngineOpts o;
     engine_opts_default(&o);
     o.max_running = 4;
     o.max_batch_tokens = 64;
     o.prefill_chunk = 16;
     o.kv_budget_bytes = (size_t)n_blocks * (size_t)cfg.num_hidden_layers * attn_block_bytes(&b->m.attn);
+    o.prefix_cache = prefix_cache;
     engine_init(&b->e, &b->m, &o);
     cr_assert_eq(b->e.kv.n_blocks, n_blocks, "cache of %d blocks, want %d", b->e.kv.n_blocks, n_blocks);
 }
+
+static void bench_open(Bench *b, int n_blocks) { bench_open_kv(b, n_blocks, true, DTYPE_F32); }
 
 static void bench_close(Bench *b)
 {
@@ -62,6 +67,15 @@ static GenParams greedy(int max_tokens)
     gp.max_tokens = max_tokens;
     gp.sp.temperature = 0;
     gp.sp.top_p = 1;
+    return gp;
+}
+
+static GenParams seeded(int max_tokens, uint64_t seed)
+{
+    GenParams gp = greedy(max_tokens);
+    gp.sp.temperature = 1.0;
+    gp.sp.top_p = 0.9;
+    gp.seed = seed;
     return gp;
 }
 
@@ -197,40 +211,96 @@ Test(engine, runaway_request_ends_with_an_error)
     bench_close(&b);
 }
 
-/* Requests that fit alone but not together take turns (preemption) and
- * give the tokens each gives alone. */
+/* Requests that fit alone but not together take turns (preemption: the
+ * youngest gives its blocks back and is recomputed later) and give the
+ * tokens and log-probability bits each gives alone: greedy and seeded,
+ * with and without the prefix cache (which a resumed request may hit). */
 Test(engine, requests_that_fit_alone_all_finish_with_their_own_tokens)
 {
     enum { NR = 3, NP = 10, NT = 50 };
-    int32_t p[NR][NP], alone[NR][NT];
-    for (int i = 0; i < NR; i++) prompt_of(p[i], NP, 10 + i);
-    Bench b;
-    bench_open(&b, 4);
-    GenParams gp = greedy(NT);
-    for (int i = 0; i < NR; i++) {
-        Request *r = request_new(p[i], NP, &gp);
-        cr_assert_eq(engine_submit(&b.e, r), 0, "%s", r->error);
-        cr_assert(run_to_end(&b.e), "request %d alone did not end", i);
-        cr_assert_eq(r->n_out, NT);
-        memcpy(alone[i], r->out, NT * sizeof(int32_t));
-        request_free(r);
+    for (int c = 0; c < 4; c++) {
+        const bool sampled = c & 1, pc = c & 2;
+        int32_t p[NR][NP];
+        int32_t alone[NR][NT];
+        float alone_lp[NR][NT];
+        for (int i = 0; i < NR; i++) prompt_of(p[i], NP, 10 + i);
+        Bench b;
+        bench_open_kv(&b, 4, pc, DTYPE_F32);
+        for (int i = 0; i < NR; i++) {
+            GenParams gp = sampled ? seeded(NT, 40 + (uint64_t)i) : greedy(NT);
+            Request *r = request_new(p[i], NP, &gp);
+            cr_assert_eq(engine_submit(&b.e, r), 0, "%s", r->error);
+            cr_assert(run_to_end(&b.e), "request %d alone did not end", i);
+            cr_assert_eq(r->n_out, NT);
+            memcpy(alone[i], r->out, NT * sizeof(int32_t));
+            memcpy(alone_lp[i], r->out_logp, NT * sizeof(float));
+            request_free(r);
+        }
+        Request *rs[NR];
+        for (int i = 0; i < NR; i++) {
+            GenParams gp = sampled ? seeded(NT, 40 + (uint64_t)i) : greedy(NT);
+            rs[i] = request_new(p[i], NP, &gp);
+            cr_assert_eq(engine_submit(&b.e, rs[i]), 0, "%s", rs[i]->error);
+        }
+        cr_assert(run_to_end(&b.e), "%d requests sharing a cache that holds one did not end within %d steps", NR,
+                  MAX_STEPS);
+        EngineStats st;
+        engine_stats(&b.e, &st);
+        cr_assert(st.preemptions > 0, "case %d: no preemption: the test does not exercise sharing", c);
+        for (int i = 0; i < NR; i++) {
+            cr_assert_str_eq(rs[i]->finish_reason, "length", "case %d, request %d", c, i);
+            cr_assert_eq(rs[i]->n_out, NT, "case %d, request %d", c, i);
+            cr_assert_arr_eq(rs[i]->out, alone[i], NT * sizeof(int32_t), "case %d, request %d: other tokens than alone",
+                             c, i);
+            cr_assert_arr_eq(rs[i]->out_logp, alone_lp[i], NT * sizeof(float),
+                             "case %d, request %d: other log-probability bits than alone", c, i);
+            request_free(rs[i]);
+        }
+        cr_assert_eq(st.kv_used, 0, "case %d: %d blocks still held", c, st.kv_used);
+        bench_close(&b);
     }
+}
+
+/* A cancelled request ends at the start of the next step: a running one
+ * gives its blocks back before anything else runs, a queued one is never
+ * admitted (no slot, no row computed). */
+Test(engine, cancel_frees_blocks_at_the_next_step)
+{
+    enum { NR = 5, NP = 20 };
+    Bench b;
+    bench_open(&b, 32);   /* room for all; max_running 4: the fifth waits */
     Request *rs[NR];
+    GenParams gp = greedy(30);
     for (int i = 0; i < NR; i++) {
-        rs[i] = request_new(p[i], NP, &gp);
+        int32_t p[NP];
+        prompt_of(p, NP, 50 + i);
+        rs[i] = request_new(p, NP, &gp);
         cr_assert_eq(engine_submit(&b.e, rs[i]), 0, "%s", rs[i]->error);
     }
-    cr_assert(run_to_end(&b.e), "%d requests sharing a cache that holds one did not end within %d steps", NR,
-              MAX_STEPS);
-    EngineStats st;
-    engine_stats(&b.e, &st);
-    cr_assert(st.preemptions > 0, "no preemption: the test does not exercise sharing");
-    for (int i = 0; i < NR; i++) {
-        cr_assert_str_eq(rs[i]->finish_reason, "length", "request %d", i);
-        cr_assert_eq(rs[i]->n_out, NT, "request %d", i);
-        cr_assert_arr_eq(rs[i]->out, alone[i], NT * sizeof(int32_t), "request %d: other tokens than alone", i);
-        request_free(rs[i]);
+    engine_step(&b.e);
+    cr_assert_eq(b.e.n_running, 4, "%zu running after one step, want 4", b.e.n_running);
+    cr_assert_eq(atomic_load(&rs[4]->state), REQ_WAITING, "the fifth request is not waiting");
+    EngineStats s0, s1;
+    engine_stats(&b.e, &s0);
+    engine_cancel(rs[0]);
+    engine_cancel(rs[4]);
+    engine_step(&b.e);
+    engine_stats(&b.e, &s1);
+    for (int i = 0; i < NR; i += 4) {
+        cr_assert_eq(atomic_load(&rs[i]->state), REQ_DONE, "request %d not done one step after its cancel", i);
+        cr_assert_str_eq(rs[i]->finish_reason, "cancelled", "request %d", i);
+        cr_assert_eq(rs[i]->kv.n_blocks, 0, "request %d still holds %d blocks", i, rs[i]->kv.n_blocks);
     }
+    cr_assert_eq(rs[4]->admit_order, 0, "the cancelled queued request was admitted");
+    cr_assert_eq(rs[4]->n_out, 0);
+    /* the step computed the 3 others' second prompt chunks (4 tokens each) only */
+    cr_assert_eq(s1.prompt_tokens - s0.prompt_tokens, 3 * (NP - 16), "the step after the cancels prefilled %ld tokens, "
+                 "want %d (the cancelled queued request computed)", s1.prompt_tokens - s0.prompt_tokens, 3 * (NP - 16));
+    int32_t held = 0;
+    for (int i = 1; i < 4; i++) held += rs[i]->kv.n_blocks;
+    cr_assert_eq(s1.kv_used, held, "%d blocks in use, the 3 live requests hold %d", s1.kv_used, held);
+    cr_assert(run_to_end(&b.e), "the other requests did not end");
+    for (int i = 0; i < NR; i++) request_free(rs[i]);
     bench_close(&b);
 }
 
@@ -415,4 +485,164 @@ Test(engine, stop_strings_match_token_bytes_with_a_real_vocabulary)
     engine_free(&e);
     model_free(&m);
     tok_free(tok);
+}
+
+/* ---------------------------------------------------------------- prefix cache */
+
+/* What a request gave: its tokens and their log-probabilities. */
+typedef struct {
+    size_t n;
+    int32_t out[128];
+    float logp[128];
+} Gen;
+
+static void gen_of(Gen *g, const Request *r)
+{
+    cr_assert(r->n_out <= 128, "%zu tokens", r->n_out);
+    g->n = r->n_out;
+    memcpy(g->out, r->out, r->n_out * sizeof(int32_t));
+    memcpy(g->logp, r->out_logp, r->n_out * sizeof(float));
+}
+
+static void expect_same(const Gen *a, const Gen *b, const char *what)
+{
+    cr_assert_eq(a->n, b->n, "%s: %zu tokens with the prefix cache, %zu without", what, a->n, b->n);
+    cr_assert_arr_eq(a->out, b->out, a->n * sizeof(int32_t), "%s: other tokens with the prefix cache", what);
+    cr_assert_arr_eq(a->logp, b->logp, a->n * sizeof(float), "%s: other log-probabilities (bits) with the prefix cache",
+                     what);
+}
+
+
+/* n requests of one prompt submitted together (an RL group, n > 1), then a
+ * second turn that resends the first turn's prompt and answer: the same
+ * tokens and log-probability bits with the cache as without it.  With the
+ * cache the group computes its prompt's full blocks once (the others wait a
+ * step and take them: 2 full blocks of 16 each for 3 followers) and turn 2
+ * takes the 3 full blocks of turn 1's 20 + 30 tokens. */
+static void group_and_turns(bool prefix_cache, bool sampled, Dtype kv, Gen *group, Gen *turn2, EngineStats *st)
+{
+    enum { NG = 4, NP = 40 };
+    Bench b;
+    bench_open_kv(&b, 32, prefix_cache, kv);
+    int32_t p[NP];
+    prompt_of(p, NP, 21);
+    Request *rs[NG];
+    for (int i = 0; i < NG; i++) {
+        GenParams gp = sampled ? seeded(24, 100 + (uint64_t)i) : greedy(24);
+        rs[i] = request_new(p, NP, &gp);
+        cr_assert_eq(engine_submit(&b.e, rs[i]), 0, "%s", rs[i]->error);
+    }
+    cr_assert(run_to_end(&b.e), "the group of %d did not end within %d steps", NG, MAX_STEPS);
+    for (int i = 0; i < NG; i++) {
+        gen_of(&group[i], rs[i]);
+        request_free(rs[i]);
+    }
+    /* turn 1: 20 prompt tokens, 30 generated; turn 2 resends both and 10 more */
+    int32_t t2[64];
+    prompt_of(t2, 20, 22);
+    GenParams gp = sampled ? seeded(30, 7) : greedy(30);
+    gp.ignore_eos = true;
+    Request *r = run_one(&b.e, t2, 20, &gp);
+    cr_assert_eq(r->n_out, 30);
+    memcpy(t2 + 20, r->out, 30 * sizeof(int32_t));
+    request_free(r);
+    prompt_of(t2 + 50, 10, 23);
+    EngineStats before;
+    engine_stats(&b.e, &before);
+    gp = sampled ? seeded(20, 8) : greedy(20);
+    r = run_one(&b.e, t2, 60, &gp);
+    gen_of(turn2, r);
+    request_free(r);
+    engine_stats(&b.e, st);
+    st->prefix_hit_tokens -= before.prefix_hit_tokens;   /* turn 2's */
+    st->prefix_query_tokens = before.prefix_hit_tokens;  /* the group's and turn 1's */
+    cr_assert_eq(st->kv_used, 0, "%d blocks still held after every request ended", st->kv_used);
+    bench_close(&b);
+}
+
+/* In every KV dtype (f32, bf16, int8 keys and values in the blocks). */
+Test(engine, prefix_cache_keeps_the_output_bits)
+{
+    for (int c = 0; c < 4; c++) {
+        const bool sampled = c == 1;
+        const Dtype kv = c < 2 ? DTYPE_F32 : c == 2 ? DTYPE_BF16 : DTYPE_INT8;
+        Gen with[4], without[4], t2with, t2without;
+        EngineStats sw, so;
+        group_and_turns(true, sampled, kv, with, &t2with, &sw);
+        group_and_turns(false, sampled, kv, without, &t2without, &so);
+        char what[96];
+        for (int i = 0; i < 4; i++) {
+            snprintf(what, sizeof what, "%s, kv %s, sample %d of the group", sampled ? "seeded" : "greedy",
+                     dtype_name(kv), i);
+            expect_same(&with[i], &without[i], what);
+        }
+        snprintf(what, sizeof what, "%s, kv %s, turn 2", sampled ? "seeded" : "greedy", dtype_name(kv));
+        expect_same(&t2with, &t2without, what);
+        /* the cache was used: the group's followers and turn 2 */
+        cr_assert_eq(sw.prefix_query_tokens, 3 * 32, "%s: the group took %ld tokens from the cache, want 96",
+                     sampled ? "seeded" : "greedy", sw.prefix_query_tokens);
+        cr_assert_eq(sw.prefix_hit_tokens, 48, "%s: turn 2 took %ld tokens from the cache, want 48",
+                     sampled ? "seeded" : "greedy", sw.prefix_hit_tokens);
+        cr_assert_eq(so.prefix_query_tokens + so.prefix_hit_tokens + so.kv_cached, 0,
+                     "without the prefix cache: hits or cached blocks");
+        cr_assert(sw.kv_cached > 0, "nothing kept cached after the requests ended");
+    }
+}
+
+/* Cached blocks stay after their requests until the pool needs them; the
+ * least recently released go first; new weights drop them all. */
+Test(engine, prefix_cache_evicts_least_recently_used_first)
+{
+    Bench b;
+    bench_open(&b, 8);
+    int32_t pa[33], pb[33], pc[100];
+    prompt_of(pa, 33, 31);
+    prompt_of(pb, 33, 32);
+    prompt_of(pc, 100, 33);
+    GenParams gp = greedy(1);
+    EngineStats st;
+    Request *r = run_one(&b.e, pa, 33, &gp);   /* 2 full blocks registered */
+    request_free(r);
+    r = run_one(&b.e, pb, 33, &gp);
+    request_free(r);
+    engine_stats(&b.e, &st);
+    cr_assert_eq(st.kv_cached, 4, "%d blocks cached after two prompts of 2 full blocks, want 4", st.kv_cached);
+    cr_assert_eq(st.kv_used, 0);
+    /* 100 + 28 - 1 positions: all 8 blocks; A's 2 were released first */
+    gp.max_tokens = 28;
+    r = run_one(&b.e, pc, 100, &gp);
+    cr_assert_str_eq(r->finish_reason, "length");
+    request_free(r);
+    engine_stats(&b.e, &st);
+    long h0 = st.prefix_hit_tokens;
+    gp.max_tokens = 1;
+    /* 100 + 28 - 1 positions all need blocks: every block was evicted */
+    r = run_one(&b.e, pb, 33, &gp);
+    request_free(r);
+    engine_stats(&b.e, &st);
+    cr_assert_eq(st.prefix_hit_tokens - h0, 0, "B found %ld cached tokens after a request took the whole cache",
+                 st.prefix_hit_tokens - h0);
+    /* cached now: C's first 5 full blocks (B took the free one and C's 2
+     * deepest) and B's 2; A takes the free block and evicts the 2 least
+     * recently released: C's deepest, not B's */
+    r = run_one(&b.e, pa, 33, &gp);
+    request_free(r);
+    engine_stats(&b.e, &st);
+    h0 = st.prefix_hit_tokens;
+    r = run_one(&b.e, pb, 33, &gp);
+    request_free(r);
+    engine_stats(&b.e, &st);
+    cr_assert_eq(st.prefix_hit_tokens - h0, 32, "B found %ld cached tokens, want 32 (its 2 blocks, used recently)",
+                 st.prefix_hit_tokens - h0);
+    /* new weights: nothing cached any more, nothing found */
+    engine_set_weights_version(&b.e, 1);
+    engine_stats(&b.e, &st);
+    cr_assert_eq(st.kv_cached, 0, "%d blocks still cached after new weights", st.kv_cached);
+    h0 = st.prefix_hit_tokens;
+    r = run_one(&b.e, pb, 33, &gp);
+    request_free(r);
+    engine_stats(&b.e, &st);
+    cr_assert_eq(st.prefix_hit_tokens - h0, 0, "B found %ld tokens cached under the old weights",
+                 st.prefix_hit_tokens - h0);
+    bench_close(&b);
 }

@@ -11,6 +11,7 @@
 #include <microhttpd.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <netdb.h>
 #include <poll.h>
@@ -23,11 +24,14 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Bodies declared (Content-Length) above this many times --max-body are
  * refused before they are read; smaller excess is read and dropped, so the
  * client sees the 400 instead of a reset connection. */
 #define SERVER_BODY_DISCARD_FACTOR 16
+/* seconds POST /v1/admin/reload waits for the swap (running requests finish first) */
+#define SERVER_RELOAD_WAIT 600.0
 #define SERVER_POLL_MS 25    /* how often a waiting handler checks for a hang-up */
 
 typedef struct Completion Completion;
@@ -38,6 +42,7 @@ typedef struct {
     Completion *c;
     Request *r;              /* owned; NULL if never submitted */
     uint64_t seed;
+    _Atomic int64_t weights_step; /* of the weights it was admitted under (-1: not yet) */
     int32_t *ids;            /* (cap) owned */
     float *logp;             /* (cap) owned */
     Sampled *top;            /* (cap) owned, only when logprobs were asked */
@@ -102,7 +107,24 @@ struct Server {
     atomic_uint_fast64_t counter;
     double keepalive;        /* seconds of stream silence before a comment line */
     uint32_t salt;           /* random part of completion ids */
+    /* weight reload: rl_* guarded by rl_mu; the engine thread runs it */
+    _Atomic int64_t weights_step;
+    pthread_mutex_t rl_mu;
+    pthread_cond_t rl_cv;
+    int rl_state;            /* RL_IDLE, RL_ASKED, RL_HELD, RL_DONE (an admin request's answer is ready) */
+    bool rl_admin;           /* asked by POST /v1/admin/reload (else by --follow) */
+    char rl_file[2 * PATH_MAX + 2];
+    int rl_rc;               /* the reload's result */
+    char rl_msg[600];
+    double rl_t0, rl_pause;  /* hold start; seconds admission was held */
+    uint64_t rl_version;     /* the engine's weights version (prefix cache) */
+    char follow_seen[PATH_MAX];
+    double follow_next;      /* td_now() of the next look at latest */
 };
+
+enum { RL_IDLE, RL_ASKED, RL_HELD, RL_DONE };
+
+static bool follow_target(const char *dir, char *out, size_t n);
 
 /* Upload state of one HTTP request (MHD's con_cls). */
 typedef struct {
@@ -288,6 +310,9 @@ static void on_token(Request *r, bool done, void *user)
     Completion *c = ch->c;
     Server *s = c->s;
     double ttft = -1, gap = -1;
+    /* the weights it runs under: fixed from admission to its end (a reload
+     * waits for every admitted request) */
+    if (atomic_load(&ch->weights_step) < 0) atomic_store(&ch->weights_step, atomic_load(&s->weights_step));
     pthread_mutex_lock(&c->mu);
     size_t n = td_min(r->n_out, ch->cap);
     for (size_t i = done ? 0 : ch->n; i < n; i++) {   /* done: the tail may have been cut at a stop string */
@@ -350,6 +375,7 @@ static int completion_submit(Completion *c, ApiError *err)
             /* a random seed is kept below 2^53 so that JSON reports it exactly */
             gp.seed = q->has_seed ? q->seed + (uint64_t)i : random_u64() >> 11;
             ch->seed = gp.seed;
+            atomic_store(&ch->weights_step, -1);
             Request *r = request_new(q->tokens + q->offs[p], q->offs[p + 1] - q->offs[p], &gp);
             r->cb = on_token;
             r->user = ch;
@@ -387,7 +413,9 @@ static size_t prompt_tokens(const Completion *c) { return c->q.offs[c->q.n_promp
 
 static ApiChoice api_choice(const Choice *ch)
 {
-    return (ApiChoice){ ch->ids, ch->logp, ch->top, ch->n, ch->text, ch->text_len, ch->off, ch->seed };
+    int64_t ws = atomic_load(&ch->weights_step);
+    return (ApiChoice){ ch->ids,      ch->logp, ch->top,  ch->n, ch->text, ch->text_len,
+                        ch->off,      ch->seed, ws >= 0 ? ws : atomic_load(&ch->c->s->weights_step) };
 }
 
 static void log_completion(Completion *c, int status, const char *how)
@@ -424,6 +452,9 @@ static enum MHD_Result reply(Server *s, struct MHD_Connection *con, int status, 
     if (!rsp) return MHD_NO;
     MHD_add_response_header(rsp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (allow) MHD_add_response_header(rsp, MHD_HTTP_HEADER_ALLOW, allow);
+    /* 429 is only ever a full queue (a full KV cache preempts instead):
+     * worth retrying soon */
+    if (status == 429) MHD_add_response_header(rsp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     enum MHD_Result rc = MHD_queue_response(con, (unsigned)status, rsp);
     MHD_destroy_response(rsp);
     metrics_http(&s->m, status);
@@ -580,7 +611,9 @@ static bool stream_fill(Completion *c, uint64_t *seen)
             cJSON *o = api_response_new(c->id, object, c->created, s->model);
             if (chat && c->q.include_usage) cJSON_AddNullToObject(o, "usage");
             size_t nt = n[k] > ch->sent ? n[k] - ch->sent : 0, nb = text[k] > ch->sent_bytes ? text[k] - ch->sent_bytes : 0;
-            ApiChoice ac = { ch->s_ids, ch->s_logp, ch->s_top, nt, ch->s_text, nb, ch->s_off, ch->seed };
+            int64_t ws = atomic_load(&ch->weights_step);
+            ApiChoice ac = { ch->s_ids, ch->s_logp, ch->s_top, nt, ch->s_text, nb, ch->s_off, ch->seed,
+                             ws >= 0 ? ws : atomic_load(&s->weights_step) };
             const char *fin = done[k] ? (ch->finish[0] ? ch->finish : "cancelled") : NULL;
             if (chat) {
                 api_add_chat_choice(o, &c->q, &ac, k, true, !ch->role_sent, 0, nt, 0, nb, fin, s->lim.tok);
@@ -770,8 +803,76 @@ static bool authorized(const Server *s, struct MHD_Connection *con, const char *
     return ok;
 }
 
+/* POST /v1/admin/reload {"checkpoint": FILE}: asks the engine thread to
+ * swap the weights and waits for the answer (bounded). */
+static enum MHD_Result handle_reload(Server *s, struct MHD_Connection *con, Upload *u)
+{
+    if (!s->o.admin_token)
+        return reply_error(s, con, 403, NULL, NULL,
+                           "weight reload is off: start tandem serve with --admin-token to enable it");
+    const char *h = MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    bool ok = h && !strncasecmp(h, "Bearer ", 7);
+    if (ok) {
+        h += 7;
+        while (*h == ' ') h++;
+        ok = same_secret(h, strlen(h), s->o.admin_token, strlen(s->o.admin_token));
+    }
+    if (!ok) return reply_error(s, con, 401, NULL, NULL, "incorrect or missing admin token (tandem serve --admin-token)");
+    if (u->too_big) return reply_error(s, con, 400, NULL, NULL, "the request body is too large");
+    cJSON *o = cJSON_ParseWithLength(u->body ? u->body : "", u->len);
+    const cJSON *f = o ? cJSON_GetObjectItemCaseSensitive(o, "checkpoint") : NULL;
+    if (!cJSON_IsString(f) || !f->valuestring[0] || strlen(f->valuestring) >= sizeof s->rl_file) {
+        cJSON_Delete(o);
+        return reply_error(s, con, 400, "checkpoint", NULL,
+                           "the body must be a JSON object with \"checkpoint\": the path of a checkpoint file");
+    }
+    pthread_mutex_lock(&s->rl_mu);
+    if (s->rl_state != RL_IDLE) {
+        pthread_mutex_unlock(&s->rl_mu);
+        cJSON_Delete(o);
+        return reply_error(s, con, 409, NULL, NULL, "a weight reload is already in progress; retry when it is done");
+    }
+    snprintf(s->rl_file, sizeof s->rl_file, "%s", f->valuestring);
+    cJSON_Delete(o);
+    s->rl_state = RL_ASKED;
+    s->rl_admin = true;
+    pthread_cond_broadcast(&s->e->cv);   /* wakes an idle engine thread */
+    double t_end = td_now() + SERVER_RELOAD_WAIT;
+    while (s->rl_state != RL_DONE && !atomic_load(&s->stopping) && td_now() < t_end) {
+        struct timespec ts = poll_deadline();
+        pthread_cond_timedwait(&s->rl_cv, &s->rl_mu, &ts);
+    }
+    if (s->rl_state != RL_DONE) {
+        /* the engine thread still owns the request; it answers nobody */
+        s->rl_admin = false;
+        pthread_mutex_unlock(&s->rl_mu);
+        return reply_error(s, con, 503, NULL, NULL,
+                           "the reload did not finish within %d s (requests still running, or the server stops)",
+                           (int)SERVER_RELOAD_WAIT);
+    }
+    int rc = s->rl_rc;
+    char msg[sizeof s->rl_msg];
+    snprintf(msg, sizeof msg, "%s", s->rl_msg);
+    double pause = s->rl_pause;
+    s->rl_state = RL_IDLE;
+    pthread_mutex_unlock(&s->rl_mu);
+    if (rc) return reply_error(s, con, 400, "checkpoint", NULL, "%s", msg);
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "status", "ok");
+    char step[24];
+    snprintf(step, sizeof step, "%lld", (long long)atomic_load(&s->weights_step));
+    cJSON_AddRawToObject(r, "weights_step", step);
+    cJSON_AddNumberToObject(r, "pause_seconds", pause);
+    return reply_json(s, con, 200, r);
+}
+
 static enum MHD_Result route(Server *s, struct MHD_Connection *con, const char *url, const char *method, Upload *u)
 {
+    if (!strcmp(url, "/v1/admin/reload")) {   /* its own token, not the API keys */
+        if (strcmp(method, MHD_HTTP_METHOD_POST))
+            return reply_error(s, con, 405, NULL, "POST", "%s is not allowed on /v1/admin/reload; use POST", method);
+        return handle_reload(s, con, u);
+    }
     if (!authorized(s, con, url)) {
         ApiError err = { .status = 401 };
         snprintf(err.message, sizeof err.message,
@@ -935,6 +1036,11 @@ int server_start(Server **out, Engine *e, const ServerOpts *o, char *err, size_t
     s->salt = (uint32_t)random_u64();
     metrics_init(&s->m);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->rl_mu, NULL);
+    pthread_cond_init(&s->rl_cv, NULL);
+    atomic_store(&s->weights_step, o->weights_step);
+    s->m.d.weights_step = o->weights_step;
+    if (o->follow_dir) follow_target(o->follow_dir, s->follow_seen, sizeof s->follow_seen);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO |
                      MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
@@ -984,6 +1090,76 @@ static size_t step(Server *s)
     return left;
 }
 
+/* follow_dir/latest's target into out; false when there is none. */
+static bool follow_target(const char *dir, char *out, size_t n)
+{
+    char link[PATH_MAX + 8];
+    if (snprintf(link, sizeof link, "%s/latest", dir) >= (int)sizeof link) return false;
+    ssize_t k = readlink(link, out, n - 1);
+    if (k < 0) return false;
+    out[k] = 0;
+    return true;
+}
+
+/* Engine thread, between steps: a reload asked for (or a new latest under
+ * --follow) holds admission; once no admitted request is left the weights
+ * are swapped, the prefix cache dropped and admission resumes.  Returns
+ * -2 when the server has no usable weights any more (it stops). */
+static int reload_tick(Server *s)
+{
+    pthread_mutex_lock(&s->rl_mu);
+    double now = td_now();
+    if (s->rl_state == RL_IDLE && s->o.follow_dir && now >= s->follow_next) {
+        s->follow_next = now + 0.2;
+        char t[PATH_MAX];
+        if (follow_target(s->o.follow_dir, t, sizeof t) && strcmp(t, s->follow_seen)) {
+            snprintf(s->follow_seen, sizeof s->follow_seen, "%s", t);
+            if (t[0] == '/') snprintf(s->rl_file, sizeof s->rl_file, "%s", t);
+            else snprintf(s->rl_file, sizeof s->rl_file, "%s/%s", s->o.follow_dir, t);
+            s->rl_state = RL_ASKED;
+            s->rl_admin = false;
+        }
+    }
+    if (s->rl_state == RL_ASKED) {
+        s->rl_state = RL_HELD;
+        s->rl_t0 = now;
+        engine_hold(s->e, true);
+    }
+    bool held = s->rl_state == RL_HELD;
+    char file[sizeof s->rl_file];
+    snprintf(file, sizeof file, "%s", s->rl_file);
+    pthread_mutex_unlock(&s->rl_mu);
+    if (!held || engine_admitted_live(s->e) > 0) return 0;
+
+    int64_t step = atomic_load(&s->weights_step), old = step;
+    char err[512] = "";
+    double t_load = td_now();
+    int rc = s->o.reload ? s->o.reload(s->o.reload_user, file, &step, err, sizeof err) : -1;
+    if (!s->o.reload) snprintf(err, sizeof err, "this server cannot reload weights");
+    t_load = td_now() - t_load;
+    if (rc == 0) {
+        engine_set_weights_version(s->e, ++s->rl_version);   /* the old weights' cached blocks go */
+        atomic_store(&s->weights_step, step);
+    }
+    engine_hold(s->e, false);
+    double pause = td_now() - s->rl_t0;
+    metrics_reload(&s->m, rc == 0, pause, atomic_load(&s->weights_step));
+    if (rc == 0)
+        fprintf(stderr, "tandem: serve: weights %s: step %lld -> %lld (loaded in %.0f ms, admission held %.0f ms)\n",
+                file, (long long)old, (long long)step, 1000 * t_load, 1000 * pause);
+    else
+        fprintf(stderr, "tandem: serve: reload of %s failed: %s%s\n", file, err,
+                rc == -2 ? "; no usable weights left: stopping" : "; still serving the old weights");
+    pthread_mutex_lock(&s->rl_mu);
+    s->rl_rc = rc;
+    snprintf(s->rl_msg, sizeof s->rl_msg, "%s", err);
+    s->rl_pause = pause;
+    s->rl_state = s->rl_admin ? RL_DONE : RL_IDLE;
+    pthread_cond_broadcast(&s->rl_cv);
+    pthread_mutex_unlock(&s->rl_mu);
+    return rc == -2 ? -2 : 0;
+}
+
 void server_run(Server *s, volatile sig_atomic_t *stop)
 {
     double drain_start = 0, cancel_at = 0;
@@ -995,6 +1171,7 @@ void server_run(Server *s, volatile sig_atomic_t *stop)
                     s->o.drain_timeout);
         }
         size_t left = step(s);
+        if (!atomic_load(&s->draining) && reload_tick(s) == -2) *stop = 1;
         if (atomic_load(&s->draining)) {
             double now = td_now();
             if (left == 0 && live_count(s) == 0) break;
@@ -1031,6 +1208,8 @@ void server_free(Server *s)
         td_error("serve: %d requests were still alive at exit", s->n_live);
     metrics_free(&s->m);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->rl_mu);
+    pthread_cond_destroy(&s->rl_cv);
     chat_template_free(s->chat);
     td_free(s->model);
     td_free(s);

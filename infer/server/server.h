@@ -42,6 +42,18 @@ typedef struct {
     const char *const *api_keys; /* when n_api_keys > 0: every /v1/ path, /tokenize and /detokenize
                                   * need "Authorization: Bearer KEY" with one of them (borrowed) */
     size_t n_api_keys;
+    /* hot weight reload (docs/serving.md): between engine steps, once no
+     * admitted request is left (admission held meanwhile), reload(user,
+     * file, &step, err) replaces the weights (0; -1 with the old weights
+     * still in place and err; -2: no usable weights, the server stops).
+     * POST /v1/admin/reload {"checkpoint": FILE} with "Authorization:
+     * Bearer admin_token" (403 without an admin_token); follow_dir: each
+     * new target of follow_dir/latest. */
+    int (*reload)(void *user, const char *file, int64_t *step, char *err, size_t n);
+    void *reload_user;
+    const char *admin_token;  /* borrowed; NULL: no admin endpoint */
+    const char *follow_dir;   /* borrowed; NULL: no following */
+    int64_t weights_step;     /* the step of the weights served at start */
 } ServerOpts;
 
 typedef struct Server Server;

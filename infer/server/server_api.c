@@ -560,6 +560,8 @@ static void add_ids_seed(cJSON *ch, const ApiChoice *c, size_t from, size_t to)
     char seed[24];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)c->seed);
     cJSON_AddRawToObject(ch, "seed", seed);
+    snprintf(seed, sizeof seed, "%lld", (long long)c->weights_step);
+    cJSON_AddRawToObject(ch, "weights_step", seed);
 }
 
 void api_add_choice(cJSON *o, const ApiCompletion *q, const ApiChoice *c, int index, size_t from, size_t to,

@@ -108,6 +108,7 @@ typedef struct {
     size_t text_len;
     const size_t *off;   /* (n) where each token's text begins */
     uint64_t seed;       /* the seed the choice was sampled with */
+    int64_t weights_step;/* the training step of the weights that generated it */
 } ApiChoice;
 
 /* {"id", "object", "created", "model", "choices": []}; object is
@@ -118,7 +119,7 @@ cJSON *api_response_new(const char *id, const char *object, long created, const 
 /* Appends to o's "choices" the completion choice `index` made of tokens
  * [from, to) and text [text_from, text_to) of c: text, logprobs (when
  * q->logprobs; text_offset counts from the start of the choice's text),
- * token_ids, seed and finish_reason (JSON null when NULL). */
+ * token_ids, seed, weights_step and finish_reason (JSON null when NULL). */
 void api_add_choice(cJSON *o, const ApiCompletion *q, const ApiChoice *c, int index, size_t from, size_t to,
                     size_t text_from, size_t text_to, const char *finish_reason, const Tokenizer *tok);
 /* The chat form: a whole answer (chunk false: "message": {"role":

@@ -71,6 +71,16 @@ void metrics_http(Metrics *m, int status)
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_reload(Metrics *m, bool ok, double pause, int64_t weights_step)
+{
+    pthread_mutex_lock(&m->mu);
+    m->d.reloads[ok ? 0 : 1]++;
+    m->d.reload_pause_last = pause;
+    m->d.reload_pause_sum += pause;
+    m->d.weights_step = weights_step;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void metrics_engine(Metrics *m, const EngineStats *st)
 {
     double now = td_now();
@@ -187,8 +197,19 @@ char *metrics_render(Metrics *m, size_t *len)
     gauge(&b, "tandem_requests_running", "gauge", "Generations in the running batch.", (double)c.st.running);
     gauge(&b, "tandem_requests_waiting", "gauge", "Generations queued for admission.", (double)c.st.waiting);
     gauge(&b, "tandem_kv_blocks_used", "gauge", "KV-cache blocks in use.", (double)c.st.kv_used);
-    gauge(&b, "tandem_kv_blocks_free", "gauge", "KV-cache blocks free.", (double)(c.st.kv_total - c.st.kv_used));
+    gauge(&b, "tandem_kv_blocks_free", "gauge", "KV-cache blocks free (tandem_kv_blocks_cached of them hold a cached prefix).", (double)(c.st.kv_total - c.st.kv_used));
     gauge(&b, "tandem_kv_blocks_total", "gauge", "KV-cache blocks in the pool.", (double)c.st.kv_total);
+    gauge(&b, "tandem_kv_blocks_cached", "gauge",
+          "Free KV-cache blocks that still hold a cached prefix (evicted least recently used first).",
+          (double)c.st.kv_cached);
+    gauge(&b, "tandem_prefix_cache_query_tokens_total", "counter",
+          "Tokens looked up in the prefix cache (each admitted prompt; a resumed request's prompt and output).",
+          (double)c.st.prefix_query_tokens);
+    gauge(&b, "tandem_prefix_cache_hit_tokens_total", "counter",
+          "Of those, tokens whose keys and values were found cached instead of computed.",
+          (double)c.st.prefix_hit_tokens);
+    gauge(&b, "tandem_prefix_cache_hit_rate", "gauge", "hit_tokens_total / query_tokens_total (0 before any query).",
+          c.st.prefix_query_tokens ? (double)c.st.prefix_hit_tokens / (double)c.st.prefix_query_tokens : 0.0);
     gauge(&b, "tandem_kv_bytes_per_token", "gauge", "Bytes one cached token takes (all layers, the KV dtype's).",
           (double)c.st.kv_token_bytes);
     gauge(&b, "tandem_weight_bytes", "gauge", "Bytes of the weights as held (their serving dtype).",
@@ -198,6 +219,14 @@ char *metrics_render(Metrics *m, size_t *len)
     gauge(&b, "tandem_preemptions_total", "counter", "Requests preempted for cache space (and recomputed).",
           (double)c.st.preemptions);
     gauge(&b, "tandem_engine_steps_total", "counter", "Engine steps (batched forwards).", (double)c.st.steps);
+    gauge(&b, "tandem_weights_step", "gauge", "Training step of the weights being served.", (double)c.weights_step);
+    header(&b, "tandem_weight_reloads_total", "counter", "Weight reloads by result.");
+    put(&b, "tandem_weight_reloads_total{result=\"ok\"} %llu\ntandem_weight_reloads_total{result=\"failed\"} %llu\n",
+        (unsigned long long)c.reloads[0], (unsigned long long)c.reloads[1]);
+    gauge(&b, "tandem_weight_reload_pause_seconds", "gauge",
+          "Seconds the last reload held admission (running requests finishing, then the load).", c.reload_pause_last);
+    gauge(&b, "tandem_weight_reload_pause_seconds_sum", "counter", "Seconds all reloads held admission.",
+          c.reload_pause_sum);
     gauge(&b, "tandem_uptime_seconds", "gauge", "Seconds since the server started.", td_now() - c.start);
     static const char *const ep[2] = { "completions", "chat" };
     header(&b, "tandem_request_prepare_seconds", "summary",

@@ -40,6 +40,10 @@ typedef struct {
      * before the engine, and the whole request (body to last byte) */
     double prep_sum[2], req_sum[2];
     uint64_t prep_n[2], req_n[2];
+    /* weight reloads: done and failed, the last one's admission pause */
+    int64_t weights_step;
+    uint64_t reloads[2];
+    double reload_pause_last, reload_pause_sum;
 } MetricsData;
 
 typedef struct {
@@ -62,6 +66,8 @@ void metrics_request(Metrics *m, bool chat, double seconds);
 void metrics_http(Metrics *m, int status);
 /* Engine thread, after each step: the engine's counters and gauges. */
 void metrics_engine(Metrics *m, const EngineStats *st);
+/* A weight reload ended (ok or not) after holding admission for pause seconds. */
+void metrics_reload(Metrics *m, bool ok, double pause, int64_t weights_step);
 /* The exposition text (td_malloc'd, NUL-terminated; *len its length). */
 char *metrics_render(Metrics *m, size_t *len);
 

@@ -68,6 +68,15 @@ $CHECK shape "$W/a.jsonl" --prompts "$W/p.jsonl" --n 4 --ckpt "$CK" --max-tokens
 TANDEM_THREADS=1 bounded 300 "$TANDEM" rollout --ckpt "$CK" --prompts "$W/p.jsonl" --n 4 --max-tokens 48 --seed 11 $KV --max-running 3 \
     --output "$W/b.jsonl" 2>"$W/b.log" || { cat "$W/b.log"; fail "rollout --output"; }
 $CHECK same "$W/a.jsonl" "$W/b.jsonl" || fail "same seed, different output"
+# the 4 samples of a prompt share its cached blocks: without the prefix
+# cache nothing is found cached and the samples are the same
+hit=$(sed -n 's/.*prefix cache: \([0-9]*\) of [0-9]* prompt tokens found cached.*/\1/p' "$W/b.log")
+[ -n "$hit" ] && [ "$hit" -gt 0 ] || { cat "$W/b.log"; fail "rollout --n 4: no prompt tokens found cached"; }
+bounded 300 "$TANDEM" rollout --ckpt "$CK" --prompts "$W/p.jsonl" --n 4 --max-tokens 48 --seed 11 $KV --no-prefix-cache \
+    --output "$W/nc.jsonl" 2>"$W/nc.log" || { cat "$W/nc.log"; fail "rollout --no-prefix-cache"; }
+grep -q "prefix cache: 0 of 0 prompt tokens" "$W/nc.log" || { cat "$W/nc.log"; fail "--no-prefix-cache: the cache was used"; }
+$CHECK same "$W/a.jsonl" "$W/nc.jsonl" || fail "--no-prefix-cache: other samples than with the prefix cache"
+ok "rollout --n 4: $hit prompt tokens from the prefix cache; the same samples with --no-prefix-cache"
 # top-k / top-p / a stop string: still exact
 bounded 300 "$TANDEM" rollout --ckpt "$CK" --prompts "$W/p.jsonl" --n 2 --max-tokens 32 --temperature 0.8 --top-k 40 \
     --top-p 0.95 --stop " " --seed 5 $KV >"$W/c.jsonl" 2>"$W/c.log" || { cat "$W/c.log"; fail "rollout --stop"; }

@@ -71,11 +71,43 @@ for dk in "int8 int8 384" "bf16 f32 1024" "f32 bf16 512" "int8 bf16 512"; do
     got=$(curl -sf -m 30 "http://127.0.0.1:$port/metrics" | sed -n 's/^tandem_kv_bytes_per_token \([0-9.e+]*\)$/\1/p')
     [ "$(printf '%.0f' "$got")" = "$3" ] || fail "--kv-dtype $2: /metrics tandem_kv_bytes_per_token is '$got', want $3"
     bounded 600 $PY tests/ref/serve_test.py --url "http://127.0.0.1:$port" --tandem "$TANDEM" --ckpt "$TMP/run" \
-        --tmp "$TMP" --pid "$pid" --only test_score_parity,test_batch_invariance --score-args "--dtype $1 --kv-dtype $2" ||
+        --tmp "$TMP" --pid "$pid" --only test_score_parity,test_prefix_cache,test_batch_invariance --score-args "--dtype $1 --kv-dtype $2" ||
         fail "serve_test.py (--dtype $1 --kv-dtype $2)"
     stop_server
-    echo "ok   --dtype $1 --kv-dtype $2: score parity, batch invariance, $3 bytes per cached token"
+    echo "ok   --dtype $1 --kv-dtype $2: score parity, prefix cache, batch invariance, $3 bytes per cached token"
 done
+
+# --no-prefix-cache: a repeated prompt is computed again (nothing found cached,
+# nothing kept), and gives the same tokens
+start_server "$TMP/run" --no-prefix-cache
+body='{"prompt": "The same prompt of more than one block, twice over: The same prompt", "max_tokens": 8, "temperature": 0}'
+o1=$(curl -sf -m 60 -H 'Content-Type: application/json' -d "$body" "http://127.0.0.1:$port/v1/completions") || fail "--no-prefix-cache: completion"
+o2=$(curl -sf -m 60 -H 'Content-Type: application/json' -d "$body" "http://127.0.0.1:$port/v1/completions") || fail "--no-prefix-cache: completion"
+ids() { printf '%s' "$1" | $PY -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["token_ids"])'; }
+[ "$(ids "$o1")" = "$(ids "$o2")" ] || fail "--no-prefix-cache: the same greedy prompt gave other tokens"
+mt=$(curl -sf -m 30 "http://127.0.0.1:$port/metrics") || fail "--no-prefix-cache: /metrics"
+printf '%s\n' "$mt" | grep -q '^tandem_prefix_cache_hit_tokens_total 0$' || fail "--no-prefix-cache: tokens found cached"
+printf '%s\n' "$mt" | grep -q '^tandem_kv_blocks_cached 0$' || fail "--no-prefix-cache: blocks kept cached"
+stop_server
+echo "ok   --no-prefix-cache: nothing cached, same tokens"
+
+# hot weight reload: --follow a run directory at step 10 while a trainer
+# resumes it to step 20, then POST /v1/admin/reload back to step 10
+# (tests/ref/serve_reload.py); --follow/--admin-token under bad usage
+bounded 300 "$TANDEM" train configs/tiny.json data="$BUILD/fortunes.bin" steps=10 save_every=10 out_dir="$TMP/fr" \
+    >"$TMP/train.log" 2>&1 || { cat "$TMP/train.log"; fail "training the run to follow"; }
+SERVE_CKPT_FLAG=--follow
+start_server "$TMP/fr" --admin-token sekrit-admin
+SERVE_CKPT_FLAG=--ckpt
+bounded 600 $PY tests/ref/serve_reload.py --url "http://127.0.0.1:$port" --tandem "$TANDEM" --dir "$TMP/fr" \
+    --token sekrit-admin --tmp "$TMP" \
+    --train "$TANDEM train configs/tiny.json data=$BUILD/fortunes.bin resume=$TMP/fr out_dir=$TMP/fr steps=20 save_every=20 >$TMP/train2.log 2>&1" ||
+    fail "serve_reload.py"
+stop_server
+rc=0
+"$TANDEM" serve --ckpt "$TMP/fr" --follow "$TMP/fr" --port 0 2>"$TMP/bad.err" || rc=$?
+[ "$rc" -eq 2 ] && grep -q "give --ckpt or --follow, not both" "$TMP/bad.err" || { cat "$TMP/bad.err"; fail "--ckpt with --follow"; }
+echo "ok   --ckpt with --follow: $(cat "$TMP/bad.err")"
 
 # API keys (--api-key, --api-key-file): /v1/*, /tokenize and /detokenize
 # need "Authorization: Bearer KEY", 401 with WWW-Authenticate otherwise;

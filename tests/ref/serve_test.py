@@ -310,6 +310,65 @@ def test_score_parity():
     print(f"  score parity: {len(cases)} sequences, max abs diff {worst} (bitwise equal)")
 
 
+def score_ref(ids, name):
+    """The training forward's log-probabilities of ids (tandem score): entry
+    j is that of token j + 1."""
+    path = os.path.join(ARGS.tmp, f"{name}.txt")
+    with open(path, "wb") as f:
+        f.write(bytes(ids))
+    out = os.path.join(ARGS.tmp, f"{name}.h5")
+    subprocess.run([ARGS.tandem, "score", "--ckpt", ARGS.ckpt, "--text", path, "--seq-len", str(len(ids) - 1),
+                    "--output", out] + ARGS.score_args.split(), check=True, stdout=subprocess.DEVNULL)
+    with h5py.File(out, "r") as f:
+        return np.asarray(f["logprobs"], dtype=np.float32)[0]
+
+
+def test_prefix_cache():
+    """Prefix caching: a repeated prompt, the n = 4 choices of one prompt and
+    a second turn that resends the first (prompt and answer) take their full
+    KV blocks (16 positions) from the cache, and what they generate still has
+    the log-probabilities of the training forward bit for bit."""
+    def hits():
+        return metrics()["tandem_prefix_cache_hit_tokens_total"]
+
+    def same_as_score(prompt_ids, choice, what):
+        ref = score_ref(prompt_ids + choice["token_ids"], "prefix")
+        got = np.asarray(choice["logprobs"]["token_logprobs"], dtype=np.float32)
+        want = ref[len(prompt_ids) - 1:]
+        check(got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)),
+              f"{what}: log-probabilities with the prefix cache differ from tandem score")
+
+    p1 = list(b"Prefix caching: the keys and values of a shared prefix are computed once, then shared by every "
+              b"request that starts with it.")
+    P = len(p1)
+    h0 = hits()
+    a = complete({"prompt": p1, "max_tokens": 40, "temperature": 0.9, "seed": 3, "logprobs": 1})["choices"][0]
+    h1 = hits()
+    check(h1 == h0, f"a new prompt found {h1 - h0} tokens cached")
+    same_as_score(p1, a, "turn 1")
+    o = complete({"prompt": p1, "n": 4, "max_tokens": 24, "temperature": 1.0, "seed": 50, "logprobs": 1})
+    h2 = hits()
+    full = (P - 1) // 16 * 16
+    check(h2 - h1 == 4 * full, f"n=4 of a cached prompt of {P} tokens: {h2 - h1} tokens from the cache, want {4 * full}")
+    for i, c in enumerate(o["choices"]):
+        same_as_score(p1, c, f"n=4, choice {i}")
+    # turn 2 resends turn 1's prompt and answer: the blocks its decode filled
+    p2 = p1 + a["token_ids"] + list(b"\nAnd then? ")
+    c = complete({"prompt": p2, "max_tokens": 32, "temperature": 0, "logprobs": 1})["choices"][0]
+    h3 = hits()
+    # (an answer ended by length has all but its last token fed, one ended by
+    # an end-of-turn id all of them)
+    fed = P + len(a["token_ids"]) - (1 if a["finish_reason"] == "length" else 0)
+    want = fed // 16 * 16
+    check(h3 - h2 == want, f"turn 2: {h3 - h2} tokens from the cache, want {want} (turn 1's full blocks)")
+    same_as_score(p2, c, "turn 2")
+    m = metrics()
+    check(0 < m["tandem_prefix_cache_hit_rate"] <= 1, "tandem_prefix_cache_hit_rate in (0, 1]")
+    check(m["tandem_kv_blocks_cached"] <= m["tandem_kv_blocks_free"], "cached blocks are among the free ones")
+    print(f"  prefix cache: {int(h3 - h0)} prompt tokens from the cache over 6 generations, outputs bitwise equal "
+          f"to tandem score; hit rate so far {m['tandem_prefix_cache_hit_rate']:.3f}")
+
+
 def test_batch_invariance():
     target = {"prompt": "Batch invariance: the same bits", "max_tokens": 40, "temperature": 0.9, "seed": 77,
               "logprobs": 5}
@@ -578,8 +637,10 @@ def test_overload():
     check(429 in codes and set(codes) <= {200, 429}, f"overload: answers {codes}, want some 429")
     for a in answers.values():
         if b" 429 " in a.split(b"\r\n", 1)[0]:
-            e = json.loads(a.split(b"\r\n\r\n", 1)[1])["error"]
+            head, rest = a.split(b"\r\n\r\n", 1)
+            e = json.loads(rest)["error"]
             check(e["type"] == "rate_limit_error" and e["message"], "429 error object")
+            check(re.search(rb"\r\nRetry-After: 1\r\n", head, re.I), f"429 without Retry-After: 1: {head!r}")
     m, dt = wait_idle("after overload")
     print(f"  overload: {codes.count(429)} of 8 requests refused with 429 at once; "
           f"the abandoned rest freed their slots in {dt:.2f} s")
@@ -695,6 +756,8 @@ def test_metrics():
               "tandem_generation_tokens_total", "tandem_prompt_tokens_total", "tandem_requests_running",
               "tandem_requests_waiting", "tandem_kv_blocks_used", "tandem_kv_blocks_free",
               "tandem_tokens_per_second", 'tandem_requests_total{finish_reason="length"}',
+              "tandem_kv_blocks_cached", "tandem_prefix_cache_query_tokens_total",
+              "tandem_prefix_cache_hit_tokens_total", "tandem_prefix_cache_hit_rate",
               'tandem_time_to_first_token_seconds_bucket{le="+Inf"}'):
         check(k in m, f"/metrics lacks {k}")
     check(m["tandem_time_to_first_token_seconds_count"] > 0 and m["tandem_generation_tokens_total"] > 0,
@@ -861,7 +924,7 @@ def main():
     u = urllib.parse.urlparse(ARGS.url)
     HOST, PORT = u.hostname, u.port
     tests = [test_health_models, test_completion_shape, test_greedy_and_seeds, test_stream, test_stop,
-             test_score_parity, test_batch_invariance, test_concurrent_clients, test_bad_requests,
+             test_score_parity, test_prefix_cache, test_batch_invariance, test_concurrent_clients, test_bad_requests,
              test_raw_garbage, test_overload, test_disconnects, test_metrics]
     if ARGS.chat:
         tests = [test_tokenize_endpoints, test_chat_bad_requests, test_metrics]
