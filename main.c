@@ -9,6 +9,7 @@
 #include "core/pool.h"
 #include "core/tok/tok_cmd.h"
 #include "infer/infer_cmd.h"
+#include "plan/plan_cmd.h"
 #include "rl/rl.h"
 #include "rl/rlcheck.h"
 #include "train/quant_cmd.h"
@@ -54,6 +55,7 @@ static const struct {
     { "rollout", cmd_rollout, "RL rollout worker: samples, logprobs, routes, policy version" },
     { "ckpt", cmd_ckpt_any, "inspect, verify, reshard, export, diff, quantize checkpoints" },
     { "rl", cmd_rl, "GRPO post-training with exact rollout logprobs" },
+    { "plan", cmd_plan, "memory and communication plan of every parallel layout (no weights needed)" },
     { "tokenize", cmd_tokenize_any, "Hugging Face tokenizers: ids of a text, chat rendering, decode" },
     { NULL, NULL, NULL },
 };

@@ -4,16 +4,31 @@
 
 #include <string.h>
 
+/* Blocks a budget buys: every local layer's block counts. */
+static size_t n_blocks_of(const Model *m, size_t budget_bytes)
+{
+    size_t per_block = (size_t)(m->topo.layer_end - m->topo.layer_begin) * attn_block_bytes(&m->attn);
+    size_t n = budget_bytes / (per_block ? per_block : 1);
+    if (n < 1) n = 1;
+    if (n > INT32_MAX / 2) n = INT32_MAX / 2;
+    return n;
+}
+
+size_t kvcache_bytes(const Model *m, size_t budget_bytes, size_t *n_blocks)
+{
+    size_t n = n_blocks_of(m, budget_bytes);
+    if (n_blocks) *n_blocks = n;
+    return (size_t)(m->topo.layer_end - m->topo.layer_begin) * n * attn_block_bytes(&m->attn) + 64 +
+           n * sizeof(int32_t);
+}
+
 void kvcache_init(KvCache *c, const Model *m, size_t budget_bytes)
 {
     memset(c, 0, sizeof *c);
     c->n_layers = m->topo.layer_end - m->topo.layer_begin;
     c->bs = m->attn.bs;
     c->block_bytes = attn_block_bytes(&m->attn);
-    size_t per_block = kvcache_block_bytes(c);
-    size_t n = budget_bytes / (per_block ? per_block : 1);
-    if (n < 1) n = 1;
-    if (n > INT32_MAX / 2) n = INT32_MAX / 2;
+    size_t n = n_blocks_of(m, budget_bytes);
     c->n_blocks = (int32_t)n;
     /* zeroed once: a stale or never-written slot is only ever read for a
      * masked key, whose score is replaced, never used */

@@ -231,6 +231,26 @@ void model_init_serving(Model *m, const ModelConfig *cfg, const Topology *topo, 
     init_layout(m, cfg, topo, false, kv_block, dt);
 }
 
+void model_init_shape(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads,
+                      size_t kv_block, const ModelDtypes *dt)
+{
+    build_table(m, cfg, topo, dt);
+    for (int i = 0; i < m->n_params; i++) {
+        Param *p = &m->params[i];
+        p->w = p->g = NULL;
+        p->packed = NULL;
+    }
+    (void)with_grads;   /* the gradient slab is n_w floats, like the weights' */
+    m->attn = (AttnShape){ m->H, m->Hkv, m->hd, kv_block ? kv_block : 16, DTYPE_F32 };
+}
+
+size_t model_table_bytes(const Model *m)
+{
+    const size_t L = (size_t)m->cfg.num_hidden_layers;
+    return (3 + L * MAX_PARAMS_PER_LAYER) * sizeof(Param) + L * sizeof(Layer) +
+           rope_table_bytes((size_t)m->cfg.max_position_embeddings, m->hd);
+}
+
 ModelDtypes model_dtypes_default(Dtype d)
 {
     /* every matrix in d, the embedding and lm_head included (measured in
