@@ -70,7 +70,7 @@ static char *slurp(const char *path)
 
 /* The model of CONFIG and the run keys: a run config's own, or tandem
  * train's defaults with a model or HF config; train_over applied. */
-static int load_config(const char *path, int n_over, char **over, RunConfig *rc, char *err, size_t n)
+static int load_config(const char *path, bool serve, int n_over, char **over, RunConfig *rc, char *err, size_t n)
 {
     memset(rc, 0, sizeof *rc);
     struct stat sb;
@@ -115,6 +115,10 @@ static int load_config(const char *path, int n_over, char **over, RunConfig *rc,
     if (ret) {
         snprintf(err, n, "plan: %s: %s", file, e2);
         return -1;
+    }
+    if (serve) {   /* no run keys: the model alone */
+        rc->model = cfg;
+        return config_validate(&cfg, err, n);
     }
     /* the model as an inline override, then the run keys: tandem train's parser and defaults */
     char *mj = config_to_json(&cfg);
@@ -359,7 +363,7 @@ int cmd_plan(int argc, char **argv)
             train_over[n_train++] = (char *)kv;
         }
     }
-    if (load_config(ap.pos[0], n_train, train_over, &rc, err, sizeof err)) {
+    if (load_config(ap.pos[0], o.mode == PLAN_SERVE, n_train, train_over, &rc, err, sizeof err)) {
         td_error("%s", err);
         goto out;
     }
