@@ -363,6 +363,11 @@ int cmd_plan(int argc, char **argv)
             train_over[n_train++] = (char *)kv;
         }
     }
+    PlanLayout given;
+    if (args_get(&ap, "layout") && parse_layout(args_get(&ap, "layout"), &given, err, sizeof err)) {
+        td_error("%s", err);
+        goto out;
+    }
     if (load_config(ap.pos[0], o.mode == PLAN_SERVE, n_train, train_over, &rc, err, sizeof err)) {
         td_error("%s", err);
         goto out;
@@ -377,14 +382,8 @@ int cmd_plan(int argc, char **argv)
     }
     ret = 1;
     if (args_get(&ap, "layout")) {
-        PlanLayout l;
-        if (parse_layout(args_get(&ap, "layout"), &l, err, sizeof err)) {
-            td_error("%s", err);
-            ret = 2;
-            goto out;
-        }
         v = td_malloc(sizeof *v);
-        plan_layout(&rc.model, &o, l, v);
+        plan_layout(&rc.model, &o, given, v);
         n = 1;
     } else {
         n = plan_all(&rc.model, &o, &v);
