@@ -95,9 +95,15 @@ static int train_stage(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
 static void plan_train(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, PlanResult *r)
 {
     char err[256];
-    const int mb = o->micro_batch ? o->micro_batch : l.dp;
+    const int mb = o->global_batch > 0 || !o->micro_batch ? l.dp : o->micro_batch;
     PlanOpts oo = *o;
     oo.micro_batch = mb;
+    if (o->global_batch > 0) {
+        if (o->global_batch % l.dp) return fail(r, "dp=%d does not divide global_batch=%d", l.dp, o->global_batch);
+        oo.grad_accum = o->global_batch / l.dp;
+    }
+    r->micro_batch = mb;
+    r->grad_accum = oo.grad_accum;
     if (mb % l.dp) return fail(r, "dp=%d does not divide micro_batch=%d", l.dp, mb);
     if (o->seq_len > cfg->max_position_embeddings)
         return fail(r, "seq_len=%d exceeds max_position_embeddings=%d", o->seq_len, cfg->max_position_embeddings);
@@ -131,7 +137,7 @@ static void plan_train(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
     }
     /* communication per rank per step (docs/scaling.md, wire volumes) */
     const Model *m = &keep;
-    const double N = (double)(mb / l.dp) * o->seq_len, ga = o->grad_accum, d = (double)m->d;
+    const double N = (double)(mb / l.dp) * o->seq_len, ga = oo.grad_accum, d = (double)m->d;
     const double k = (double)m->k;
     const int nl = m->topo.layer_end - m->topo.layer_begin, nm = n_moe_local(m);
     /* forward passes of a layer per micro-batch: 1, plus the re-run of

@@ -48,6 +48,8 @@ typedef struct {
     double device_bytes;          /* memory of one device */
     /* training: the run keys (micro_batch is global: B = micro_batch / dp per rank) */
     int seq_len, micro_batch, grad_accum;
+    int global_batch;             /* > 0: sequences per step; each layout then runs micro_batch = dp
+                                   * (one sequence per rank) and grad_accum = global_batch / dp */
     Recompute recompute;
     bool zero;
     /* serving: per serving instance (tp x ep ranks; dp / ep instances) */
@@ -76,6 +78,7 @@ typedef struct {
     double stage_total[TOPO_MAX_PP];  /* training: total of each stage's ranks */
     double comm[PLAN_N_GROUPS];   /* bytes per rank per step (serving: per decode step) */
     double compute_s, comm_s, est_step_s;
+    int micro_batch, grad_accum;  /* training: the run keys this layout runs with */
     size_t kv_mb;                 /* serving: the KV budget counted (serve --kv-mb) */
     double tokens_per_s;          /* training: global tokens per second; serving: per instance */
 } PlanResult;

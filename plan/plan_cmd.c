@@ -24,7 +24,8 @@ static const char *const g_help =
     "weights exist.  CONFIG: a tandem model config, a run config, or a Hugging\n"
     "Face config.json (or its directory).  Training keys are run keys (seq_len,\n"
     "micro_batch, grad_accum, recompute, zero; defaults from the run config, else\n"
-    "tandem train's); serving keys: context (8192), concurrency (64 sequences per\n"
+    "tandem train's) and global_batch=G (sequences per step: every layout then\n"
+    "runs one sequence per dp rank, grad_accum = G / dp); serving keys: context (8192), concurrency (64 sequences per\n"
     "instance), max_batch_tokens (512), prefill_chunk (256), dtype (bf16),\n"
     "kv_dtype (bf16).  Per rank: weights, gradients, optimizer, activations,\n"
     "kv_cache, comm, workspace, total (what tandem's allocator will count);\n"
@@ -270,7 +271,7 @@ static void print_best(const PlanResult *r, const PlanOpts *o)
         printf("dp=%d tp=%d pp=%d ep=%d zero=%d recompute=%s seq_len=%d micro_batch=%d grad_accum=%d\n", r->l.dp,
                r->l.tp, r->l.pp, r->l.ep, o->zero ? 1 : 0,
                o->recompute == RECOMPUTE_FULL ? "full" : o->recompute == RECOMPUTE_SELECTIVE ? "selective" : "none",
-               o->seq_len, o->micro_batch ? o->micro_batch : r->l.dp, o->grad_accum);
+               o->seq_len, r->micro_batch, r->grad_accum);
         fprintf(stderr, "plan: mpirun -np %d tandem train RUN.json <the line above>\n", o->world);
     } else {
         /* the KV budget the plan counted, in the whole MiB serve takes */
@@ -346,7 +347,12 @@ int cmd_plan(int argc, char **argv)
             td_error("plan: unexpected argument \"%s\" (keys are key=value; tandem plan --help)", kv);
             goto out;
         }
-        if (is_serve_key(kv)) {
+        if (!strncmp(kv, "global_batch=", 13)) {
+            if (o.mode != PLAN_TRAIN || parse_int_key(kv, "global_batch", 1, 1 << 30, &o.global_batch, err, sizeof err)) {
+                td_error("%s", o.mode != PLAN_TRAIN ? "plan: global_batch is a training key" : err);
+                goto out;
+            }
+        } else if (is_serve_key(kv)) {
             if (o.mode != PLAN_SERVE) {
                 td_error("plan: %.*s is a serving key (--mode serve)", (int)(strchr(kv, '=') - kv), kv);
                 goto out;
