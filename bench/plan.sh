@@ -19,12 +19,16 @@ for c in configs/moe128.json configs/mixtral_8x7b.json configs/dsv3_3t_1m.json c
         [ "$c" != configs/moe128.json ] || ctx=1024   # its max_position_embeddings
         if [ $mode = train ]; then keys="seq_len=$ctx global_batch=16384 recompute=full zero=1"
         else keys="context=$ctx concurrency=64"; fi
-        t0=$(date +%s.%N)
         # shellcheck disable=SC2086
-        $T plan "$c" --world 8192 --device-mem-gb 80 --mode $mode $keys --json >/tmp/tandem-bench-plan.json || true
-        t1=$(date +%s.%N)
-        set -- $(/usr/bin/python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); print(len(v), sum(r["feasible"] for r in v))' /tmp/tandem-bench-plan.json)
-        printf '%-28s %-6s %7d %9d %6d %9.3f\n' "$c" $mode 8192 "$1" "$2" "$(echo "$t1 - $t0" | bc)"
+        /usr/bin/python3 - "$T" "$c" $mode $keys <<'EOF'
+import json, subprocess, sys, time
+t, c, mode, keys = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+t0 = time.monotonic()
+out = subprocess.run([t, "plan", c, "--world", "8192", "--device-mem-gb", "80", "--mode", mode, "--json"] + keys,
+                     capture_output=True, text=True).stdout
+dt = time.monotonic() - t0
+v = json.loads(out)
+print("%-28s %-6s %7d %9d %6d %9.3f" % (c, mode, 8192, len(v), sum(r["feasible"] for r in v), dt))
+EOF
     done
 done
-rm -f /tmp/tandem-bench-plan.json
