@@ -87,7 +87,7 @@ static int train_stage(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
 {
     Topology t;
     if (topo_init(&t, cfg, l.dp, l.tp, l.pp, l.ep, s * l.dp * l.tp, NULL, err, err_len)) return -1;
-    model_init_shape(m, cfg, &t, true, 16, NULL);
+    model_init_shape(m, cfg, &t, 16, NULL);
     train_mem(m, (size_t)(o->micro_batch / l.dp), (size_t)o->seq_len, o->grad_accum, o->recompute, o->zero, tm);
     return 0;
 }
@@ -186,7 +186,7 @@ static void plan_serve(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
     if (topo_init(&t, cfg, l.ep, l.tp, 1, l.ep, 0, NULL, err, sizeof err)) return fail(r, "%s", err);
     ModelDtypes dt = model_dtypes_default(o->dtype);
     Model m;
-    model_init_shape(&m, cfg, &t, false, 16, &dt);
+    model_init_shape(&m, cfg, &t, 16, &dt);
     m.attn.kv = o->kv_dtype;
     /* the KV budget that holds `concurrency` sequences of `context`
      * positions, in whole MiB (serve --kv-mb) */

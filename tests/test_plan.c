@@ -59,7 +59,7 @@ Test(plan, shape_has_the_tables_and_sizes_of_the_model)
             if (serving) model_init_serving(&m, &cfg, &t, 16, &dt);
             else model_init(&m, &cfg, &t, true, 16);
             size_t used = td_mem_current() - before;
-            model_init_shape(&s, &cfg, &t, !serving, 16, serving ? &dt : NULL);
+            model_init_shape(&s, &cfg, &t, 16, serving ? &dt : NULL);
             cr_expect_eq(s.n_w, m.n_w, "layout %zu serving %d: n_w %zu, model %zu", i, serving, s.n_w, m.n_w);
             cr_expect_eq(s.n_packed, m.n_packed, "layout %zu serving %d: n_packed", i, serving);
             cr_expect_eq(s.n_params, m.n_params, "layout %zu serving %d: n_params", i, serving);
@@ -85,7 +85,7 @@ Test(plan, train_acts_bytes_is_what_train_acts_init_allocates)
     for (size_t i = 0; i < N_LAY; i++) {
         Topology t = topo(&cfg, g_lay[i][0], g_lay[i][1], g_lay[i][2], g_lay[i][3], g_lay[i][4]);
         Model s;
-        model_init_shape(&s, &cfg, &t, true, 16, NULL);
+        model_init_shape(&s, &cfg, &t, 16, NULL);
         for (int mode = RECOMPUTE_NONE; mode <= RECOMPUTE_SELECTIVE; mode++) {
             TrainActs a;
             size_t before = td_mem_current();

@@ -202,6 +202,12 @@ static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo, 
     }
 }
 
+/* The attention shape of every layout (model_init_shape's too). */
+static void set_attn(Model *m, size_t kv_block)
+{
+    m->attn = (AttnShape){ m->H, m->Hkv, m->hd, kv_block ? kv_block : 16, DTYPE_F32 };
+}
+
 static void init_layout(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads, size_t kv_block,
                         const ModelDtypes *dt)
 {
@@ -216,7 +222,7 @@ static void init_layout(Model *m, const ModelConfig *cfg, const Topology *topo, 
         if (p->packed) p->packed = m->packed + ((size_t)(uintptr_t)p->packed - 1);
     }
     rope_table_init(&m->rope, (size_t)cfg->max_position_embeddings, m->hd, cfg->rope_theta);
-    m->attn = (AttnShape){ m->H, m->Hkv, m->hd, kv_block ? kv_block : 16, DTYPE_F32 };
+    set_attn(m, kv_block);
 }
 
 void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads,
@@ -231,8 +237,8 @@ void model_init_serving(Model *m, const ModelConfig *cfg, const Topology *topo, 
     init_layout(m, cfg, topo, false, kv_block, dt);
 }
 
-void model_init_shape(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads,
-                      size_t kv_block, const ModelDtypes *dt)
+void model_init_shape(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
+                      const ModelDtypes *dt)
 {
     build_table(m, cfg, topo, dt);
     for (int i = 0; i < m->n_params; i++) {
@@ -240,8 +246,7 @@ void model_init_shape(Model *m, const ModelConfig *cfg, const Topology *topo, bo
         p->w = p->g = NULL;
         p->packed = NULL;
     }
-    (void)with_grads;   /* the gradient slab is n_w floats, like the weights' */
-    m->attn = (AttnShape){ m->H, m->Hkv, m->hd, kv_block ? kv_block : 16, DTYPE_F32 };
+    set_attn(m, kv_block);
 }
 
 size_t model_table_bytes(const Model *m)

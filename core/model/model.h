@@ -166,8 +166,8 @@ void model_init_serving(Model *m, const ModelConfig *cfg, const Topology *topo, 
  * attn are set, so sizing functions (layer_acts_carve with a dry arena,
  * kvcache and engine sizes, plan/) read the same numbers the allocators
  * use.  Free with model_free. */
-void model_init_shape(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads,
-                      size_t kv_block, const ModelDtypes *dt);
+void model_init_shape(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
+                      const ModelDtypes *dt);
 /* Bytes of m's parameter and layer tables and RoPE table (what every
  * init but model_init_shape allocates besides the slabs). */
 size_t model_table_bytes(const Model *m);
