@@ -10,6 +10,7 @@
 #include "core/tok/tok_cmd.h"
 #include "infer/infer_cmd.h"
 #include "obs/plot_cmd.h"
+#include "plan/plan_cmd.h"
 #include "rl/rl.h"
 #include "rl/rlcheck.h"
 #include "train/quant_cmd.h"
@@ -56,6 +57,7 @@ static const struct {
     { "ckpt", cmd_ckpt_any, "inspect, verify, reshard, export, diff, quantize checkpoints" },
     { "rl", cmd_rl, "GRPO post-training with exact rollout logprobs" },
     { "plot", cmd_plot, "PNG and SVG figures of runs' metrics: plot RUN_DIR [RUN_DIR ...] [--out DIR]" },
+    { "plan", cmd_plan, "memory and communication plan of every parallel layout (no weights needed)" },
     { "tokenize", cmd_tokenize_any, "Hugging Face tokenizers: ids of a text, chat rendering, decode" },
     { NULL, NULL, NULL },
 };

@@ -34,21 +34,49 @@ static int cmp_i32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+static void opts_fix(EngineOpts *o)
+{
+    if (o->max_batch_tokens < o->max_running) o->max_batch_tokens = o->max_running;
+    if (o->prefill_chunk < 1) o->prefill_chunk = 1;
+}
+
+/* The activation arena of a batch of max_batch_tokens rows (o fixed). */
+static size_t arena_need(const Model *m, const EngineOpts *o)
+{
+    const size_t N = o->max_batch_tokens;
+    LayerActs la;
+    Arena dry;
+    arena_init_dry(&dry);
+    layer_acts_carve(&la, &dry, m, N);
+    return dry.used + 4 * N * m->d * sizeof(float) + o->max_running * m->V * sizeof(float) + 4096;
+}
+
+void engine_mem(const Model *m, const EngineOpts *opts, EngineMem *out)
+{
+    EngineOpts o = *opts;
+    opts_fix(&o);
+    memset(out, 0, sizeof *out);
+    size_t n_moe = 0;
+    for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) n_moe += m->layers[l].moe;
+    const size_t N = o.max_batch_tokens, R = o.max_running;
+    out->kv_cache = kvcache_bytes(m, o.kv_budget_bytes, &out->kv_blocks);
+    out->activations = td_round_up(arena_need(m, &o), 64);
+    /* engine_init's tables, in its order */
+    out->workspace = 2 * N * sizeof(int32_t) + R * sizeof(int32_t) + (R * n_moe * m->k + 1) * sizeof(int32_t) +
+                     R * sizeof(AttnSeq) + 2 * R * sizeof(Request *) + sampler_scratch_bytes(m->V) +
+                     (o.n_stop_ids + 1) * sizeof(int32_t);
+}
+
 void engine_init(Engine *e, const Model *m, const EngineOpts *o)
 {
     memset(e, 0, sizeof *e);
     e->m = m;
     e->o = *o;
-    if (e->o.max_batch_tokens < e->o.max_running) e->o.max_batch_tokens = e->o.max_running;
-    if (e->o.prefill_chunk < 1) e->o.prefill_chunk = 1;
+    opts_fix(&e->o);
     kvcache_init(&e->kv, m, o->kv_budget_bytes);
     const size_t N = e->o.max_batch_tokens, d = m->d, V = m->V;
     for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) e->n_moe += m->layers[l].moe;
-    Arena dry;
-    arena_init_dry(&dry);
-    layer_acts_carve(&e->la, &dry, m, N);
-    size_t need = dry.used + 4 * N * d * sizeof(float) + e->o.max_running * V * sizeof(float) + 4096;
-    arena_init(&e->arena, need);
+    arena_init(&e->arena, arena_need(m, &e->o));
     layer_acts_carve(&e->la, &e->arena, m, N);
     e->x = arena_floats(&e->arena, N * d);
     e->hn = arena_floats(&e->arena, N * d);

@@ -184,6 +184,17 @@ void engine_opts_default(EngineOpts *o);
 void engine_init(Engine *e, const Model *m, const EngineOpts *o);
 void engine_free(Engine *e);
 
+/* Bytes engine_init(e, m, o) allocates through td_malloc, by what they
+ * hold: the paged KV cache (kvcache_bytes of o->kv_budget_bytes, and the
+ * blocks it makes), the activation arena of a batch of max_batch_tokens
+ * rows (layer_acts_carve on a dry arena, as engine_init sizes it) and the
+ * batch tables.  m may be a shape (model_init_shape).  Requests add their
+ * own buffers (prompt and outputs) while they run. */
+typedef struct {
+    size_t kv_cache, activations, workspace, kv_blocks;
+} EngineMem;
+void engine_mem(const Model *m, const EngineOpts *o, EngineMem *out);
+
 /* Allocates a request for the given prompt (copied). */
 Request *request_new(const int32_t *prompt, size_t n_prompt, const GenParams *gp);
 void request_free(Request *r);

@@ -4,16 +4,43 @@
 
 #include <string.h>
 
+/* Blocks a budget buys: every local layer's block counts. */
+static size_t n_blocks_of(const Model *m, size_t budget_bytes)
+{
+    size_t per_block = (size_t)(m->topo.layer_end - m->topo.layer_begin) * attn_block_bytes(&m->attn);
+    size_t n = budget_bytes / (per_block ? per_block : 1);
+    if (n < 1) n = 1;
+    if (n > INT32_MAX / 4) n = INT32_MAX / 4;   /* the prefix table's buckets (2n, a power of 2) fit an int32 */
+    return n;
+}
+
+/* Hash buckets of the prefix table for n blocks: the power of 2 >= 2n. */
+static size_t n_buckets_of(size_t n)
+{
+    size_t b = 1;
+    while (b < 2 * n) b *= 2;
+    return b;
+}
+
+size_t kvcache_bytes(const Model *m, size_t budget_bytes, size_t *n_blocks)
+{
+    size_t n = n_blocks_of(m, budget_bytes);
+    if (n_blocks) *n_blocks = n;
+    /* the pool, the free list, and the prefix cache's tables of kvcache_init:
+     * ref, reg, hash, parent, tokens, chain, lru_prev/next, buckets */
+    const size_t per_block_meta = sizeof(int32_t) + sizeof(int32_t) + sizeof(bool) + 2 * sizeof(uint64_t) +
+                                  (size_t)m->attn.bs * sizeof(int32_t) + 3 * sizeof(int32_t);
+    return (size_t)(m->topo.layer_end - m->topo.layer_begin) * n * attn_block_bytes(&m->attn) + 64 +
+           n * per_block_meta + n_buckets_of(n) * sizeof(int32_t);
+}
+
 void kvcache_init(KvCache *c, const Model *m, size_t budget_bytes)
 {
     memset(c, 0, sizeof *c);
     c->n_layers = m->topo.layer_end - m->topo.layer_begin;
     c->bs = m->attn.bs;
     c->block_bytes = attn_block_bytes(&m->attn);
-    size_t per_block = kvcache_block_bytes(c);
-    size_t n = budget_bytes / (per_block ? per_block : 1);
-    if (n < 1) n = 1;
-    if (n > INT32_MAX / 4) n = INT32_MAX / 4;
+    size_t n = n_blocks_of(m, budget_bytes);
     c->n_blocks = (int32_t)n;
     /* zeroed once: a stale or never-written slot is only ever read for a
      * masked key, whose score is replaced, never used */
@@ -29,8 +56,7 @@ void kvcache_init(KvCache *c, const Model *m, size_t budget_bytes)
     c->chain = td_malloc(n * sizeof(int32_t));
     c->lru_prev = td_malloc(n * sizeof(int32_t));
     c->lru_next = td_malloc(n * sizeof(int32_t));
-    c->n_buckets = 1;
-    while (c->n_buckets < 2 * n) c->n_buckets *= 2;
+    c->n_buckets = n_buckets_of(n);
     c->bucket = td_malloc(c->n_buckets * sizeof(int32_t));
     for (size_t i = 0; i < c->n_buckets; i++) c->bucket[i] = -1;
     c->lru_head = c->lru_tail = -1;

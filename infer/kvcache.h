@@ -70,6 +70,9 @@ typedef struct {
 /* Sizes the pool from a byte budget (at least one block). */
 void kvcache_init(KvCache *c, const Model *m, size_t budget_bytes);
 void kvcache_free(KvCache *c);
+/* Bytes kvcache_init(c, m, budget_bytes) allocates (pool and free list)
+ * and the blocks it makes (n_blocks may be NULL); m may be a shape. */
+size_t kvcache_bytes(const Model *m, size_t budget_bytes, size_t *n_blocks);
 /* Bytes one block of all layers takes. */
 size_t kvcache_block_bytes(const KvCache *c);
 /* Bytes one cached position takes, all local layers (keys, values and

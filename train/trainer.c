@@ -96,7 +96,7 @@ static void sgemm_rows(void *vc, size_t r0, size_t r1, int tid)
 
 void train_measure_peak(double *sgemm_gflops, double *kernel_gflops)
 {
-    const size_t n = 1024;
+    const size_t n = TRAIN_PEAK_N;
     float *a = td_malloc(n * n * sizeof(float)), *b = td_malloc(n * n * sizeof(float));
     float *c = td_malloc(n * n * sizeof(float)), *p = td_malloc(gemm_packed_bytes(DTYPE_F32, n, n));
     for (size_t i = 0; i < n * n; i++) {
@@ -159,11 +159,14 @@ struct Bucket {
 };
 typedef struct Bucket Bucket;
 
-static void build_buckets(Trainer *tr)
+/* The buckets of model m and this rank's ZeRO shards of them, for groups
+ * of p_dp ranks (this one q_dp) and p_edp (q_edp): one layout for the
+ * trainer (comm/'s group sizes) and for train_mem (the topology's). */
+static Bucket *bucket_layout(const Model *m, int p_dp, int q_dp, int p_edp, int q_edp, int *n_out,
+                             size_t *n_mom)
 {
-    const Model *m = &tr->m;
-    tr->buckets = td_malloc((size_t)(m->n_params + 1) * sizeof(Bucket));
-    tr->n_buckets = 0;
+    Bucket *bk = td_malloc((size_t)(m->n_params + 1) * sizeof(Bucket));
+    int n = 0;
     for (int i = 0; i < m->n_params; i++) {
         const Param *p = &m->params[i];
         if (p->tied_copy) continue;   /* reduced and sent to its owner by tied_grads */
@@ -171,24 +174,32 @@ static void build_buckets(Trainer *tr)
         int layer = p->layer >= 0 ? p->layer : (p == m->norm || (p == m->lm_head && p != m->embed))
                                                    ? m->cfg.num_hidden_layers : -1;
         size_t end = i + 1 < m->n_params ? m->params[i + 1].offset : m->n_w;
-        Bucket *last = tr->n_buckets ? &tr->buckets[tr->n_buckets - 1] : NULL;
+        Bucket *last = n ? &bk[n - 1] : NULL;
         if (last && last->g == g && last->layer == layer && last->off + last->len == p->offset) {
             last->len = end - last->off;
         } else {
-            tr->buckets[tr->n_buckets++] = (Bucket){ p->offset, end - p->offset, g, layer, 0, 0, 0 };
+            bk[n++] = (Bucket){ p->offset, end - p->offset, g, layer, 0, 0, 0 };
         }
     }
     /* ZeRO-1 shards: rank q of the bucket's group owns [len q/P, len (q+1)/P) */
     size_t mom = 0;
-    for (int i = 0; i < tr->n_buckets; i++) {
-        Bucket *b = &tr->buckets[i];
-        size_t P = (size_t)comm_group_size(b->g), q = (size_t)comm_group_rank(b->g);
+    for (int i = 0; i < n; i++) {
+        Bucket *b = &bk[i];
+        size_t P = (size_t)(b->g == COMM_EDP ? p_edp : p_dp), q = (size_t)(b->g == COMM_EDP ? q_edp : q_dp);
         b->lo = b->off + b->len * q / P;
         b->hi = b->off + b->len * (q + 1) / P;
         b->mom = mom;
         mom += b->hi - b->lo;
     }
-    tr->n_mom = mom;
+    *n_out = n;
+    *n_mom = mom;
+    return bk;
+}
+
+static void build_buckets(Trainer *tr)
+{
+    tr->buckets = bucket_layout(&tr->m, comm_group_size(COMM_DP), comm_group_rank(COMM_DP),
+                                comm_group_size(COMM_EDP), comm_group_rank(COMM_EDP), &tr->n_buckets, &tr->n_mom);
 }
 
 static void bucket_counts(const Bucket *b, size_t *counts)
@@ -326,6 +337,52 @@ static int setup_model(Trainer *tr, CkptState *st, bool *resumed)
         td_info("%s %s (step %lld)", *resumed ? "resuming from" : "initialised from", src,
                 *resumed ? (long long)st->step : 0LL);
     return 0;
+}
+
+int train_n_slots(const Topology *t, int grad_accum)
+{
+    /* 1F1B keeps up to pp - stage micro-batches in flight on a stage */
+    return t->pp == 1 ? 1 : (int)td_min((size_t)(t->pp - t->pp_rank), (size_t)grad_accum);
+}
+
+void train_mem(const Model *m, size_t B, size_t T, int grad_accum, Recompute mode, bool zero, TrainMem *o)
+{
+    memset(o, 0, sizeof *o);
+    const Topology *t = &m->topo;
+    const size_t nw = m->n_w * sizeof(float);
+    int n_b;
+    size_t n_mom;
+    zero = zero && t->world > 1;
+    Bucket *bk = bucket_layout(m, t->dp, t->dp_rank, t->dp / t->ep, t->dp_rank / t->ep, &n_b, &n_mom);
+    size_t zmax = 1;
+    for (int i = 0; i < n_b; i++) zmax = td_max(zmax, bk[i].hi - bk[i].lo);
+    td_free(bk);
+    o->weights = nw + m->n_packed;
+    o->gradients = nw;
+    o->optimizer = 2 * (zero ? td_max(n_mom, 1) * sizeof(float) : nw);
+    o->comm = zmax * sizeof(float) + (size_t)(m->n_params + 1) * sizeof(Bucket);
+    const int slots = train_n_slots(t, grad_accum);
+    o->activations = (size_t)slots * model_train_acts_bytes(m, B, T, mode);
+    /* tables and per-micro-batch token buffers, always held */
+    const size_t L = (size_t)m->cfg.num_hidden_layers;
+    const size_t tables = model_table_bytes(m) +
+                          (size_t)slots * (sizeof(Slot) + B * T * (2 * sizeof(int32_t) + sizeof(float))) +
+                          2 * (L + 1) * sizeof(double);
+    const size_t held = o->weights + o->gradients + o->optimizer + o->comm + o->activations + tables;
+    /* the peaks on top: the start-up GEMM measurement (train_measure_peak),
+     * the tied embedding's gradient received by the first stage, and with
+     * ZeRO the set-up moment where the full moments and the shards coexist */
+    const size_t n = TRAIN_PEAK_N;
+    size_t extra = td_max(3 * n * n * sizeof(float) + gemm_packed_bytes(DTYPE_F32, n, n),
+                          t->pp > 1 && m->cfg.tie_word_embeddings && topo_is_first_stage(t) ? m->V * m->d * sizeof(float) : 0);
+    size_t total = held + extra;
+    if (zero) {
+        size_t setup = o->weights + o->gradients + 2 * nw + 2 * td_max(n_mom, 1) * sizeof(float) + o->comm +
+                       model_table_bytes(m);
+        total = td_max(total, setup);
+    }
+    o->workspace = total - (held - tables);
+    o->total = total;
 }
 
 /* ---------------------------------------------------------------- reporting */
@@ -1122,8 +1179,7 @@ int train_run(const RunConfig *rc)
     const size_t B = (size_t)(rc->micro_batch / tr.topo.dp), T = (size_t)rc->seq_len;
     Recompute mode = !strcmp(rc->recompute, "full") ? RECOMPUTE_FULL
                    : !strcmp(rc->recompute, "selective") ? RECOMPUTE_SELECTIVE : RECOMPUTE_NONE;
-    /* 1F1B keeps up to pp - stage micro-batches in flight on a stage */
-    tr.n_slots = tr.topo.pp == 1 ? 1 : td_min((size_t)(tr.topo.pp - tr.topo.pp_rank), (size_t)rc->grad_accum);
+    tr.n_slots = train_n_slots(&tr.topo, rc->grad_accum);
     tr.slots = td_calloc((size_t)tr.n_slots * sizeof(Slot));
     for (int i = 0; i < tr.n_slots; i++) {
         model_train_acts_init(&tr.slots[i].acts, &tr.m, B, T, mode);

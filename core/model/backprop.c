@@ -217,6 +217,27 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
 }
 #undef SLOT
 
+/* The arena a's carve needs (a->B, T, N, mode set, la NULL). */
+static size_t acts_arena_need(TrainActs *a, const Model *m)
+{
+    Arena dry;
+    arena_init_dry(&dry);
+    carve(a, m, &dry);
+    return dry.used;
+}
+
+size_t model_train_acts_bytes(const Model *m, size_t B, size_t T, Recompute mode)
+{
+    TrainActs a;
+    memset(&a, 0, sizeof a);
+    a.B = B, a.T = T, a.N = B * T, a.mode = mode;
+    const size_t nl = (size_t)(m->topo.layer_end - m->topo.layer_begin);
+    const size_t nb = (T + m->attn.bs - 1) / m->attn.bs;
+    /* what model_train_acts_init allocates: the arena, then its tables */
+    return td_round_up(acts_arena_need(&a, m), 64) + (nl + 1) * sizeof(float *) + nl * sizeof(LayerActs) +
+           B * nb * sizeof(int32_t) + B * sizeof(AttnSeq) + a.N * sizeof(int32_t);
+}
+
 void model_train_acts_init(TrainActs *a, const Model *m, size_t B, size_t T, Recompute mode)
 {
     memset(a, 0, sizeof *a);
@@ -225,10 +246,7 @@ void model_train_acts_init(TrainActs *a, const Model *m, size_t B, size_t T, Rec
     a->N = B * T;
     a->mode = mode;
     const int nl = m->topo.layer_end - m->topo.layer_begin;
-    Arena dry;
-    arena_init_dry(&dry);
-    carve(a, m, &dry);
-    arena_init(&a->arena, dry.used);
+    arena_init(&a->arena, acts_arena_need(a, m));
     a->la = td_calloc((size_t)nl * sizeof(LayerActs));
     carve(a, m, &a->arena);   /* every activation is carved here: arena.size is the peak */
 

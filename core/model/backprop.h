@@ -58,6 +58,10 @@ typedef struct {
 /* Sizes and carves the arena for micro-batches of B x T. */
 void model_train_acts_init(TrainActs *a, const Model *m, size_t B, size_t T, Recompute mode);
 void model_train_acts_free(TrainActs *a);
+/* Bytes model_train_acts_init(a, m, B, T, mode) allocates (its arena and
+ * tables), measured by the same carve on a dry arena; m may be a shape
+ * (model_init_shape). */
+size_t model_train_acts_bytes(const Model *m, size_t B, size_t T, Recompute mode);
 
 /* Loss pieces of one micro-batch.  Sums are local (this dp rank); the
  * trainer combines them. */

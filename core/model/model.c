@@ -247,6 +247,15 @@ static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo, 
     }
 }
 
+/* The attention shape of every layout (model_init_shape's too). */
+/* The attention shape of the model's layers (MLA: one latent kv head of
+ * r + rope key dims whose first r are the values, docs/mla.md). */
+static void set_attn(Model *m, size_t kv_block)
+{
+    m->attn = (AttnShape){ m->H, m->mla ? 1 : m->Hkv, m->ak / (m->mla ? 1 : m->Hkv), kv_block ? kv_block : 16,
+                           DTYPE_F32, m->mla ? m->av : m->hd, model_attn_scale(&m->cfg), m->mla };
+}
+
 static void init_layout(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads, size_t kv_block,
                         const ModelDtypes *dt)
 {
@@ -261,8 +270,7 @@ static void init_layout(Model *m, const ModelConfig *cfg, const Topology *topo, 
         if (p->packed) p->packed = m->packed + ((size_t)(uintptr_t)p->packed - 1);
     }
     rope_table_init(&m->rope, (size_t)cfg->max_position_embeddings, m->hd, cfg->rope_theta);
-    m->attn = (AttnShape){ m->H, m->mla ? 1 : m->Hkv, m->ak / (m->mla ? 1 : m->Hkv), kv_block ? kv_block : 16,
-                           DTYPE_F32, m->mla ? m->av : m->hd, model_attn_scale(cfg), m->mla };
+    set_attn(m, kv_block);
 }
 
 float model_attn_scale(const ModelConfig *cfg)
@@ -281,6 +289,25 @@ void model_init_serving(Model *m, const ModelConfig *cfg, const Topology *topo, 
                         const ModelDtypes *dt)
 {
     init_layout(m, cfg, topo, false, kv_block, dt);
+}
+
+void model_init_shape(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
+                      const ModelDtypes *dt)
+{
+    build_table(m, cfg, topo, dt);
+    for (int i = 0; i < m->n_params; i++) {
+        Param *p = &m->params[i];
+        p->w = p->g = NULL;
+        p->packed = NULL;
+    }
+    set_attn(m, kv_block);
+}
+
+size_t model_table_bytes(const Model *m)
+{
+    const size_t L = (size_t)m->cfg.num_hidden_layers;
+    return (3 + L * MAX_PARAMS_PER_LAYER) * sizeof(Param) + L * sizeof(Layer) +
+           rope_table_bytes((size_t)m->cfg.max_position_embeddings, m->hd);
 }
 
 ModelDtypes model_dtypes_default(Dtype d)

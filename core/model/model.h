@@ -179,6 +179,17 @@ void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool wit
  * checkpoint/ckpt_serve.h). */
 void model_init_serving(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
                         const ModelDtypes *dt);
+/* The tables and local sizes of the model model_init (dt NULL) or
+ * model_init_serving (dt given) would build, without its slabs or RoPE
+ * table: n_w, n_packed, the Params (w, g, packed NULL), the Layers and
+ * attn are set, so sizing functions (layer_acts_carve with a dry arena,
+ * kvcache and engine sizes, plan/) read the same numbers the allocators
+ * use.  Free with model_free. */
+void model_init_shape(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
+                      const ModelDtypes *dt);
+/* Bytes of m's parameter and layer tables and RoPE table (what every
+ * init but model_init_shape allocates besides the slabs). */
+size_t model_table_bytes(const Model *m);
 /* Frees everything; safe on a zeroed struct and twice. */
 void model_free(Model *m);
 /* The parameter table alone (names, global shapes, slices) of the rank

@@ -19,6 +19,8 @@ typedef struct {
 } RopeTable;
 
 void rope_table_init(RopeTable *t, size_t max_pos, size_t hd, double theta);
+/* Bytes rope_table_init allocates. */
+static inline size_t rope_table_bytes(size_t max_pos, size_t hd) { return 2 * max_pos * (hd / 2) * sizeof(float); }
 void rope_table_free(RopeTable *t);
 
 /* Rotates x (N, n_heads * hd) in place; row t is at position pos[t]

@@ -214,6 +214,9 @@ char *metrics_render(Metrics *m, size_t *len)
           (double)c.st.kv_token_bytes);
     gauge(&b, "tandem_weight_bytes", "gauge", "Bytes of the weights as held (their serving dtype).",
           (double)c.st.weight_bytes);
+    gauge(&b, "tandem_mem_peak_bytes", "gauge",
+          "Peak bytes this process (rank 0) allocated through tandem's allocator (td_mem_peak).",
+          (double)td_mem_peak());
     gauge(&b, "tandem_tokens_per_second", "gauge", "Generated tokens per second over the last 10 seconds.",
           rate_of(&c));
     gauge(&b, "tandem_preemptions_total", "counter", "Requests preempted for cache space (and recomputed).",
