@@ -64,7 +64,7 @@ void engine_mem(const Model *m, const EngineOpts *opts, EngineMem *out)
     /* engine_init's tables, in its order */
     out->workspace = 2 * N * sizeof(int32_t) + R * sizeof(int32_t) + (R * n_moe * m->k + 1) * sizeof(int32_t) +
                      R * sizeof(AttnSeq) + 2 * R * sizeof(Request *) + sampler_scratch_bytes(m->V) +
-                     (o.n_stop_ids + 1) * sizeof(int32_t);
+                     (o.n_stop_ids + 1) * sizeof(int32_t) + 2 * (size_t)m->attn.bs * sizeof(int32_t) /* blk_tok */;
 }
 
 void engine_init(Engine *e, const Model *m, const EngineOpts *o)
