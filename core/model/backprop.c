@@ -131,6 +131,7 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
             }
             SLOT(ckv, N * md->r, KEEP_NONE | KEEP_SEL);
             SLOT(rstdkv, N, KEEP_NONE | KEEP_SEL);
+            SLOT(matt, N * md->H * md->v, KEEP_NONE);   /* o_proj's input: recomputed with att otherwise */
         }
         /* before q/k norm and clamp: what their backward reads */
         if (m->qk_pre) {
@@ -516,8 +517,9 @@ static void mla_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
     const size_t N = a->N, d = m->d, r = md->r, rope = md->rope, qk = md->nope + rope, kw = r + rope;
     const size_t qr = (size_t)m->cfg.q_lora_rank, Hqk = md->H * qk, Hv = md->H * md->v;
     const bool inter = m->cfg.rope_interleave;
-    /* o_proj's input, recomputed (the forward's bits) */
-    mla_absorb_o_forward(la->matt, la->att, L->kvb->w, N, md);
+    /* o_proj's input: kept (none), just recomputed by the layer (full), or
+     * recomputed here from the recomputed att (selective): the forward's bits */
+    if (a->mode == RECOMPUTE_SELECTIVE) mla_absorb_o_forward(la->matt, la->att, L->kvb->w, N, md);
     zero(a->dmatt, N * Hv);
     linear_backward(a->dmatt, L->o->g, a->dx, la->matt, L->o->w, N, d, Hv);
     zero(a->datt, N * m->ao);
