@@ -180,21 +180,27 @@ static int do_rule(Ctx *x, const HfKey *k, const cJSON *v, bool given)
     case HFR_ROPE_SCALING:
         if (!v || cJSON_IsNull(v)) return 0;
         if (!cJSON_IsObject(v)) return refuse(x, "rope_scaling %s is not an object or null", show(v, b, sizeof b));
-        if (strcmp(rope_type(v), "default"))
-            return refuse(x, "rope_scaling type \"%s\" is not supported (tandem computes plain RoPE)", rope_type(v));
-        return 0;
+        if (!strcmp(rope_type(v), "default") && cJSON_GetArraySize(v) <= 2) return 0;
+        /* linear, yarn: the tandem key takes the object (config.c checks it, refusing other types by name) */
+        return put(x, "rope_scaling", v, "rope_scaling", given);
     case HFR_ROPE_PARAMS: {
         if (!v || cJSON_IsNull(v)) return 0;
         if (!cJSON_IsObject(v)) return refuse(x, "rope_parameters %s is not an object or null", show(v, b, sizeof b));
-        if (strcmp(rope_type(v), "default"))
-            return refuse(x, "rope_parameters rope_type \"%s\" is not supported (tandem computes plain RoPE)",
-                          rope_type(v));
+        cJSON *sc = cJSON_CreateObject();
         for (const cJSON *it = v->child; it; it = it->next) {
-            if (!strcmp(it->string, "rope_type") || !strcmp(it->string, "type") || !strcmp(it->string, "rope_theta"))
-                continue;
-            if (!strcmp(it->string, "partial_rotary_factor") && cJSON_IsNumber(it) && it->valuedouble == 1.0) continue;
-            return refuse(x, "rope_parameters key \"%s\" (%s) is not supported", it->string, show(it, b, sizeof b));
+            if (!strcmp(it->string, "rope_theta")) continue;
+            if (!strcmp(it->string, "partial_rotary_factor")) {
+                if (cJSON_IsNumber(it) && it->valuedouble == 1.0) continue;
+                cJSON_Delete(sc);
+                return refuse(x, "rope_parameters key \"%s\" (%s) is not supported", it->string, show(it, b, sizeof b));
+            }
+            cJSON_AddItemToObject(sc, it->string, cJSON_Duplicate(it, true));
         }
+        int rc = 0;
+        if (strcmp(rope_type(v), "default") || cJSON_GetArraySize(sc) > 1)
+            rc = put(x, "rope_scaling", sc, "rope_parameters", given);
+        cJSON_Delete(sc);
+        if (rc) return -1;
         const cJSON *th = cJSON_GetObjectItemCaseSensitive(v, "rope_theta");
         if (!th) return 0;
         if (!cJSON_IsNumber(th)) return refuse(x, "rope_parameters.rope_theta %s is not a number", show(th, b, sizeof b));
@@ -494,7 +500,9 @@ char *hf_config_write(const HfFamily *fam, const ModelConfig *cfg, HfLayout layo
     cJSON_AddItemToArray(arch, cJSON_CreateString(fam->architecture));
     cJSON_AddStringToObject(o, "model_type", fam->model_type);
     for (const HfKey *k = fam->keys; k->key; k++) {
-        if (!(k->write & layout)) continue;
+        bool scaled_v4 = k->kind == HFK_RULE && k->rule == HFR_ROPE_SCALING && layout == HF_V4 &&
+                         cfg->rope_scaling.type != ROPE_SCALING_NONE;
+        if (!(k->write & layout) && !scaled_v4) continue;
         cJSON *v = NULL;
         if (k->kind == HFK_COPY) {
             char first[64];
@@ -508,9 +516,16 @@ char *hf_config_write(const HfFamily *fam, const ModelConfig *cfg, HfLayout layo
             cJSON_Delete(nullv);
             v = as_null || !tv ? cJSON_CreateNull() : cJSON_Duplicate(tv, true);
         } else if (k->kind == HFK_RULE && k->rule == HFR_ROPE_PARAMS) {
-            v = cJSON_CreateObject();
+            v = cfg->rope_scaling.type != ROPE_SCALING_NONE ? config_rope_scaling_json(&cfg->rope_scaling)
+                                                            : cJSON_CreateObject();
+            cJSON_DeleteItemFromObjectCaseSensitive(v, "type");
             cJSON_AddNumberToObject(v, "rope_theta", cfg->rope_theta);
-            cJSON_AddStringToObject(v, "rope_type", "default");
+            cJSON_AddStringToObject(v, "rope_type", cfg->rope_scaling.type == ROPE_SCALING_YARN     ? "yarn"
+                                                    : cfg->rope_scaling.type == ROPE_SCALING_LINEAR ? "linear"
+                                                                                                     : "default");
+        } else if (k->kind == HFK_RULE && k->rule == HFR_ROPE_SCALING) {
+            if (layout == HF_V4 && (k->write & layout || cfg->rope_scaling.type != ROPE_SCALING_NONE))
+                v = config_rope_scaling_json(&cfg->rope_scaling);
         } else if (k->kind == HFK_RULE && k->rule == HFR_LAYER_TYPES) {
             v = cJSON_CreateArray();
             for (int l = 0; l < cfg->num_hidden_layers; l++) cJSON_AddItemToArray(v, cJSON_CreateString("full_attention"));
@@ -618,6 +633,10 @@ bool hf_config_same_math(const ModelConfig *a, const ModelConfig *b, char *why, 
     }
     if (a->qk_norm != b->qk_norm) {
         snprintf(why, why_len, "qk_norm would change");
+        return false;
+    }
+    if (memcmp(&a->rope_scaling, &b->rope_scaling, sizeof a->rope_scaling)) {
+        snprintf(why, why_len, "rope_scaling would change");
         return false;
     }
     return true;

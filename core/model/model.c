@@ -215,7 +215,7 @@ static void init_layout(Model *m, const ModelConfig *cfg, const Topology *topo, 
         p->g = m->g ? m->g + p->offset : NULL;
         if (p->packed) p->packed = m->packed + ((size_t)(uintptr_t)p->packed - 1);
     }
-    rope_table_init(&m->rope, (size_t)cfg->max_position_embeddings, m->hd, cfg->rope_theta);
+    rope_table_init_scaled(&m->rope, (size_t)cfg->max_position_embeddings, m->hd, cfg->rope_theta, &cfg->rope_scaling);
     m->attn = (AttnShape){ m->H, m->Hkv, m->hd, kv_block ? kv_block : 16, DTYPE_F32 };
 }
 

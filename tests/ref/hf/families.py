@@ -107,8 +107,11 @@ def config_json(family, dtype="f32", layout="v4", over=None):
     # transformers 5 writes rope parameters as one dict, "dtype", and the
     # attributes its v5 config classes added
     theta = c.pop("rope_theta")
-    c.pop("rope_scaling", None)
+    sc = c.pop("rope_scaling", None)
     c["rope_parameters"] = {"rope_theta": theta, "rope_type": "default"}
+    if sc:
+        c["rope_parameters"].update({k: v for k, v in sc.items() if k != "type"})
+        c["rope_parameters"]["rope_type"] = sc.get("rope_type", sc.get("type"))
     c["dtype"] = torch_dtype
     c["transformers_version"] = V5_VERSION
     if family == "qwen2_moe":
@@ -119,16 +122,27 @@ def config_json(family, dtype="f32", layout="v4", over=None):
 
 # ---------------------------------------------------------------- config reading
 
+ROPE_TYPES = ("default", "linear", "yarn")
+
+
 def rope_theta(cfg):
+    """(theta, rope_scaling or None) of a v4 or v5 config."""
     if "rope_parameters" in cfg and cfg["rope_parameters"] is not None:
-        rp = cfg["rope_parameters"]
-        if rp.get("rope_type", "default") != "default":
-            raise ValueError("rope_parameters.rope_type %r is not supported" % rp.get("rope_type"))
-        return float(rp["rope_theta"])
-    if cfg.get("rope_scaling") is not None:
-        raise ValueError("rope_scaling %r is not supported" % (cfg["rope_scaling"],))
+        rp = dict(cfg["rope_parameters"])
+        typ = rp.get("rope_type", "default")
+        if typ not in ROPE_TYPES:
+            raise ValueError("rope_parameters.rope_type %r is not supported" % typ)
+        theta = float(rp.pop("rope_theta"))
+        return theta, (rp if typ != "default" else None)
+    sc = cfg.get("rope_scaling")
+    if sc is not None:
+        typ = sc.get("rope_type", sc.get("type"))
+        if typ not in ROPE_TYPES:
+            raise ValueError("rope_scaling %r is not supported" % (sc,))
+        if typ == "default":
+            sc = None
     default = 1000000.0 if cfg["model_type"] == "mixtral" else 10000.0
-    return float(cfg.get("rope_theta", default))
+    return float(cfg.get("rope_theta", default)), sc
 
 
 def spec(cfg):
@@ -143,7 +157,8 @@ def spec(cfg):
     d, H = cfg["hidden_size"], cfg["num_attention_heads"]
     Hkv = cfg.get("num_key_value_heads") or H
     s = dict(family=fam, d=d, H=H, Hkv=Hkv, V=cfg["vocab_size"], L=cfg["num_hidden_layers"],
-             eps=cfg["rms_norm_eps"], theta=rope_theta(cfg), k=cfg["num_experts_per_tok"],
+             eps=cfg["rms_norm_eps"], theta=rope_theta(cfg)[0], rope_scaling=rope_theta(cfg)[1],
+             max_pos=cfg.get("max_position_embeddings"), k=cfg["num_experts_per_tok"],
              tie=bool(cfg.get("tie_word_embeddings", False)),
              aux_coef=float(cfg.get("router_aux_loss_coef", 0.0)))
     s["hd"] = cfg.get("head_dim") or d // H

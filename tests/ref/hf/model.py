@@ -40,13 +40,73 @@ def rmsnorm(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def rope_tables(T, hd, theta, offset=0):
-    """cos, sin (T, hd) float64 holding HF's float32 values."""
+def yarn_get_mscale(scale, mscale=1.0):
+    """HF yarn_get_mscale / get_mscale (Python floats)."""
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_inv_freq(hd, theta, scaling=None, max_pos=None):
+    """(inv_freq float32 (hd/2,), attention_factor) as transformers'
+    ROPE_INIT_FUNCTIONS compute them (modeling_rope_utils.py): default,
+    linear (inv_freq / factor) and yarn (_compute_yarn_parameters: the
+    linear-ramp blend of interpolated and extrapolated frequencies).  The
+    factor is rope_scaling["factor"] (transformers 5; 4.5x took
+    max_position_embeddings / original_max_position_embeddings when the
+    latter is given, the same number for every published config)."""
+    typ = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).to(torch.float32) / hd))
-    pos = torch.arange(offset, offset + T, dtype=torch.float32)
+    if typ == "default":
+        return inv, 1.0
+    factor = scaling["factor"]
+    if typ == "linear":
+        return inv / factor, 1.0
+    if typ != "yarn":
+        raise ValueError("rope_scaling type %r is not supported" % typ)
+    orig = scaling.get("original_max_position_embeddings") or max_pos
+    att = scaling.get("attention_factor")
+    ms, msa = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if att is None:
+        att = float(yarn_get_mscale(factor, ms) / yarn_get_mscale(factor, msa)) if ms and msa else yarn_get_mscale(factor)
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def corr_dim(n_rot):
+        return (hd * math.log(orig / (n_rot * 2 * math.pi))) / (2 * math.log(theta))
+
+    lo, hi = corr_dim(fast), corr_dim(slow)
+    if scaling.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, hd - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = torch.clamp((torch.arange(hd // 2, dtype=torch.float32) - lo) / (hi - lo), 0, 1)
+    pos_freqs = theta ** (torch.arange(0, hd, 2).to(torch.float32) / hd)
+    extra, inter = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    ef = 1 - ramp
+    return inter * (1 - ef) + extra * ef, att
+
+
+def softmax_scale_factor(scaling):
+    """DeepSeek-V3 attention __init__: scaling *= mscale^2 when
+    rope_scaling has mscale_all_dim (mscale = yarn_get_mscale(factor, it))."""
+    if not scaling or not scaling.get("mscale_all_dim"):
+        return 1.0
+    m = yarn_get_mscale(scaling["factor"], scaling["mscale_all_dim"])
+    return m * m
+
+
+def rope_tables(T, hd, theta, offset=0, scaling=None, max_pos=None, positions=None):
+    """cos, sin (T, hd) float64 holding HF's float32 values: emb.cos() *
+    attention_scaling in float32 (HF's RotaryEmbedding runs autocast off)."""
+    inv, att = rope_inv_freq(hd, theta, scaling, max_pos)
+    pos = torch.arange(offset, offset + T, dtype=torch.float32) if positions is None else positions.to(torch.float32)
     freqs = pos[:, None] * inv[None, :]                       # float32, one rounding as HF's matmul
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(torch.float64), emb.sin().to(torch.float64)
+    c, s = emb.cos(), emb.sin()
+    if att != 1.0:
+        c, s = c * att, s * att
+    return c.to(torch.float64), s.to(torch.float64)
 
 
 def rotate_half(x):
@@ -161,7 +221,7 @@ class HFRef:
         if int(ids.max()) >= s["V"] or int(ids.min()) < 0:
             raise ValueError("token id out of [0, %d)" % s["V"])
         B, T = ids.shape
-        cos, sin = rope_tables(T, s["hd"], s["theta"])
+        cos, sin = rope_tables(T, s["hd"], s["theta"], scaling=s["rope_scaling"], max_pos=s["max_pos"])
         x = w["model.embed_tokens.weight"][ids]
         for l in range(s["L"]):
             p = "model.layers.%d." % l
