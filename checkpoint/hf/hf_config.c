@@ -59,6 +59,7 @@ typedef struct {
     size_t err_len;
     char *notes;
     size_t notes_len;
+    int *fp8_block;        /* quantization_config fp8: its weight_block_size (HfConfig) */
 } Ctx;
 
 static int refuse(Ctx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -245,9 +246,43 @@ static int do_rule(Ctx *x, const HfKey *k, const cJSON *v, bool given)
         return 0;
     case HFR_QUANT: {
         if (!v || cJSON_IsNull(v)) return 0;
-        const cJSON *m = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "quant_method") : NULL;
-        return refuse(x, "quantization_config (quant_method %s): quantized checkpoints are not supported",
-                      show(m, b, sizeof b));
+        if (!cJSON_IsObject(v)) return refuse(x, "quantization_config %s is not an object", show(v, b, sizeof b));
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(v, "quant_method");
+        if (!cJSON_IsString(m) || strcmp(m->valuestring, "fp8"))
+            return refuse(x, "quantization_config (quant_method %s): quantized checkpoints are not supported (tandem "
+                          "reads fp8: block-scaled F8_E4M3 weights)", show(m, b, sizeof b));
+        int blk[2] = { 128, 128 };
+        for (const cJSON *it = v->child; it; it = it->next) {
+            const char *key = it->string;
+            if (!strcmp(key, "quant_method")) continue;
+            if (!strcmp(key, "fmt")) {
+                if (cJSON_IsString(it) && !strcmp(it->valuestring, "e4m3")) continue;
+                return refuse(x, "quantization_config fmt %s is not supported (e4m3)", show(it, b, sizeof b));
+            }
+            if (!strcmp(key, "activation_scheme")) {
+                if (cJSON_IsString(it) && !strcmp(it->valuestring, "dynamic")) continue;
+                return refuse(x, "quantization_config activation_scheme %s is not supported (dynamic)", show(it, b, sizeof b));
+            }
+            if (!strcmp(key, "weight_block_size")) {
+                bool ok = cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2;
+                for (int i = 0; ok && i < 2; i++) {
+                    const cJSON *e = cJSON_GetArrayItem(it, i);
+                    ok = cJSON_IsNumber(e) && e->valuedouble >= 1 && e->valuedouble <= 65536 &&
+                         e->valuedouble == floor(e->valuedouble);
+                    if (ok) blk[i] = (int)e->valuedouble;
+                }
+                if (ok) continue;
+                return refuse(x, "quantization_config weight_block_size %s is not two block sizes (rows, columns)",
+                              show(it, b, sizeof b));
+            }
+            if (!strcmp(key, "modules_to_not_convert") && (cJSON_IsNull(it) || cJSON_IsArray(it))) continue;   /* those stay BF16 */
+            return refuse(x, "quantization_config key \"%s\" (%s) is not supported", key, show(it, b, sizeof b));
+        }
+        if (x->fp8_block) {
+            x->fp8_block[0] = blk[0];
+            x->fp8_block[1] = blk[1];
+        }
+        return 0;
     }
     case HFR_HEAD_DIM_FIXED: {
         if (!v || cJSON_IsNull(v)) return 0;
@@ -309,7 +344,7 @@ int hf_config_parse(HfConfig *c, const char *text, const char *label, char *err,
     memset(c, 0, sizeof *c);
     cJSON *hf = cJSON_Parse(text);
     Ctx x = { NULL, hf, cJSON_CreateObject(), cJSON_CreateObject(), cJSON_CreateObject(), label, err, err_len,
-              c->notes, sizeof c->notes };
+              c->notes, sizeof c->notes, c->fp8_block };
     int rc = -1;
     char b[96];
     if (!hf) {
@@ -576,6 +611,7 @@ char *hf_config_set_dtype(const char *text, HfLayout layout, const char *dtype_n
          v5 = cJSON_GetObjectItemCaseSensitive(o, "dtype") != NULL;
     if (v4 || (!v5 && layout == HF_V4)) set_item(o, "torch_dtype", cJSON_CreateString(dtype_name));
     if (v5 || (!v4 && layout == HF_V5)) set_item(o, "dtype", cJSON_CreateString(dtype_name));
+    cJSON_DeleteItemFromObjectCaseSensitive(o, "quantization_config");   /* the tensors written are not quantized */
     char *s = hf_json_dump(o);
     cJSON_Delete(o);
     return s;

@@ -30,6 +30,7 @@ conversion_mapping.py):
 import copy
 import math
 
+import numpy as np
 import torch
 
 FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
@@ -99,7 +100,7 @@ def config_json(family, dtype="f32", layout="v4", over=None):
     c = copy.deepcopy(TINY[family])
     if over:
         c.update(over)
-    torch_dtype = "bfloat16" if dtype == "bf16" else "float32"
+    torch_dtype = "bfloat16" if dtype in ("bf16", "fp8") else "float32"
     if layout == "v4":
         c["torch_dtype"] = torch_dtype
         c["transformers_version"] = V4_VERSION
@@ -287,6 +288,75 @@ def random_tensors(cfg, seed):
         x = torch.randn(shape, generator=g, dtype=torch.float64)
         std = _init_std(name, shape, d)
         out[name] = (1.0 + 0.1 * x if std is None else std * x).to(torch.float32)
+    return out
+
+
+# ---------------------------------------------------------------- FP8 (DeepSeek-V3's release format)
+
+FP8_MAX = 448.0
+FP8_TINY_BLOCK = (32, 16)   # rows, columns: several blocks per tiny weight, partial ones at the edges
+
+
+def fp8_config(block):
+    """quantization_config of DeepSeek-V3's config.json, with its block."""
+    return {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": list(block)}
+
+
+def fp8_quantized(name, t):
+    """Whether the release quantizes this tensor: every Linear of attention
+    and MLPs/experts (names ending _proj.weight); not the embedding, the
+    head, norms, the router or its bias."""
+    return t.dim() == 2 and name.endswith("_proj.weight")
+
+
+def quantize_fp8(tensors, block):
+    """name -> tensor with each quantized Linear as ("F8_E4M3", shape, raw
+    codes) plus <name>_scale_inv float32 [ceil(rows/b0), ceil(cols/b1)]:
+    per block s = amax / 448, q = e4m3(w / s) (as DeepSeek's fp8 cast)."""
+    from . import st
+    out = {}
+    b0, b1 = block
+    for n, t in tensors.items():
+        if not fp8_quantized(n, t):
+            out[n] = t
+            continue
+        w = t.to(torch.float32)
+        R, C = w.shape
+        nr, nc = -(-R // b0), -(-C // b1)
+        s = torch.zeros(nr, nc, dtype=torch.float32)
+        codes = np.zeros((R, C), dtype=np.uint8)
+        for i in range(nr):
+            for j in range(nc):
+                blk = w[i * b0:(i + 1) * b0, j * b1:(j + 1) * b1]
+                amax = float(blk.abs().max())
+                sc = np.float32(max(amax, 1e-12) / FP8_MAX)
+                s[i, j] = float(sc)
+                codes[i * b0:(i + 1) * b0, j * b1:(j + 1) * b1] = st.f8e4m3_encode(blk.numpy().astype(np.float64) / float(sc))
+        out[n] = ("F8_E4M3", [R, C], codes.tobytes())
+        out[n + "_scale_inv"] = s
+    return out
+
+
+def dequantize_fp8(cfg, tensors):
+    """The loaded tensors (F8 decoded to float32 by st.load_*) with every
+    <name>_scale_inv applied: w = q * s[r // b0, c // b1], one float32
+    product (DeepSeek's weight_dequant: x.float() * s), scales dropped."""
+    qc = cfg.get("quantization_config")
+    scales = [n for n in tensors if n.endswith("_scale_inv")]
+    if not scales:
+        return tensors
+    if not qc or qc.get("quant_method") != "fp8":
+        raise ValueError("block scales without an fp8 quantization_config: %s" % scales[0])
+    b0, b1 = qc.get("weight_block_size", [128, 128])
+    out = {n: t for n, t in tensors.items() if not n.endswith("_scale_inv")}
+    for sn in scales:
+        n = sn[:-len("_scale_inv")]
+        q, s = out[n].to(torch.float32), tensors[sn].to(torch.float32)
+        R, C = q.shape
+        if tuple(s.shape) != (-(-R // b0), -(-C // b1)):
+            raise ValueError("%s: shape %s for %s %s" % (sn, tuple(s.shape), n, (R, C)))
+        full = s.repeat_interleave(b0, 0)[:R].repeat_interleave(b1, 1)[:, :C]
+        out[n] = q * full
     return out
 
 
