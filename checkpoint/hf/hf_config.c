@@ -284,6 +284,9 @@ static int do_rule(Ctx *x, const HfKey *k, const cJSON *v, bool given)
         }
         return 0;
     }
+    case HFR_FALSE_ONLY:
+        if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v)) return 0;
+        return refuse(x, "%s %s is not supported for %s", k->key, show(v, b, sizeof b), x->fam->architecture);
     case HFR_HEAD_DIM_FIXED: {
         if (!v || cJSON_IsNull(v)) return 0;
         double d = num_of(x, "hidden_size", 0), H = num_of(x, "num_attention_heads", 1);
@@ -368,7 +371,8 @@ int hf_config_parse(HfConfig *c, const char *text, const char *label, char *err,
         goto out;
     }
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(hf, "model_type");
-    if (mt && (!cJSON_IsString(mt) || strcmp(mt->valuestring, x.fam->model_type))) {
+    if (mt && (!cJSON_IsString(mt) || (strcmp(mt->valuestring, x.fam->model_type) &&
+                                       (!x.fam->model_type_alt || strcmp(mt->valuestring, x.fam->model_type_alt))))) {
         refuse(&x, "model_type %s does not match %s (model_type \"%s\")", show(mt, b, sizeof b), x.fam->architecture,
                x.fam->model_type);
         goto out;
