@@ -202,14 +202,14 @@ def cmd_greedy(a):
 
 def cmd_selfcheck(a):
     import hf.selfcheck as sc
-    return sc.run(a.families or list(families.FAMILIES))
+    return sc.run(a.families or list(families.MAKE_FAMILIES))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
-    m.add_argument("--family", required=True, choices=families.FAMILIES)
+    m.add_argument("--family", required=True, choices=families.MAKE_FAMILIES)
     m.add_argument("--out", required=True)
     m.add_argument("--dtype", default="f32", choices=("f32", "bf16", "fp8"))
     m.add_argument("--shards", type=int, default=1)

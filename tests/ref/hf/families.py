@@ -92,6 +92,41 @@ TINY = {
     },
 }
 
+# DeepseekV3ForCausalLM (transformers models/deepseek_v3; the published
+# deepseek-ai/DeepSeek-V3 config.json keys, scaled down): MLA with a q LoRA,
+# sigmoid group-limited routing over 4 groups with the correction bias, one
+# dense layer first, an ungated shared expert, YaRN with mscale (the softmax
+# scale factor), interleaved RoPE.  kimi_k2: the Kimi-K2-Instruct layout
+# (model_type kimi_k2, one group, more experts) with q_lora_rank null (a
+# plain q_proj; the released Kimi-K2 has a q LoRA: this covers the other
+# branch of the same code).
+_DSV3_COMMON = {
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "aux_loss_alpha": 0.001, "ep_size": 1, "hidden_act": "silu", "hidden_size": 64,
+    "initializer_range": 0.02, "intermediate_size": 80, "kv_lora_rank": 32, "max_position_embeddings": 512,
+    "moe_intermediate_size": 24, "moe_layer_freq": 1, "n_shared_experts": 1, "norm_topk_prob": True,
+    "num_attention_heads": 4, "num_hidden_layers": 3, "num_key_value_heads": 4, "num_nextn_predict_layers": 1,
+    "pretraining_tp": 1, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "rms_norm_eps": 1e-06,
+    "scoring_func": "sigmoid", "seq_aux": True, "tie_word_embeddings": False, "topk_method": "noaux_tc",
+    "use_cache": True, "v_head_dim": 12,
+}
+TINY["deepseek_v3"] = dict(_DSV3_COMMON, **{
+    "bos_token_id": 0, "eos_token_id": 1, "first_k_dense_replace": 1, "model_type": "deepseek_v3",
+    "n_group": 4, "n_routed_experts": 16, "num_experts_per_tok": 4, "q_lora_rank": 48, "rope_theta": 10000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 4, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 128, "type": "yarn"},
+    "routed_scaling_factor": 2.5, "topk_group": 2, "vocab_size": 300,
+})
+TINY["kimi_k2"] = dict(_DSV3_COMMON, **{
+    "bos_token_id": 2, "eos_token_id": 3, "first_k_dense_replace": 1, "model_type": "kimi_k2",
+    "n_group": 1, "n_routed_experts": 24, "num_experts_per_tok": 4, "q_lora_rank": None, "rope_theta": 50000.0,
+    "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 8.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 64, "type": "yarn"},
+    "routed_scaling_factor": 2.827, "topk_group": 1, "vocab_size": 296, "num_nextn_predict_layers": 0,
+})
+MAKE_FAMILIES = FAMILIES + ("deepseek_v3", "kimi_k2")
+ARCH_ALL = dict(ARCH, deepseek_v3="DeepseekV3ForCausalLM", kimi_k2="DeepseekV3ForCausalLM")
+
 V4_VERSION, V5_VERSION = "4.51.3", "5.0.0"
 
 
@@ -101,6 +136,8 @@ def config_json(family, dtype="f32", layout="v4", over=None):
     if over:
         c.update(over)
     torch_dtype = "bfloat16" if dtype in ("bf16", "fp8") else "float32"
+    if layout == "v5" and family in ("deepseek_v3", "kimi_k2"):
+        raise ValueError("%s: only the v4 layout (per-expert tensors) is written" % family)
     if layout == "v4":
         c["torch_dtype"] = torch_dtype
         c["transformers_version"] = V4_VERSION
@@ -150,6 +187,9 @@ def spec(cfg):
     """What the architecture computes, read from its config as its modeling
     file does.  A key that changes the math and is not implemented raises."""
     fam = FAMILY_OF_ARCH.get((cfg.get("architectures") or [None])[0])
+    if (cfg.get("architectures") or [None])[0] == "DeepseekV3ForCausalLM" and \
+            cfg.get("model_type") in ("deepseek_v3", "kimi_k2"):
+        return spec_dsv3(cfg)
     if fam is None or cfg.get("model_type") != fam:
         raise ValueError("architecture %r / model_type %r is not one of %s" %
                          (cfg.get("architectures"), cfg.get("model_type"), sorted(ARCH.values())))
@@ -194,6 +234,71 @@ def spec(cfg):
     return s
 
 
+def spec_dsv3(cfg):
+    """DeepseekV3Config as the modeling file reads it."""
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError("hidden_act %r is not supported" % cfg["hidden_act"])
+    if cfg.get("attention_bias"):
+        raise ValueError("attention_bias is not supported")
+    theta, sc = rope_theta(cfg)
+    d, H = cfg["hidden_size"], cfg["num_attention_heads"]
+    E, L = cfg["n_routed_experts"], cfg["num_hidden_layers"]
+    s = dict(family="deepseek_v3", d=d, H=H, Hkv=H, V=cfg["vocab_size"], L=L, eps=cfg["rms_norm_eps"],
+             theta=theta, rope_scaling=sc, max_pos=cfg["max_position_embeddings"], k=cfg["num_experts_per_tok"],
+             tie=bool(cfg.get("tie_word_embeddings", False)), aux_coef=0.0, mla=True,
+             qr=cfg.get("q_lora_rank") or 0, r=cfg["kv_lora_rank"], nope=cfg["qk_nope_head_dim"],
+             rope=cfg["qk_rope_head_dim"], vd=cfg["v_head_dim"], interleave=bool(cfg.get("rope_interleave", True)),
+             E=E, I=cfg["moe_intermediate_size"], Fd=cfg["intermediate_size"], norm_topk=bool(cfg["norm_topk_prob"]),
+             n_group=cfg["n_group"], topk_group=cfg["topk_group"], rsf=float(cfg["routed_scaling_factor"]),
+             shared=cfg["moe_intermediate_size"] * (cfg.get("n_shared_experts") or 0), qkv_bias=False,
+             attn_bias=False, qk_norm=None, clip_qkv=None)
+    s["hd"] = s["rope"]
+    if cfg.get("topk_method", "noaux_tc") != "noaux_tc" or cfg.get("scoring_func", "sigmoid") != "sigmoid":
+        raise ValueError("topk_method %r / scoring_func %r: the reference computes noaux_tc / sigmoid" %
+                         (cfg.get("topk_method"), cfg.get("scoring_func")))
+    if E % s["n_group"] or E // s["n_group"] < 2 and s["n_group"] > 1:
+        raise ValueError("n_routed_experts %d in %d groups" % (E, s["n_group"]))
+    fk, freq = cfg.get("first_k_dense_replace", 0), cfg.get("moe_layer_freq", 1)
+    s["moe_layers"] = [l >= fk and l % freq == 0 for l in range(L)]
+    if s["k"] > E:
+        raise ValueError("num_experts_per_tok %d > %d experts" % (s["k"], E))
+    return s
+
+
+def param_shapes_dsv3(s):
+    d, H, E, I = s["d"], s["H"], s["E"], s["I"]
+    qk = s["nope"] + s["rope"]
+    out = [("model.embed_tokens.weight", (s["V"], d))]
+    for l in range(s["L"]):
+        p = "model.layers.%d." % l
+        a = p + "self_attn."
+        if s["qr"]:
+            out += [(a + "q_a_proj.weight", (s["qr"], d)), (a + "q_a_layernorm.weight", (s["qr"],)),
+                    (a + "q_b_proj.weight", (H * qk, s["qr"]))]
+        else:
+            out.append((a + "q_proj.weight", (H * qk, d)))
+        out += [(a + "kv_a_proj_with_mqa.weight", (s["r"] + s["rope"], d)), (a + "kv_a_layernorm.weight", (s["r"],)),
+                (a + "kv_b_proj.weight", (H * (s["nope"] + s["vd"]), s["r"])), (a + "o_proj.weight", (d, H * s["vd"]))]
+        m = p + "mlp."
+        if s["moe_layers"][l]:
+            out += [(m + "gate.weight", (E, d)), (m + "gate.e_score_correction_bias", (E,))]
+            for e in range(E):
+                out += [(m + "experts.%d.gate_proj.weight" % e, (I, d)), (m + "experts.%d.up_proj.weight" % e, (I, d)),
+                        (m + "experts.%d.down_proj.weight" % e, (d, I))]
+            if s["shared"]:
+                S = s["shared"]
+                out += [(m + "shared_experts.gate_proj.weight", (S, d)), (m + "shared_experts.up_proj.weight", (S, d)),
+                        (m + "shared_experts.down_proj.weight", (d, S))]
+        else:
+            Fd = s["Fd"]
+            out += [(m + "gate_proj.weight", (Fd, d)), (m + "up_proj.weight", (Fd, d)), (m + "down_proj.weight", (d, Fd))]
+        out += [(p + "input_layernorm.weight", (d,)), (p + "post_attention_layernorm.weight", (d,))]
+    out.append(("model.norm.weight", (d,)))
+    if not s["tie"]:
+        out.append(("lm_head.weight", (s["V"], d)))
+    return out
+
+
 # ---------------------------------------------------------------- tensor names
 
 def moe_prefix(s, layout):
@@ -208,6 +313,10 @@ def expert_names(s):
 def param_shapes(cfg, layout="v4"):
     """[(HF name, shape)] in state-dict (module registration) order."""
     s = spec(cfg)
+    if s["family"] == "deepseek_v3":
+        if layout != "v4":
+            return []
+        return param_shapes_dsv3(s)
     d, hd, H, Hkv, E, I = s["d"], s["hd"], s["H"], s["Hkv"], s["E"], s["I"]
     out = [("model.embed_tokens.weight", (s["V"], d))]
     for l in range(s["L"]):
@@ -276,6 +385,8 @@ def _init_std(name, shape, d):
         return 1.0
     if name.endswith(".gate.weight"):                 # the router
         return 2.0 / math.sqrt(d)
+    if name.endswith("e_score_correction_bias"):     # moves the choice: about the scores' spread
+        return 0.15
     return 1.0 / math.sqrt(shape[-1])                 # a Linear [out, in]
 
 
