@@ -99,6 +99,12 @@ static int try_one(void *vctx, const char *hf_name, int ndim, const uint64_t *sh
         return 0;
     }
     t->claimed[x - t->st->tensors] = true;
+    if (x->dtype == ST_F8_E4M3) {   /* its block scale belongs to it, whatever else is wrong */
+        char sn[HF_NAME_MAX + 16];
+        snprintf(sn, sizeof sn, "%s_scale_inv", hf_name);
+        const StTensor *sc = st_find(t->st, sn);
+        if (sc) t->claimed[sc - t->st->tensors] = true;
+    }
     if (t->scales) t->scales[t->n_src] = NULL;
     if (t->src) t->src[t->n_src++] = x;
     char got[128], want[128];
@@ -120,7 +126,6 @@ static int try_one(void *vctx, const char *hf_name, int ndim, const uint64_t *sh
             ws[0] = ceil_div(shape[0], (uint64_t)t->fp8_block[0]);
             ws[1] = ceil_div(shape[1], (uint64_t)t->fp8_block[1]);
         }
-        if (sc) t->claimed[sc - t->st->tensors] = true;
         if (ndim != 2) {
             if (!t->bad++)
                 snprintf(t->first_bad, sizeof t->first_bad, "tensor '%s': F8_E4M3 of rank %d (block scales are for "
