@@ -190,6 +190,10 @@ Test(hf, config_refusals_name_the_key)
           "model_type \"deepseek_v2\" does not match DeepseekV3ForCausalLM" },
         { "{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"attention_bias\":true}",
           "attention_bias true is not supported for DeepseekV3ForCausalLM" },
+        { "{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"kv_lora_rank\":0}",
+          "kv_lora_rank 0 must be > 0 for DeepseekV3ForCausalLM" },
+        { "{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"topk_method\":\"greedy\"}",
+          "topk_method \"greedy\" is not supported for DeepseekV3ForCausalLM (it computes \"noaux_tc\")" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         HfConfig hc;

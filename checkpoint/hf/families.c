@@ -18,6 +18,7 @@
 #define COPY(k, t, absent, null_is, write, doc) { k, HFK_COPY, t, absent, null_is, HFR_NONE, write, doc }
 #define IGN(k, absent, write, doc) { k, HFK_IGNORE, NULL, absent, NULL, HFR_NONE, write, doc }
 #define RULE(k, r, absent, write, doc) { k, HFK_RULE, NULL, absent, NULL, r, write, doc }
+#define RULE_TO(k, t, r, absent, write, doc) { k, HFK_RULE, t, absent, NULL, r, write, doc }
 #define END { NULL, HFK_IGNORE, NULL, NULL, NULL, HFR_NONE, 0, NULL }
 
 /* Keys every family of this file has with the same meaning (their
@@ -185,7 +186,8 @@ static const HfKey g_dsv3_keys[] = {
     COPY("n_shared_experts", "n_shared_experts", "1", "0", HF_V4, "shared experts, ungated, n x F wide"),
     COPY("n_routed_experts", "num_local_experts", "256", NULL, HF_V4, "E"),
     COPY("routed_scaling_factor", "routed_scaling_factor", "2.5", NULL, HF_V4, "routed weights x this"),
-    COPY("kv_lora_rank", "kv_lora_rank", "512", NULL, HF_V4, "MLA latent width r (the KV cache holds r + rope)"),
+    RULE_TO("kv_lora_rank", "kv_lora_rank", HFR_POSITIVE, "512", HF_V4,
+            "MLA latent width r > 0 (the KV cache holds r + rope; the architecture is always MLA)"),
     COPY("q_lora_rank", "q_lora_rank", "1536", "0", HF_V4, "q_a_proj width (null: a plain q_proj)"),
     COPY("qk_rope_head_dim", "qk_rope_head_dim,head_dim", "64", NULL, HF_V4,
          "the RoPE part of q/k per head (also tandem's head_dim, as transformers sets it)"),
@@ -198,8 +200,9 @@ static const HfKey g_dsv3_keys[] = {
     COPY("first_k_dense_replace", "first_k_dense_replace", "3", NULL, HF_V4, "the first layers are dense"),
     COPY("moe_layer_freq", "moe_layer_freq", "1", NULL, HF_V4, "MoE layers: l % freq == 0 (from first_k_dense_replace on)"),
     COPY("norm_topk_prob", "norm_topk_prob", "true", NULL, HF_V4, "renormalise the top-k weights"),
-    COPY("topk_method", "topk_method", "\"noaux_tc\"", NULL, HF_V4, "noaux_tc: group-limited choice with e_score_correction_bias"),
-    COPY("scoring_func", "scoring_func", "\"sigmoid\"", NULL, HF_V4, "router scores"),
+    RULE_TO("topk_method", "topk_method", HFR_FIXED, "\"noaux_tc\"", HF_V4,
+            "must be noaux_tc (group-limited choice with e_score_correction_bias: what transformers computes)"),
+    RULE_TO("scoring_func", "scoring_func", HFR_FIXED, "\"sigmoid\"", HF_V4, "must be sigmoid (what transformers computes)"),
     RULE("hidden_act", HFR_ACT, "\"silu\"", HF_V4, DOC_ACT),
     COPY("max_position_embeddings", "max_position_embeddings", "4096", NULL, HF_V4, "the context"),
     IGN("initializer_range", "0.02", HF_V4, "initialisation only"),
@@ -224,6 +227,7 @@ static const HfKey g_dsv3_keys[] = {
 #undef COPY
 #undef IGN
 #undef RULE
+#undef RULE_TO
 #undef END
 
 const char *const hf_generic_keys[] = {
@@ -504,7 +508,7 @@ static const char *rule_name(HfRule r)
 {
     static const char *const names[] = { "", "hidden_act", "rope_scaling", "rope_parameters", "sliding_window",
                                          "use_sliding_window", "layer_types", "aux_coef", "train_noise",
-                                         "quantization", "head_dim_fixed", "aux", "false_only" };
+                                         "quantization", "head_dim_fixed", "aux", "false_only", "fixed", "positive" };
     return (unsigned)r < sizeof names / sizeof names[0] ? names[r] : "?";
 }
 

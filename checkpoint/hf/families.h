@@ -70,6 +70,9 @@ typedef enum {
     HFR_HEAD_DIM_FIXED,  /* head_dim read as hidden_size / num_attention_heads: must equal it */
     HFR_AUX,             /* read by another key's rule (output_router_logits, sliding_window ...) */
     HFR_FALSE_ONLY,      /* a feature flag tandem does not compute for this family: must be false */
+    HFR_FIXED,           /* copied to tkey, and must equal the `absent` value: what the modeling code computes whatever
+                          * the key says (DeepSeek-V3's scoring_func, topk_method; kv_lora_rank > 0 via HFR_POSITIVE) */
+    HFR_POSITIVE,        /* copied to tkey, and must be > 0 (DeepSeek-V3's kv_lora_rank: it is always MLA) */
 } HfRule;
 
 typedef struct {

@@ -284,6 +284,21 @@ static int do_rule(Ctx *x, const HfKey *k, const cJSON *v, bool given)
         }
         return 0;
     }
+    case HFR_FIXED: {
+        if (!v) return 0;
+        cJSON *want = cJSON_Parse(k->absent);
+        bool same = cJSON_Compare(v, want, true);
+        cJSON_Delete(want);
+        if (!same)
+            return refuse(x, "%s %s is not supported for %s (it computes %s)", k->key, show(v, b, sizeof b),
+                          x->fam->architecture, k->absent);
+        return put(x, k->tkey, v, k->key, given);
+    }
+    case HFR_POSITIVE:
+        if (!v) return 0;
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0))
+            return refuse(x, "%s %s must be > 0 for %s", k->key, show(v, b, sizeof b), x->fam->architecture);
+        return put(x, k->tkey, v, k->key, given);
     case HFR_FALSE_ONLY:
         if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v)) return 0;
         return refuse(x, "%s %s is not supported for %s", k->key, show(v, b, sizeof b), x->fam->architecture);
@@ -562,6 +577,9 @@ char *hf_config_write(const HfFamily *fam, const ModelConfig *cfg, HfLayout layo
             cJSON_AddStringToObject(v, "rope_type", cfg->rope_scaling.type == ROPE_SCALING_YARN     ? "yarn"
                                                     : cfg->rope_scaling.type == ROPE_SCALING_LINEAR ? "linear"
                                                                                                      : "default");
+        } else if (k->kind == HFK_RULE && (k->rule == HFR_FIXED || k->rule == HFR_POSITIVE) && k->tkey) {
+            const cJSON *tv = cJSON_GetObjectItemCaseSensitive(t, k->tkey);
+            v = tv ? cJSON_Duplicate(tv, true) : cJSON_CreateNull();
         } else if (k->kind == HFK_RULE && k->rule == HFR_ROPE_SCALING) {
             if (layout == HF_V4 && (k->write & layout || cfg->rope_scaling.type != ROPE_SCALING_NONE))
                 v = config_rope_scaling_json(&cfg->rope_scaling);

@@ -147,10 +147,10 @@ def prepare_bad(w, hf_ref, st, families):
              lambda c, t: c.__setitem__("quantization_config", {"quant_method": "bitsandbytes"}))
     fp8_case("yarn_unknown_type", 'rope_scaling type "longrope" is not supported',
              lambda c, t: c.__setitem__("rope_scaling", {"type": "longrope", "factor": 2.0}))
-    fp8_case("ds_topk_method", '"topk_method" "group_limited_greedy" is not supported',
+    fp8_case("ds_topk_method", 'topk_method "group_limited_greedy" is not supported for DeepseekV3ForCausalLM (it computes "noaux_tc")',
              lambda c, t: c.__setitem__("topk_method", "group_limited_greedy"), fam="deepseek_v3")
-    fp8_case("ds_scoring_func", '"scoring_func" "tanh" is not supported',
-             lambda c, t: c.__setitem__("scoring_func", "tanh"), fam="deepseek_v3")
+    fp8_case("ds_scoring_func", 'scoring_func "softmax" is not supported for DeepseekV3ForCausalLM (it computes "sigmoid")',
+             lambda c, t: c.__setitem__("scoring_func", "softmax"), fam="deepseek_v3")
     fp8_case("ds_kv_b_shape", "tensor 'model.layers.1.self_attn.kv_b_proj.weight': shape [112, 16]",
              lambda c, t: t.__setitem__("model.layers.1.self_attn.kv_b_proj.weight",
                                         ("F8_E4M3", [112, 16], bytes(112 * 16))), fam="deepseek_v3")
