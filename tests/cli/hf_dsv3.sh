@@ -55,7 +55,7 @@ for d in "$W"/m/*/; do
     esac
 done
 # the MTP layer is read past with a note
-$T score --ckpt "$W/m/ds_fp8" --text "$W/text" --seq-len 24 --output "$W/x.h5" >/dev/null 2>"$W/err" &&
+$T score --ckpt "$W/m/ds_fp8" --text "$W/text" --seq-len 24 --output "$W/mtp.h5" >/dev/null 2>"$W/err" &&
     grep -q "read past model.layers.3.eh_proj.weight (the multi-token-prediction layer" "$W/err" &&
     pass "the MTP layer is read past with a note: $(grep -o 'read past model.layers.3[^;]*' "$W/err" | head -1)" ||
     { fail "MTP note"; cat "$W/err"; }
