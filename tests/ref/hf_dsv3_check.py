@@ -13,8 +13,7 @@ layout), in one process per phase, like tests/ref/hf_check.py:
         ds_bf16        DeepseekV3ForCausalLM bf16, 3 shards
         ds_fp8         DeepseekV3ForCausalLM FP8, 2 shards, with an MTP layer (read past)
         kimi_fp8       the Kimi-K2 layout (model_type kimi_k2, 24 experts, one group, q_proj) FP8
-        kimi_f32       the same in f32 (the gradient check)
-      W/grad/<variant>/  the reference's gradient of one training step on DATA.bin (ds_bf16, kimi_f32)
+      W/grad/<variant>/  the reference's gradient of one training step on DATA.bin (ds_bf16, kimi_fp8)
       W/greedy/ds_fp8.json   hf_ref greedy from PROMPT
       W/bad/<case>/    directories tandem must refuse; W/bad/cases.txt: case TAB message
   hf_dsv3_check.py check W
@@ -50,9 +49,8 @@ VARIANTS = {
     "ds_bf16": ("deepseek_v3", "bf16", 3, "v4", 24, None),
     "ds_fp8": ("deepseek_v3", "fp8", 2, "v4", 25, None),
     "kimi_fp8": ("kimi_k2", "fp8", 1, "v4", 26, None),
-    "kimi_f32": ("kimi_k2", "f32", 1, "v4", 27, None),
 }
-GRAD_VARIANTS = ("ds_bf16", "kimi_f32")
+GRAD_VARIANTS = ("ds_bf16", "kimi_fp8")   # FP8: the gradient with respect to the dequantized weights
 MTP = "model.layers.3.eh_proj.weight"      # DeepSeek-V3's MTP layer has its own names: any of them is read past
 
 
