@@ -546,6 +546,10 @@ static void set_item(cJSON *o, const char *key, cJSON *v)
 char *hf_config_write(const HfFamily *fam, const ModelConfig *cfg, HfLayout layout, const char *dtype_name,
                       const char *gen_json, char *err, size_t err_len)
 {
+    if (!(fam->layouts & layout)) {
+        snprintf(err, err_len, "%s has no %s layout", fam->architecture, layout == HF_V5 ? "v5" : "v4");
+        return NULL;
+    }
     char *tj = config_to_json(cfg);
     cJSON *t = cJSON_Parse(tj);
     td_free(tj);
@@ -609,8 +613,6 @@ char *hf_config_write(const HfFamily *fam, const ModelConfig *cfg, HfLayout layo
     bputs(&b, "\n");
     cJSON_Delete(o);
     cJSON_Delete(t);
-    (void)err;
-    (void)err_len;
     return b.s;
 }
 

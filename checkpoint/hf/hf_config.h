@@ -53,7 +53,7 @@ void hf_config_free(HfConfig *c);
  * HF_V5), with torch_dtype/dtype = dtype_name ("float32", "bfloat16",
  * "float16") and bos/eos/pad_token_id from gen_json (a
  * generation_config.json text, may be NULL).  td_malloc'd text, or NULL
- * with one line in err. */
+ * with one line in err (a layout the family does not have). */
 char *hf_config_write(const HfFamily *fam, const ModelConfig *cfg, HfLayout layout, const char *dtype_name,
                       const char *gen_json, char *err, size_t err_len);
 
