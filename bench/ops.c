@@ -34,6 +34,7 @@
 #include "core/rng.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,7 +177,7 @@ typedef struct {
 static void attn_case_init(AttnCase *c, size_t H, size_t Hkv, size_t hd, size_t T)
 {
     memset(c, 0, sizeof *c);
-    c->sh = (AttnShape){ H, Hkv, hd, 16, DTYPE_F32 };
+    c->sh = (AttnShape){ H, Hkv, hd, 16, DTYPE_F32, hd, 1.0f / sqrtf((float)hd), false };
     c->T = T;
     const size_t nb = (T + 15) / 16, qn = T * H * hd, kn = T * Hkv * hd;
     c->table = td_malloc(nb * sizeof(int32_t));
@@ -218,7 +219,7 @@ static void attn_bw(void *v)
 static void attn_decode(void *v)
 {
     AttnCase *c = v;
-    const size_t qw = c->sh.H * c->sh.hd;
+    const size_t qw = c->sh.H * c->sh.dk;
     AttnSeq s = { 0, 1, c->T - 1, c->table };
     for (int i = 0; i < 16; i++)   /* 16 calls per sample: microseconds each */
         attention_forward(c->out, c->lse, c->q + (c->T - 1) * qw, c->kv, &s, 1, &c->sh);

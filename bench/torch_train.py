@@ -95,13 +95,21 @@ def full_config(cfg):
     return R.full_config(cfg)
 
 
+def mla_matrices(c):
+    """Parameters of an MLA layer's attention matrices (tandem's config.c count)."""
+    d, H, qr, r = c["hidden_size"], c["num_attention_heads"], c["q_lora_rank"], c["kv_lora_rank"]
+    qk, nope, rope, v = c["qk_nope_head_dim"] + c["qk_rope_head_dim"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    q = qr * d + H * qk * qr if qr else H * qk * d
+    return q + (r + rope) * d + H * (nope + v) * r + d * H * v
+
+
 def active_params(c):
     """tandem's config_active_param_count: the parameters one token multiplies by."""
     d, V, hd = c["hidden_size"], c["vocab_size"], c["head_dim"]
     H, Hkv = c["num_attention_heads"], c["num_key_value_heads"]
     n = V * d
     for layer in range(c["num_hidden_layers"]):
-        n += d * hd * (2 * H + 2 * Hkv)
+        n += mla_matrices(c) if c["kv_lora_rank"] else d * hd * (2 * H + 2 * Hkv)
         if layer < c["first_k_dense_replace"]:
             n += 3 * c["intermediate_size"] * d
         else:
@@ -130,8 +138,18 @@ class MoETransformer(torch.nn.Module):
         for layer in range(L):
             m = torch.nn.Module()
             m.ln1, m.ln2 = ones(d), ones(d)
-            m.qkv = mat((H + 2 * Hkv) * hd, d)
-            m.o = mat(d, H * hd, s=std_out)
+            if c["kv_lora_rank"]:   # multi-head latent attention, HF's naive form (docs/mla.md)
+                qr, r, rope = c["q_lora_rank"], c["kv_lora_rank"], c["qk_rope_head_dim"]
+                qk, nv = c["qk_nope_head_dim"] + rope, c["qk_nope_head_dim"] + c["v_head_dim"]
+                if qr:
+                    m.q_a, m.q_a_ln, m.q_b = mat(qr, d), ones(qr), mat(H * qk, qr)
+                else:
+                    m.q = mat(H * qk, d)
+                m.kv_a, m.kv_a_ln, m.kv_b = mat(r + rope, d), ones(r), mat(H * nv, r)
+                m.o = mat(d, H * c["v_head_dim"], s=std_out)
+            else:
+                m.qkv = mat((H + 2 * Hkv) * hd, d)
+                m.o = mat(d, H * hd, s=std_out)
             m.dense = layer < c["first_k_dense_replace"]
             if m.dense:
                 Fd = c["intermediate_size"]
@@ -187,6 +205,32 @@ class MoETransformer(torch.nn.Module):
         a = a.view(B, H, T, hd).transpose(1, 2).reshape(B, T, H * hd)
         return Fn.linear(a, m.o)
 
+    def mla(self, m, h, B, T):
+        """HF DeepseekV3Attention (naive: per-head k_nope and v from kv_b_proj)."""
+        c = self.c
+        H, r, rope = c["num_attention_heads"], c["kv_lora_rank"], c["qk_rope_head_dim"]
+        nope, vd = c["qk_nope_head_dim"], c["v_head_dim"]
+        qk = nope + rope
+        if c["q_lora_rank"]:
+            q = Fn.linear(self.rmsnorm(Fn.linear(h, m.q_a), m.q_a_ln), m.q_b)
+        else:
+            q = Fn.linear(h, m.q)
+        q_pass, q_rot = q.view(B, T, H, qk).transpose(1, 2).split([nope, rope], dim=-1)
+        c_kv, k_rot = Fn.linear(h, m.kv_a).split([r, rope], dim=-1)
+        kv = Fn.linear(self.rmsnorm(c_kv, m.kv_a_ln), m.kv_b).view(B, T, H, nope + vd).transpose(1, 2)
+        k_pass, v = kv.split([nope, vd], dim=-1)
+        k_rot = k_rot.view(B, 1, T, rope)
+        if c["rope_interleave"]:   # HF's de-interleaving, then rotate-half
+            q_rot = q_rot.reshape(B, H, T, rope // 2, 2).transpose(4, 3).reshape(B, H, T, rope)
+            k_rot = k_rot.reshape(B, 1, T, rope // 2, 2).transpose(4, 3).reshape(B, 1, T, rope)
+        q_rot, k_rot = self.rope(q_rot), self.rope(k_rot)
+        q = torch.cat([q_pass, q_rot], dim=-1).reshape(B * H, T, qk)
+        k = torch.cat([k_pass, k_rot.expand(B, H, T, rope)], dim=-1).reshape(B * H, T, qk)
+        s = torch.baddbmm(self.mask, q, k.transpose(1, 2), alpha=1.0 / math.sqrt(qk))
+        a = torch.bmm(torch.softmax(s, dim=-1), v.reshape(B * H, T, vd))
+        a = a.view(B, H, T, vd).transpose(1, 2).reshape(B, T, H * vd)
+        return Fn.linear(a, m.o)
+
     def moe(self, m, h):
         c = self.c
         E, k = c["num_local_experts"], c["num_experts_per_tok"]
@@ -221,7 +265,8 @@ class MoETransformer(torch.nn.Module):
         x = Fn.embedding(ids, self.embed)
         auxes, zs = [], []
         for m in self.layers:
-            x = x + self.attention(m, self.rmsnorm(x, m.ln1), B, T)
+            attn = self.mla if c["kv_lora_rank"] else self.attention
+            x = x + attn(m, self.rmsnorm(x, m.ln1), B, T)
             h = self.rmsnorm(x, m.ln2)
             if m.dense:
                 x = x + self.swiglu(h, m.gate_up, m.down)
@@ -297,7 +342,14 @@ def check_ref():
                  moe_intermediate_size=32, num_local_experts=4, first_k_dense_replace=1, intermediate_size=96,
                  n_shared_experts=1, tie_word_embeddings=True),
             dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
-                 moe_intermediate_size=32, num_local_experts=8, norm_topk_prob=False)]
+                 moe_intermediate_size=32, num_local_experts=8, norm_topk_prob=False),
+            dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                 q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+                 rope_interleave=True, moe_intermediate_size=32, num_local_experts=4, first_k_dense_replace=1,
+                 intermediate_size=96, n_shared_experts=1),
+            dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                 kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16,
+                 moe_intermediate_size=32, num_local_experts=4)]
     worst = 0.0
     for i, cfg in enumerate(cfgs):
         w = {k: v.requires_grad_() for k, v in R.random_weights(cfg, 3 + i).items()}
@@ -308,7 +360,13 @@ def check_ref():
         for layer, L in enumerate(m.layers):
             p = "model/layers/%d/" % layer
             names[L.ln1], names[L.ln2] = ([p + "input_layernorm"], 0), ([p + "post_attention_layernorm"], 0)
-            names[L.qkv] = ([p + "self_attn/%s_proj" % x for x in "qkv"], 0)
+            if c["kv_lora_rank"]:
+                for attr, key in (("q_a", "q_a_proj"), ("q_a_ln", "q_a_layernorm"), ("q_b", "q_b_proj"), ("q", "q_proj"),
+                                  ("kv_a", "kv_a_proj_with_mqa"), ("kv_a_ln", "kv_a_layernorm"), ("kv_b", "kv_b_proj")):
+                    if hasattr(L, attr):
+                        names[getattr(L, attr)] = ([p + "self_attn/" + key], 0)
+            else:
+                names[L.qkv] = ([p + "self_attn/%s_proj" % x for x in "qkv"], 0)
             names[L.o] = ([p + "self_attn/o_proj"], 0)
             if L.dense:
                 names[L.gate_up], names[L.down] = ([p + "mlp/gate_proj", p + "mlp/up_proj"], 0), ([p + "mlp/down_proj"], 0)

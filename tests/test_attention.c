@@ -67,7 +67,7 @@ static void layout_init_kv(Layout *L, size_t H, size_t Hkv, size_t hd, size_t bs
 {
     cr_assert(n_seq <= MAX_SEQ);
     memset(L, 0, sizeof *L);
-    L->sh = (AttnShape){ H, Hkv, hd, bs, kv };
+    L->sh = (AttnShape){ H, Hkv, hd, bs, kv, hd, 1.0f / sqrtf((float)hd), false };
     L->n_seq = n_seq;
     size_t nb = 3;   /* spare blocks nobody uses */
     for (size_t i = 0; i < n_seq; i++) nb += (lens[i] + bs - 1) / bs;
@@ -237,7 +237,7 @@ typedef struct { float *q, *k, *v; } Qkv;
 
 static Qkv qkv_rand(const Layout *L, uint64_t seed)
 {
-    const size_t rows = L->rows, qw = L->sh.H * L->sh.hd, kw = L->sh.Hkv * L->sh.hd;
+    const size_t rows = L->rows, qw = L->sh.H * L->sh.dk, kw = L->sh.Hkv * L->sh.dk;
     Qkv x = { fixture_rand(rows * qw, seed, -2, 2), fixture_rand(rows * kw, seed + 1, -2, 2),
               fixture_rand(rows * kw, seed + 2, -1, 1) };
     return x;
@@ -375,7 +375,7 @@ Test(attention, forward_matches_torch)
 /* Full forward of a layout with all of its keys stored. */
 static void full_forward(float **out, float **lse, const Layout *L, const Qkv *x)
 {
-    *out = td_malloc(L->rows * L->sh.H * L->sh.hd * sizeof(float));
+    *out = td_malloc(L->rows * L->sh.H * L->sh.dk * sizeof(float));
     *lse = td_malloc(L->rows * L->sh.H * sizeof(float));
     attention_kv_store(L->kv, L->seq, L->n_seq, x->k, x->v, &L->sh);
     attention_forward(*out, *lse, x->q, L->kv, L->seq, L->n_seq, &L->sh);
@@ -1169,6 +1169,218 @@ Test(attention, narrow_kv_blocks_hold_the_documented_bytes)
         td_free(vr);
         qkv_free(&x);
         layout_free(&L);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+/* ------------------------------------------------------------ dk != dv, explicit scale, values in keys (MLA) */
+
+/* A layout with key dims dk, value dims dv, a scale, and optionally the
+ * values read from the keys (v_in_k: MLA's latent cache). */
+static void layout_init_g(Layout *L, size_t H, size_t Hkv, size_t dk, size_t dv, bool vk, float scale, size_t bs,
+                          const size_t *lens, size_t n_seq, uint64_t seed, Dtype kv)
+{
+    layout_init_kv(L, H, Hkv, dk, bs, lens, n_seq, seed, kv);
+    td_free(L->kv);
+    L->sh = (AttnShape){ H, Hkv, dk, bs, kv, dv, scale, vk };
+    const size_t nbytes = L->n_blocks * attn_block_bytes(&L->sh);
+    L->kv = td_malloc(nbytes + sizeof(float));
+    memset(L->kv, 0xFF, nbytes);
+}
+
+/* Causal softmax attention in double, keys (rows, Hkv dk), values (rows,
+ * Hkv dv), out (rows, H dv), lse (rows, H); with dout, the gradients of
+ * sum(dout * out) added into dq, dk, dv instead (out, lse unused). */
+static void naive_g(double *out, double *lse, double *gq, double *gk, double *gv, const double *dout,
+                    const double *q, const double *k, const double *v, const size_t *lens, size_t n_seq,
+                    const AttnShape *sh)
+{
+    const size_t H = sh->H, Hkv = sh->Hkv, dk = sh->dk, dv = sh->dv, R = H / Hkv;
+    size_t T_max = 1, row = 0;
+    for (size_t i = 0; i < n_seq; i++) T_max = lens[i] > T_max ? lens[i] : T_max;
+    double *p = td_malloc(T_max * sizeof(double)), *dp = td_malloc(T_max * sizeof(double));
+    for (size_t i = 0; i < n_seq; row += lens[i++])
+        for (size_t t = 0; t < lens[i]; t++)
+            for (size_t h = 0; h < H; h++) {
+                const size_t g = h / R, qo = ((row + t) * H + h) * dk, oo = ((row + t) * H + h) * dv;
+                const double l = naive_probs(p, q + qo, k, row, t, Hkv * dk, g * dk, dk, (double)sh->scale);
+                if (!dout) {
+                    lse[(row + t) * H + h] = l;
+                    for (size_t d = 0; d < dv; d++) {
+                        double a = 0;
+                        for (size_t j = 0; j <= t; j++) a += p[j] * v[((row + j) * Hkv + g) * dv + d];
+                        out[oo + d] = a;
+                    }
+                    continue;
+                }
+                double D = 0;
+                for (size_t j = 0; j <= t; j++) {
+                    dp[j] = 0;
+                    for (size_t d = 0; d < dv; d++) dp[j] += dout[oo + d] * v[((row + j) * Hkv + g) * dv + d];
+                    D += p[j] * dp[j];
+                }
+                for (size_t j = 0; j <= t; j++) {
+                    const double ds = p[j] * (dp[j] - D) * sh->scale;
+                    const size_t ko = ((row + j) * Hkv + g) * dk, vo = ((row + j) * Hkv + g) * dv;
+                    for (size_t d = 0; d < dk; d++) {
+                        gq[qo + d] += ds * k[ko + d];
+                        gk[ko + d] += ds * q[qo + d];
+                    }
+                    for (size_t d = 0; d < dv; d++) gv[vo + d] += p[j] * dout[oo + d];
+                }
+            }
+    td_free(p);
+    td_free(dp);
+}
+
+/* v (rows, Hkv dv): the first dv dims of each key (values in keys), or random. */
+static float *values_g(const float *k, const Layout *L, uint64_t seed)
+{
+    const size_t n = L->rows * L->sh.Hkv, dk = L->sh.dk, dv = L->sh.dv;
+    if (!L->sh.v_in_k) return fixture_rand(n * dv, seed, -1, 1);
+    float *v = td_malloc(n * dv * sizeof(float));
+    for (size_t i = 0; i < n; i++) memcpy(v + i * dv, k + i * dk, dv * sizeof(float));
+    return v;
+}
+
+/* H, Hkv, dk, dv, values in keys: ordinary dk != dv; MLA-shaped (one kv
+ * head, r + rope keys, r values), as DeepSeek-V3 scaled down and at its
+ * real width 576 / 512 (one sequence). */
+static const struct { size_t H, Hkv, dk, dv; bool vk; float scale; } G_CASES[] = {
+    { 4, 2, 24, 16, false, 0.3f }, { 4, 1, 40, 32, true, 0.3f }, { 3, 1, 72, 64, true, 0.3f },
+    { 2, 1, 20, 12, true, 0.3f }, { 2, 1, 576, 512, true, 0.04f },
+};
+#define N_G (sizeof G_CASES / sizeof *G_CASES)
+
+Test(attention, key_and_value_dims_differ_and_values_in_keys_match_naive_double)
+{
+    /* forward and backward against naive_g (double): the kernels with dk
+     * != dv, an explicit scale (0.3, not 1/sqrt(dk)) and values read from
+     * the keys (their gradients returned apart: dk and dv); scales 0.3,
+     * and 0.04 at dk = 576 (~1/sqrt(dk): scores of size ~1 as in a model) */
+    const size_t lens[] = { 1, 37, 18 };
+    for (size_t c = 0; c < N_G; c++)
+        for (size_t bs = 16; bs <= 32; bs += 16) {
+            Layout L;
+            const size_t H = G_CASES[c].H, Hkv = G_CASES[c].Hkv, dk = G_CASES[c].dk, dv = G_CASES[c].dv;
+            layout_init_g(&L, H, Hkv, dk, dv, G_CASES[c].vk, G_CASES[c].scale, bs, lens, 3, 500 + c, DTYPE_F32);
+            const size_t rows = L.rows, nq = rows * H * dk, nk = rows * Hkv * dk, nv = rows * Hkv * dv;
+            const size_t no = rows * H * dv;
+            float *q = fixture_rand(nq, 510 + c, -2, 2), *k = fixture_rand(nk, 511 + c, -2, 2);
+            float *v = values_g(k, &L, 512 + c), *dout = fixture_rand(no, 513 + c, -1, 1);
+            float *out = td_malloc(no * sizeof(float)), *lse = td_malloc(rows * H * sizeof(float));
+            attention_kv_store(L.kv, L.seq, L.n_seq, k, L.sh.v_in_k ? NULL : v, &L.sh);
+            attention_forward(out, lse, q, L.kv, L.seq, L.n_seq, &L.sh);
+            double *qd = to_f64(q, nq), *kd = to_f64(k, nk), *vd = to_f64(v, nv), *dod = to_f64(dout, no);
+            double *od = td_malloc(no * sizeof(double)), *ld = td_malloc(rows * H * sizeof(double));
+            double *gq = td_calloc(nq * sizeof(double)), *gk = td_calloc(nk * sizeof(double));
+            double *gv = td_calloc(nv * sizeof(double));
+            naive_g(od, ld, NULL, NULL, NULL, NULL, qd, kd, vd, lens, 3, &L.sh);
+            naive_g(NULL, NULL, gq, gk, gv, dod, qd, kd, vd, lens, 3, &L.sh);
+            float *ow = to_f32(od, no), *lw = to_f32(ld, rows * H);
+            float *gqw = to_f32(gq, nq), *gkw = to_f32(gk, nk), *gvw = to_f32(gv, nv);
+            float *dq = td_calloc(nq * sizeof(float)), *dkk = td_calloc(nk * sizeof(float));
+            float *dvv = td_calloc(nv * sizeof(float));
+            attention_backward(dq, dkk, dvv, dout, q, out, lse, L.kv, L.seq, L.n_seq, &L.sh);
+            /* tolerances of forward_matches_naive_double_softmax_attention
+             * and backward_accumulates_torch_gradients; dk up to 72 */
+            char what[96];
+            snprintf(what, sizeof what, "H=%zu Hkv=%zu dk=%zu dv=%zu vk=%d bs=%zu", H, Hkv, dk, dv,
+                     (int)G_CASES[c].vk, bs);
+            EXPECT_CLOSE(out, ow, no, 4e-6, 0, what);
+            EXPECT_CLOSE(lse, lw, rows * H, 4e-6, 1e-6, what);
+            EXPECT_CLOSE(dq, gqw, nq, 1e-5, 1e-6, what);
+            EXPECT_CLOSE(dkk, gkw, nk, 1e-5, 1e-6, what);
+            EXPECT_CLOSE(dvv, gvw, nv, 1e-5, 1e-6, what);
+            /* the portable kernels: the same bits */
+            float *po = td_malloc(no * sizeof(float)), *pl = td_malloc(rows * H * sizeof(float));
+            portable_attention_forward(po, pl, q, L.kv, L.seq, L.n_seq, &L.sh);
+            EXPECT_BITWISE(po, out, no, what);
+            EXPECT_BITWISE(pl, lse, rows * H, what);
+            float *pq = td_calloc(nq * sizeof(float)), *pk = td_calloc(nk * sizeof(float));
+            float *pvv = td_calloc(nv * sizeof(float));
+            portable_attention_backward(pq, pk, pvv, dout, q, out, lse, L.kv, L.seq, L.n_seq, &L.sh);
+            EXPECT_BITWISE(pq, dq, nq, what);
+            EXPECT_BITWISE(pk, dkk, nk, what);
+            EXPECT_BITWISE(pvv, dvv, nv, what);
+            float *bufs[] = { q, k, v, dout, out, lse, ow, lw, gqw, gkw, gvw, dq, dkk, dvv, po, pl, pq, pk, pvv };
+            for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) td_free(bufs[i]);
+            double *dbufs[] = { qd, kd, vd, dod, od, ld, gq, gk, gv };
+            for (size_t i = 0; i < sizeof dbufs / sizeof *dbufs; i++) td_free(dbufs[i]);
+            layout_free(&L);
+        }
+    EXPECT_NO_LEAKS();
+}
+
+Test(attention, values_in_keys_decode_and_narrow_caches_give_the_bits_of_the_full_forward)
+{
+    /* MLA's latent cache: decode steps, a decode batch and a chunked
+     * prefill give the bits of the full forward, in f32, bf16 and int8
+     * (there: f32 attention over the rounded keys, one int8 scale per key,
+     * its values the rounded keys' first dv dims); and the block holds K^T
+     * only: dk values per position (plus one int8 scale), nothing else
+     * written */
+    const size_t lens[] = { 70, 20, 5 }, H = 4, dk = 40, dv = 32, bs = 32;
+    for (int t = 0; t < 3; t++) {
+        const Dtype kvt = (Dtype)t;
+        Layout L, Lf;
+        layout_init_g(&L, H, 1, dk, dv, true, 0.125f, bs, lens, 3, 600, kvt);
+        layout_init_g(&Lf, H, 1, dk, dv, true, 0.125f, bs, lens, 3, 600, DTYPE_F32);
+        const size_t want = kvt == DTYPE_INT8 ? dk * bs + bs * 4 : dk * bs * dtype_size(kvt);
+        cr_expect_eq(attn_block_bytes(&L.sh), want, "%s: block bytes %zu, want %zu", dtype_name(kvt),
+                     attn_block_bytes(&L.sh), want);
+        const size_t rows = L.rows, qw = H * dk, ow = H * dv;
+        float *q = fixture_rand(rows * qw, 601, -2, 2), *k = fixture_rand(rows * dk, 602, -2, 2);
+        float *kr = kvt == DTYPE_F32 ? NULL : rounded(k, rows, 1, dk, kvt);
+        float *out = td_malloc(rows * ow * sizeof(float)), *lse = td_malloc(rows * H * sizeof(float));
+        float *of = td_malloc(rows * ow * sizeof(float)), *lf = td_malloc(rows * H * sizeof(float));
+        attention_kv_store(L.kv, L.seq, L.n_seq, k, NULL, &L.sh);
+        attention_forward(out, lse, q, L.kv, L.seq, L.n_seq, &L.sh);
+        if (kr) {
+            attention_kv_store(Lf.kv, Lf.seq, Lf.n_seq, kr, NULL, &Lf.sh);
+            attention_forward(of, lf, q, Lf.kv, Lf.seq, Lf.n_seq, &Lf.sh);
+            EXPECT_BITWISE(out, of, rows * ow, "narrow latent cache vs f32 on the rounded keys");
+            EXPECT_BITWISE(lse, lf, rows * H, "narrow latent cache vs f32 on the rounded keys: lse");
+        } else {   /* f32: only K^T written (Hkv dk floats per position) */
+            size_t touched = 0, nf = L.n_blocks * attn_block_bytes(&L.sh) / sizeof(float);
+            for (size_t i = 0; i < nf; i++) touched += !isnan(L.kv[i]);
+            cr_expect_eq(touched, rows * dk, "%zu floats written, want %zu (keys only)", touched, rows * dk);
+        }
+        size_t bad = 0;
+        for (size_t p = 0; p < lens[0]; p++) {
+            AttnSeq s = { 0, 1, p, L.table[0] };
+            attention_forward(of, lf, q + p * qw, L.kv, &s, 1, &L.sh);
+            bad += fixture_first_diff(of, out + p * ow, ow) != ow || fixture_first_diff(lf, lse + p * H, H) != H;
+        }
+        cr_expect_eq(bad, 0, "%s: %zu decode positions differ from the full forward", dtype_name(kvt), bad);
+        const size_t at[3] = { 66, 16, 4 };
+        float *qb = td_malloc(3 * qw * sizeof(float));
+        AttnSeq sb[3];
+        for (size_t i = 0; i < 3; i++) {
+            memcpy(qb + i * qw, q + (L.seq[i].row + at[i]) * qw, qw * sizeof(float));
+            sb[i] = (AttnSeq){ i, 1, at[i], L.table[i] };
+        }
+        attention_forward(of, lf, qb, L.kv, sb, 3, &L.sh);
+        for (size_t i = 0; i < 3; i++)
+            EXPECT_BITWISE(of + i * ow, out + (L.seq[i].row + at[i]) * ow, ow, "latent decode batch");
+        layout_clear(&L);
+        const size_t cuts[3] = { 13, 48, 70 };
+        for (size_t j = 0, p0 = 0; j < 3; p0 = cuts[j++]) {
+            AttnSeq s = { 0, cuts[j] - p0, p0, L.table[0] };
+            attention_kv_store(L.kv, &s, 1, k + p0 * dk, NULL, &L.sh);
+            attention_forward(of + p0 * ow, lf + p0 * H, q + p0 * qw, L.kv, &s, 1, &L.sh);
+        }
+        EXPECT_BITWISE(of, out, lens[0] * ow, "latent chunked prefill");
+        td_free(q);
+        td_free(k);
+        td_free(kr);
+        td_free(out);
+        td_free(lse);
+        td_free(of);
+        td_free(lf);
+        td_free(qb);
+        layout_free(&L);
+        layout_free(&Lf);
     }
     EXPECT_NO_LEAKS();
 }

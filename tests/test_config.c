@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/common.h"
@@ -126,4 +127,59 @@ Test(config, rope_scaling_yarn_round_trips)
         cr_expect(parse(&c, bad[i].js, err, sizeof err) != 0 && strstr(err, bad[i].want), "case %zu: wanted \"%s\", got \"%s\"",
                   i, bad[i].want, err);
     }
+}
+
+/* DeepSeek-V3 with its multi-head latent attention (HF config.json shapes):
+ * the MLA tensors counted by hand, 671e9 parameters in all (the published
+ * size, the MTP layer not included); head_dim derived as HF does. */
+Test(config, deepseek_v3_mla_sizes_validate)
+{
+    const char *js = "{\"vocab_size\": 129280, \"hidden_size\": 7168, \"num_hidden_layers\": 61,"
+                     " \"num_attention_heads\": 128, \"num_key_value_heads\": 128,"
+                     " \"q_lora_rank\": 1536, \"kv_lora_rank\": 512, \"qk_nope_head_dim\": 128,"
+                     " \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"rope_interleave\": true,"
+                     " \"intermediate_size\": 18432, \"moe_intermediate_size\": 2048, \"num_local_experts\": 256,"
+                     " \"num_experts_per_tok\": 8, \"n_shared_experts\": 1, \"first_k_dense_replace\": 3,"
+                     " \"max_position_embeddings\": 163840, \"rms_norm_eps\": 1e-6}";
+    ModelConfig c;
+    char err[256] = "";
+    cr_assert_eq(parse(&c, js, err, sizeof err), 0, "refused: %s", err);
+    cr_assert_eq(c.head_dim, 64, "head_dim %d, want qk_rope_head_dim", c.head_dim);
+    cr_assert(config_mla(&c));
+    const double d = 7168, H = 128;
+    const double mla = 1536 * d + 1536 + H * 192 * 1536 + 576 * d + 512 + H * 256 * 512 + d * H * 128;
+    const double ordinary = count(129280, d, 61, H, H, 128, 18432, 2048, 256, 1, 3, 0);
+    const double gqa = d + H * 128 * d + 2 * H * 128 * d + d * H * 128 + d;   /* what count() put per layer */
+    const double want = ordinary - 61 * gqa + 61 * (2 * d + mla);
+    cr_assert_eq((double)config_param_count(&c), want, "%zu parameters, counted %.0f", config_param_count(&c), want);
+    cr_assert(fabs(want - 671.0e9) < 0.5e9, "%.4g parameters, DeepSeek-V3 has 671e9", want);
+}
+
+/* MLA's keys refused when they do not make a model, naming the key. */
+Test(config, refuses_inconsistent_mla_keys)
+{
+    static const char *const base = "\"hidden_size\": 64, \"num_attention_heads\": 4, \"kv_lora_rank\": 16, "
+                                    "\"qk_nope_head_dim\": 8, \"v_head_dim\": 8";
+    struct {
+        const char *extra, *want;
+    } cases[] = {
+        { ", \"qk_rope_head_dim\": 5", "\"qk_rope_head_dim\" must be even" },
+        { ", \"qk_rope_head_dim\": 8, \"num_key_value_heads\": 2", "\"num_key_value_heads\" (2) must equal" },
+        { ", \"qk_rope_head_dim\": 8, \"head_dim\": 16", "\"head_dim\" (16) must equal \"qk_rope_head_dim\" (8)" },
+        { ", \"qk_rope_head_dim\": 8, \"qk_norm\": \"head\"", "not defined for MLA" },
+        { ", \"qk_rope_head_dim\": 8, \"kv_lora_rank\": 1020", "exceeds 1024" },
+        { ", \"qk_rope_head_dim\": 8, \"v_head_dim\": 0", "\"v_head_dim\" must be >= 1" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char js[512];
+        snprintf(js, sizeof js, "{%s%s}", base, cases[i].extra);
+        ModelConfig c;
+        char err[256] = "";
+        cr_assert_eq(parse(&c, js, err, sizeof err), -1, "case %zu accepted: %s", i, js);
+        cr_assert(strstr(err, cases[i].want), "case %zu: \"%s\" does not say \"%s\"", i, err, cases[i].want);
+    }
+    ModelConfig c;
+    char err[256] = "";
+    cr_assert_eq(parse(&c, "{\"q_lora_rank\": 8}", err, sizeof err), -1, "q_lora_rank without MLA accepted");
+    cr_assert(strstr(err, "\"q_lora_rank\" needs \"kv_lora_rank\" > 0"), "%s", err);
 }

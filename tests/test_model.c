@@ -150,6 +150,9 @@ Test(model, gradients_match_torch_odd_sizes) { check_against_torch("model_odd.h5
 Test(model, gradients_match_torch_qwen2moe_bias_gated_shared_schedule) { check_against_torch("model_qwen2moe.h5"); }
 Test(model, gradients_match_torch_qwen3moe_head_qk_norm_head_dim) { check_against_torch("model_qwen3moe.h5"); }
 Test(model, gradients_match_torch_olmoe_full_qk_norm_clip_bias) { check_against_torch("model_olmoe.h5"); }
+/* multi-head latent attention, absorbed, against HF's naive form */
+Test(model, gradients_match_torch_mla_q_lora_interleaved_rope) { check_against_torch("model_mla.h5"); }
+Test(model, gradients_match_torch_mla_q_proj) { check_against_torch("model_mla_q.h5"); }
 
 /* recompute=full and =selective: the same gradients, bit for bit, and a
  * smaller activation peak than none. */
@@ -182,6 +185,8 @@ Test(model, recompute_modes_bit_identical_variants) { check_recompute("model_var
 Test(model, recompute_modes_bit_identical_qwen2moe) { check_recompute("model_qwen2moe.h5"); }
 Test(model, recompute_modes_bit_identical_qwen3moe) { check_recompute("model_qwen3moe.h5"); }
 Test(model, recompute_modes_bit_identical_olmoe) { check_recompute("model_olmoe.h5"); }
+Test(model, recompute_modes_bit_identical_mla) { check_recompute("model_mla.h5"); }
+Test(model, recompute_modes_bit_identical_mla_q) { check_recompute("model_mla_q.h5"); }
 
 /* Two AdamW steps on the fixture's gradients equal torch.optim.AdamW's
  * (lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices and
@@ -311,3 +316,111 @@ Test(model, serving_models_compute_the_forward_on_the_rounded_weights_variants) 
 Test(model, serving_models_compute_the_forward_on_the_rounded_weights_qwen2moe) { check_serving("model_qwen2moe.h5"); }
 Test(model, serving_models_compute_the_forward_on_the_rounded_weights_qwen3moe) { check_serving("model_qwen3moe.h5"); }
 Test(model, serving_models_compute_the_forward_on_the_rounded_weights_olmoe) { check_serving("model_olmoe.h5"); }
+Test(model, serving_models_compute_the_forward_on_the_rounded_weights_mla) { check_serving("model_mla.h5"); }
+
+/* ---------------------------------------------------------------- MLA: finite differences */
+
+/* The cross-entropy of one forward (all rows' targets), double. */
+static double mla_ce(Model *m, TrainActs *a, const int32_t *ids, const int32_t *targets, size_t N)
+{
+    LossParts lp;
+    memset(&lp, 0, sizeof lp);
+    model_train_forward(m, a, ids, targets, N, &lp);
+    return lp.ce_sum / (double)N;
+}
+
+Test(model, mla_gradients_match_finite_differences)
+{
+    /* Every attention tensor of a tiny MLA model (q_lora and not, both
+     * RoPE layouts; dense FFNs: no route can flip under a perturbation):
+     * the directional derivative of the loss along the gradient itself
+     * (= |g|) and along a random direction u (= g . u), by central
+     * differences with step 1e-2 in weight space (the float32 loss' noise
+     * ~5e-7 gives ~3e-5 on derivatives of size |g| ~ 6e-3 .. 1; the
+     * third-order term of a step along a large gradient dominates: worst
+     * measured 0.32% of |g| (kv_a_proj_with_mqa of config 1), 2% allowed). */
+    static const char *const cfgs[] = {
+        "{\"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+        " \"num_key_value_heads\": 4, \"q_lora_rank\": 12, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8,"
+        " \"qk_rope_head_dim\": 4, \"v_head_dim\": 6, \"rope_interleave\": true, \"first_k_dense_replace\": 2,"
+        " \"intermediate_size\": 40, \"max_position_embeddings\": 64}",
+        "{\"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 2,"
+        " \"num_key_value_heads\": 2, \"kv_lora_rank\": 8, \"qk_nope_head_dim\": 6, \"qk_rope_head_dim\": 6,"
+        " \"v_head_dim\": 10, \"first_k_dense_replace\": 2, \"intermediate_size\": 40,"
+        " \"max_position_embeddings\": 64}",
+    };
+    for (int ci = 0; ci < 2; ci++) {
+        ModelConfig cfg;
+        char err[256];
+        cr_assert(config_parse(&cfg, cfgs[ci], err, sizeof err) == 0, "%s", err);
+        Topology t;
+        topo_single(&t, &cfg);
+        Model m;
+        model_init(&m, &cfg, &t, true, 16);
+        model_init_weights(&m, 5 + (uint64_t)ci);
+        for (int i = 0; i < m.n_params; i++) {   /* away from the near-uniform start: std 0.1, norms 1 +- 0.3 */
+            Param *p = &m.params[i];
+            float *r = fixture_rand(p->numel, 800 + (uint64_t)i, -0.3f, 0.3f);
+            for (size_t j = 0; j < p->numel; j++) p->w[j] = p->ndim == 1 ? 1.0f + r[j] : 5.0f * p->w[j];
+            td_free(r);
+        }
+        model_pack(&m);
+        const size_t B = 2, T = 13, N = B * T;
+        TrainActs a;
+        model_train_acts_init(&a, &m, B, T, RECOMPUTE_NONE);
+        int32_t ids[2 * 13], targets[2 * 13];
+        float dlogp[2 * 13];
+        for (size_t i = 0; i < N; i++) {
+            ids[i] = (int32_t)((i * 17 + 3) % 64);
+            targets[i] = (int32_t)((i * 29 + 11) % 64);
+            dlogp[i] = -1.0f / (float)N;
+        }
+        memset(m.g, 0, m.n_w * sizeof(float));
+        mla_ce(&m, &a, ids, targets, N);
+        model_train_backward(&m, &a, targets, dlogp, 0.0f, 0.0f);
+        float *g = td_malloc(m.n_w * sizeof(float));
+        memcpy(g, m.g, m.n_w * sizeof(float));
+        int n_checked = 0;
+        for (int i = 0; i < m.n_params; i++) {
+            Param *p = &m.params[i];
+            if (!strstr(p->name, "self_attn/")) continue;
+            const float *gp = g + p->offset;
+            double gn = 0;
+            for (size_t j = 0; j < p->numel; j++) gn += (double)gp[j] * gp[j];
+            gn = sqrt(gn);
+            cr_assert(gn > 1e-4, "%s: gradient norm %.3g, too small to check", p->name, gn);
+            float *u = fixture_rand(p->numel, 900 + (uint64_t)i, -1, 1), *w0 = td_malloc(p->numel * sizeof(float));
+            memcpy(w0, p->w, p->numel * sizeof(float));
+            for (int dir = 0; dir < 2; dir++) {
+                double un = 0, want = 0;
+                for (size_t j = 0; j < p->numel; j++) {
+                    const double uj = dir == 0 ? gp[j] : u[j];
+                    un += uj * uj;
+                }
+                un = sqrt(un);
+                for (size_t j = 0; j < p->numel; j++) want += (double)gp[j] * ((dir == 0 ? gp[j] : u[j]) / un);
+                const double h = 1e-2;
+                double Ls[2];
+                for (int s = 0; s < 2; s++) {
+                    const double sg = s == 0 ? h : -h;
+                    for (size_t j = 0; j < p->numel; j++)
+                        p->w[j] = (float)(w0[j] + sg * (dir == 0 ? gp[j] : u[j]) / un);
+                    model_pack(&m);
+                    Ls[s] = mla_ce(&m, &a, ids, targets, N);
+                }
+                const double fd = (Ls[0] - Ls[1]) / (2 * h);
+                cr_expect(fabs(fd - want) <= 0.02 * gn, "config %d %s, %s direction: FD %.6g, gradient %.6g (|g| %.3g)",
+                          ci, p->name, dir == 0 ? "gradient" : "random", fd, want, gn);
+                n_checked++;
+            }
+            memcpy(p->w, w0, p->numel * sizeof(float));
+            model_pack(&m);
+            td_free(u);
+            td_free(w0);
+        }
+        cr_expect_geq(n_checked, ci == 0 ? 2 * 2 * 7 : 2 * 2 * 5, "config %d: %d checks", ci, n_checked);
+        td_free(g);
+        model_train_acts_free(&a);
+        model_free(&m);
+    }
+}

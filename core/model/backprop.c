@@ -8,6 +8,11 @@
  *          v = c(vr)                           dvr = c^T dv
  *          qr = h1 Wq^T + bq (k, v alike):     dbq += sum_t dqr;  dh1 = dqr Wq + dkr Wk + dvr Wv
  *          h1 = rmsnorm(x_in):                 dx += rmsnorm^T dh1
+ *   MLA (docs/mla.md): x_mid = x_in + matt Wo^T, matt = absorb_o(att), att = attn(absorb_q(mq), key):
+ *          datt = absorb_o^T (dx Wo);  dq, dk, dv = attn^T datt;  dmq = absorb_q^T dq (dkv_b both ways);
+ *          rope^T on the rope parts;  dc_kv_normed = dk[:r] + dv, summed over tp (the latent is
+ *          replicated, the heads are not), likewise dk_rope and dcqn;  then the norms and the
+ *          replicated down projections, whose input gradient is added after the tp sum
  *   shared expert with gate g = sigmoid(h2 . w_g):  ys = (g sh) Ws^T:  d(g sh) = dy Ws;  dsh = g d(g sh);
  *          dg = d(g sh) . sh (summed over tp);  dh2 += gate^T dg (after the tp sum: w_g is replicated)
  */
@@ -42,7 +47,7 @@ static unsigned mode_bit(Recompute m)
 
 static void carve(TrainActs *a, const Model *m, Arena *ar)
 {
-    const size_t N = a->N, d = m->d, Hq = m->H * m->hd, Hk = m->Hkv * m->hd;
+    const size_t N = a->N, d = m->d, Hq = m->aq, Hk = m->ak, Hv = m->av, Ho = m->ao;
     const size_t E = m->E_global, k = m->k, Nk = N * k, V = m->V;
     const size_t nb = (a->T + m->attn.bs - 1) / m->attn.bs;
     /* KV blocks, in floats (f32 for training; a scorer may ask for a narrow
@@ -63,8 +68,9 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
     LayerActs *s = &a->scratch;
     memset(s, 0, sizeof *s);
     s->h1 = arena_floats(ar, N * d); s->rstd1 = arena_floats(ar, N);
-    s->q = arena_floats(ar, N * Hq); s->k = arena_floats(ar, N * Hk); s->v = arena_floats(ar, N * Hk);
-    s->att = arena_floats(ar, N * Hq); s->lse = arena_floats(ar, N * m->H);
+    s->q = arena_floats(ar, N * Hq); s->k = arena_floats(ar, N * Hk); s->v = arena_floats(ar, N * Hv);
+    s->att = arena_floats(ar, N * Ho); s->lse = arena_floats(ar, N * m->H);
+    if (m->mla) layer_acts_carve_mla(s, ar, m, N);
     s->x_mid = arena_floats(ar, N * d); s->h2 = arena_floats(ar, N * d); s->rstd2 = arena_floats(ar, N);
     s->y = arena_floats(ar, N * d);
     s->kv = arena_floats(ar, kvf);
@@ -108,12 +114,25 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
         SLOT(h1, N * d, KEEP_NONE | KEEP_SEL);
         SLOT(rstd1, N, KEEP_NONE | KEEP_SEL);
         SLOT(q, N * Hq, KEEP_NONE | KEEP_SEL);
-        SLOT(att, N * Hq, KEEP_NONE);
+        SLOT(att, N * Ho, KEEP_NONE);
         SLOT(lse, N * m->H, KEEP_NONE);
         SLOT(x_mid, N * d, KEEP_NONE | KEEP_SEL);
         SLOT(h2, N * d, KEEP_NONE | KEEP_SEL);
         SLOT(rstd2, N, KEEP_NONE | KEEP_SEL);
         SLOT(kv, kvf, KEEP_NONE | KEEP_SEL);
+        if (m->mla) {   /* what MLA's backward reads besides q, att, lse, kv */
+            const MlaDims *md = &m->mla_dims;
+            const size_t qr = (size_t)m->cfg.q_lora_rank;
+            SLOT(mq, N * md->H * (md->nope + md->rope), KEEP_NONE | KEEP_SEL);
+            if (qr) {
+                SLOT(cq, N * qr, KEEP_NONE | KEEP_SEL);
+                SLOT(cqn, N * qr, KEEP_NONE | KEEP_SEL);
+                SLOT(rstdcq, N, KEEP_NONE | KEEP_SEL);
+            }
+            SLOT(ckv, N * md->r, KEEP_NONE | KEEP_SEL);
+            SLOT(rstdkv, N, KEEP_NONE | KEEP_SEL);
+            SLOT(matt, N * md->H * md->v, KEEP_NONE);   /* o_proj's input: recomputed with att otherwise */
+        }
         /* before q/k norm and clamp: what their backward reads */
         if (m->qk_pre) {
             SLOT(qr, N * Hq, KEEP_NONE | KEEP_SEL);
@@ -168,8 +187,18 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
     a->hn = arena_floats(ar, N * d); a->rstdf = arena_floats(ar, N);
     a->logits = arena_floats(ar, N * V); a->logp = arena_floats(ar, N); a->lse_v = arena_floats(ar, N);
     a->dx = arena_floats(ar, N * d); a->dtmp = arena_floats(ar, N * d); a->dh = arena_floats(ar, N * d);
-    a->dq = arena_floats(ar, N * Hq); a->dk = arena_floats(ar, N * Hk); a->dv = arena_floats(ar, N * Hk);
-    a->datt = arena_floats(ar, N * Hq);
+    a->dq = arena_floats(ar, N * Hq); a->dk = arena_floats(ar, N * Hk); a->dv = arena_floats(ar, N * Hv);
+    a->datt = arena_floats(ar, N * Ho);
+    if (m->mla) {
+        const MlaDims *md = &m->mla_dims;
+        const size_t qr = (size_t)m->cfg.q_lora_rank;
+        a->dmq = arena_floats(ar, N * md->H * (md->nope + md->rope));
+        a->dmatt = arena_floats(ar, N * md->H * md->v);
+        a->dcq = qr ? arena_floats(ar, N * qr) : NULL;
+        a->dcqn = qr ? arena_floats(ar, N * qr) : NULL;
+        a->dkva = arena_floats(ar, N * (md->r + md->rope));
+        a->dckv = arena_floats(ar, N * md->r); a->dckvn = arena_floats(ar, N * md->r);
+    }
     a->dfa = arena_floats(ar, fmax); a->dfb = arena_floats(ar, fmax); a->dfc = arena_floats(ar, fmax);
     if (m->qk_pre) {
         a->dqr = arena_floats(ar, N * Hq); a->dkr = arena_floats(ar, N * Hk);
@@ -444,6 +473,55 @@ static void qk_pre_backward(Model *m, const Layer *L, TrainActs *a, const LayerA
     *dkr = a->dkr;
 }
 
+/* MLA's attention block backward (file comment): a->dx holds the gradient
+ * of x_mid; adds the attention block's part of the gradient of h1 into a->dh
+ * (zeroed here) and every attention tensor's gradient. */
+static void mla_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, const ModelBatch *b)
+{
+    const MlaDims *md = &m->mla_dims;
+    const size_t N = a->N, d = m->d, r = md->r, rope = md->rope, qk = md->nope + rope, kw = r + rope;
+    const size_t qr = (size_t)m->cfg.q_lora_rank, Hqk = md->H * qk, Hv = md->H * md->v;
+    const bool inter = m->cfg.rope_interleave;
+    /* o_proj's input: kept (none), just recomputed by the layer (full), or
+     * recomputed here from the recomputed att (selective): the forward's bits */
+    if (a->mode == RECOMPUTE_SELECTIVE) mla_absorb_o_forward(la->matt, la->att, L->kvb->w, N, md);
+    zero(a->dmatt, N * Hv);
+    linear_backward(a->dmatt, L->o->g, a->dx, la->matt, L->o->w, N, d, Hv);
+    zero(a->datt, N * m->ao);
+    mla_absorb_o_backward(a->datt, L->kvb->g, a->dmatt, la->att, L->kvb->w, N, md);
+    zero(a->dq, N * m->aq); zero(a->dk, N * kw); zero(a->dv, N * r);
+    attention_backward(a->dq, a->dk, a->dv, a->datt, la->q, la->att, la->lse, la->kv, b->seqs, b->n_seq,
+                       &m->attn);
+    zero(a->dmq, N * Hqk);
+    mla_absorb_q_backward(a->dmq, L->kvb->g, a->dq, la->mq, L->kvb->w, N, md);
+    rope_backward_at(a->dmq, b->pos, &m->rope, N, md->H, qk, md->nope, rope, inter);
+    /* the key [c_kv normed, k_rope] and the value c_kv normed: this rank's heads' part */
+    for (size_t t = 0; t < N; t++)
+        for (size_t j = 0; j < r; j++) a->dk[t * kw + j] += a->dv[t * r + j];
+    tp_sum(m, a->dk, N * kw);
+    rope_backward_at(a->dk, b->pos, &m->rope, N, 1, kw, r, rope, inter);
+    for (size_t t = 0; t < N; t++) memcpy(a->dckvn + t * r, a->dk + t * kw, r * sizeof(float));
+    zero(a->dckv, N * r);
+    rmsnorm_backward(a->dckv, L->kvan->g, a->dckvn, la->ckv, L->kvan->w, la->rstdkv, N, r);
+    for (size_t t = 0; t < N; t++) {
+        memcpy(a->dkva + t * kw, a->dckv + t * r, r * sizeof(float));
+        memcpy(a->dkva + t * kw + r, a->dk + t * kw + r, rope * sizeof(float));
+    }
+    zero(a->dh, N * d);
+    if (L->qa) {
+        zero(a->dcqn, N * qr);
+        linear_backward(a->dcqn, L->q->g, a->dmq, la->cqn, L->q->w, N, Hqk, qr);
+        tp_sum(m, a->dcqn, N * qr);
+        zero(a->dcq, N * qr);
+        rmsnorm_backward(a->dcq, L->qan->g, a->dcqn, la->cq, L->qan->w, la->rstdcq, N, qr);
+    } else {
+        linear_backward(a->dh, L->q->g, a->dmq, la->h1, L->q->w, N, Hqk, d);
+        tp_sum(m, a->dh, N * d);   /* q_proj is column-parallel; what follows is replicated */
+    }
+    linear_backward(a->dh, L->kva->g, a->dkva, la->h1, L->kva->w, N, kw, d);
+    if (L->qa) linear_backward(a->dh, L->qa->g, a->dcq, la->h1, L->qa->w, N, qr, d);
+}
+
 /* Backward of local layer i; a->dx holds the gradient of its output and
  * receives the gradient of its input. */
 static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
@@ -467,6 +545,11 @@ static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
     rmsnorm_backward(a->dx, L->ln2->g, a->dh, la->x_mid, L->ln2->w, la->rstd2, N, d);
 
     /* attention block */
+    if (m->mla) {
+        mla_backward(m, L, a, la, &b);
+        rmsnorm_backward(a->dx, L->ln1->g, a->dh, a->x[i], L->ln1->w, la->rstd1, N, d);
+        return;
+    }
     if (L->ob) bias_backward(L->ob->g, a->dx, N, d);   /* replicated: dx is the summed gradient */
     zero(a->datt, N * Hq);
     linear_backward(a->datt, L->o->g, a->dx, la->att, L->o->w, N, d, Hq);

@@ -34,6 +34,9 @@ typedef struct {
     float *qkdot;                /* (2N) full q/k norm: per-row dots */
     float *dqkw;                 /* (2 hd) per-head q/k norm: this micro-batch's weight gradients */
     float *dsgv;                 /* (N) gradient of the shared gate */
+    /* MLA: gradients of mq (N, H (nope + rope)), matt (N, H v), cq and cqn
+     * (N, qr), kva (N, r + rope), ckv and ckvn (N, r) */
+    float *dmq, *dmatt, *dcq, *dcqn, *dkva, *dckv, *dckvn;
     float *dxd, *deo;            /* (N*k, d), dispatch side */
     float *dxe, *deoe;           /* expert side (ep*N*k, d); alias dxd/deo without ep */
     float *dprobs, *dlogits_r, *dtopk_w;  /* (N, E) (N, E) (N, k) */

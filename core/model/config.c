@@ -57,6 +57,8 @@ static const struct key g_keys[] = {
     KEY(tie_word_embeddings, K_BOOL), KEY(norm_topk_prob, K_BOOL),
     KEY(router_aux_loss_coef, K_NUM), KEY(router_z_loss_coef, K_NUM),
     KEY(attention_bias, K_BOOL), KEY(qkv_bias, K_BOOL), KEY(qk_norm, K_QKNORM), KEY(clip_qkv, K_NUM),
+    KEY(q_lora_rank, K_INT), KEY(kv_lora_rank, K_INT), KEY(qk_nope_head_dim, K_INT),
+    KEY(qk_rope_head_dim, K_INT), KEY(v_head_dim, K_INT), KEY(rope_interleave, K_BOOL),
     KEY(shared_expert_intermediate_size, K_INT), KEY(shared_expert_gate, K_BOOL),
     KEY(decoder_sparse_step, K_INT), KEY(mlp_only_layers, K_LAYERS),
     KEY(rope_scaling, K_ROPESCALING),
@@ -72,6 +74,7 @@ static void derive(ModelConfig *c, const bool *given)
 {
     (void)given;
     if (c->num_key_value_heads == 0) c->num_key_value_heads = c->num_attention_heads;
+    if (c->head_dim == 0 && config_mla(c)) c->head_dim = c->qk_rope_head_dim;   /* HF DeepseekV3Config */
     if (c->head_dim == 0 && c->num_attention_heads > 0)
         c->head_dim = c->hidden_size / c->num_attention_heads;
     if (c->intermediate_size == 0) c->intermediate_size = derived(4LL * c->hidden_size);
@@ -267,12 +270,24 @@ int config_load(ModelConfig *cfg, const char *path, char *err, size_t err_len)
     return rc;
 }
 
+/* The attention block of an MLA layer (model.c's tensors): its matrices,
+ * and with vectors its norms too (the two layer norms included). */
+static double mla_attn_f64(const ModelConfig *c, bool vectors)
+{
+    const double d = c->hidden_size, H = c->num_attention_heads, qr = c->q_lora_rank, r = c->kv_lora_rank;
+    const double qk = c->qk_nope_head_dim + c->qk_rope_head_dim, rope = c->qk_rope_head_dim;
+    const double q = qr > 0 ? qr * d + H * qk * qr : H * qk * d;
+    const double mats = q + (r + rope) * d + H * (c->qk_nope_head_dim + c->v_head_dim) * r + d * H * c->v_head_dim;
+    return mats + (vectors ? 2 * d + qr + r : 0);
+}
+
 /* config_param_count in double: no overflow however large the values
  * (config_validate bounds it before any size_t product is formed). */
 static double param_count_f64(const ModelConfig *c)
 {
     const double d = c->hidden_size, V = c->vocab_size, hd = c->head_dim;
-    const double attn = 2 * d + 2 * (double)c->num_attention_heads * hd * d + 2 * (double)c->num_key_value_heads * hd * d;
+    const double attn = config_mla(c) ? mla_attn_f64(c, true)
+                        : 2 * d + 2 * (double)c->num_attention_heads * hd * d + 2 * (double)c->num_key_value_heads * hd * d;
     const double dense = 3 * (double)c->intermediate_size * d;
     const double E = c->num_local_experts, F = c->moe_intermediate_size;
     const double S = c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size
@@ -290,6 +305,32 @@ static double param_count_f64(const ModelConfig *c)
         }                                                    \
     } while (0)
 
+/* The MLA keys (config.h): ranges, and the ordinary-attention options MLA
+ * does not have. */
+static int mla_validate(const ModelConfig *c, char *err, size_t err_len)
+{
+    REQUIRE(c->q_lora_rank >= 0 && c->kv_lora_rank >= 0, "\"q_lora_rank\" and \"kv_lora_rank\" must be >= 0");
+    if (!config_mla(c)) {
+        REQUIRE(c->q_lora_rank == 0, "\"q_lora_rank\" needs \"kv_lora_rank\" > 0 (multi-head latent attention)");
+        return 0;
+    }
+    REQUIRE(c->qk_rope_head_dim >= 2 && c->qk_rope_head_dim % 2 == 0 && c->qk_rope_head_dim <= 256,
+            "\"qk_rope_head_dim\" must be even and in [2, 256] (got %d)", c->qk_rope_head_dim);
+    REQUIRE(c->qk_nope_head_dim >= 1 && c->v_head_dim >= 1,
+            "\"qk_nope_head_dim\" and \"v_head_dim\" must be >= 1 with kv_lora_rank > 0");
+    REQUIRE(c->head_dim == c->qk_rope_head_dim, "\"head_dim\" (%d) must equal \"qk_rope_head_dim\" (%d) under MLA",
+            c->head_dim, c->qk_rope_head_dim);
+    REQUIRE(c->kv_lora_rank + c->qk_rope_head_dim <= 1024,
+            "kv_lora_rank + qk_rope_head_dim = %d exceeds 1024 (the attention kernel's key width)",
+            c->kv_lora_rank + c->qk_rope_head_dim);
+    REQUIRE(c->num_key_value_heads == c->num_attention_heads,
+            "\"num_key_value_heads\" (%d) must equal \"num_attention_heads\" (%d) under MLA (one shared latent)",
+            c->num_key_value_heads, c->num_attention_heads);
+    REQUIRE(!c->attention_bias && !c->qkv_bias && c->qk_norm == QK_NORM_NONE && c->clip_qkv == 0,
+            "attention_bias, qkv_bias, qk_norm and clip_qkv are not defined for MLA (kv_lora_rank > 0)");
+    return 0;
+}
+
 int config_validate(const ModelConfig *c, char *err, size_t err_len)
 {
     REQUIRE(c->vocab_size >= 1, "\"vocab_size\" must be >= 1 (got %d)", c->vocab_size);
@@ -300,6 +341,7 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len)
     REQUIRE(c->num_attention_heads % c->num_key_value_heads == 0,
             "\"num_attention_heads\" (%d) must be a multiple of \"num_key_value_heads\" (%d)",
             c->num_attention_heads, c->num_key_value_heads);
+    if (mla_validate(c, err, err_len)) return -1;   /* first: head_dim derives from qk_rope_head_dim */
     REQUIRE(c->head_dim >= 2 && c->head_dim % 2 == 0 && c->head_dim <= 256,
             "\"head_dim\" must be even and in [2, 256] (got %d)", c->head_dim);
     REQUIRE(c->first_k_dense_replace >= 0 && c->first_k_dense_replace <= c->num_hidden_layers,
@@ -417,6 +459,7 @@ int config_n_moe_layers(const ModelConfig *c)
 /* Weights of the attention block's products (q, k, v, o). */
 static size_t layer_attn_matrices(const ModelConfig *c)
 {
+    if (config_mla(c)) return (size_t)mla_attn_f64(c, false);   /* bounded by config_validate */
     size_t d = (size_t)c->hidden_size, hd = (size_t)c->head_dim;
     size_t qo = (size_t)c->num_attention_heads * hd, kv = (size_t)c->num_key_value_heads * hd;
     return 2 * qo * d + 2 * kv * d;
@@ -428,6 +471,7 @@ static size_t layer_attn_vectors(const ModelConfig *c)
     size_t d = (size_t)c->hidden_size, hd = (size_t)c->head_dim;
     size_t qo = (size_t)c->num_attention_heads * hd, kv = (size_t)c->num_key_value_heads * hd;
     size_t n = 2 * d;
+    if (config_mla(c)) return n + (size_t)c->q_lora_rank + (size_t)c->kv_lora_rank;
     if (config_qkv_bias(c)) n += qo + 2 * kv;
     if (config_o_bias(c)) n += d;
     if (c->qk_norm == QK_NORM_HEAD) n += 2 * hd;

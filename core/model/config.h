@@ -47,6 +47,12 @@ typedef struct {
     bool qkv_bias;                 /* biases on q, k, v only */
     QkNorm qk_norm;
     double clip_qkv;               /* > 0: q, k, v clamped to [-c, c]; 0 off */
+    /* multi-head latent attention (DeepSeek-V3, docs/mla.md): on when
+     * kv_lora_rank > 0; head_dim is then qk_rope_head_dim (as HF sets it) */
+    int q_lora_rank;               /* 0: q_proj; > 0: q_a_proj, q_a_layernorm, q_b_proj */
+    int kv_lora_rank;              /* r: the latent c_kv, what the KV cache holds with k_rope */
+    int qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    bool rope_interleave;          /* RoPE rotates pairs (2i, 2i + 1), not (i, i + hd/2) */
     int shared_expert_intermediate_size;  /* > 0: shared expert width S (else F * n_shared_experts) */
     bool shared_expert_gate;       /* shared output *= sigmoid(h2 . w_g) */
     int decoder_sparse_step;       /* MoE layers are those with (l + 1) % step == 0 ... */
@@ -91,6 +97,8 @@ static inline int config_shared_width(const ModelConfig *c)
     return c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size
                                                   : c->moe_intermediate_size * c->n_shared_experts;
 }
+/* Multi-head latent attention on. */
+static inline bool config_mla(const ModelConfig *c) { return c->kv_lora_rank > 0; }
 /* q, k and v biases; o bias. */
 static inline bool config_qkv_bias(const ModelConfig *c) { return c->attention_bias || c->qkv_bias; }
 static inline bool config_o_bias(const ModelConfig *c) { return c->attention_bias; }

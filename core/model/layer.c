@@ -285,6 +285,37 @@ static void qkv_forward(const Model *m, const Layer *L, LayerActs *a, size_t N)
     }
 }
 
+/* MLA's attention block (docs/mla.md), absorbed: from a->h1 to the
+ * output projection's input a->matt, through the KV blocks. */
+static void mla_forward(const Model *m, const Layer *L, const ModelBatch *b, LayerActs *a)
+{
+    const MlaDims *md = &m->mla_dims;
+    const size_t N = b->n, r = md->r, rope = md->rope, qk = md->nope + rope;
+    const size_t qr = (size_t)m->cfg.q_lora_rank, kw = r + rope;
+    const float eps = (float)m->cfg.rms_norm_eps;
+    const bool inter = m->cfg.rope_interleave;
+    if (L->qa) {
+        param_linear(a->cq, a->h1, L->qa, N);
+        rmsnorm_forward(a->cqn, a->rstdcq, a->cq, L->qan->w, N, qr, eps);
+        param_linear(a->mq, a->cqn, L->q, N);
+    } else {
+        param_linear(a->mq, a->h1, L->q, N);
+    }
+    param_linear(a->kva, a->h1, L->kva, N);
+    for (size_t t = 0; t < N; t++) memcpy(a->ckv + t * r, a->kva + t * kw, r * sizeof(float));
+    rmsnorm_forward(a->ckvn, a->rstdkv, a->ckv, L->kvan->w, N, r, eps);
+    for (size_t t = 0; t < N; t++) {   /* key = [c_kv normed, k_rope] */
+        memcpy(a->k + t * kw, a->ckvn + t * r, r * sizeof(float));
+        memcpy(a->k + t * kw + r, a->kva + t * kw + r, rope * sizeof(float));
+    }
+    rope_forward_at(a->k, b->pos, &m->rope, N, 1, kw, r, rope, inter);
+    rope_forward_at(a->mq, b->pos, &m->rope, N, md->H, qk, md->nope, rope, inter);
+    mla_absorb_q_forward(a->q, a->mq, L->kvb->w, N, md);
+    attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, NULL, &m->attn);
+    attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &m->attn);
+    mla_absorb_o_forward(a->matt, a->att, L->kvb->w, N, md);
+}
+
 void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float *x_in,
                          float *x_out, LayerActs *a)
 {
@@ -293,12 +324,17 @@ void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float
     const float eps = (float)m->cfg.rms_norm_eps;
 
     rmsnorm_forward(a->h1, a->rstd1, x_in, L->ln1->w, N, d, eps);
-    qkv_forward(m, L, a, N);
-    rope_forward(a->q, b->pos, &m->rope, N, H, hd);
-    rope_forward(a->k, b->pos, &m->rope, N, Hkv, hd);
-    attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, a->v, &m->attn);
-    attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &m->attn);
-    param_linear(a->x_mid, a->att, L->o, N);
+    if (m->mla) {
+        mla_forward(m, L, b, a);
+        param_linear(a->x_mid, a->matt, L->o, N);
+    } else {
+        qkv_forward(m, L, a, N);
+        rope_forward(a->q, b->pos, &m->rope, N, H, hd);
+        rope_forward(a->k, b->pos, &m->rope, N, Hkv, hd);
+        attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, a->v, &m->attn);
+        attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &m->attn);
+        param_linear(a->x_mid, a->att, L->o, N);
+    }
     tp_sum(m, a->x_mid, N * d);
     if (L->ob) bias_forward(a->x_mid, L->ob->w, N, d);   /* once, after the sum */
     residual_add(a->x_mid, x_in, a->x_mid, N * d);
@@ -342,6 +378,19 @@ void layer_acts_carve_qkv(LayerActs *a, Arena *ar, const Model *m, size_t N)
     a->rstdk = qn == QK_NORM_NONE ? NULL : arena_floats(ar, qn == QK_NORM_HEAD ? N * m->Hkv : N);
 }
 
+void layer_acts_carve_mla(LayerActs *a, Arena *ar, const Model *m, size_t N)
+{
+    const MlaDims *md = &m->mla_dims;
+    const size_t qr = (size_t)m->cfg.q_lora_rank;
+    a->mq = arena_floats(ar, N * md->H * (md->nope + md->rope));
+    a->cq = qr ? arena_floats(ar, N * qr) : NULL;
+    a->cqn = qr ? arena_floats(ar, N * qr) : NULL;
+    a->rstdcq = qr ? arena_floats(ar, N) : NULL;
+    a->kva = arena_floats(ar, N * (md->r + md->rope));
+    a->ckv = arena_floats(ar, N * md->r); a->rstdkv = arena_floats(ar, N);
+    a->ckvn = arena_floats(ar, N * md->r); a->matt = arena_floats(ar, N * md->H * md->v);
+}
+
 void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N)
 {
     bool any_dense = false, any_moe = false;
@@ -349,12 +398,13 @@ void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N)
         any_dense |= !m->layers[l].moe;
         any_moe |= m->layers[l].moe;
     }
-    const size_t d = m->d, Hq = m->H * m->hd, Hk = m->Hkv * m->hd;
+    const size_t d = m->d;
     const size_t E = any_moe ? m->E_global : 0, Nk = N * m->k;
     memset(a, 0, sizeof *a);
     a->h1 = arena_floats(ar, N * d); a->rstd1 = arena_floats(ar, N);
-    a->q = arena_floats(ar, N * Hq); a->k = arena_floats(ar, N * Hk); a->v = arena_floats(ar, N * Hk);
-    a->att = arena_floats(ar, N * Hq); a->lse = arena_floats(ar, N * m->H);
+    a->q = arena_floats(ar, N * m->aq); a->k = arena_floats(ar, N * m->ak); a->v = arena_floats(ar, N * m->av);
+    a->att = arena_floats(ar, N * m->ao); a->lse = arena_floats(ar, N * m->H);
+    if (m->mla) layer_acts_carve_mla(a, ar, m, N);
     a->x_mid = arena_floats(ar, N * d); a->h2 = arena_floats(ar, N * d); a->rstd2 = arena_floats(ar, N);
     a->y = arena_floats(ar, N * d);
     layer_acts_carve_qkv(a, ar, m, N);

@@ -8,6 +8,7 @@
  *   q, k, v = clamp(q, k, v, +-clip_qkv)      after the norm, as HF OLMoE
  *   rope(q, k);  store k, v into the sequence's KV blocks;  att = attention(q, blocks)
  *   x_mid = x + att Wo^T (+ bo)
+ *   (MLA, kv_lora_rank > 0: the attention block of docs/mla.md instead)
  *   h2 = rmsnorm(x_mid, ln2)
  *   y = dense SwiGLU(h2)  or  MoE(h2) (+ shared expert(s), gated by
  *       sigmoid(h2 . w_g) when shared_expert_gate)
@@ -39,6 +40,14 @@ typedef struct {
     float *qr, *kr, *vr;
     float *rstdq, *rstdk;                      /* q/k norm: (N*H) (N*Hkv) per head, (N) (N) full */
     float *qkss;                               /* (2N) full q/k norm: sums of squares (scratch) */
+    /* MLA (docs/mla.md): q is the absorbed query (N, H (r + rope)), k the
+     * stored key [c_kv normed, k_rope] (N, r + rope), att the latent output
+     * (N, H r), v unused.  mq (N, H (nope + rope)): q_b_proj's (or
+     * q_proj's) output, its rope part rotated; cq, cqn (N, qr): q_a_proj's
+     * output and its norm, rstdcq (N); kva (N, r + rope): kv_a_proj's
+     * output; ckv (N, r) its latent part, rstdkv (N); ckvn (N, r) the
+     * normed latent and matt (N, H v) att through W_uv (scratch) */
+    float *mq, *cq, *cqn, *rstdcq, *kva, *ckv, *rstdkv, *ckvn, *matt;
     float *fg, *fu, *fh;                       /* dense FFN (N, Fd) */
     float *rlogits, *probs, *rlse, *topk_w;    /* router (N,E) (N,E) (N) (N,k) */
     int32_t *topk_idx;                         /* (N, k) */
@@ -78,6 +87,8 @@ void model_head(const Model *m, float *logits, float *hn, float *rstd, const flo
  * left NULL: the caller points it at a layer's KV pool).  With a dry arena
  * it only measures. */
 void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N);
+/* The part of it for MLA's buffers (mq .. matt). */
+void layer_acts_carve_mla(LayerActs *a, Arena *ar, const Model *m, size_t N);
 /* The part of it for qr, kr, vr, rstdq, rstdk (a->q, k, v already set:
  * qr/kr/vr alias them when the config has no q/k norm or clamp). */
 void layer_acts_carve_qkv(LayerActs *a, Arena *ar, const Model *m, size_t N);

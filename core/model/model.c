@@ -18,6 +18,7 @@ static Dtype role_dtype(const ModelConfig *cfg, const ModelDtypes *dt, const cha
     const size_t n = strlen(name);
     if (n >= 8 && !strcmp(name + n - 8, "mlp/gate")) return DTYPE_F32;   /* the router */
     if (n >= 22 && !strcmp(name + n - 22, "mlp/shared_expert_gate")) return DTYPE_F32;
+    if (n >= 19 && !strcmp(name + n - 19, "self_attn/kv_b_proj")) return DTYPE_F32;   /* MLA: never packed */
     if (!strcmp(name, "lm_head")) return dt->head;
     if (!strcmp(name, "model/embed_tokens")) return cfg->tie_word_embeddings ? dt->head : dt->embed;
     return dt->mat;
@@ -96,6 +97,32 @@ static const char *layer_name(char *n, size_t cap, int l, const char *s)
     return n;
 }
 
+/* The attention tensors of an MLA layer (model.h, DSV3.md): heads split
+ * over tp (q_b_proj / q_proj and kv_b_proj by rows, o_proj by columns),
+ * the low-rank down projections and their norms replicated. */
+static void mla_params(Model *m, int l)
+{
+    const ModelConfig *c = &m->cfg;
+    const size_t d = (size_t)c->hidden_size, H = (size_t)c->num_attention_heads, qr = (size_t)c->q_lora_rank;
+    const size_t r = (size_t)c->kv_lora_rank, rope = (size_t)c->qk_rope_head_dim;
+    const size_t qk = (size_t)c->qk_nope_head_dim + rope, nv = (size_t)c->qk_nope_head_dim + (size_t)c->v_head_dim;
+    Layer *L = &m->layers[l];
+    char n[PARAM_NAME_MAX];
+#define NAME(s) layer_name(n, sizeof n, l, s)
+    if (qr > 0) {
+        L->qa = add(m, NAME("self_attn/q_a_proj"), 2, (size_t[]){ qr, d }, -1, -1, l, true, true);
+        L->qan = add(m, NAME("self_attn/q_a_layernorm"), 1, (size_t[]){ qr }, -1, -1, l, false, false);
+        L->q = add(m, NAME("self_attn/q_b_proj"), 2, (size_t[]){ H * qk, qr }, 0, -1, l, true, true);
+    } else {
+        L->q = add(m, NAME("self_attn/q_proj"), 2, (size_t[]){ H * qk, d }, 0, -1, l, true, true);
+    }
+    L->kva = add(m, NAME("self_attn/kv_a_proj_with_mqa"), 2, (size_t[]){ r + rope, d }, -1, -1, l, true, true);
+    L->kvan = add(m, NAME("self_attn/kv_a_layernorm"), 1, (size_t[]){ r }, -1, -1, l, false, false);
+    L->kvb = add(m, NAME("self_attn/kv_b_proj"), 2, (size_t[]){ H * nv, r }, 0, -1, l, true, false);
+    L->o = add(m, NAME("self_attn/o_proj"), 2, (size_t[]){ d, H * (size_t)c->v_head_dim }, 1, -1, l, true, true);
+#undef NAME
+}
+
 static void layer_params(Model *m, int l)
 {
     const ModelConfig *c = &m->cfg;
@@ -105,26 +132,30 @@ static void layer_params(Model *m, int l)
     char n[PARAM_NAME_MAX];
 #define NAME(s) layer_name(n, sizeof n, l, s)
     L->ln1 = add(m, NAME("input_layernorm"), 1, (size_t[]){ d }, -1, -1, l, false, false);
-    L->q = add(m, NAME("self_attn/q_proj"), 2, (size_t[]){ H * hd, d }, 0, -1, l, true, true);
-    L->k = add(m, NAME("self_attn/k_proj"), 2, (size_t[]){ Hkv * hd, d }, 0, -1, l, true, true);
-    L->v = add(m, NAME("self_attn/v_proj"), 2, (size_t[]){ Hkv * hd, d }, 0, -1, l, true, true);
-    L->o = add(m, NAME("self_attn/o_proj"), 2, (size_t[]){ d, H * hd }, 1, -1, l, true, true);
-    /* biases and norms: vectors, no weight decay; q/k/v ones split with
-     * their rows, the o bias added once after the all-reduce (replicated) */
-    if (config_qkv_bias(c)) {
-        L->qb = add(m, NAME("self_attn/q_proj.bias"), 1, (size_t[]){ H * hd }, 0, -1, l, false, false);
-        L->kb = add(m, NAME("self_attn/k_proj.bias"), 1, (size_t[]){ Hkv * hd }, 0, -1, l, false, false);
-        L->vb = add(m, NAME("self_attn/v_proj.bias"), 1, (size_t[]){ Hkv * hd }, 0, -1, l, false, false);
-    }
-    if (config_o_bias(c))
-        L->ob = add(m, NAME("self_attn/o_proj.bias"), 1, (size_t[]){ d }, -1, -1, l, false, false);
-    if (c->qk_norm == QK_NORM_HEAD) {
-        /* one [hd] weight shared by every head: replicated */
-        L->qn = add(m, NAME("self_attn/q_norm"), 1, (size_t[]){ hd }, -1, -1, l, false, false);
-        L->kn = add(m, NAME("self_attn/k_norm"), 1, (size_t[]){ hd }, -1, -1, l, false, false);
-    } else if (c->qk_norm == QK_NORM_FULL) {
-        L->qn = add(m, NAME("self_attn/q_norm"), 1, (size_t[]){ H * hd }, 0, -1, l, false, false);
-        L->kn = add(m, NAME("self_attn/k_norm"), 1, (size_t[]){ Hkv * hd }, 0, -1, l, false, false);
+    if (config_mla(c)) {
+        mla_params(m, l);
+    } else {
+        L->q = add(m, NAME("self_attn/q_proj"), 2, (size_t[]){ H * hd, d }, 0, -1, l, true, true);
+        L->k = add(m, NAME("self_attn/k_proj"), 2, (size_t[]){ Hkv * hd, d }, 0, -1, l, true, true);
+        L->v = add(m, NAME("self_attn/v_proj"), 2, (size_t[]){ Hkv * hd, d }, 0, -1, l, true, true);
+        L->o = add(m, NAME("self_attn/o_proj"), 2, (size_t[]){ d, H * hd }, 1, -1, l, true, true);
+        /* biases and norms: vectors, no weight decay; q/k/v ones split with
+         * their rows, the o bias added once after the all-reduce (replicated) */
+        if (config_qkv_bias(c)) {
+            L->qb = add(m, NAME("self_attn/q_proj.bias"), 1, (size_t[]){ H * hd }, 0, -1, l, false, false);
+            L->kb = add(m, NAME("self_attn/k_proj.bias"), 1, (size_t[]){ Hkv * hd }, 0, -1, l, false, false);
+            L->vb = add(m, NAME("self_attn/v_proj.bias"), 1, (size_t[]){ Hkv * hd }, 0, -1, l, false, false);
+        }
+        if (config_o_bias(c))
+            L->ob = add(m, NAME("self_attn/o_proj.bias"), 1, (size_t[]){ d }, -1, -1, l, false, false);
+        if (c->qk_norm == QK_NORM_HEAD) {
+            /* one [hd] weight shared by every head: replicated */
+            L->qn = add(m, NAME("self_attn/q_norm"), 1, (size_t[]){ hd }, -1, -1, l, false, false);
+            L->kn = add(m, NAME("self_attn/k_norm"), 1, (size_t[]){ hd }, -1, -1, l, false, false);
+        } else if (c->qk_norm == QK_NORM_FULL) {
+            L->qn = add(m, NAME("self_attn/q_norm"), 1, (size_t[]){ H * hd }, 0, -1, l, false, false);
+            L->kn = add(m, NAME("self_attn/k_norm"), 1, (size_t[]){ Hkv * hd }, 0, -1, l, false, false);
+        }
     }
     L->ln2 = add(m, NAME("post_attention_layernorm"), 1, (size_t[]){ d }, -1, -1, l, false, false);
     L->moe = config_layer_is_moe(c, l);
@@ -175,6 +206,16 @@ static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo, 
     m->S = (size_t)(config_shared_width(c) / t->tp);
     m->qk_pre = c->qk_norm != QK_NORM_NONE || c->clip_qkv > 0;
     m->clip = (float)c->clip_qkv;
+    m->mla = config_mla(c);
+    m->mla_dims = (MlaDims){ m->H, (size_t)c->qk_nope_head_dim, (size_t)c->qk_rope_head_dim,
+                             (size_t)c->v_head_dim, (size_t)c->kv_lora_rank };
+    if (m->mla) {   /* one kv head: [c_kv, k_rope], values c_kv */
+        const size_t dk = m->mla_dims.r + m->mla_dims.rope;
+        m->aq = m->H * dk, m->ak = dk, m->av = m->mla_dims.r, m->ao = m->H * m->mla_dims.r;
+    } else {
+        m->aq = m->ao = m->H * m->hd;
+        m->ak = m->av = m->Hkv * m->hd;
+    }
 
     const int L = c->num_hidden_layers;
     m->params = td_calloc((size_t)(3 + L * MAX_PARAMS_PER_LAYER) * sizeof(Param));
@@ -216,7 +257,19 @@ static void init_layout(Model *m, const ModelConfig *cfg, const Topology *topo, 
         if (p->packed) p->packed = m->packed + ((size_t)(uintptr_t)p->packed - 1);
     }
     rope_table_init_scaled(&m->rope, (size_t)cfg->max_position_embeddings, m->hd, cfg->rope_theta, &cfg->rope_scaling);
-    m->attn = (AttnShape){ m->H, m->Hkv, m->hd, kv_block ? kv_block : 16, DTYPE_F32 };
+    m->attn = (AttnShape){ m->H, m->mla ? 1 : m->Hkv, m->ak / (m->mla ? 1 : m->Hkv), kv_block ? kv_block : 16,
+                           DTYPE_F32, m->mla ? m->av : m->hd, model_attn_scale(cfg), m->mla };
+}
+
+float model_attn_scale(const ModelConfig *cfg)
+{
+    const int dk = config_mla(cfg) ? cfg->qk_nope_head_dim + cfg->qk_rope_head_dim : cfg->head_dim;
+    /* DeepSeek-V3 (MLA): times YaRN's mscale^2 when rope_scaling has mscale_all_dim
+     * (rope_softmax_scale_factor, core/ops/rope.h; HF multiplies the Python float
+     * qk_head_dim^-0.5 by it, and the kernel takes the product as float32).  Wired
+     * by dsv3-hf at its merge of mla: the lead's to keep or move. */
+    if (config_mla(cfg)) return (float)(rope_softmax_scale_factor(&cfg->rope_scaling) / sqrt((double)dk));
+    return 1.0f / sqrtf((float)dk);
 }
 
 void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads,

@@ -42,6 +42,7 @@
 #include "core/ops/attention.h"
 #include "core/ops/gemm.h"
 #include "core/model/config.h"
+#include "core/ops/mla.h"
 #include "core/ops/moe.h"
 #include "core/ops/rope.h"
 #include "core/arena.h"
@@ -102,6 +103,11 @@ typedef struct {
     Param *q, *k, *v, *o;
     Param *qb, *kb, *vb, *ob;             /* projection biases, NULL when off */
     Param *qn, *kn;                       /* q/k norm weights ([hd] or [H*hd], [Hkv*hd]), NULL when off */
+    /* MLA (docs/mla.md; q is q_b_proj, or q_proj when q_lora_rank = 0; k, v NULL):
+     * q_a_proj [qr, d], q_a_layernorm [qr] (NULL when qr = 0), kv_a_proj_with_mqa
+     * [r + rope, d], kv_a_layernorm [r], kv_b_proj [H (nope + v), r] (float32,
+     * read by core/ops/mla.h, never packed) */
+    Param *qa, *qan, *kva, *kvan, *kvb;
     Param *gate, *up, *down;              /* dense FFN */
     Param *router;                        /* [E, d] */
     Param *egate, *eup, *edown;           /* [E, F, d] [E, F, d] [E, d, F] */
@@ -147,7 +153,17 @@ typedef struct {
     ModelDtypes dt;         /* serving: the dtypes by role; training: all f32 */
     RopeTable rope;
     AttnShape attn;         /* local heads, block size */
+    /* widths per row of what attention reads and writes: q (H dk), k (Hkv
+     * dk), v (Hkv dv) and its output (H dv); MLA: dk = r + rope, dv = r,
+     * one kv head */
+    size_t aq, ak, av, ao;
+    bool mla;               /* multi-head latent attention (config_mla) */
+    MlaDims mla_dims;       /* its sizes, local heads */
 } Model;
+
+/* The softmax scale of attention: 1/sqrt(head_dim), or under MLA
+ * 1/sqrt(qk_nope_head_dim + qk_rope_head_dim). */
+float model_attn_scale(const ModelConfig *cfg);
 
 /* Builds the parameter table and slabs for this rank.  with_grads: also a
  * zeroed gradient slab (training).  kv_block: positions per KV block (a

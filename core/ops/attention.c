@@ -49,6 +49,13 @@
  * items are spans of query tiles the same way, each key tile gathered once
  * for the span.
  *
+ * Key and value widths.  Scores run over dk dims, p v and the outputs over
+ * dv (ordinarily both hd).  With v_in_k (MLA's latent cache) a value tile is
+ * the transpose of the first dv rows of the (widened) key tile, built once
+ * per tile and group (values_of_keys); the backward's V^T copy is those
+ * K^T rows themselves.  No arithmetic changes: a query's chains are the
+ * same whichever storage the values come from.
+ *
  * Three kernel paths compute the same operations: AVX-512, AVX2 + FMA (a
  * tile's 16 keys as two 8-lane halves, register blocks of at most 12
  * chains: 16 ymm registers) and portable C; tests/test_attention.c
@@ -73,13 +80,13 @@
 #define ATTN_AVX2 1
 #endif
 
-#define HD_MAX 256
+#define HD_MAX ATTN_HD_MAX
 #define GQ_MAX 64          /* queries of one forward group / backward block */
-#define GQ_FLOATS 4096     /* o of a forward group: queries * hd <= this */
+#define GQ_FLOATS 4096     /* o of a forward group: queries * dv <= this */
 #define SC_PAIRS 8         /* (query, tile) score chains computed together */
 #define D_CACHE 8192       /* backward: D of up to this many queries kept per item */
 #define BW_SPAN_MAX 16     /* backward: most key tiles served by one pass over the queries */
-#define BW_KEY_FLOATS 65536 /* backward: their copies (K, V^T: 2 x 16 hd floats a tile), 256 KB */
+#define BW_KEY_FLOATS 65536 /* backward: their copies (K, V^T: 16 (dk + dv) floats a tile), 256 KB */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* Start of the block holding position p of sequence s. */
@@ -88,34 +95,44 @@ static inline const unsigned char *block_at(const void *kv, const AttnSeq *s, co
     return (const unsigned char *)kv + (size_t)s->blocks[p / sh->bs] * attn_block_bytes(sh);
 }
 
+/* Element offsets of the K^T and V arrays of (kv head g, position offset
+ * off) inside a block (V: not with v_in_k), and its int8 scales. */
+static inline size_t kt_at(const AttnShape *sh, size_t g, size_t off) { return g * sh->dk * sh->bs + off; }
+static inline size_t v_at(const AttnShape *sh, size_t g, size_t off)
+{
+    return sh->Hkv * sh->dk * sh->bs + (g * sh->bs + off) * sh->dv;
+}
+static inline const float *scales_of(const unsigned char *blk, const AttnShape *sh)
+{
+    /* sK [Hkv][bs], then sV [Hkv][bs] unless v_in_k */
+    return (const float *)(const void *)(blk + sh->Hkv * attn_pos_values(sh) * sh->bs);
+}
+
 /* f32 blocks: K^T of tile kt of kv head g, [d * bs + j]. */
 static inline const float *tile_kt(const void *kv, const AttnSeq *s, const AttnShape *sh,
                                    size_t g, size_t kt)
 {
     size_t p = kt * ATTN_TILE;
     const float *blk = (const float *)(const void *)block_at(kv, s, sh, p);
-    return blk + g * sh->hd * sh->bs + p % sh->bs;
+    return blk + kt_at(sh, g, p % sh->bs);
 }
 
-/* f32 blocks: V of tile kt of kv head g, [j * hd + d]. */
+/* f32 blocks (not v_in_k): V of tile kt of kv head g, [j * dv + d]. */
 static inline const float *tile_v(const void *kv, const AttnSeq *s, const AttnShape *sh,
                                   size_t g, size_t kt)
 {
     size_t p = kt * ATTN_TILE;
     const float *blk = (const float *)(const void *)block_at(kv, s, sh, p);
-    return blk + sh->Hkv * sh->hd * sh->bs + (g * sh->bs + p % sh->bs) * sh->hd;
+    return blk + v_at(sh, g, p % sh->bs);
 }
 
-/* Narrow blocks: element offsets of the K^T, V and scale arrays of
- * (kv head g, position offset off) inside a block. */
-static inline size_t kt_at(const AttnShape *sh, size_t g, size_t off) { return g * sh->hd * sh->bs + off; }
-static inline size_t v_at(const AttnShape *sh, size_t g, size_t off)
+/* v_in_k: the value tile [j][dv] of a float32 key tile K^T (row stride
+ * ld) into buf (ATTN_TILE * dv floats): its first dv rows, transposed. */
+static const float *values_of_keys(float *buf, const float *kt, size_t ld, size_t dv)
 {
-    return sh->Hkv * sh->hd * sh->bs + (g * sh->bs + off) * sh->hd;
-}
-static inline const float *scales_of(const unsigned char *blk, const AttnShape *sh)
-{
-    return (const float *)(const void *)(blk + 2 * sh->Hkv * sh->hd * sh->bs);   /* sK [Hkv][bs], sV [Hkv][bs] */
+    for (size_t d = 0; d < dv; d++)
+        for (size_t j = 0; j < ATTN_TILE; j++) buf[j * dv + d] = kt[d * ld + j];
+    return buf;
 }
 
 /* Key tile kt of kv head g as float32 K^T: the block itself (f32, row
@@ -128,7 +145,7 @@ static const float *keys_f32(float *buf, const void *kv, const AttnSeq *s, const
         *ld = sh->bs;
         return tile_kt(kv, s, sh, g, kt);
     }
-    const size_t p = kt * ATTN_TILE, off = p % sh->bs, bs = sh->bs, hd = sh->hd;
+    const size_t p = kt * ATTN_TILE, off = p % sh->bs, bs = sh->bs, hd = sh->dk;
     const unsigned char *blk = block_at(kv, s, sh, p);
     *ld = ATTN_TILE;
     if (sh->kv == DTYPE_BF16) {
@@ -143,13 +160,13 @@ static const float *keys_f32(float *buf, const void *kv, const AttnSeq *s, const
     return buf;
 }
 
-/* Value tile kt of kv head g as float32 V [j][hd]: the block itself or
- * widened into buf (ATTN_TILE * hd floats). */
+/* Value tile kt of kv head g as float32 V [j][dv]: the block itself or
+ * widened into buf (ATTN_TILE * dv floats).  Not with v_in_k. */
 static const float *values_f32(float *buf, const void *kv, const AttnSeq *s, const AttnShape *sh, size_t g,
                                size_t kt)
 {
     if (sh->kv == DTYPE_F32) return tile_v(kv, s, sh, g, kt);
-    const size_t p = kt * ATTN_TILE, off = p % sh->bs, bs = sh->bs, hd = sh->hd;
+    const size_t p = kt * ATTN_TILE, off = p % sh->bs, bs = sh->bs, hd = sh->dv;
     const unsigned char *blk = block_at(kv, s, sh, p);
     if (sh->kv == DTYPE_BF16) {
         dtype_bf16_to_f32(buf, (const uint16_t *)(const void *)blk + v_at(sh, g, off), ATTN_TILE * hd);
@@ -164,31 +181,35 @@ static const float *values_f32(float *buf, const void *kv, const AttnSeq *s, con
 void attention_kv_store(void *kv, const AttnSeq *seqs, size_t n_seq, const float *restrict k,
                         const float *restrict v, const AttnShape *sh)
 {
-    const size_t hd = sh->hd, bs = sh->bs, kvw = sh->Hkv * hd;
+    const size_t hd = sh->dk, dv = sh->dv, bs = sh->bs, kvw = sh->Hkv * hd, vw = sh->Hkv * dv;
+    const bool sep = !sh->v_in_k;   /* values stored apart */
     for (size_t si = 0; si < n_seq; si++) {
         const AttnSeq *s = &seqs[si];
         for (size_t r = 0; r < s->n; r++) {
             size_t p = s->pos + r;
             unsigned char *blk = (unsigned char *)kv + (size_t)s->blocks[p / bs] * attn_block_bytes(sh);
             size_t off = p % bs;
-            const float *kr = k + (s->row + r) * kvw, *vr = v + (s->row + r) * kvw;
+            const float *kr = k + (s->row + r) * kvw, *vr = sep ? v + (s->row + r) * vw : NULL;
             for (size_t g = 0; g < sh->Hkv; g++) {
-                const float *kg = kr + g * hd, *vg = vr + g * hd;
+                const float *kg = kr + g * hd, *vg = sep ? vr + g * dv : NULL;
                 if (sh->kv == DTYPE_F32) {
                     float *kt = (float *)(void *)blk + kt_at(sh, g, off);
                     for (size_t d = 0; d < hd; d++) kt[d * bs] = kg[d];
-                    memcpy((float *)(void *)blk + v_at(sh, g, off), vg, hd * sizeof(float));
+                    if (sep) memcpy((float *)(void *)blk + v_at(sh, g, off), vg, dv * sizeof(float));
                 } else if (sh->kv == DTYPE_BF16) {
-                    uint16_t *kt = (uint16_t *)(void *)blk + kt_at(sh, g, off), *vt = (uint16_t *)(void *)blk + v_at(sh, g, off);
+                    uint16_t *kt = (uint16_t *)(void *)blk + kt_at(sh, g, off);
                     for (size_t d = 0; d < hd; d++) kt[d * bs] = dtype_bf16_from_f32(kg[d]);
-                    for (size_t d = 0; d < hd; d++) vt[d] = dtype_bf16_from_f32(vg[d]);
+                    if (sep) {
+                        uint16_t *vt = (uint16_t *)(void *)blk + v_at(sh, g, off);
+                        for (size_t d = 0; d < dv; d++) vt[d] = dtype_bf16_from_f32(vg[d]);
+                    }
                 } else {
                     int8_t q[HD_MAX];
                     float *sc = (float *)(uintptr_t)scales_of(blk, sh);
                     int8_t *kt = (int8_t *)blk + kt_at(sh, g, off);
                     sc[g * bs + off] = dtype_q8_quantize(q, kg, hd);
                     for (size_t d = 0; d < hd; d++) kt[d * bs] = q[d];
-                    sc[sh->Hkv * bs + g * bs + off] = dtype_q8_quantize((int8_t *)blk + v_at(sh, g, off), vg, hd);
+                    if (sep) sc[sh->Hkv * bs + g * bs + off] = dtype_q8_quantize((int8_t *)blk + v_at(sh, g, off), vg, dv);
                 }
             }
         }
@@ -932,7 +953,7 @@ static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t
                      const size_t *rows, const size_t *heads, size_t nq)
 {
     const AttnShape *sh = c->sh;
-    const size_t hd = sh->hd, qw = sh->H * hd;
+    const size_t hd = sh->dk, dv = sh->dv, qw = sh->H * hd, ow = sh->H * dv;
     const float *q[GQ_MAX];
     float *op[GQ_MAX];
     size_t nval[GQ_MAX];
@@ -942,16 +963,16 @@ static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t
     float sc[2 * GQ_MAX * 16] __attribute__((aligned(64)));
     /* narrow caches: the tiles of a block widened to float32 (f32 reads
      * the blocks in place) */
-    const bool wid = sh->kv != DTYPE_F32;
-    float kbuf[wid ? SC_PAIRS * ATTN_TILE * hd : 1], vbuf[wid ? ATTN_TILE * hd : 1];
+    const bool wid = sh->kv != DTYPE_F32, vk = sh->v_in_k;
+    float kbuf[wid ? SC_PAIRS * ATTN_TILE * hd : 1], vbuf[wid || vk ? ATTN_TILE * dv : 1];
     size_t ld = sh->bs;
     for (size_t v = 0; v < nq; v++) {
         q[v] = c->q + (s->row + rows[v]) * qw + heads[v] * hd;
-        op[v] = o + v * hd;
+        op[v] = o + v * dv;
         nval[v] = tile_valid(qt, s->pos + rows[v]);
         m[v] = -INFINITY;
     }
-    memset(o, 0, nq * hd * sizeof(float));
+    memset(o, 0, nq * dv * sizeof(float));
     memset(lv, 0, nq * 16 * sizeof(float));
     /* full tiles 0..qt-1, several at a time when the group is small */
     const size_t tpb = tiles_per_block(nq);
@@ -961,18 +982,21 @@ static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t
         for (size_t t = 0; t < nt; t++) kts[t] = keys_f32(kbuf + t * ATTN_TILE * hd, c->kv, s, sh, g, kt0 + t, &ld);
         scores_all(sc, q, nq, kts, nt, ld, hd, c->scale);
         softmax_step(p, cf, m, lv, sc, NULL, nq, nt);
-        for (size_t t = 0; t < nt; t++)
-            pv(op, p + t * nq * 16, cf + t * nq, values_f32(vbuf, c->kv, s, sh, g, kt0 + t), hd, nq, hd, ATTN_TILE);
+        for (size_t t = 0; t < nt; t++) {
+            const float *vt = vk ? values_of_keys(vbuf, kts[t], ld, dv) : values_f32(vbuf, c->kv, s, sh, g, kt0 + t);
+            pv(op, p + t * nq * 16, cf + t * nq, vt, dv, nq, dv, ATTN_TILE);
+        }
     }
     /* the diagonal tile: each query sees its own number of keys */
-    const float *ktd = keys_f32(kbuf, c->kv, s, sh, g, qt, &ld), *vtd = values_f32(vbuf, c->kv, s, sh, g, qt);
+    const float *ktd = keys_f32(kbuf, c->kv, s, sh, g, qt, &ld);
+    const float *vtd = vk ? values_of_keys(vbuf, ktd, ld, dv) : values_f32(vbuf, c->kv, s, sh, g, qt);
     scores_all(sc, q, nq, &ktd, 1, ld, hd, c->scale);
     softmax_step(p, cf, m, lv, sc, nval, nq, 1);
-    for (size_t v = 0; v < nq; v++) pv(op + v, p + 16 * v, cf + v, vtd, hd, 1, hd, nval[v]);
+    for (size_t v = 0; v < nq; v++) pv(op + v, p + 16 * v, cf + v, vtd, dv, 1, dv, nval[v]);
     for (size_t v = 0; v < nq; v++) {
         const float l = vec_lanes_combine(lv + 16 * v);
-        float *dst = c->out + (s->row + rows[v]) * qw + heads[v] * hd;
-        div_row(dst, o + v * hd, l, hd);
+        float *dst = c->out + (s->row + rows[v]) * ow + heads[v] * dv;
+        div_row(dst, o + v * dv, l, dv);
         if (c->lse) c->lse[(s->row + rows[v]) * sh->H + heads[v]] = m[v] + logf(l);
     }
 }
@@ -983,7 +1007,7 @@ static void fw_item(const struct attn_fw *c, size_t si, size_t local)
 {
     const AttnShape *sh = c->sh;
     const AttnSeq *s = &c->seqs[si];
-    const size_t R = sh->H / sh->Hkv, gq = td_min(GQ_MAX, GQ_FLOATS / sh->hd);
+    const size_t R = sh->H / sh->Hkv, gq = td_min(GQ_MAX, GQ_FLOATS / sh->dv);
     const size_t n_qt = (s->pos + s->n - 1) / ATTN_TILE - s->pos / ATTN_TILE + 1;
     const size_t qt = s->pos / ATTN_TILE + local % n_qt, g = local / n_qt;   /* kv head outer: its keys stay in cache */
     const size_t p0 = td_max(qt * ATTN_TILE, s->pos), p1 = td_min((qt + 1) * ATTN_TILE, s->pos + s->n);
@@ -1020,6 +1044,16 @@ static void fw_threads(void *vc, size_t t0, size_t t1, int tid)
     }
 }
 
+/* The shape's contract (attention.h), checked once per call. */
+static void attn_check(const AttnShape *sh)
+{
+    TD_CHECK(sh->dk >= 1 && sh->dk <= HD_MAX && sh->dv >= 1 && sh->dv <= HD_MAX,
+             "attention: head dims dk %zu, dv %zu outside [1, %d]", sh->dk, sh->dv, HD_MAX);
+    TD_CHECK(!sh->v_in_k || sh->dv <= sh->dk, "attention: values in keys need dv %zu <= dk %zu", sh->dv, sh->dk);
+    TD_CHECK(sh->scale > 0.0f && isfinite(sh->scale), "attention: scale %g", (double)sh->scale);
+    TD_CHECK(sh->bs % ATTN_TILE == 0, "attention: block size %zu", sh->bs);
+}
+
 /* Items of a sequence: (query tiles touched) x Hkv. */
 static size_t seq_items(const AttnSeq *s, const AttnShape *sh)
 {
@@ -1031,13 +1065,11 @@ static size_t seq_items(const AttnSeq *s, const AttnShape *sh)
 void attention_forward(float *out, float *lse, const float *restrict q, const void *kv,
                        const AttnSeq *seqs, size_t n_seq, const AttnShape *sh)
 {
-    TD_CHECK(sh->hd <= HD_MAX, "attention: head_dim %zu > %d", sh->hd, HD_MAX);
-    TD_CHECK(sh->bs % ATTN_TILE == 0, "attention: block size %zu", sh->bs);
+    attn_check(sh);
     size_t start[n_seq + 1];   /* item prefix sums; n_seq is a batch size, small */
     start[0] = 0;
     for (size_t i = 0; i < n_seq; i++) start[i + 1] = start[i] + seq_items(&seqs[i], sh);
-    struct attn_fw c = { out, lse, q, kv, seqs, n_seq, sh, start, start[n_seq],
-                         1.0f / sqrtf((float)sh->hd) };
+    struct attn_fw c = { out, lse, q, kv, seqs, n_seq, sh, start, start[n_seq], sh->scale };
     if (c.n_items == 0) return;
     const size_t nt = td_min((size_t)pool_threads(), c.n_items);
     if (nt <= 1) fw_threads(&c, 0, 1, 0);
@@ -1072,25 +1104,25 @@ typedef struct {
     size_t pos[GQ_MAX];
 } BwQueries;
 
-/* Key tile kt of (s, g), its copies in buf (2 ATTN_TILE hd floats). */
+/* Key tile kt of (s, g), its copies in buf (ATTN_TILE (dk + dv) floats). */
 static void bw_keys(BwKeys *K, float *buf, const struct attn_bw *c, const AttnSeq *s, size_t g, size_t kt)
 {
     const AttnShape *sh = c->sh;
-    const size_t hd = sh->hd, kvw = sh->Hkv * hd, bs = sh->bs;
-    const float *vtile = tile_v(c->kv, s, sh, g, kt);
+    const size_t hd = sh->dk, dv = sh->dv, bs = sh->bs;
     K->kt = tile_kt(c->kv, s, sh, g, kt);
+    /* V [j][dv] in the block, or (v_in_k) the first dv rows of K^T */
+    const float *vtile = sh->v_in_k ? K->kt : tile_v(c->kv, s, sh, g, kt);
+    const size_t vj = sh->v_in_k ? 1 : dv, vd = sh->v_in_k ? bs : 1;   /* element (j, d) at j vj + d vd */
     K->krow = buf;
     K->vt = buf + ATTN_TILE * hd;
     K->nk = td_min(ATTN_TILE, s->n - kt * ATTN_TILE);
     for (size_t j = 0; j < ATTN_TILE; j++) {
         const int in = j < K->nk;
-        for (size_t d = 0; d < hd; d++) {
-            K->krow[j * hd + d] = in ? K->kt[d * bs + j] : 0.0f;
-            K->vt[d * ATTN_TILE + j] = in ? vtile[j * hd + d] : 0.0f;
-        }
+        for (size_t d = 0; d < hd; d++) K->krow[j * hd + d] = in ? K->kt[d * bs + j] : 0.0f;
+        for (size_t d = 0; d < dv; d++) K->vt[d * ATTN_TILE + j] = in ? vtile[j * vj + d * vd] : 0.0f;
         const size_t r = s->row + kt * ATTN_TILE + (in ? j : 0);
-        K->dk[j] = c->dk + r * kvw + g * hd;
-        K->dv[j] = c->dv + r * kvw + g * hd;
+        K->dk[j] = c->dk + (r * sh->Hkv + g) * hd;
+        K->dv[j] = c->dv + (r * sh->Hkv + g) * dv;
     }
 }
 
@@ -1098,8 +1130,8 @@ static void bw_keys(BwKeys *K, float *buf, const struct attn_bw *c, const AttnSe
 static inline float bw_D(const struct attn_bw *c, const AttnSeq *s, size_t g, size_t v)
 {
     const AttnShape *sh = c->sh;
-    const size_t R = sh->H / sh->Hkv, off = (s->row + v / R) * sh->H * sh->hd + (g * R + v % R) * sh->hd;
-    return row_dot(c->dout + off, c->out + off, sh->hd);
+    const size_t R = sh->H / sh->Hkv, off = ((s->row + v / R) * sh->H + g * R + v % R) * sh->dv;
+    return row_dot(c->dout + off, c->out + off, sh->dv);
 }
 
 /* Queries [v0, v0 + GQ_MAX) of tile qt (rows then heads of group g).  Dc:
@@ -1109,15 +1141,15 @@ static void bw_queries(BwQueries *Q, const struct attn_bw *c, const AttnSeq *s, 
                        size_t v0, const float *Dc, size_t d0)
 {
     const AttnShape *sh = c->sh;
-    const size_t hd = sh->hd, H = sh->H, R = H / sh->Hkv, qw = H * hd;
+    const size_t hd = sh->dk, H = sh->H, R = H / sh->Hkv;
     const size_t r0 = qt * ATTN_TILE, nr = td_min(ATTN_TILE, s->n - r0);
     Q->qt = qt;
     Q->nq = td_min(GQ_MAX, nr * R - v0);
     for (size_t v = 0; v < Q->nq; v++) {
-        const size_t r = r0 + (v0 + v) / R, h = g * R + (v0 + v) % R, off = (s->row + r) * qw + h * hd;
-        Q->q[v] = c->q + off;
-        Q->dout[v] = c->dout + off;
-        Q->dq[v] = c->dq + off;
+        const size_t r = r0 + (v0 + v) / R, h = g * R + (v0 + v) % R, qh = (s->row + r) * H + h;
+        Q->q[v] = c->q + qh * hd;
+        Q->dout[v] = c->dout + qh * sh->dv;
+        Q->dq[v] = c->dq + qh * hd;
         Q->lse[v] = c->lse[(s->row + r) * H + h];
         Q->D[v] = Dc ? Dc[r0 * R + v0 + v - d0] : bw_D(c, s, g, r0 * R + v0 + v);
         Q->pos[v] = r;
@@ -1135,18 +1167,18 @@ static size_t bw_query_groups(const AttnSeq *s, const AttnShape *sh, size_t qt)
 static void bw_block(const struct attn_bw *c, const BwQueries *Q, const BwKeys *K, size_t kt,
                      int do_kv, int do_q)
 {
-    const size_t hd = c->sh->hd, nq = Q->nq;
+    const size_t hd = c->sh->dk, dv = c->sh->dv, nq = Q->nq;
     if (nq == 0) return;
     float s[GQ_MAX * 16] __attribute__((aligned(64))), dp[GQ_MAX * 16] __attribute__((aligned(64)));
     float p[GQ_MAX * 16] __attribute__((aligned(64))), ds[GQ_MAX * 16] __attribute__((aligned(64)));
     const float *vt = K->vt;
     scores_all(s, Q->q, nq, &K->kt, 1, c->sh->bs, hd, c->scale);    /* s = q k^T scale */
-    scores_all(dp, Q->dout, nq, &vt, 1, ATTN_TILE, hd, 1.0f);       /* dp = dout v^T */
+    scores_all(dp, Q->dout, nq, &vt, 1, ATTN_TILE, dv, 1.0f);       /* dp = dout v^T */
     for (size_t v = 0; v < nq; v++)
         bw_ds(p + 16 * v, ds + 16 * v, s + 16 * v, dp + 16 * v, Q->lse[v], Q->D[v],
               tile_valid(kt, Q->pos[v]), c->scale);
     if (do_kv) {
-        acc_keys(K->dv, K->nk, p, Q->dout, nq, hd);    /* dv_j += p_ij dout_i */
+        acc_keys(K->dv, K->nk, p, Q->dout, nq, dv);    /* dv_j += p_ij dout_i */
         acc_keys(K->dk, K->nk, ds, Q->q, nq, hd);      /* dk_j += ds_ij q_i */
     }
     if (do_q) {
@@ -1160,8 +1192,8 @@ static void bw_block(const struct attn_bw *c, const BwQueries *Q, const BwKeys *
 
 static size_t seq_tiles(const AttnSeq *s) { return (s->n + ATTN_TILE - 1) / ATTN_TILE; }
 
-/* Key tiles kt0 .. kt0 + nkt - 1 of (s, g), nkt <= BW_SPAN_MAX and nkt 2
- * ATTN_TILE hd <= BW_KEY_FLOATS: dk, dv over query tiles kt0.. in order,
+/* Key tiles kt0 .. kt0 + nkt - 1 of (s, g), nkt <= BW_SPAN_MAX and nkt
+ * ATTN_TILE (dk + dv) <= BW_KEY_FLOATS: dk, dv over query tiles kt0.. in order,
  * and dq of those queries too when do_q (the one-pass schedule; Dc: D of all
  * the queries of (s, g), or NULL).  Each query group is gathered once and
  * meets the key tiles it sees (kt0 .. qt: causal) in increasing order, so a
@@ -1175,7 +1207,7 @@ static void bw_key_tiles(const struct attn_bw *c, const AttnSeq *s, size_t g, si
     float buf[BW_KEY_FLOATS] __attribute__((aligned(64)));
     BwKeys K[BW_SPAN_MAX];
     BwQueries Q;
-    for (size_t t = 0; t < nkt; t++) bw_keys(&K[t], buf + t * 2 * ATTN_TILE * c->sh->hd, c, s, g, kt0 + t);
+    for (size_t t = 0; t < nkt; t++) bw_keys(&K[t], buf + t * ATTN_TILE * (c->sh->dk + c->sh->dv), c, s, g, kt0 + t);
     for (size_t qt = kt0; qt < seq_tiles(s); qt++) {
         const size_t nvis = td_min(nkt, qt - kt0 + 1);   /* causal: tiles kt0 .. qt */
         for (size_t u = 0; u < bw_query_groups(s, c->sh, qt); u++) {
@@ -1292,7 +1324,7 @@ static void bw_run(const struct attn_bw *c, int pass, size_t n_items)
  * changes little (10% faster than single tiles). */
 static size_t bw_span_tiles(const AttnShape *sh)
 {
-    return td_min(BW_SPAN_MAX, BW_KEY_FLOATS / (2 * ATTN_TILE * sh->hd));
+    return td_min(BW_SPAN_MAX, BW_KEY_FLOATS / (ATTN_TILE * (sh->dk + sh->dv)));
 }
 
 void attention_backward(float *dq, float *dk, float *dv, const float *restrict dout,
@@ -1300,7 +1332,7 @@ void attention_backward(float *dq, float *dk, float *dv, const float *restrict d
                         const float *restrict lse, const void *kv, const AttnSeq *seqs,
                         size_t n_seq, const AttnShape *sh)
 {
-    TD_CHECK(sh->hd <= HD_MAX, "attention: head_dim %zu > %d", sh->hd, HD_MAX);
+    attn_check(sh);
     TD_CHECK(sh->kv == DTYPE_F32, "attention_backward: the KV blocks are %s, training needs f32", dtype_name(sh->kv));
     size_t n_tiles = 0;
     for (size_t i = 0; i < n_seq; i++) {
@@ -1308,8 +1340,7 @@ void attention_backward(float *dq, float *dk, float *dv, const float *restrict d
                  i, seqs[i].pos);
         n_tiles += seq_tiles(&seqs[i]);
     }
-    struct attn_bw c = { dq, dk, dv, dout, q, out, lse, kv, seqs, n_seq, sh, 1.0f / sqrtf((float)sh->hd),
-                         bw_span_tiles(sh) };
+    struct attn_bw c = { dq, dk, dv, dout, q, out, lse, kv, seqs, n_seq, sh, sh->scale, bw_span_tiles(sh) };
     /* One pass over (sequence, kv head) items unless its busiest thread
      * would carry more than 1.3x an even share; the two-pass schedule costs
      * ~1.4x the work (s, p, dp are computed twice) but splits finely. */

@@ -1,14 +1,26 @@
 /* core/ops/attention.h - causal grouped-query attention over blocked key/value
  * storage, with an online softmax (FlashAttention-style, Dao et al. 2022).
  *
- *   a_t = softmax_{s <= pos_t}(q_t . k_s * scale) v      scale = 1/sqrt(hd)
+ *   a_t = softmax_{s <= pos_t}(q_t . k_s * scale) v
  *   head h reads kv head h / (H / Hkv)
+ *
+ * q and k have dk dims, v and a have dv (AttnShape; ordinary attention has
+ * dk = dv = hd).  scale is the model's (core/model/model.h,
+ * model_attn_scale: 1/sqrt(hd) ordinarily).  Below, "hd" is dk for keys
+ * and queries and dv for values and outputs.
+ *
+ * Shared values (AttnShape.v_in_k, multi-head latent attention, docs/mla.md):
+ * the value of a key is its first dv dims (dv <= dk) and is not stored
+ * apart, so a block holds K^T only and a position costs Hkv dk values.
+ * MLA's absorbed form has Hkv = 1, keys [c_kv (dv = kv_lora_rank), k_rope]
+ * and values c_kv.  The kernels read a value tile as the transpose of the
+ * first dv rows of the key tile; nothing else changes.
  *
  * Keys and values live in blocks of bs positions (bs a multiple of
  * ATTN_TILE): the paged KV cache of the inference engine, or the trainer's
  * per-sequence blocks, which use the same layout.  One block of one layer:
  *
- *     K^T [Hkv][hd][bs]   then   V [Hkv][bs][hd]
+ *     K^T [Hkv][dk][bs]   then   V [Hkv][bs][dv]     (v_in_k: K^T only)
  *
  * The kernel walks keys in tiles of ATTN_TILE positions aligned to absolute
  * positions (tile j = positions [16j, 16j+16)), and for each query keeps a
@@ -29,13 +41,14 @@
  * KV dtypes (AttnShape.kv, `--kv-dtype`).  The blocks may hold keys and
  * values in bfloat16 or int8 instead (SPEC section 11):
  *
- *     f32   K^T float [Hkv][hd][bs]      V float [Hkv][bs][hd]
- *     bf16  K^T uint16 [Hkv][hd][bs]     V uint16 [Hkv][bs][hd]
- *     int8  K^T int8 [Hkv][hd][bs]       V int8 [Hkv][bs][hd]
+ *     f32   K^T float [Hkv][dk][bs]      V float [Hkv][bs][dv]
+ *     bf16  K^T uint16 [Hkv][dk][bs]     V uint16 [Hkv][bs][dv]
+ *     int8  K^T int8 [Hkv][dk][bs]       V int8 [Hkv][bs][dv]
  *           then sK float [Hkv][bs]      sV float [Hkv][bs]
+ *     (v_in_k: no V and no sV; a value is read from its key, scale sK)
  *
  * int8: one scale per (position, kv head) for its key and one for its
- * value, the rule of core/dtype.h (s = amax / 127 over the head's hd
+ * value, the rule of core/dtype.h (s = amax / 127 over the head's dk (dv)
  * values, q = rne(x / s)).  They are rounded once, when stored
  * (attention_kv_store, in every path that stores: the engine's cache, the
  * trainer's or scorer's blocks), and read back as the float32 values they
@@ -48,6 +61,7 @@
 #ifndef TANDEM_CORE_OPS_ATTENTION_H
 #define TANDEM_CORE_OPS_ATTENTION_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,17 +69,26 @@
 
 #define ATTN_TILE 16
 
+#define ATTN_HD_MAX 1024   /* largest dk (and dv) */
+
 typedef struct {
-    size_t H, Hkv, hd;  /* query heads, key/value heads (H % Hkv == 0), head dim */
+    size_t H, Hkv, dk;  /* query heads, key/value heads (H % Hkv == 0), query/key dims per head */
     size_t bs;          /* positions per KV block, a multiple of ATTN_TILE */
     Dtype kv;           /* storage of the cached keys and values */
+    size_t dv;          /* value (and output) dims per head */
+    float scale;        /* softmax scale, > 0 */
+    bool v_in_k;        /* a value is the first dv dims of its key (dv <= dk), not stored */
 } AttnShape;
+
+/* Stored values per position and kv head: the key's dk, plus dv unless
+ * the value is read from the key. */
+static inline size_t attn_pos_values(const AttnShape *s) { return s->dk + (s->v_in_k ? 0 : s->dv); }
 
 /* Bytes of one KV block of one layer. */
 static inline size_t attn_block_bytes(const AttnShape *s)
 {
-    const size_t n = 2 * s->Hkv * s->hd * s->bs;
-    return s->kv == DTYPE_INT8 ? n + 2 * s->Hkv * s->bs * sizeof(float) : n * dtype_size(s->kv);
+    const size_t n = s->Hkv * attn_pos_values(s) * s->bs, n_scales = s->v_in_k ? 1 : 2;
+    return s->kv == DTYPE_INT8 ? n + n_scales * s->Hkv * s->bs * sizeof(float) : n * dtype_size(s->kv);
 }
 
 /* One sequence of a batch.  Its KV blocks are addressed through a block
@@ -78,20 +101,22 @@ typedef struct {
     const int32_t *blocks;   /* borrowed: blocks[j] holds positions [j*bs, (j+1)*bs) */
 } AttnSeq;
 
-/* Stores k, v rows (n, Hkv*hd) of each sequence (positions pos .. pos+n-1)
- * into its blocks, rounded to sh->kv. */
+/* Stores k rows (n, Hkv*dk) and v rows (n, Hkv*dv) of each sequence
+ * (positions pos .. pos+n-1) into its blocks, rounded to sh->kv.  v is not
+ * read (may be NULL) when sh->v_in_k. */
 void attention_kv_store(void *kv, const AttnSeq *seqs, size_t n_seq, const float *restrict k,
                         const float *restrict v, const AttnShape *sh);
 
-/* out (rows, H*hd) overwritten; lse (rows, H), saved for backward, may be
- * NULL; q (rows, H*hd) already rotated.  Keys 0 .. pos+n-1 of every
+/* out (rows, H*dv) overwritten; lse (rows, H), saved for backward, may be
+ * NULL; q (rows, H*dk) already rotated.  Keys 0 .. pos+n-1 of every
  * sequence must be stored. */
 void attention_forward(float *out, float *lse, const float *restrict q, const void *kv,
                        const AttnSeq *seqs, size_t n_seq, const AttnShape *sh);
 
 /* Backward for sequences that start at position 0 (training), so key s of
- * a sequence is its row s.  Adds into dq (rows, H*hd), dk and dv (rows,
- * Hkv*hd).  Needs q, out, lse of the forward and the stored blocks.
+ * a sequence is its row s.  Adds into dq (rows, H*dk), dk (rows, Hkv*dk)
+ * and dv (rows, Hkv*dv); with v_in_k the gradient of a stored key is dk
+ * plus dv on its first dv dims (the caller adds them).  Needs q, out, lse of the forward and the stored blocks.
  * Threads split (sequence, kv head) pairs, so it is deterministic.  f32
  * blocks only. */
 void attention_backward(float *dq, float *dk, float *dv, const float *restrict dout,

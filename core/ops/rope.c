@@ -100,7 +100,10 @@ void rope_table_free(RopeTable *t)
     t->cos = t->sin = NULL;
 }
 
-struct rope_ctx { float *x; const int32_t *pos; const RopeTable *t; size_t nh, hd; float sgn; };
+struct rope_ctx {
+    float *x; const int32_t *pos; const RopeTable *t; size_t nh, hd; float sgn;
+    size_t stride, off; bool inter;
+};
 
 static void rope_rows(void *vc, size_t r0, size_t r1, int tid)
 {
@@ -108,10 +111,19 @@ static void rope_rows(void *vc, size_t r0, size_t r1, int tid)
     struct rope_ctx *c = vc;
     const size_t half = c->hd / 2;
     for (size_t r = r0; r < r1; r++) {
-        const float *cs = c->t->cos + (size_t)c->pos[r] * half;
-        const float *sn = c->t->sin + (size_t)c->pos[r] * half;
+        const float *cs = c->t->cos + (size_t)c->pos[r] * c->t->half;
+        const float *sn = c->t->sin + (size_t)c->pos[r] * c->t->half;
         for (size_t h = 0; h < c->nh; h++) {
-            float *x = c->x + (r * c->nh + h) * c->hd;
+            float *x = c->x + (r * c->nh + h) * c->stride + c->off;
+            if (c->inter) {   /* pairs (2i, 2i + 1) */
+                for (size_t i = 0; i < half; i++) {
+                    float s = c->sgn * sn[i];
+                    float a = x[2 * i], b = x[2 * i + 1];
+                    x[2 * i] = a * cs[i] - b * s;
+                    x[2 * i + 1] = b * cs[i] + a * s;
+                }
+                continue;
+            }
             for (size_t i = 0; i < half; i++) {
                 /* backward rotates by -angle: sgn = -1 flips sin */
                 float s = c->sgn * sn[i];
@@ -126,13 +138,27 @@ static void rope_rows(void *vc, size_t r0, size_t r1, int tid)
 void rope_forward(float *x, const int32_t *restrict pos, const RopeTable *t,
                   size_t N, size_t n_heads, size_t hd)
 {
-    struct rope_ctx c = { x, pos, t, n_heads, hd, 1.0f };
-    pool_for(N, 16, rope_rows, &c);
+    rope_forward_at(x, pos, t, N, n_heads, hd, 0, hd, false);
 }
 
 void rope_backward(float *dx, const int32_t *restrict pos, const RopeTable *t,
                    size_t N, size_t n_heads, size_t hd)
 {
-    struct rope_ctx c = { dx, pos, t, n_heads, hd, -1.0f };
+    rope_backward_at(dx, pos, t, N, n_heads, hd, 0, hd, false);
+}
+
+void rope_forward_at(float *x, const int32_t *restrict pos, const RopeTable *t, size_t N, size_t n_heads,
+                     size_t stride, size_t off, size_t hd, bool interleave)
+{
+    TD_CHECK(hd == 2 * t->half, "rope: %zu dims, the table has %zu pairs", hd, t->half);
+    struct rope_ctx c = { x, pos, t, n_heads, hd, 1.0f, stride, off, interleave };
+    pool_for(N, 16, rope_rows, &c);
+}
+
+void rope_backward_at(float *dx, const int32_t *restrict pos, const RopeTable *t, size_t N, size_t n_heads,
+                      size_t stride, size_t off, size_t hd, bool interleave)
+{
+    TD_CHECK(hd == 2 * t->half, "rope: %zu dims, the table has %zu pairs", hd, t->half);
+    struct rope_ctx c = { dx, pos, t, n_heads, hd, -1.0f, stride, off, interleave };
     pool_for(N, 16, rope_rows, &c);
 }

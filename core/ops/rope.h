@@ -70,4 +70,16 @@ void rope_forward(float *x, const int32_t *restrict pos, const RopeTable *t,
 void rope_backward(float *dx, const int32_t *restrict pos, const RopeTable *t,
                    size_t N, size_t n_heads, size_t hd);
 
+/* The rotation of rope_forward on part of each head: dims [off, off + hd)
+ * of head h of row r, which starts at x + (r n_heads + h) stride (MLA's
+ * rope part, after its no-RoPE dims).  interleave: pairs (2i, 2i + 1)
+ * instead of (i, i + hd/2), by the same angle pos * inv_freq_i (HF
+ * DeepSeek-V3's rope_interleave, up to a permutation of the dims that
+ * queries and keys share).  rope_forward(x, ..., hd) is
+ * rope_forward_at(x, ..., hd, 0, hd, false), bit for bit. */
+void rope_forward_at(float *x, const int32_t *restrict pos, const RopeTable *t, size_t N, size_t n_heads,
+                     size_t stride, size_t off, size_t hd, bool interleave);
+void rope_backward_at(float *dx, const int32_t *restrict pos, const RopeTable *t, size_t N, size_t n_heads,
+                      size_t stride, size_t off, size_t hd, bool interleave);
+
 #endif

@@ -82,7 +82,10 @@ for layout in "2 pp=2" "4 pp=2 tp=2 recompute=full" "3 pp=3 pp_layers=2,1,1 reco
 done
 
 # the Hugging Face families' ops (configs/tiny_*.json): tp=2 and more
-for v in qwen2moe:"2 tp=2" qwen2moe:"4 dp=2 ep=2 tp=2" qwen3moe:"2 tp=2" olmoe:"2 tp=2" olmoe:"4 tp=2 pp=2 recompute=selective"; do
+# (mla: multi-head latent attention, heads split over tp, the latent's
+# down projections and norms replicated, docs/mla.md)
+for v in qwen2moe:"2 tp=2" qwen2moe:"4 dp=2 ep=2 tp=2" qwen3moe:"2 tp=2" olmoe:"2 tp=2" olmoe:"4 tp=2 pp=2 recompute=selective" \
+    mla:"2 tp=2"; do
     c=${v%%:*}; set -- ${v#*:}; n=$1; shift   # (run sets np)
     # qwen3moe (top-4 of 8, normalized) runs 4 steps: at step 5 a token's
     # 4th and 5th experts are near-tied and tp's float32 partial-sum order
@@ -91,6 +94,10 @@ for v in qwen2moe:"2 tp=2" qwen2moe:"4 dp=2 ep=2 tp=2" qwen3moe:"2 tp=2" olmoe:"
     # (checked per step against the one-process run); with steps=10 the
     # schedule amplifies it (grad_norm 1.9e-3 at step 7).  Steps 1-4: 5e-9.
     ns=10; [ "$c" != qwen3moe ] || ns=4
+    # mla the same way: steps 1-5 agree to 8e-8 (grad_norm), steps 6-8 move
+    # 5e-5 (a near tie of the top-2 of 8 flips under tp's summation order)
+    # and steps 9-10 are back at 3e-8
+    [ "$c" != mla ] || ns=5
     d="$W/${c}_$(echo "$*" | tr ' =' '__')"
     if [ ! -d "$W/${c}_ref" ]; then
         run 1 "$W/${c}_ref" configs/tiny_$c.json ${A#configs/tiny.json} steps=$ns

@@ -49,6 +49,15 @@ CASES = {
     # that v is clipped too), biases on q, k, v and o, top-4 of 16
     "model_olmoe": dict(qk_norm="full", clip_qkv=1.0, attention_bias=True, num_local_experts=16,
                         num_experts_per_tok=4, norm_topk_prob=False, moe_intermediate_size=16),
+    # DeepSeek-V3-like multi-head latent attention (docs/mla.md): q through
+    # q_a_proj / q_a_layernorm / q_b_proj, latent 16 + rope 4 (interleaved
+    # pairs), nope 8, v 6 != 12; a dense first layer and a shared expert
+    "model_mla": dict(num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=8,
+                      qk_rope_head_dim=4, v_head_dim=6, rope_interleave=True, first_k_dense_replace=1,
+                      intermediate_size=40, n_shared_experts=1),
+    # MLA with a plain q_proj (q_lora_rank 0, DeepSeek-V2-Lite), rotate-half RoPE
+    "model_mla_q": dict(num_key_value_heads=4, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=6,
+                        v_head_dim=10),
 }
 
 # per-case weight scales (name suffix -> factor), applied before rounding to float32

@@ -21,7 +21,10 @@ DEFAULTS = dict(vocab_size=256, hidden_size=256, num_hidden_layers=4, num_attent
                 # Hugging Face families (docs/config.md)
                 attention_bias=False, qkv_bias=False, qk_norm="none", clip_qkv=0.0,
                 shared_expert_intermediate_size=0, shared_expert_gate=False,
-                decoder_sparse_step=1, mlp_only_layers=[])
+                decoder_sparse_step=1, mlp_only_layers=[],
+                # multi-head latent attention (DeepSeek-V3, docs/mla.md)
+                q_lora_rank=0, kv_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0, v_head_dim=0,
+                rope_interleave=False)
 
 
 def full_config(cfg):
@@ -29,6 +32,8 @@ def full_config(cfg):
     c.update(cfg)
     if not c["num_key_value_heads"]:
         c["num_key_value_heads"] = c["num_attention_heads"]
+    if not c["head_dim"] and c["kv_lora_rank"]:
+        c["head_dim"] = c["qk_rope_head_dim"]   # as HF DeepseekV3Config
     if not c["head_dim"]:
         c["head_dim"] = c["hidden_size"] // c["num_attention_heads"]
     if not c["intermediate_size"]:
@@ -48,6 +53,47 @@ def shared_width(c):
     return c["shared_expert_intermediate_size"] or c["moe_intermediate_size"] * c["n_shared_experts"]
 
 
+def attn_shapes(c, p):
+    """The ordinary attention block's tensors of the layer with prefix p."""
+    d, hd, H, Hkv = c["hidden_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    out = {}
+    out[p + "self_attn/q_proj"] = (H * hd, d)
+    out[p + "self_attn/k_proj"] = (Hkv * hd, d)
+    out[p + "self_attn/v_proj"] = (Hkv * hd, d)
+    out[p + "self_attn/o_proj"] = (d, H * hd)
+    if c["attention_bias"] or c["qkv_bias"]:
+        out[p + "self_attn/q_proj.bias"] = (H * hd,)
+        out[p + "self_attn/k_proj.bias"] = (Hkv * hd,)
+        out[p + "self_attn/v_proj.bias"] = (Hkv * hd,)
+    if c["attention_bias"]:
+        out[p + "self_attn/o_proj.bias"] = (d,)
+    if c["qk_norm"] == "head":
+        out[p + "self_attn/q_norm"] = (hd,)
+        out[p + "self_attn/k_norm"] = (hd,)
+    elif c["qk_norm"] == "full":
+        out[p + "self_attn/q_norm"] = (H * hd,)
+        out[p + "self_attn/k_norm"] = (Hkv * hd,)
+    return out
+
+
+def mla_shapes(c, p):
+    """Multi-head latent attention's tensors (HF DeepseekV3Attention names)."""
+    d, H, qr, r = c["hidden_size"], c["num_attention_heads"], c["q_lora_rank"], c["kv_lora_rank"]
+    nope, rope, v = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    out = {}
+    if qr:
+        out[p + "self_attn/q_a_proj"] = (qr, d)
+        out[p + "self_attn/q_a_layernorm"] = (qr,)
+        out[p + "self_attn/q_b_proj"] = (H * (nope + rope), qr)
+    else:
+        out[p + "self_attn/q_proj"] = (H * (nope + rope), d)
+    out[p + "self_attn/kv_a_proj_with_mqa"] = (r + rope, d)
+    out[p + "self_attn/kv_a_layernorm"] = (r,)
+    out[p + "self_attn/kv_b_proj"] = (H * (nope + v), r)
+    out[p + "self_attn/o_proj"] = (d, H * v)
+    return out
+
+
 def param_shapes(cfg):
     """name -> shape, in checkpoint order (SPEC section 4)."""
     c = full_config(cfg)
@@ -57,22 +103,10 @@ def param_shapes(cfg):
     for l in range(c["num_hidden_layers"]):
         p = "model/layers/%d/" % l
         out[p + "input_layernorm"] = (d,)
-        out[p + "self_attn/q_proj"] = (H * hd, d)
-        out[p + "self_attn/k_proj"] = (Hkv * hd, d)
-        out[p + "self_attn/v_proj"] = (Hkv * hd, d)
-        out[p + "self_attn/o_proj"] = (d, H * hd)
-        if c["attention_bias"] or c["qkv_bias"]:
-            out[p + "self_attn/q_proj.bias"] = (H * hd,)
-            out[p + "self_attn/k_proj.bias"] = (Hkv * hd,)
-            out[p + "self_attn/v_proj.bias"] = (Hkv * hd,)
-        if c["attention_bias"]:
-            out[p + "self_attn/o_proj.bias"] = (d,)
-        if c["qk_norm"] == "head":
-            out[p + "self_attn/q_norm"] = (hd,)
-            out[p + "self_attn/k_norm"] = (hd,)
-        elif c["qk_norm"] == "full":
-            out[p + "self_attn/q_norm"] = (H * hd,)
-            out[p + "self_attn/k_norm"] = (Hkv * hd,)
+        if c["kv_lora_rank"]:
+            out.update(mla_shapes(c, p))
+        else:
+            out.update(attn_shapes(c, p))
         out[p + "post_attention_layernorm"] = (d,)
         if not is_moe(c, l):
             Fd = c["intermediate_size"]
@@ -126,6 +160,14 @@ def rope(x, pos, theta):
     return x * cos + rot * sin
 
 
+def rope_interleave(x, pos, theta):
+    """HF DeepSeek-V3's apply_rotary_pos_emb_interleave on one tensor: the
+    dims de-interleaved (x0, x2, ..., x1, x3, ...), then rotate-half."""
+    b, h, s, d = x.shape
+    x = x.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)
+    return rope(x, pos, theta)
+
+
 class TandemRef:
     def __init__(self, cfg, weights):
         self.c = full_config(cfg)
@@ -156,6 +198,58 @@ class TandemRef:
             out.append(y)
         return out
 
+    def attention(self, h, p, pos, mask):
+        """The ordinary attention block: (B, T, d) -> (B, T, d)."""
+        c, w = self.c, self.w
+        B, T, _ = h.shape
+        H, Hkv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+        q, kk, v = self.qkv(h, p)
+        q = q.view(B, T, H, hd).transpose(1, 2)
+        kk = kk.view(B, T, Hkv, hd).transpose(1, 2)
+        v = v.view(B, T, Hkv, hd).transpose(1, 2)
+        q, kk = rope(q, pos, c["rope_theta"]), rope(kk, pos, c["rope_theta"])
+        rep = H // Hkv
+        kk = kk.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        s = q @ kk.transpose(-1, -2) / math.sqrt(hd) + mask
+        a = torch.softmax(s, dim=-1) @ v
+        a = a.transpose(1, 2).reshape(B, T, H * hd)
+        o = a @ w[p + "self_attn/o_proj"].T
+        if c["attention_bias"]:
+            o = o + w[p + "self_attn/o_proj.bias"]
+        return o
+
+    def mla(self, h, p, pos, mask):
+        """Multi-head latent attention as HF DeepseekV3Attention computes it
+        (the naive form: per-head keys and values from kv_b_proj, nothing
+        absorbed): (B, T, d) -> (B, T, d)."""
+        c, w = self.c, self.w
+        B, T, _ = h.shape
+        H, r, eps = c["num_attention_heads"], c["kv_lora_rank"], c["rms_norm_eps"]
+        nope, rope_d, vd = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+        if c["q_lora_rank"]:
+            q = rmsnorm(h @ w[p + "self_attn/q_a_proj"].T, w[p + "self_attn/q_a_layernorm"], eps)
+            q = q @ w[p + "self_attn/q_b_proj"].T
+        else:
+            q = h @ w[p + "self_attn/q_proj"].T
+        q = q.view(B, T, H, nope + rope_d).transpose(1, 2)
+        q_pass, q_rot = torch.split(q, [nope, rope_d], dim=-1)
+        ckv = h @ w[p + "self_attn/kv_a_proj_with_mqa"].T
+        k_pass, k_rot = torch.split(ckv, [r, rope_d], dim=-1)
+        kv = rmsnorm(k_pass, w[p + "self_attn/kv_a_layernorm"], eps) @ w[p + "self_attn/kv_b_proj"].T
+        kv = kv.view(B, T, H, nope + vd).transpose(1, 2)
+        k_pass, v = torch.split(kv, [nope, vd], dim=-1)
+        k_rot = k_rot.view(B, 1, T, rope_d)
+        rot = rope_interleave if c["rope_interleave"] else rope
+        q_rot, k_rot = rot(q_rot, pos, c["rope_theta"]), rot(k_rot, pos, c["rope_theta"])
+        k_rot = k_rot.expand(B, H, T, rope_d)
+        qs = torch.cat([q_pass, q_rot], dim=-1)
+        ks = torch.cat([k_pass, k_rot], dim=-1)
+        s = qs @ ks.transpose(-1, -2) / math.sqrt(nope + rope_d) + mask
+        a = torch.softmax(s, dim=-1) @ v
+        a = a.transpose(1, 2).reshape(B, T, H * vd)
+        return a @ w[p + "self_attn/o_proj"].T
+
     def forward(self, ids):
         """ids: (B, T) long.  Returns logits (B, T, V), aux list, z list, routes."""
         c, w = self.c, self.w
@@ -171,21 +265,10 @@ class TandemRef:
         for l in range(c["num_hidden_layers"]):
             p = "model/layers/%d/" % l
             h = rmsnorm(x, w[p + "input_layernorm"], eps)
-            q, kk, v = self.qkv(h, p)
-            q = q.view(B, T, H, hd).transpose(1, 2)
-            kk = kk.view(B, T, Hkv, hd).transpose(1, 2)
-            v = v.view(B, T, Hkv, hd).transpose(1, 2)
-            q, kk = rope(q, pos, c["rope_theta"]), rope(kk, pos, c["rope_theta"])
-            rep = H // Hkv
-            kk = kk.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-            s = q @ kk.transpose(-1, -2) / math.sqrt(hd) + mask
-            a = torch.softmax(s, dim=-1) @ v
-            a = a.transpose(1, 2).reshape(B, T, H * hd)
-            o = a @ w[p + "self_attn/o_proj"].T
-            if c["attention_bias"]:
-                o = o + w[p + "self_attn/o_proj.bias"]
-            x = x + o
+            if c["kv_lora_rank"]:
+                x = x + self.mla(h, p, pos, mask)
+            else:
+                x = x + self.attention(h, p, pos, mask)
             h = rmsnorm(x, w[p + "post_attention_layernorm"], eps)
             if not is_moe(c, l):
                 x = x + self.swiglu(h, w[p + "mlp/gate_proj"], w[p + "mlp/up_proj"], w[p + "mlp/down_proj"])
