@@ -183,3 +183,67 @@ Test(config, refuses_inconsistent_mla_keys)
     cr_assert_eq(parse(&c, "{\"q_lora_rank\": 8}", err, sizeof err), -1, "q_lora_rank without MLA accepted");
     cr_assert(strstr(err, "\"q_lora_rank\" needs \"kv_lora_rank\" > 0"), "%s", err);
 }
+
+/* The DeepSeek-V3 router keys: each impossible or unsupported value is
+ * refused in one line naming its key. */
+Test(config, refuses_bad_v3_router_keys)
+{
+#define V3 "\"num_local_experts\": 8, \"num_experts_per_tok\": 2, "
+    struct {
+        const char *js, *want;
+    } cases[] = {
+        { "{" V3 "\"topk_method\": \"group_limited_greedy\", \"scoring_func\": \"sigmoid\"}",
+          "\"topk_method\" \"group_limited_greedy\" is not supported (\"greedy\" | \"noaux_tc\")" },
+        { "{" V3 "\"scoring_func\": \"softmax2\"}", "\"scoring_func\" \"softmax2\" is not supported" },
+        { "{" V3 "\"scoring_func\": 1}", "\"scoring_func\" must be a string" },
+        { "{" V3 "\"topk_method\": \"noaux_tc\"}", "\"topk_method\" \"noaux_tc\" needs \"scoring_func\" \"sigmoid\"" },
+        { "{" V3 "\"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", \"n_group\": 3}",
+          "\"n_group\" (3) must divide num_local_experts (8)" },
+        { "{" V3 "\"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", \"n_group\": 0}",
+          "\"n_group\" must be in [1, num_local_experts = 8] (got 0)" },
+        { "{" V3 "\"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", \"n_group\": 4, \"topk_group\": 5}",
+          "\"topk_group\" must be in [1, n_group = 4] (got 5)" },
+        { "{" V3 "\"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", \"n_group\": 8}",
+          "\"n_group\" 8 leaves one expert per group" },
+        { "{\"num_local_experts\": 8, \"num_experts_per_tok\": 3, \"scoring_func\": \"sigmoid\", "
+          "\"topk_method\": \"noaux_tc\", \"n_group\": 4, \"topk_group\": 1}",
+          "\"num_experts_per_tok\" (3) exceeds the experts of the topk_group = 1 kept groups (2)" },
+        { "{" V3 "\"scoring_func\": \"sigmoid\", \"n_group\": 2}", "need \"topk_method\" \"noaux_tc\"" },
+        { "{" V3 "\"routed_scaling_factor\": 2.5}", "\"routed_scaling_factor\" 2.5 needs \"scoring_func\" \"sigmoid\"" },
+        { "{" V3 "\"scoring_func\": \"sigmoid\", \"routed_scaling_factor\": 0}", "\"routed_scaling_factor\" must be > 0" },
+        { "{" V3 "\"moe_layer_freq\": 0}", "\"moe_layer_freq\" must be >= 1 (got 0)" },
+    };
+#undef V3
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ModelConfig c;
+        char err[256] = "";
+        cr_expect_eq(parse(&c, cases[i].js, err, sizeof err), -1, "accepted: %s", cases[i].js);
+        cr_expect(strstr(err, cases[i].want) != NULL, "%s: error \"%s\", want \"%s\"", cases[i].js, err, cases[i].want);
+        cr_expect(strchr(err, '\n') == NULL, "more than one line: %s", err);
+    }
+}
+
+/* DeepSeek's layer schedule: MoE iff l >= first_k_dense_replace and
+ * l % moe_layer_freq == 0; with the V3 router keys round-tripping. */
+Test(config, v3_layer_schedule_and_round_trip)
+{
+    ModelConfig c, d;
+    char err[256] = "";
+    const char *js = "{\"num_hidden_layers\": 7, \"first_k_dense_replace\": 1, \"moe_layer_freq\": 2, "
+                     "\"num_local_experts\": 8, \"num_experts_per_tok\": 3, \"scoring_func\": \"sigmoid\", "
+                     "\"topk_method\": \"noaux_tc\", \"n_group\": 4, \"topk_group\": 2, "
+                     "\"routed_scaling_factor\": 2.5}";
+    cr_assert_eq(parse(&c, js, err, sizeof err), 0, "refused: %s", err);
+    static const bool moe[7] = { false, false, true, false, true, false, true };
+    for (int l = 0; l < 7; l++) cr_expect_eq(config_layer_is_moe(&c, l), moe[l], "layer %d", l);
+    cr_expect_eq(config_n_moe_layers(&c), 3);
+    cr_expect(config_router_bias(&c));
+    char *j = config_to_json(&c);
+    cr_assert_eq(parse(&d, j, err, sizeof err), 0, "round trip refused: %s", err);
+    cr_expect(d.scoring_func == ROUTER_SIGMOID && d.topk_method == TOPK_NOAUX_TC && d.n_group == 4 &&
+              d.topk_group == 2 && d.routed_scaling_factor == 2.5 && d.moe_layer_freq == 2, "round trip: %s", j);
+    td_free(j);
+    /* the defaults: softmax, greedy, no bias */
+    cr_assert_eq(parse(&c, "{}", err, sizeof err), 0, "%s", err);
+    cr_expect(c.scoring_func == ROUTER_SOFTMAX && c.topk_method == TOPK_GREEDY && !config_router_bias(&c));
+}

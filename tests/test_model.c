@@ -46,6 +46,7 @@ typedef struct {
     size_t B, T;
     LossParts lp;
     float *dlogp;
+    double seq_coef;   /* sequence-wise balance loss coefficient (a run key) */
 } Case;
 
 /* Model with the fixture's weights, acts for its batch. */
@@ -76,6 +77,8 @@ static void case_open(Case *c, const char *file, Recompute mode)
     c->T = 19;
     c->B = n / c->T;
     model_train_acts_init(&c->a, &c->m, c->B, c->T, mode);
+    c->seq_coef = fixture_attr(file, "seq_aux_coef");
+    c->a.seq_bal = c->seq_coef > 0;
     c->dlogp = td_malloc(n * sizeof(float));
 }
 
@@ -98,9 +101,12 @@ static double case_step(Case *c)
     const ModelConfig *cfg = &c->m.cfg;
     float daux = c->lp.n_moe ? (float)(cfg->router_aux_loss_coef / c->lp.n_moe) : 0.0f;
     float dz = c->lp.n_moe ? (float)(cfg->router_z_loss_coef / c->lp.n_moe) : 0.0f;
+    /* sequence-wise balance: mean over the B sequences and the MoE layers */
+    c->a.dseq_bal = c->lp.n_moe ? (float)(c->seq_coef / ((double)c->lp.n_moe * (double)c->B)) : 0.0f;
     model_train_backward(&c->m, &c->a, c->targets, c->dlogp, daux, dz);
+    const double seq = c->lp.n_moe ? c->lp.seq_bal_sum / ((double)c->lp.n_moe * (double)c->B) : 0.0;
     return c->lp.ce_sum / (double)N + cfg->router_aux_loss_coef * c->lp.aux +
-           cfg->router_z_loss_coef * c->lp.z;
+           cfg->router_z_loss_coef * c->lp.z + c->seq_coef * seq;
 }
 
 static void check_against_torch(const char *file)
@@ -153,6 +159,10 @@ Test(model, gradients_match_torch_olmoe_full_qk_norm_clip_bias) { check_against_
 /* multi-head latent attention, absorbed, against HF's naive form */
 Test(model, gradients_match_torch_mla_q_lora_interleaved_rope) { check_against_torch("model_mla.h5"); }
 Test(model, gradients_match_torch_mla_q_proj) { check_against_torch("model_mla_q.h5"); }
+Test(model, gradients_match_torch_v3router_sigmoid_groups_bias_scale_seq_balance)
+{
+    check_against_torch("model_v3router.h5");
+}
 
 /* recompute=full and =selective: the same gradients, bit for bit, and a
  * smaller activation peak than none. */
@@ -187,6 +197,7 @@ Test(model, recompute_modes_bit_identical_qwen3moe) { check_recompute("model_qwe
 Test(model, recompute_modes_bit_identical_olmoe) { check_recompute("model_olmoe.h5"); }
 Test(model, recompute_modes_bit_identical_mla) { check_recompute("model_mla.h5"); }
 Test(model, recompute_modes_bit_identical_mla_q) { check_recompute("model_mla_q.h5"); }
+Test(model, recompute_modes_bit_identical_v3router) { check_recompute("model_v3router.h5"); }
 
 /* Two AdamW steps on the fixture's gradients equal torch.optim.AdamW's
  * (lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices and
@@ -424,3 +435,4 @@ Test(model, mla_gradients_match_finite_differences)
         model_free(&m);
     }
 }
+Test(model, serving_models_compute_the_forward_on_the_rounded_weights_v3router) { check_serving("model_v3router.h5"); }

@@ -951,3 +951,213 @@ Test(moe_aux, ranks_summing_statistics_match_one_process)
     td_free(d_rank);
     EXPECT_NO_LEAKS();
 }
+
+/* ------------------------------------------------------------ sigmoid router (DeepSeek-V3) */
+
+TestSuite(moe_sigmoid, .init = setup, .fini = teardown);
+
+static const char *const FX_SIGMOID = "moe_sigmoid.h5";
+
+Test(moe_sigmoid, forward_and_backward_match_torch)
+{
+    /* DeepseekV3TopkRouter in float64 (tests/ref/fixtures_ops.py
+     * moe_sigmoid_cases): groups masked, bias on and off, norm on and off,
+     * routed_scaling_factor 1, 1.5, 2.5; the backward of sum(w * dw) and of
+     * the sequence-wise balance loss through the sigmoid */
+    int n_cases = (int)fixture_attr(FX_SIGMOID, "n_cases");
+    cr_expect_geq(n_cases, 5, "moe_sigmoid.h5 has %d cases", n_cases);
+    for (int c = 0; c < n_cases; c++) {
+        int32_t *dims = fixture_case_i32(FX_SIGMOID, c, "dims", NULL), *hb = fixture_case_i32(FX_SIGMOID, c, "has_bias", NULL);
+        const size_t N = (size_t)dims[0], E = (size_t)dims[1], k = (size_t)dims[2];
+        float *scale = fixture_case_f32(FX_SIGMOID, c, "scale", NULL);
+        const MoeSigmoidRouter r = { (size_t)dims[3], (size_t)dims[4], dims[5] != 0, scale[0] };
+        float *logits = fixture_case_f32(FX_SIGMOID, c, "logits", NULL), *bias = fixture_case_f32(FX_SIGMOID, c, "bias", NULL);
+        float *dw = fixture_case_f32(FX_SIGMOID, c, "dw", NULL), *s_ref = fixture_case_f32(FX_SIGMOID, c, "scores", NULL);
+        int32_t *idx_ref = fixture_case_i32(FX_SIGMOID, c, "topk_idx", NULL);
+        float *w_ref = fixture_case_f32(FX_SIGMOID, c, "topk_w", NULL), *dl_ref = fixture_case_f32(FX_SIGMOID, c, "dlogits", NULL);
+        float *bal_ref = fixture_case_f32(FX_SIGMOID, c, "bal", NULL), *dlb_ref = fixture_case_f32(FX_SIGMOID, c, "dlogits_bal", NULL);
+
+        float *s = td_malloc(N * E * sizeof(float)), *w = td_malloc(N * k * sizeof(float));
+        int32_t *idx = td_malloc(N * k * sizeof(int32_t));
+        moe_router_sigmoid_forward(s, idx, w, logits, hb[0] ? bias : NULL, N, E, k, &r);
+        char what[96];
+        size_t bad = 0;
+        for (size_t i = 0; i < N * k; i++) bad += idx[i] != idx_ref[i];
+        cr_expect_eq(bad, 0, "case %d: %zu chosen experts differ from torch (G=%zu TG=%zu)", c, bad, r.n_group,
+                     r.topk_group);
+        /* float sigmoid and a k-term sum: a few ulp */
+        snprintf(what, sizeof what, "scores, case %d", c);
+        EXPECT_CLOSE(s, s_ref, N * E, 0, 1e-6, what);
+        snprintf(what, sizeof what, "topk_w, case %d (norm=%d scale=%g)", c, r.norm_topk, r.scale);
+        EXPECT_CLOSE(w, w_ref, N * k, 0, 2e-6, what);
+
+        float *ds = td_calloc(N * E * sizeof(float));
+        float *dl = fixture_rand(N * E, 70 + (uint64_t)c, -1, 1), *want = td_malloc(N * E * sizeof(float));
+        for (size_t i = 0; i < N * E; i++) want[i] = (float)((double)dl[i] + dl_ref[i]);   /* += */
+        moe_sigmoid_topk_backward(ds, dw, s, idx, N, E, k, &r);
+        moe_sigmoid_backward(dl, ds, s, N, E);
+        snprintf(what, sizeof what, "dlogits, case %d", c);
+        EXPECT_CLOSE(dl, want, N * E, 1e-6, 1e-6, what);
+
+        double bal = moe_seq_balance(s, idx, N, E, k);
+        float balf = (float)bal;
+        snprintf(what, sizeof what, "sequence balance, case %d", c);
+        EXPECT_CLOSE(&balf, bal_ref, 1, 0, 1e-6, what);
+        memset(ds, 0, N * E * sizeof(float));
+        memset(dl, 0, N * E * sizeof(float));
+        moe_seq_balance_backward(ds, 1.0f, s, idx, N, E, k);
+        moe_sigmoid_backward(dl, ds, s, N, E);
+        snprintf(what, sizeof what, "dlogits of the balance loss, case %d", c);
+        EXPECT_CLOSE(dl, dlb_ref, N * E, 1e-7, 1e-5, what);
+
+        td_free(dims); td_free(hb); td_free(scale); td_free(logits); td_free(bias); td_free(dw);
+        td_free(s_ref); td_free(idx_ref); td_free(w_ref); td_free(dl_ref); td_free(bal_ref); td_free(dlb_ref);
+        td_free(s); td_free(w); td_free(idx); td_free(ds); td_free(dl); td_free(want);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+static float logit_of(double p) { return (float)log(p / (1.0 - p)); }
+
+Test(moe_sigmoid, masked_groups_are_minus_infinity_not_zero)
+{
+    /* 4 groups of 2, one kept, k = 2.  Group 0 holds the best single score
+     * (0.9 + 0.1 = 1.0), group 1 the best pair (0.6 + 0.6): group 1 wins.
+     * With a bias of -2 every kept choice is negative: a mask to 0 (as
+     * transformers writes it) would pick masked experts instead. */
+    const size_t E = 8, k = 2;
+    const double p[8] = { 0.9, 0.1, 0.6, 0.6 + 1e-3, 0.3, 0.2, 0.4, 0.05 };
+    float logits[8], bias[8], s[8], w[2];
+    int32_t idx[2];
+    for (size_t e = 0; e < E; e++) logits[e] = logit_of(p[e]), bias[e] = -2.0f;
+    const MoeSigmoidRouter r = { 4, 1, true, 1.0f };
+    moe_router_sigmoid_forward(s, idx, w, logits, bias, 1, E, k, &r);
+    cr_expect(idx[0] == 3 && idx[1] == 2, "chose %d, %d; want 3, 2 (group 1)", idx[0], idx[1]);
+    moe_router_sigmoid_forward(s, idx, w, logits, NULL, 1, E, k, &r);
+    cr_expect(idx[0] == 3 && idx[1] == 2, "no bias: chose %d, %d; want 3, 2", idx[0], idx[1]);
+    /* two groups kept: group 0 (1.0) joins; top-2 of the kept are 0.9, 0.601 */
+    const MoeSigmoidRouter r2 = { 4, 2, true, 1.0f };
+    moe_router_sigmoid_forward(s, idx, w, logits, bias, 1, E, k, &r2);
+    cr_expect(idx[0] == 0 && idx[1] == 3, "two groups: chose %d, %d; want 0, 3", idx[0], idx[1]);
+}
+
+Test(moe_sigmoid, bias_moves_the_choice_not_the_weights)
+{
+    /* a bias of +10 on expert 5 puts it in every row's choice; its weight
+     * is still its unbiased score's share (norm) times the scale, bit for
+     * bit what the same arithmetic on the scores gives */
+    const size_t N = 16, E = 8, k = 2;
+    float *logits = fixture_rand(N * E, 80, -3, 3), bias[8] = { 0 };
+    bias[5] = 10.0f;
+    float *s = td_malloc(N * E * sizeof(float)), *w = td_malloc(N * k * sizeof(float));
+    float *s0 = td_malloc(N * E * sizeof(float)), *w0 = td_malloc(N * k * sizeof(float));
+    int32_t *idx = td_malloc(N * k * sizeof(int32_t)), *idx0 = td_malloc(N * k * sizeof(int32_t));
+    for (int norm = 0; norm <= 1; norm++) {
+        const MoeSigmoidRouter r = { 1, 1, norm != 0, 2.5f };
+        moe_router_sigmoid_forward(s, idx, w, logits, bias, N, E, k, &r);
+        moe_router_sigmoid_forward(s0, idx0, w0, logits, NULL, N, E, k, &r);
+        EXPECT_BITWISE(s, s0, N * E, "scores do not depend on the bias");
+        size_t moved = 0;
+        for (size_t t = 0; t < N; t++) {
+            cr_expect_eq(idx[t * k], 5, "row %zu: first choice %d, want the biased expert 5", t, idx[t * k]);
+            moved += idx[t * k] != idx0[t * k] || idx[t * k + 1] != idx0[t * k + 1];
+            const float a = s[t * E + (size_t)idx[t * k]], b = s[t * E + (size_t)idx[t * k + 1]];
+            const float den = a + b + 1e-20f;
+            const float wa = norm ? a / den * 2.5f : a * 2.5f, wb = norm ? b / den * 2.5f : b * 2.5f;
+            cr_expect(w[t * k] == wa && w[t * k + 1] == wb, "row %zu norm=%d: weights %.9g %.9g, want %.9g %.9g", t,
+                      norm, w[t * k], w[t * k + 1], wa, wb);
+        }
+        cr_expect_gt(moved, N / 2, "the bias changed the choice of only %zu of %zu rows", moved, N);
+    }
+    td_free(logits); td_free(s); td_free(w); td_free(s0); td_free(w0); td_free(idx); td_free(idx0);
+    EXPECT_NO_LEAKS();
+}
+
+Test(moe_sigmoid, ties_go_to_the_lower_index)
+{
+    /* equal logits: experts 0..k-1 and groups 0..topk_group-1 */
+    const size_t E = 8, k = 3;
+    float logits[8] = { 0 }, s[8], w[3];
+    int32_t idx[3];
+    const MoeSigmoidRouter r = { 4, 2, true, 1.0f };
+    moe_router_sigmoid_forward(s, idx, w, logits, NULL, 1, E, k, &r);
+    cr_expect(idx[0] == 0 && idx[1] == 1 && idx[2] == 2, "chose %d %d %d, want 0 1 2", idx[0], idx[1], idx[2]);
+    logits[6] = logits[7] = 1.0f;   /* group 3 best, then group 0 by index */
+    moe_router_sigmoid_forward(s, idx, w, logits, NULL, 1, E, k, &r);
+    cr_expect(idx[0] == 6 && idx[1] == 7 && idx[2] == 0, "chose %d %d %d, want 6 7 0", idx[0], idx[1], idx[2]);
+}
+
+typedef struct { const double *dw; const int32_t *idx; size_t N, E, k; bool norm; double scale, alpha; } SigFd;
+
+/* L(logits) = sum dw * w + alpha * bal, the choice fixed (float64) */
+static double sigmoid_chain_loss(const double *x, void *vctx)
+{
+    const SigFd *c = vctx;
+    double L = 0, cnt[64] = { 0 }, P[64] = { 0 };
+    for (size_t i = 0; i < c->N * c->k; i++) cnt[c->idx[i]] += 1;
+    for (size_t t = 0; t < c->N; t++) {
+        double s[64], S = 0, Sk = 0;
+        for (size_t e = 0; e < c->E; e++) s[e] = 1 / (1 + exp(-x[t * c->E + e])), S += s[e];
+        for (size_t e = 0; e < c->E; e++) P[e] += s[e] / S / (double)c->N;
+        for (size_t j = 0; j < c->k; j++) Sk += s[c->idx[t * c->k + j]];
+        for (size_t j = 0; j < c->k; j++)
+            L += c->dw[t * c->k + j] * c->scale * s[c->idx[t * c->k + j]] / (c->norm ? Sk + 1e-20 : 1.0);
+    }
+    double bal = 0;
+    for (size_t e = 0; e < c->E; e++) bal += (double)c->E / ((double)c->k * (double)c->N) * cnt[e] * P[e];
+    return L + c->alpha * bal;
+}
+
+Test(moe_sigmoid, backward_matches_finite_differences)
+{
+    static const size_t shapes[][5] = { { 5, 8, 2, 4, 2 }, { 7, 6, 3, 1, 1 }, { 4, 12, 4, 3, 2 } };  /* N E k G TG */
+    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++)
+        for (int norm = 0; norm <= 1; norm++) {
+            const size_t N = shapes[sh][0], E = shapes[sh][1], k = shapes[sh][2];
+            const MoeSigmoidRouter r = { shapes[sh][3], shapes[sh][4], norm != 0, 2.5f };
+            const float alpha = 0.3f;
+            float *logits = fixture_rand(N * E, 90 + sh, -3, 3), *dw = fixture_rand(N * k, 91 + sh, -1, 1);
+            float *bias = fixture_rand(E, 92 + sh, -0.2f, 0.2f);
+            float *s = td_malloc(N * E * sizeof(float)), *w = td_malloc(N * k * sizeof(float));
+            int32_t *idx = td_malloc(N * k * sizeof(int32_t));
+            moe_router_sigmoid_forward(s, idx, w, logits, bias, N, E, k, &r);
+            double *xd = to_f64(logits, N * E), *dwd = to_f64(dw, N * k), *g = td_malloc(N * E * sizeof(double));
+            SigFd ctx = { dwd, idx, N, E, k, norm != 0, 2.5, alpha };
+            fixture_fd(g, sigmoid_chain_loss, &ctx, xd, N * E, 1e-6);
+            float *ds = td_calloc(N * E * sizeof(float)), *dl = td_calloc(N * E * sizeof(float));
+            float *want = td_malloc(N * E * sizeof(float));
+            for (size_t i = 0; i < N * E; i++) want[i] = (float)g[i];
+            moe_sigmoid_topk_backward(ds, dw, s, idx, N, E, k, &r);
+            moe_seq_balance_backward(ds, alpha, s, idx, N, E, k);
+            moe_sigmoid_backward(dl, ds, s, N, E);
+            /* FD good to ~1e-9 (h = 1e-6, smooth); the float chain to 1e-6 */
+            char what[80];
+            snprintf(what, sizeof what, "dlogits vs FD, N=%zu E=%zu k=%zu G=%zu norm=%d", N, E, k, r.n_group, norm);
+            EXPECT_CLOSE(dl, want, N * E, 1e-6, 1e-5, what);
+            td_free(logits); td_free(dw); td_free(bias); td_free(s); td_free(w); td_free(idx);
+            td_free(xd); td_free(dwd); td_free(g); td_free(ds); td_free(dl); td_free(want);
+        }
+    EXPECT_NO_LEAKS();
+}
+
+Test(moe_sigmoid, a_row_does_not_depend_on_the_batch_or_threads)
+{
+    /* each row routed alone, single-threaded, against the batch on 3
+     * threads: the same bits (the serving and training guarantee) */
+    const size_t N = 97, E = 16, k = 4;
+    const MoeSigmoidRouter r = { 4, 2, true, 2.5f };
+    float *logits = fixture_rand(N * E, 95, -3, 3), *bias = fixture_rand(E, 96, -0.1f, 0.1f);
+    float *s = td_malloc(N * E * sizeof(float)), *w = td_malloc(N * k * sizeof(float));
+    float *s1 = td_malloc(N * E * sizeof(float)), *w1 = td_malloc(N * k * sizeof(float));
+    int32_t *idx = td_malloc(N * k * sizeof(int32_t)), *idx1 = td_malloc(N * k * sizeof(int32_t));
+    for (size_t t = 0; t < N; t++)
+        moe_router_sigmoid_forward(s1 + t * E, idx1 + t * k, w1 + t * k, logits + t * E, bias, 1, E, k, &r);
+    pool_free();
+    pool_init(3);
+    moe_router_sigmoid_forward(s, idx, w, logits, bias, N, E, k, &r);
+    EXPECT_BITWISE(s, s1, N * E, "scores");
+    EXPECT_BITWISE(w, w1, N * k, "weights");
+    cr_expect_eq(memcmp(idx, idx1, N * k * sizeof(int32_t)), 0, "choices differ");
+    td_free(logits); td_free(bias); td_free(s); td_free(w); td_free(s1); td_free(w1); td_free(idx); td_free(idx1);
+    EXPECT_NO_LEAKS();
+}

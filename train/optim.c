@@ -39,7 +39,9 @@ void adamw_range(Model *m, size_t lo, size_t hi, float *m1, float *m2, const Ada
     for (int i = 0; i < m->n_params; i++) {
         Param *p = &m->params[i];
         size_t a = td_max(lo, p->offset), b = td_min(hi, p->offset + p->numel);
-        if (a >= b || p->tied_copy) continue;   /* a tied copy takes its owner's weights */
+        /* a tied copy takes its owner's weights; state (the router's
+         * correction bias) is moved by its own rule, not by AdamW */
+        if (a >= b || p->tied_copy || p->state) continue;
         struct adam_ctx c = {
             m->w + a, m->g + a, m1 + (a - lo), m2 + (a - lo), gscale,
             (float)(1.0 - lr * (p->decay ? h->weight_decay : 0.0)),
@@ -108,7 +110,7 @@ double grad_sq_range(const Model *m, size_t lo, size_t hi, double holders_div)
     for (int i = 0; i < m->n_params; i++) {
         const Param *p = &m->params[i];
         size_t a = td_max(lo, p->offset), b = td_min(hi, p->offset + p->numel);
-        if (p->tied_copy || a >= b) continue;
+        if (p->tied_copy || p->state || a >= b) continue;
         const double ps = param_sq(m->g + a, b - a);
         /* the dp*tp ranks of this stage hold the slice; count each distinct
          * slice once when the caller sums over the world */

@@ -37,6 +37,8 @@ static const struct key g_keys[] = {
     { "beta2", K_NUM, F(beta2), 0, 0.9999999, "0.95", NULL },
     { "adam_eps", K_NUM, F(adam_eps), 0, 1, "1e-8", NULL },
     { "grad_clip", K_NUM, F(grad_clip), 0, 1e9, "1.0", NULL },
+    { "router_bias_update_rate", K_NUM, F(router_bias_update_rate), 0, 1, "0", NULL },
+    { "router_seq_aux_loss_coef", K_NUM, F(router_seq_aux_loss_coef), 0, 1e3, "0", NULL },
     { "recompute", K_STR, F(recompute), 0, 0, "\"none\"", "none|full|selective" },
     { "seed", K_I64, F(seed), 0, 9.2e18, "1234", NULL },
     { "shuffle", K_BOOL, F(shuffle), 0, 0, "true", NULL },

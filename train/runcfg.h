@@ -22,6 +22,8 @@ typedef struct {
     char lr_schedule[16];    /* cosine | constant */
     int warmup_steps;
     double weight_decay, beta1, beta2, adam_eps, grad_clip;
+    double router_bias_update_rate;   /* aux-loss-free balance of a noaux_tc router (0: off) */
+    double router_seq_aux_loss_coef;  /* sequence-wise balance loss of a sigmoid router (0: off) */
     char recompute[16];      /* none | full | selective */
     int64_t seed;
     bool shuffle;

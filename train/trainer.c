@@ -39,6 +39,7 @@ typedef struct {
 typedef struct {
     double ce;             /* -sum logp over local rows (last stage) */
     double aux_sum, z_sum; /* sums over local MoE layers, already / grad_accum */
+    double seq_sum;        /* sequence-wise balance: sum over local sequences and MoE layers / grad_accum */
 } StepAcc;
 
 typedef struct {
@@ -58,6 +59,7 @@ typedef struct {
     bool tty, rank0;
     int n_local;
     double *share_min, *share_max;
+    double *load;          /* (L, E) tokens routed to each expert this step, over dp and micro-batches */
     Bucket_t *buckets;
     int n_buckets;
     bool zero;             /* ZeRO-1: moments and the update sharded over dp */
@@ -67,6 +69,7 @@ typedef struct {
     double ep_rows;        /* expert rows this rank computed this step */
     double ep_min, ep_max; /* ... its min and max over the ep group */
     double bubble;         /* pipeline: mean fraction of the step stages spend waiting */
+    double seq_bal;        /* this step's sequence-wise balance loss (mean over sequences, layers, micro-batches) */
     /* summary */
     double t_start, last_loss, last_val, tok_s_sum, mfu_sum;
     double gemm_eff, sgemm_eff, gemm_eff_sum, sgemm_eff_sum;   /* this step's, and the sums for the summary */
@@ -457,6 +460,21 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
                 comm_group_name((CommGroup)g), cs.bytes / 1048576.0);
     }
     if (tr->topo.ep > 1) fprintf(f, ",\"ep_rows_min\":%.0f,\"ep_rows_max\":%.0f", tr->ep_min, tr->ep_max);
+    if (tr->rc->router_seq_aux_loss_coef > 0) fprintf(f, ",\"seq_aux\":%.6f", tr->seq_bal);
+    if (tr->rc->router_bias_update_rate > 0) {   /* the loads the bias update used, per layer */
+        const size_t E = tr->m.E_global;
+        fprintf(f, ",\"expert_load\":[");
+        for (int l = 0; l < tr->m.cfg.num_hidden_layers; l++) {
+            fprintf(f, "%s", l ? "," : "");
+            if (!config_layer_is_moe(&tr->m.cfg, l)) {
+                fprintf(f, "null");
+                continue;
+            }
+            for (size_t e = 0; e < E; e++) fprintf(f, "%s%.0f", e ? "," : "[", tr->load[(size_t)l * E + e]);
+            fprintf(f, "]");
+        }
+        fprintf(f, "]");
+    }
     if (tr->topo.pp > 1) fprintf(f, ",\"pp_bubble\":%.4f", tr->bubble);
     /* per layer of the whole model; dense layers have no experts: null */
     const int L = tr->m.cfg.num_hidden_layers;
@@ -583,9 +601,12 @@ static void mb_forward(Trainer *tr, Slot *sl, StepAcc *acc)
     acc->ce += lp.ce_sum;
     acc->aux_sum += lp.aux * lp.n_moe / ga;
     acc->z_sum += lp.z * lp.n_moe / ga;
+    acc->seq_sum += lp.seq_bal_sum / ga;
+    const size_t E = tr->m.E_global;
     for (int i = 0; i < tr->n_local; i++) {
         int l = tr->topo.layer_begin + i;
         if (!tr->m.layers[l].moe) continue;
+        for (size_t e = 0; e < E; e++) tr->load[(size_t)l * E + e] += sl->acts.la[i].count[e];   /* global over dp */
         tr->share_min[l] += mn[i] / ga;
         tr->share_max[l] += mx[i] / ga;
         tr->ep_rows += (double)sl->acts.la[i].n_recv;
@@ -602,6 +623,10 @@ static void mb_backward(Trainer *tr, Slot *sl, bool last_of_step)
     for (size_t t = 0; t < sl->acts.N; t++) sl->dlogp[t] = (float)(-1.0 / (n_tot * ga));
     float daux = tr->n_moe_global ? (float)(m->cfg.router_aux_loss_coef / (tr->n_moe_global * ga)) : 0.0f;
     float dz = tr->n_moe_global ? (float)(m->cfg.router_z_loss_coef / (tr->n_moe_global * ga)) : 0.0f;
+    /* sequence-wise balance: mean over the micro-batch's sequences (all dp
+     * ranks) and the MoE layers, as the aux loss */
+    sl->acts.dseq_bal = tr->n_moe_global ? (float)(rc->router_seq_aux_loss_coef /
+                                                   ((double)tr->n_moe_global * rc->micro_batch * ga)) : 0.0f;
     tr->reduce_now = comm_size() > 1 && last_of_step;
     model_train_backward(&tr->m, &sl->acts, sl->targets, sl->dlogp, daux, dz);
 }
@@ -677,6 +702,30 @@ static void tied_weights(Trainer *tr)
         comm_sendrecv(COMM_PP, NULL, 0, -1, m->lm_head->w, bytes, 0, 5);
 }
 
+/* Auxiliary-loss-free balance (DeepSeek-V3, section 2.1.2): after the
+ * step, each MoE layer's correction bias moves by the rate against each
+ * expert's load error, bias_e += rate * sign(mean_e' load_e' - load_e),
+ * load_e the tokens routed to e over the step's micro-batches and every dp
+ * rank.  The loads are global, so every replica of the bias (dp, tp, ep)
+ * makes the same move. */
+static void router_bias_update(Trainer *tr)
+{
+    const double rate = tr->rc->router_bias_update_rate;
+    const size_t E = tr->m.E_global;
+    for (int l = tr->topo.layer_begin; l < tr->topo.layer_end; l++) {
+        const Layer *L = &tr->m.layers[l];
+        if (!L->rbias || rate <= 0) continue;
+        const double *load = tr->load + (size_t)l * E;
+        double mean = 0;
+        for (size_t e = 0; e < E; e++) mean += load[e];
+        mean /= (double)E;
+        for (size_t e = 0; e < E; e++) {
+            const float sgn = mean > load[e] ? 1.0f : mean < load[e] ? -1.0f : 0.0f;
+            L->rbias->w[e] += (float)rate * sgn;
+        }
+    }
+}
+
 static int train_step(Trainer *tr)
 {
     const RunConfig *rc = tr->rc;
@@ -690,6 +739,7 @@ static int train_step(Trainer *tr)
     memset(tr->m.g, 0, tr->m.n_w * sizeof(float));
     StepAcc acc = { 0 };
     for (int l = 0; l < L; l++) tr->share_min[l] = tr->share_max[l] = 0;
+    memset(tr->load, 0, (size_t)L * m->E_global * sizeof(double));
     if (tr->topo.pp > 1) {
         run_1f1b(tr, &acc);
     } else {
@@ -720,13 +770,16 @@ static int train_step(Trainer *tr)
         gsq = grad_sq_norm(m);
     }
     /* loss: ce lives on the last stage, aux/z on the stages of their layers */
-    double red[3] = { ce, acc.aux_sum, acc.z_sum };
-    comm_allreduce_f64(COMM_DP, red, 1);
-    comm_allreduce_f64(COMM_PP, red, 3);
+    /* the sequence-wise sums are over this rank's sequences: summed over dp */
+    double red[4] = { ce, acc.seq_sum, acc.aux_sum, acc.z_sum };
+    comm_allreduce_f64(COMM_DP, red, 2);
+    comm_allreduce_f64(COMM_PP, red, 4);
     ce = red[0] / ((double)n_tot * ga);
-    sum.aux = tr->n_moe_global ? red[1] / tr->n_moe_global : 0;
-    sum.z = tr->n_moe_global ? red[2] / tr->n_moe_global : 0;
-    double loss = ce + m->cfg.router_aux_loss_coef * sum.aux + m->cfg.router_z_loss_coef * sum.z;
+    sum.aux = tr->n_moe_global ? red[2] / tr->n_moe_global : 0;
+    sum.z = tr->n_moe_global ? red[3] / tr->n_moe_global : 0;
+    tr->seq_bal = tr->n_moe_global ? red[1] / ((double)tr->n_moe_global * rc->micro_batch) : 0;
+    double loss = ce + m->cfg.router_aux_loss_coef * sum.aux + m->cfg.router_z_loss_coef * sum.z +
+                  rc->router_seq_aux_loss_coef * tr->seq_bal;
     if (tr->topo.pp > 1) {   /* per-layer expert shares: each stage knows its own layers */
         double enc[2 * L];
         for (int l = 0; l < L; l++) {
@@ -763,6 +816,10 @@ static int train_step(Trainer *tr)
     } else {
         adamw_step(&tr->m, tr->exp_avg, tr->exp_avg_sq, &tr->adam, tr->step, lr, gscale);
     }
+    router_bias_update(tr);
+    /* the loads for metrics: each stage holds its own layers' (zeros elsewhere) */
+    if (tr->topo.pp > 1 && rc->router_bias_update_rate > 0)
+        comm_allreduce_f64(COMM_PP, tr->load, (size_t)L * m->E_global);
     tied_weights(tr);
     model_pack(&tr->m);
     tr->tokens_seen += (int64_t)(n_tot * (size_t)rc->grad_accum);
@@ -862,6 +919,7 @@ static void trainer_free(Trainer *tr)
     td_free(tr->exp_avg_sq);
     td_free(tr->share_min);
     td_free(tr->share_max);
+    td_free(tr->load);
     td_free(tr->buckets);
     td_free(tr->zbuf);
     tokfile_close(&tr->tf);
@@ -962,6 +1020,16 @@ int train_run(const RunConfig *rc)
                  tr.m.cfg.vocab_size);
         goto out;
     }
+    if (rc->router_bias_update_rate > 0 && !config_router_bias(&tr.m.cfg)) {
+        td_error("router_bias_update_rate %g needs a router with a correction bias (topk_method \"noaux_tc\")",
+                 rc->router_bias_update_rate);
+        goto out;
+    }
+    if (rc->router_seq_aux_loss_coef > 0 && tr.m.cfg.scoring_func != ROUTER_SIGMOID) {
+        td_error("router_seq_aux_loss_coef %g needs a sigmoid router (scoring_func \"sigmoid\"); softmax routers "
+                 "use router_aux_loss_coef", rc->router_seq_aux_loss_coef);
+        goto out;
+    }
     if (rc->seq_len > tr.m.cfg.max_position_embeddings) {
         td_error("seq_len %d exceeds the model's max_position_embeddings %d", rc->seq_len,
                  tr.m.cfg.max_position_embeddings);
@@ -984,6 +1052,8 @@ int train_run(const RunConfig *rc)
     tr.n_moe_global = config_n_moe_layers(&tr.m.cfg);
     tr.share_min = td_calloc((size_t)(tr.m.cfg.num_hidden_layers + 1) * sizeof(double));
     tr.share_max = td_calloc((size_t)(tr.m.cfg.num_hidden_layers + 1) * sizeof(double));
+    tr.load = td_calloc(((size_t)tr.m.cfg.num_hidden_layers * tr.m.E_global + 1) * sizeof(double));
+    for (int i = 0; i < tr.n_slots; i++) tr.slots[i].acts.seq_bal = rc->router_seq_aux_loss_coef > 0;
     loader_init(&tr.loader, tokfile_train(&tr.tf), (size_t)rc->micro_batch, T, (size_t)tr.topo.dp,
                 (size_t)tr.topo.dp_rank, rc->shuffle, (uint64_t)rc->seed);
     if (resumed) {

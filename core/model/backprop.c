@@ -269,7 +269,7 @@ void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const
     a->n_tot_last = n_tot;
     /* pipeline: later stages get x[0] from the previous stage (the caller) */
     if (topo_is_first_stage(&m->topo)) model_embed(m, a->x[0], ids, a->N);
-    double aux = 0, z = 0;
+    double aux = 0, z = 0, seq_bal = 0;
     int n_moe = 0;
     for (int i = 0; i < nl; i++) {
         int l = m->topo.layer_begin + i;
@@ -278,6 +278,10 @@ void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const
             aux += a->la[i].aux;
             z += a->la[i].z;
             n_moe++;
+            if (a->seq_bal && m->cfg.scoring_func == ROUTER_SIGMOID)   /* local sequences */
+                for (size_t s = 0; s < a->B; s++)
+                    seq_bal += moe_seq_balance(a->la[i].probs + s * a->T * m->E_global,
+                                               a->la[i].topk_idx + s * a->T * m->k, a->T, m->E_global, m->k);
             if (lp && lp->expert_share_min) {
                 double mn = INFINITY, mx = 0, tot = (double)n_tot * (double)m->k;
                 for (size_t e = 0; e < m->E_global; e++) {
@@ -303,6 +307,7 @@ void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const
     lp->n_moe = n_moe;
     lp->aux = n_moe ? aux / n_moe : 0.0;
     lp->z = n_moe ? z / n_moe : 0.0;
+    lp->seq_bal_sum = seq_bal;
 }
 
 static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
@@ -407,13 +412,25 @@ static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
     /* experts and shared experts are column-parallel: sum their input
      * gradients; the router is replicated, its part is added once, below */
     tp_sum(m, dh2, N * d);
-    /* router: w = topk(softmax(logits)), plus aux (through P_e) and z */
     zero(a->dprobs, N * E);
-    moe_topk_backward(a->dprobs, a->dtopk_w, la->probs, la->topk_idx, N, E, k, m->cfg.norm_topk_prob);
-    if (daux != 0.0f) moe_aux_backward(a->dprobs, daux, la->count, N, a->n_tot_last, E, k);
     zero(a->dlogits_r, N * E);
-    softmax_backward(a->dlogits_r, a->dprobs, la->probs, N, E);
-    if (dz != 0.0f) moe_z_backward(a->dlogits_r, dz, la->rlse, la->probs, N, a->n_tot_last, E);
+    if (m->cfg.scoring_func == ROUTER_SIGMOID) {
+        /* w = scale * s[topk] (/ sum), s = sigmoid(logits), the choice fixed;
+         * plus the sequence-wise balance loss (through P_e) */
+        const MoeSigmoidRouter r = model_sigmoid_router(&m->cfg);
+        moe_sigmoid_topk_backward(a->dprobs, a->dtopk_w, la->probs, la->topk_idx, N, E, k, &r);
+        if (a->dseq_bal != 0.0f)
+            for (size_t b = 0; b < a->B; b++)
+                moe_seq_balance_backward(a->dprobs + b * a->T * E, a->dseq_bal, la->probs + b * a->T * E,
+                                         la->topk_idx + b * a->T * k, a->T, E, k);
+        moe_sigmoid_backward(a->dlogits_r, a->dprobs, la->probs, N, E);
+    } else {
+        /* router: w = topk(softmax(logits)), plus aux (through P_e) and z */
+        moe_topk_backward(a->dprobs, a->dtopk_w, la->probs, la->topk_idx, N, E, k, m->cfg.norm_topk_prob);
+        if (daux != 0.0f) moe_aux_backward(a->dprobs, daux, la->count, N, a->n_tot_last, E, k);
+        softmax_backward(a->dlogits_r, a->dprobs, la->probs, N, E);
+        if (dz != 0.0f) moe_z_backward(a->dlogits_r, dz, la->rlse, la->probs, N, a->n_tot_last, E);
+    }
     linear_backward(dh2, L->router->g, a->dlogits_r, la->h2, L->router->w, N, E, d);
     if (L->sgw) sigmoid_gate_backward(dh2, L->sgw->g, a->dsgv, la->h2, L->sgw->w, la->sgv, N, d);
 }

@@ -47,6 +47,12 @@ typedef struct {
     int32_t *pos;                /* (N) positions 0..T-1 per sequence */
     const int32_t *ids;          /* borrowed: ids of the last forward */
     size_t n_tot_last;           /* its n_tot */
+    /* sequence-wise balance loss of a sigmoid router (DeepSeek-V3), set by
+     * the caller: seq_bal computes it in forward (LossParts.seq_bal_sum),
+     * dseq_bal is the gradient of the objective with respect to each
+     * sequence's and layer's value (0: off) */
+    bool seq_bal;
+    float dseq_bal;
 } TrainActs;
 
 /* Sizes and carves the arena for micro-batches of B x T. */
@@ -60,6 +66,8 @@ typedef struct {
     double aux;         /* mean over MoE layers of aux (global statistics) */
     double z;           /* mean over MoE layers of z */
     int n_moe;          /* MoE layers in this stage */
+    double seq_bal_sum; /* sum over local sequences and MoE layers of the sequence-wise
+                         * balance loss (TrainActs.seq_bal; 0 otherwise) */
     double *expert_share_min, *expert_share_max;  /* per local layer (tokens share of the busiest/idlest expert) */
 } LossParts;
 

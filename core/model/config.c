@@ -39,14 +39,25 @@ void config_defaults(ModelConfig *c)
     c->shared_expert_gate = false;
     c->decoder_sparse_step = 1;
     c->n_mlp_only_layers = 0;
+    c->scoring_func = ROUTER_SOFTMAX;
+    c->topk_method = TOPK_GREEDY;
+    c->n_group = 1;
+    c->topk_group = 1;
+    c->routed_scaling_factor = 1.0;
+    c->moe_layer_freq = 1;
 }
 
 static const char *const g_qk_norm_names[] = { "none", "head", "full" };
 
-enum kind { K_INT, K_NUM, K_BOOL, K_QKNORM, K_LAYERS, K_ROPESCALING };
-struct key { const char *name; enum kind kind; size_t off; };
+static const char *const g_scoring_names[] = { "softmax", "sigmoid", NULL };
+static const char *const g_topk_names[] = { "greedy", "noaux_tc", NULL };
 
-#define KEY(n, k) { #n, k, offsetof(ModelConfig, n) }
+/* K_ENUM: a string naming one of names[] (NULL-terminated), stored as an int enum */
+enum kind { K_INT, K_NUM, K_BOOL, K_QKNORM, K_LAYERS, K_ENUM, K_ROPESCALING };
+struct key { const char *name; enum kind kind; size_t off; const char *const *names; };
+
+#define KEY(n, k) { #n, k, offsetof(ModelConfig, n), NULL }
+#define ENUM_KEY(n, names) { #n, K_ENUM, offsetof(ModelConfig, n), names }
 static const struct key g_keys[] = {
     KEY(vocab_size, K_INT), KEY(hidden_size, K_INT), KEY(num_hidden_layers, K_INT),
     KEY(num_attention_heads, K_INT), KEY(num_key_value_heads, K_INT), KEY(head_dim, K_INT),
@@ -62,7 +73,11 @@ static const struct key g_keys[] = {
     KEY(shared_expert_intermediate_size, K_INT), KEY(shared_expert_gate, K_BOOL),
     KEY(decoder_sparse_step, K_INT), KEY(mlp_only_layers, K_LAYERS),
     KEY(rope_scaling, K_ROPESCALING),
+    ENUM_KEY(scoring_func, g_scoring_names), ENUM_KEY(topk_method, g_topk_names),
+    KEY(n_group, K_INT), KEY(topk_group, K_INT), KEY(routed_scaling_factor, K_NUM),
+    KEY(moe_layer_freq, K_INT),
 };
+#undef ENUM_KEY
 #undef KEY
 #define N_KEYS (sizeof g_keys / sizeof g_keys[0])
 
@@ -206,6 +221,25 @@ int config_from_cjson(ModelConfig *cfg, const void *obj, char *err, size_t err_l
             *(QkNorm *)dst = (QkNorm)v;
             break;
         }
+        case K_ENUM: {
+            int v = -1;
+            for (int j = 0; g_keys[i].names[j] && cJSON_IsString(it); j++)
+                if (!strcmp(it->valuestring, g_keys[i].names[j])) v = j;
+            if (v < 0) {
+                char list[128] = "";
+                for (int j = 0; g_keys[i].names[j]; j++)
+                    snprintf(list + strlen(list), sizeof list - strlen(list), "%s\"%s\"", j ? " | " : "",
+                             g_keys[i].names[j]);
+                if (cJSON_IsString(it))
+                    snprintf(err, err_len, "model config: \"%s\" \"%.40s\" is not supported (%s)", it->string,
+                             it->valuestring, list);
+                else
+                    snprintf(err, err_len, "model config: \"%s\" must be a string: %s", it->string, list);
+                return -1;
+            }
+            *(int *)dst = v;
+            break;
+        }
         case K_LAYERS: {
             int n = 0;
             if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) > CONFIG_MAX_LIST) {
@@ -292,7 +326,7 @@ static double param_count_f64(const ModelConfig *c)
     const double E = c->num_local_experts, F = c->moe_intermediate_size;
     const double S = c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size
                                                             : F * (double)c->n_shared_experts;
-    const double moe = E * d + E * 3 * F * d + 3 * S * d + d;
+    const double moe = E * d + E * 3 * F * d + 3 * S * d + d + E;
     const int n_moe = config_n_moe_layers(c), L = c->num_hidden_layers;
     return V * d * (c->tie_word_embeddings ? 1 : 2) + d + L * attn + (L - n_moe) * dense + n_moe * moe;
 }
@@ -331,6 +365,34 @@ static int mla_validate(const ModelConfig *c, char *err, size_t err_len)
     return 0;
 }
 
+/* The DeepSeek-V3 router keys (an MoE model only). */
+static int router_validate(const ModelConfig *c, char *err, size_t err_len)
+{
+    const int E = c->num_local_experts, k = c->num_experts_per_tok;
+    REQUIRE(c->topk_method != TOPK_NOAUX_TC || c->scoring_func == ROUTER_SIGMOID,
+            "\"topk_method\" \"noaux_tc\" needs \"scoring_func\" \"sigmoid\"");
+    REQUIRE(c->routed_scaling_factor > 0 && isfinite(c->routed_scaling_factor),
+            "\"routed_scaling_factor\" must be > 0 (got %g)", c->routed_scaling_factor);
+    REQUIRE(c->scoring_func == ROUTER_SIGMOID || c->routed_scaling_factor == 1.0,
+            "\"routed_scaling_factor\" %g needs \"scoring_func\" \"sigmoid\" (softmax routers take 1)",
+            c->routed_scaling_factor);
+    REQUIRE(c->n_group >= 1 && c->n_group <= E, "\"n_group\" must be in [1, num_local_experts = %d] (got %d)", E,
+            c->n_group);
+    REQUIRE(E % c->n_group == 0, "\"n_group\" (%d) must divide num_local_experts (%d)", c->n_group, E);
+    REQUIRE(c->topk_group >= 1 && c->topk_group <= c->n_group, "\"topk_group\" must be in [1, n_group = %d] (got %d)",
+            c->n_group, c->topk_group);
+    REQUIRE(c->topk_method == TOPK_NOAUX_TC || (c->n_group == 1 && c->topk_group == 1),
+            "\"n_group\" %d / \"topk_group\" %d need \"topk_method\" \"noaux_tc\" (greedy has no groups)",
+            c->n_group, c->topk_group);
+    REQUIRE(c->n_group == 1 || E / c->n_group >= 2,
+            "\"n_group\" %d leaves one expert per group: a group's score is the sum of its top 2", c->n_group);
+    REQUIRE(k <= c->topk_group * (E / c->n_group),
+            "\"num_experts_per_tok\" (%d) exceeds the experts of the topk_group = %d kept groups (%d)", k,
+            c->topk_group, c->topk_group * (E / c->n_group));
+    REQUIRE(c->n_group <= 1024, "\"n_group\" must be <= 1024 (got %d)", c->n_group);
+    return 0;
+}
+
 int config_validate(const ModelConfig *c, char *err, size_t err_len)
 {
     REQUIRE(c->vocab_size >= 1, "\"vocab_size\" must be >= 1 (got %d)", c->vocab_size);
@@ -350,6 +412,7 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len)
             "\"intermediate_size\" and \"moe_intermediate_size\" must be in [0, %d] (their defaults, 4 and 2 "
             "times hidden_size, must fit too)", INT_MAX);
     REQUIRE(c->decoder_sparse_step >= 1, "\"decoder_sparse_step\" must be >= 1 (got %d)", c->decoder_sparse_step);
+    REQUIRE(c->moe_layer_freq >= 1, "\"moe_layer_freq\" must be >= 1 (got %d)", c->moe_layer_freq);
     for (int i = 0; i < c->n_mlp_only_layers; i++)
         REQUIRE(c->mlp_only_layers[i] < c->num_hidden_layers,
                 "\"mlp_only_layers\" names layer %d, the model has %d (0..%d)", c->mlp_only_layers[i],
@@ -371,6 +434,7 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len)
                 "\"shared_expert_intermediate_size\" must be >= 0 (got %d)", c->shared_expert_intermediate_size);
         REQUIRE(!c->shared_expert_gate || config_shared_width(c) > 0,
                 "\"shared_expert_gate\" needs a shared expert (n_shared_experts or shared_expert_intermediate_size > 0)");
+        if (router_validate(c, err, err_len)) return -1;
     }
     REQUIRE(c->rope_theta > 0, "\"rope_theta\" must be > 0");
     REQUIRE(c->rms_norm_eps > 0 && c->rms_norm_eps < 1, "\"rms_norm_eps\" must be in (0, 1)");
@@ -426,6 +490,7 @@ char *config_to_json(const ModelConfig *c)
         case K_NUM: cJSON_AddNumberToObject(o, g_keys[i].name, *(const double *)src); break;
         case K_BOOL: cJSON_AddBoolToObject(o, g_keys[i].name, *(const bool *)src); break;
         case K_QKNORM: cJSON_AddStringToObject(o, g_keys[i].name, g_qk_norm_names[*(const QkNorm *)src]); break;
+        case K_ENUM: cJSON_AddStringToObject(o, g_keys[i].name, g_keys[i].names[*(const int *)src]); break;
         case K_LAYERS:
             cJSON_AddItemToObject(o, g_keys[i].name, cJSON_CreateIntArray(c->mlp_only_layers, c->n_mlp_only_layers));
             break;
@@ -444,6 +509,7 @@ char *config_to_json(const ModelConfig *c)
 bool config_layer_is_moe(const ModelConfig *c, int l)
 {
     if (l < c->first_k_dense_replace || (l + 1) % c->decoder_sparse_step != 0) return false;
+    if (l % c->moe_layer_freq != 0) return false;
     for (int i = 0; i < c->n_mlp_only_layers; i++)
         if (c->mlp_only_layers[i] == l) return false;
     return true;
@@ -491,6 +557,7 @@ size_t config_param_count(const ModelConfig *c)
             size_t F = (size_t)c->moe_intermediate_size, E = (size_t)c->num_local_experts;
             n += E * d + E * 3 * F * d + 3 * (size_t)config_shared_width(c) * d;
             if (c->shared_expert_gate) n += d;
+            if (config_router_bias(c)) n += E;   /* e_score_correction_bias (state, not trained) */
         }
     }
     return n;

@@ -18,6 +18,17 @@ typedef enum {
     QK_NORM_FULL,   /* "full": over the whole projection, weights [H*hd] and [Hkv*hd] (OLMoE) */
 } QkNorm;
 
+/* Router scores (scoring_func) and the choice of experts (topk_method). */
+typedef enum {
+    ROUTER_SOFTMAX,   /* "softmax": p = softmax(logits) */
+    ROUTER_SIGMOID,   /* "sigmoid": s = sigmoid(logits) (DeepSeek-V3) */
+} RouterScoring;
+typedef enum {
+    TOPK_GREEDY,      /* "greedy": top-k of the scores */
+    TOPK_NOAUX_TC,    /* "noaux_tc": top-k of scores + e_score_correction_bias in
+                       * the best topk_group of n_group groups (DeepSeek-V3) */
+} TopkMethod;
+
 /* Entries of a list-valued key (mlp_only_layers). */
 #define CONFIG_MAX_LIST 512
 
@@ -61,6 +72,13 @@ typedef struct {
     /* HF rope_scaling (object form; null or type "default": none), any
      * family: linear or yarn (core/ops/rope.h); docs/config.md */
     RopeScaling rope_scaling;
+    /* DeepSeek-V3 router (docs/config.md, core/ops/moe.h) */
+    RouterScoring scoring_func;
+    TopkMethod topk_method;
+    int n_group;                   /* expert groups (noaux_tc) */
+    int topk_group;                /* groups kept per token */
+    double routed_scaling_factor;  /* routed weights *= this (sigmoid only) */
+    int moe_layer_freq;            /* MoE layers are those with l % freq == 0 (DeepSeek's rule) */
 } ModelConfig;
 
 /* Fill cfg with the defaults. */
@@ -85,8 +103,9 @@ char *config_to_json(const ModelConfig *cfg);
 
 /* Derived sizes. */
 /* Layer l is MoE iff l >= first_k_dense_replace, l is not in
- * mlp_only_layers and (l + 1) % decoder_sparse_step == 0 (Qwen2-MoE's rule;
- * with the defaults, every layer from first_k_dense_replace on). */
+ * mlp_only_layers, (l + 1) % decoder_sparse_step == 0 (Qwen2-MoE's rule)
+ * and l % moe_layer_freq == 0 (DeepSeek's); with the defaults, every
+ * layer from first_k_dense_replace on. */
 bool config_layer_is_moe(const ModelConfig *c, int l);
 /* MoE layers of the model. */
 int config_n_moe_layers(const ModelConfig *c);
@@ -102,6 +121,9 @@ static inline bool config_mla(const ModelConfig *c) { return c->kv_lora_rank > 0
 /* q, k and v biases; o bias. */
 static inline bool config_qkv_bias(const ModelConfig *c) { return c->attention_bias || c->qkv_bias; }
 static inline bool config_o_bias(const ModelConfig *c) { return c->attention_bias; }
+/* The router's choice carries a per-expert correction bias
+ * (mlp/gate.e_score_correction_bias, state moved by training's bias update). */
+static inline bool config_router_bias(const ModelConfig *c) { return c->topk_method == TOPK_NOAUX_TC; }
 /* Parameter count of the whole model (global, unsharded). */
 size_t config_param_count(const ModelConfig *c);
 /* Parameters touched per token in a forward (k experts, not E): the

@@ -221,15 +221,24 @@ static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, Lay
 {
     const size_t N = b->n, d = m->d, E = m->E_global, k = m->k;
     param_linear(a->rlogits, a->h2, L->router, N);
-    moe_router_forward(a->probs, a->rlse, a->topk_idx, a->topk_w, a->rlogits, N, E, k,
-                       m->cfg.norm_topk_prob);
+    const bool sig = m->cfg.scoring_func == ROUTER_SIGMOID;
+    if (sig) {
+        const MoeSigmoidRouter r = model_sigmoid_router(&m->cfg);
+        moe_router_sigmoid_forward(a->probs, a->topk_idx, a->topk_w, a->rlogits, L->rbias ? L->rbias->w : NULL,
+                                   N, E, k, &r);
+    } else {
+        moe_router_forward(a->probs, a->rlse, a->topk_idx, a->topk_w, a->rlogits, N, E, k,
+                           m->cfg.norm_topk_prob);
+    }
     /* statistics over the whole micro-batch: count (E), psum (E), z sum (1),
-     * contiguous in a->count */
+     * contiguous in a->count (count also feeds training's bias update) */
     double *st = a->count;
     moe_aux_stats(st, st + E, a->probs, a->topk_idx, N, E, k);
-    st[2 * E] = (double)moe_z_sum(a->rlse, N);
+    st[2 * E] = sig ? 0.0 : (double)moe_z_sum(a->rlse, N);
     if (m->comm.dp_allreduce_f64 && m->topo.dp > 1) m->comm.dp_allreduce_f64(m->comm.ctx, st, 2 * E + 1);
-    a->aux = moe_aux_loss(a->count, a->psum, b->n_tot, E, k);
+    /* the aux and z losses are the softmax router's; a sigmoid router is
+     * balanced by its bias update and the sequence-wise loss (train/) */
+    a->aux = sig ? 0.0f : moe_aux_loss(a->count, a->psum, b->n_tot, E, k);
     a->z = (float)(st[2 * E] / (double)b->n_tot);
 
     moe_plan_build(&a->plan, a->topk_idx, N, E, k);

@@ -11,7 +11,9 @@
  *   (MLA, kv_lora_rank > 0: the attention block of docs/mla.md instead)
  *   h2 = rmsnorm(x_mid, ln2)
  *   y = dense SwiGLU(h2)  or  MoE(h2) (+ shared expert(s), gated by
- *       sigmoid(h2 . w_g) when shared_expert_gate)
+ *       sigmoid(h2 . w_g) when shared_expert_gate); the router is softmax
+ *       top-k, or sigmoid with group-limited choice (scoring_func sigmoid:
+ *       core/ops/moe.h, moe_router_sigmoid_forward)
  *   x_out = x_mid + y
  * Every step is optional by the config (model->qk_pre, Layer's NULL
  * params); with none on, qr/kr/vr alias q/k/v.
@@ -49,7 +51,8 @@ typedef struct {
      * normed latent and matt (N, H v) att through W_uv (scratch) */
     float *mq, *cq, *cqn, *rstdcq, *kva, *ckv, *rstdkv, *ckvn, *matt;
     float *fg, *fu, *fh;                       /* dense FFN (N, Fd) */
-    float *rlogits, *probs, *rlse, *topk_w;    /* router (N,E) (N,E) (N) (N,k) */
+    float *rlogits, *probs, *rlse, *topk_w;    /* router (N,E) (N,E) (N) (N,k); probs: the
+                                                * sigmoid scores s for a sigmoid router */
     int32_t *topk_idx;                         /* (N, k) */
     MoePlan plan;
     float *xd, *eo;                            /* dispatched rows (N*k, d), in plan order */
@@ -114,5 +117,12 @@ void model_experts_forward(const Model *m, const Layer *L, LayerActs *a);
  * intermediates (dense fg/fu/fh, or xd/eg/eu/eh/eo and shared sg/su/sh) into
  * the buffers of a.  Bit-identical to the forward's values. */
 void model_ffn_recompute(const Model *m, int l, const ModelBatch *b, LayerActs *a);
+
+/* The sigmoid router's choice parameters from the model config. */
+static inline MoeSigmoidRouter model_sigmoid_router(const ModelConfig *c)
+{
+    return (MoeSigmoidRouter){ (size_t)c->n_group, (size_t)c->topk_group, c->norm_topk_prob,
+                               (float)c->routed_scaling_factor };
+}
 
 #endif

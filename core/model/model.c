@@ -167,6 +167,10 @@ static void layer_params(Model *m, int l)
     } else {
         const size_t E = (size_t)c->num_local_experts, F = (size_t)c->moe_intermediate_size;
         L->router = add(m, NAME("mlp/gate"), 2, (size_t[]){ E, d }, -1, -1, l, true, true);
+        if (config_router_bias(c)) {   /* replicated like the router; moved by train/'s bias update */
+            L->rbias = add(m, NAME("mlp/gate.e_score_correction_bias"), 1, (size_t[]){ E }, -1, -1, l, false, false);
+            L->rbias->state = true;
+        }
         L->egate = add(m, NAME("mlp/experts/gate_proj"), 3, (size_t[]){ E, F, d }, 1, 0, l, true, true);
         L->eup = add(m, NAME("mlp/experts/up_proj"), 3, (size_t[]){ E, F, d }, 1, 0, l, true, true);
         L->edown = add(m, NAME("mlp/experts/down_proj"), 3, (size_t[]){ E, d, F }, 2, 0, l, true, true);
@@ -356,7 +360,7 @@ void model_init_weights(Model *m, uint64_t seed)
         Param *p = &m->params[i];
         if (p->ndim == 1) {   /* norms 1, biases 0 */
             const size_t n = strlen(p->name);
-            const float v = n >= 5 && !strcmp(p->name + n - 5, ".bias") ? 0.0f : 1.0f;
+            const float v = p->state || (n >= 5 && !strcmp(p->name + n - 5, ".bias")) ? 0.0f : 1.0f;
             for (size_t j = 0; j < p->numel; j++) p->w[j] = v;
             continue;
         }

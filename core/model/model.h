@@ -61,6 +61,8 @@ typedef struct {
     int layer;                     /* -1 for embeddings, final norm, lm_head */
     bool decay;                    /* AdamW weight decay applies (not norms) */
     bool tied_copy;                /* lm_head copy of a tied embedding on a later stage */
+    bool state;                    /* state, not a trained weight (the router's correction
+                                    * bias): float32, no gradient step, no moments update */
     size_t numel;                  /* local elements */
     size_t offset;                 /* into the weight / gradient slabs, floats */
     float *w, *g;                  /* views; w NULL for a packed matrix of a serving
@@ -110,6 +112,7 @@ typedef struct {
     Param *qa, *qan, *kva, *kvan, *kvb;
     Param *gate, *up, *down;              /* dense FFN */
     Param *router;                        /* [E, d] */
+    Param *rbias;                         /* [E] e_score_correction_bias (noaux_tc), NULL when off */
     Param *egate, *eup, *edown;           /* [E, F, d] [E, F, d] [E, d, F] */
     Param *sgate, *sup, *sdown;           /* shared experts [S, d] [S, d] [d, S], NULL when none */
     Param *sgw;                           /* shared_expert_gate [1, d], NULL when off */

@@ -75,6 +75,136 @@ void moe_topk_backward(float *dprobs, const float *restrict dtopk_w, const float
     }
 }
 
+/* ---------------------------------------------------------------- sigmoid router */
+
+struct sig_ctx {
+    float *scores, *w; int32_t *idx; const float *logits, *bias; size_t E, k; const MoeSigmoidRouter *r;
+};
+
+/* The choice of one row: c = s + bias, groups outside the best topk_group
+ * set to -inf, then top-k of c into idx (w: scratch, the chosen c). */
+static void sigmoid_choice(int32_t *restrict idx, float *restrict w, const float *restrict s,
+                           const float *restrict bias, size_t E, size_t k, const MoeSigmoidRouter *r)
+{
+    float c[E];
+    for (size_t e = 0; e < E; e++) c[e] = bias ? s[e] + bias[e] : s[e];
+    const size_t G = r->n_group, gs = E / G;
+    if (G > 1 && r->topk_group < G) {
+        float gscore[G], gw[G];
+        int32_t gidx[G];
+        for (size_t g = 0; g < G; g++) {
+            /* the two best of the group, the sum as torch's topk(2).sum() */
+            float a = -INFINITY, b = -INFINITY;
+            for (size_t e = g * gs; e < (g + 1) * gs; e++) {
+                if (c[e] > a) b = a, a = c[e];
+                else if (c[e] > b) b = c[e];
+            }
+            gscore[g] = a + b;
+        }
+        topk_row(gidx, gw, gscore, G, r->topk_group);
+        bool keep[G];
+        memset(keep, 0, sizeof keep);
+        for (size_t j = 0; j < r->topk_group; j++) keep[gidx[j]] = true;
+        for (size_t g = 0; g < G; g++)
+            if (!keep[g])
+                for (size_t e = g * gs; e < (g + 1) * gs; e++) c[e] = -INFINITY;
+    }
+    topk_row(idx, w, c, E, k);
+}
+
+static void sigmoid_rows(void *vc, size_t t0, size_t t1, int tid)
+{
+    (void)tid;
+    const struct sig_ctx *c = vc;
+    const size_t E = c->E, k = c->k;
+    for (size_t t = t0; t < t1; t++) {
+        float *s = c->scores + t * E, *w = c->w + t * k;
+        int32_t *idx = c->idx + t * k;
+        const float *x = c->logits + t * E;
+        for (size_t e = 0; e < E; e++) s[e] = 1.0f / (1.0f + expf(-x[e]));
+        sigmoid_choice(idx, w, s, c->bias, E, k, c->r);
+        float sum = 0.0f;
+        for (size_t j = 0; j < k; j++) {
+            w[j] = s[idx[j]];
+            sum += w[j];
+        }
+        const float den = sum + 1e-20f;
+        for (size_t j = 0; j < k; j++) w[j] = c->r->norm_topk ? w[j] / den * c->r->scale : w[j] * c->r->scale;
+    }
+}
+
+void moe_router_sigmoid_forward(float *scores, int32_t *topk_idx, float *topk_w, const float *restrict logits,
+                                const float *restrict bias, size_t N, size_t E, size_t k, const MoeSigmoidRouter *r)
+{
+    struct sig_ctx c = { scores, topk_w, topk_idx, logits, bias, E, k, r };
+    pool_for(N, 32, sigmoid_rows, &c);
+}
+
+void moe_sigmoid_topk_backward(float *dscores, const float *restrict dtopk_w, const float *restrict scores,
+                               const int32_t *restrict topk_idx, size_t N, size_t E, size_t k,
+                               const MoeSigmoidRouter *r)
+{
+    for (size_t t = 0; t < N; t++) {
+        const float *dw = dtopk_w + t * k, *s = scores + t * E;
+        const int32_t *idx = topk_idx + t * k;
+        float *ds = dscores + t * E;
+        if (!r->norm_topk) {   /* w_j = scale s_j */
+            for (size_t j = 0; j < k; j++) ds[idx[j]] += r->scale * dw[j];
+            continue;
+        }
+        /* w_j = scale s_j / D, D = S + 1e-20:  ds_i += scale (dw_i - sum_j dw_j s_j / D) / D */
+        float S = 0.0f, dot = 0.0f;
+        for (size_t j = 0; j < k; j++) S += s[idx[j]];
+        const float D = S + 1e-20f;
+        for (size_t j = 0; j < k; j++) dot += dw[j] * (s[idx[j]] / D);
+        for (size_t j = 0; j < k; j++) ds[idx[j]] += r->scale * ((dw[j] - dot) / D);
+    }
+}
+
+void moe_sigmoid_backward(float *dlogits, const float *restrict dscores, const float *restrict scores,
+                          size_t N, size_t E)
+{
+    for (size_t i = 0; i < N * E; i++) dlogits[i] += dscores[i] * (scores[i] * (1.0f - scores[i]));
+}
+
+double moe_seq_balance(const float *restrict scores, const int32_t *restrict topk_idx, size_t T, size_t E,
+                       size_t k)
+{
+    double f[E > 0 ? E : 1], P[E > 0 ? E : 1];
+    memset(f, 0, sizeof f);
+    memset(P, 0, sizeof P);
+    for (size_t i = 0; i < T * k; i++) f[topk_idx[i]] += 1.0;
+    for (size_t t = 0; t < T; t++) {
+        const float *s = scores + t * E;
+        double S = 0.0;
+        for (size_t e = 0; e < E; e++) S += (double)s[e];
+        for (size_t e = 0; e < E; e++) P[e] += (double)s[e] / S;
+    }
+    double bal = 0.0;
+    for (size_t e = 0; e < E; e++) bal += f[e] * P[e];
+    return bal * (double)E / ((double)k * (double)T) / (double)T;
+}
+
+void moe_seq_balance_backward(float *dscores, float dbal, const float *restrict scores,
+                              const int32_t *restrict topk_idx, size_t T, size_t E, size_t k)
+{
+    /* bal = sum_e g_e sum_t s_te / S_t, g_e = f_e / T:
+     *   d bal / d s_te = (g_e - sum_i g_i s_ti / S_t) / S_t */
+    double g[E > 0 ? E : 1];
+    memset(g, 0, sizeof g);
+    for (size_t i = 0; i < T * k; i++) g[topk_idx[i]] += 1.0;
+    for (size_t e = 0; e < E; e++) g[e] *= (double)E / ((double)k * (double)T) / (double)T;
+    for (size_t t = 0; t < T; t++) {
+        const float *s = scores + t * E;
+        float *ds = dscores + t * E;
+        double S = 0.0, dot = 0.0;
+        for (size_t e = 0; e < E; e++) S += (double)s[e];
+        for (size_t e = 0; e < E; e++) dot += g[e] * (double)s[e];
+        dot /= S;
+        for (size_t e = 0; e < E; e++) ds[e] += (float)((double)dbal * (g[e] - dot) / S);
+    }
+}
+
 void moe_plan_build(MoePlan *p, const int32_t *restrict topk_idx, size_t N, size_t E, size_t k)
 {
     memset(p->offsets, 0, (E + 1) * sizeof(int32_t));

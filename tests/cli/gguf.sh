@@ -288,6 +288,9 @@ expect_refused "Qwen3-MoE without renormalisation, with an o bias" "qwen3moe arc
 bad ol "{$M, \"qk_norm\": \"full\", \"norm_topk_prob\": false, \"num_key_value_heads\": 2, \"clip_qkv\": 1.5, \"head_dim\": 16}"
 expect_refused "OLMoE GQA, clip_qkv, head_dim" "olmoe architecture (chosen by qk_norm \"full\", as OLMoE) cannot express: head_dim 16 != hidden_size / num_attention_heads = 8: its graph fixes head_dim at hidden_size / heads; num_key_value_heads 2 != num_attention_heads 4: its k norm is hidden_size wide; clip_qkv 1.5: its graph does not clamp q, k, v" \
     $T ckpt export "$BAD" "$W/r.gguf" --format gguf
+bad v3 "{$M, \"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", \"n_group\": 2}"
+expect_refused "the DeepSeek-V3 router" "cannot express: the sigmoid / group-limited router (scoring_func, topk_method): its graph routes by softmax top-k" \
+    $T ckpt export "$BAD" "$W/r.gguf" --format gguf
 bad mix "{$M}"
 expect_refused "OLMoE asked for a model without q/k norm" "olmoe architecture (chosen by --arch) cannot express: norm_topk_prob=true: its graph never renormalises the top-k routing weights; qk_norm \"none\": its graph applies qk_norm \"full\"" \
     $T ckpt export "$BAD" "$W/r.gguf" --format gguf --arch olmoe

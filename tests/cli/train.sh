@@ -210,8 +210,9 @@ for d in ("bf16_f32", "int8_f32", "f32_bf16", "f32_int8", "int8_int8"):
     diff = float(np.abs(f - g).max())
     assert 0 < diff < 0.2, (d, diff)
 EOF
-# the Hugging Face families' ops (configs/tiny_*.json), each variant briefly trained
-for v in qwen2moe qwen3moe olmoe; do
+# the Hugging Face families' ops (configs/tiny_*.json), each variant briefly
+# trained (v3router: the DeepSeek-V3 router, its bias moved by the update)
+for v in qwen2moe qwen3moe olmoe v3router; do
     $T train configs/tiny_$v.json data=$DATA steps=10 out_dir="$W/$v" >/dev/null 2>"$W/log" || { bad "train $v"; cat "$W/log"; }
     gen_score "$W/$v" " ($v)"
     gen_score "$W/$v" " ($v, --dtype int8 --kv-dtype int8)" --dtype int8 --kv-dtype int8

@@ -58,7 +58,18 @@ CASES = {
     # MLA with a plain q_proj (q_lora_rank 0, DeepSeek-V2-Lite), rotate-half RoPE
     "model_mla_q": dict(num_key_value_heads=4, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=6,
                         v_head_dim=10),
+    # DeepSeek-V3-like: sigmoid router, 4 groups of 2 with 2 kept, the
+    # correction bias in the choice, routed_scaling_factor, a shared expert, a
+    # dense first layer and moe_layer_freq 2 (MoE layers 2 and 4 of 5), and
+    # the sequence-wise balance loss (coefficient SEQ_AUX below)
+    "model_v3router": dict(num_hidden_layers=5, scoring_func="sigmoid", topk_method="noaux_tc", n_group=4,
+                           topk_group=2, routed_scaling_factor=2.5, num_local_experts=8, num_experts_per_tok=3,
+                           n_shared_experts=1, first_k_dense_replace=1, moe_layer_freq=2, intermediate_size=40,
+                           router_aux_loss_coef=0.0, router_z_loss_coef=0.0),
 }
+
+# sequence-wise balance loss coefficient per case (a run key, not a model key)
+SEQ_AUX = {"model_v3router": 0.3}
 
 # per-case weight scales (name suffix -> factor), applied before rounding to float32
 SCALE = {"model_olmoe": {"self_attn/v_proj": 4.0}}
@@ -78,25 +89,27 @@ def make(name, over, out, B=2, T=19, seed=1):
     ids = torch.randint(0, V, (B, T), generator=g)
     targets = torch.randint(0, V, (B, T), generator=g)
     ref = TandemRef(cfg, w)
-    r = ref.loss(ids, targets)
+    r = ref.loss(ids, targets, SEQ_AUX.get(name, 0.0))
     r["loss"].backward()
     with h5py.File(os.path.join(out, name + ".h5"), "w") as f:
         f.attrs["config"] = json.dumps(cfg)
-        for k in ("loss", "ce", "aux", "z"):
+        for k in ("loss", "ce", "aux", "z", "seq"):
             f.attrs[k] = float(r[k])
+        f.attrs["seq_aux_coef"] = SEQ_AUX.get(name, 0.0)
         f["ids"] = ids.numpy().astype(np.int32)
         f["targets"] = targets.numpy().astype(np.int32)
         f["logp"] = r["logp"].detach().numpy().astype(np.float32)
         for k, v in w.items():
             f["w/" + k] = v.detach().numpy().astype(np.float32)
-            f["g/" + k] = v.grad.numpy().astype(np.float32)
+            # state (the router's correction bias) gets no gradient
+            f["g/" + k] = (v.grad if v.grad is not None else torch.zeros_like(v)).numpy().astype(np.float32)
         for i, rt in enumerate(r["routes"]):
             f["routes/%d" % i] = rt.numpy().astype(np.int32)
         # two AdamW steps with these gradients (torch's own optimizer, in
         # float32 as tandem holds the state): decay on matrices, not norms
         p32 = {k: v.detach().float().clone().requires_grad_(True) for k, v in w.items()}
         for k, v in p32.items():
-            v.grad = w[k].grad.float().clone()
+            v.grad = w[k].grad.float().clone() if w[k].grad is not None else torch.zeros_like(v)
         groups = [dict(params=[v for v in p32.values() if v.dim() >= 2], weight_decay=0.1),
                   dict(params=[v for v in p32.values() if v.dim() < 2], weight_decay=0.0)]
         opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8)

@@ -6,7 +6,7 @@
 writes one HDF5 file per module into DIR (read by tests/test_<module>.c):
 
     linear.h5 rmsnorm.h5 embedding.h5 rope.h5 attention.h5 swiglu.h5
-    softmax.h5 moe.h5 bias.h5 clamp.h5 gate.h5 qk_norm.h5
+    softmax.h5 moe.h5 moe_sigmoid.h5 bias.h5 clamp.h5 gate.h5 qk_norm.h5
 
 Each file holds cases c0, c1, ... as groups: the inputs (float32, from a
 fixed seed), an int32 dataset `dims` with the sizes, and the expected outputs
@@ -331,6 +331,65 @@ def moe_router_cases():
     return cases
 
 
+def moe_sigmoid_cases():
+    """DeepSeek-V3 router (transformers DeepseekV3TopkRouter, with DeepSeek's
+    -inf group mask):
+         s = sigmoid(logits); c = s + bias (choice only)
+         group score = sum of the group's top 2 c; best topk_group groups kept,
+         the other groups' c = -inf; idx = top-k of c (sorted, descending)
+         w = s[idx] / (sum + 1e-20) when norm, times scale
+       the draws are redrawn until no near-ties in c or the group scores.
+       Gradients: L = sum(w * dw) w.r.t. logits (the choice fixed), and the
+       sequence-wise balance (all N rows one sequence)
+         bal = sum_e f_e P_e, f_e = E/(k N) count_e, P_e = mean_t s_te / sum_i s_ti
+       w.r.t. logits (f a constant)."""
+    cases = []
+    # N, E, k, n_group, topk_group, norm, scale, bias scale (0: no bias)
+    specs = [(11, 8, 2, 4, 2, 1, 2.5, 0.3), (9, 8, 3, 1, 1, 0, 1.0, 0.3),
+             (10, 12, 4, 3, 1, 1, 1.0, 0.0), (8, 16, 4, 4, 2, 0, 1.5, 1.0),
+             (12, 16, 6, 8, 3, 1, 2.5, 0.1)]
+    for seed, (N, E, k, G, TG, norm, scale, bsc) in enumerate(specs):
+        r = rng(900 + seed)
+        while True:
+            logits = uni(r, (N, E), -3, 3)
+            bias = uni(r, (E,), -bsc, bsc) if bsc > 0 else np.zeros(E, np.float32)
+            sd = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+            c = sd + bias.astype(np.float64)
+            gsc = np.sort(c.reshape(N, G, E // G), -1)[:, :, -2:].sum(-1)
+            if (np.min(np.diff(np.sort(c, 1), axis=1)) > 1e-3 and
+                    (G == 1 or np.min(np.diff(np.sort(gsc, 1), axis=1)) > 1e-3)):
+                break
+        dw = uni(r, (N, k))
+        lt = t64(logits, True)
+        sc = torch.sigmoid(lt)
+        ch = sc.detach() + t64(bias)
+        gs = ch.view(N, G, E // G).topk(2, dim=-1)[0].sum(-1)
+        gidx = gs.topk(TG, dim=-1)[1]
+        gmask = torch.zeros(N, G, dtype=torch.bool)
+        gmask.scatter_(1, gidx, True)
+        emask = gmask.unsqueeze(-1).expand(N, G, E // G).reshape(N, E)
+        ch = ch.masked_fill(~emask, float("-inf"))
+        idx = ch.topk(k, dim=-1, sorted=True)[1]
+        w = sc.gather(1, idx)
+        if norm:
+            w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        w = w * scale
+        (w * t64(dw)).sum().backward()
+        dl = lt.grad.clone()
+        lt.grad = None
+        sc = torch.sigmoid(lt)
+        count = torch.zeros(E, dtype=F64)
+        count.index_add_(0, idx.reshape(-1), torch.ones(N * k, dtype=F64))
+        P = (sc / sc.sum(-1, keepdim=True)).mean(0)
+        bal = (E / (k * N) * count * P).sum()
+        bal.backward()
+        cases.append(dict(dims=i32([N, E, k, G, TG, norm]), scale=np.float32([scale]), logits=logits,
+                          bias=bias, has_bias=i32([bsc > 0]), dw=dw, scores=f32(torch.sigmoid(lt)),
+                          topk_idx=i32(idx), topk_w=f32(w), dlogits=f32(dl), bal=np.float32([bal.item()]),
+                          dlogits_bal=f32(lt.grad)))
+    return cases
+
+
 def moe_layer_cases():
     """Dispatch -> per-expert linear -> combine, against torch:
          y_t = sum_j w_tj (x_t A_{idx_tj}^T)
@@ -435,6 +494,7 @@ def main():
     write(args.out, "softmax.h5", softmax_cases())
     write(args.out, "moe_router.h5", moe_router_cases())
     write(args.out, "moe_layer.h5", moe_layer_cases())
+    write(args.out, "moe_sigmoid.h5", moe_sigmoid_cases())
     write(args.out, "bias.h5", bias_cases())
     write(args.out, "clamp.h5", clamp_cases())
     write(args.out, "gate.h5", gate_cases())

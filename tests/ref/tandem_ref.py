@@ -24,7 +24,10 @@ DEFAULTS = dict(vocab_size=256, hidden_size=256, num_hidden_layers=4, num_attent
                 decoder_sparse_step=1, mlp_only_layers=[],
                 # multi-head latent attention (DeepSeek-V3, docs/mla.md)
                 q_lora_rank=0, kv_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0, v_head_dim=0,
-                rope_interleave=False)
+                rope_interleave=False,
+                # DeepSeek-V3 router
+                scoring_func="softmax", topk_method="greedy", n_group=1, topk_group=1,
+                routed_scaling_factor=1.0, moe_layer_freq=1)
 
 
 def full_config(cfg):
@@ -44,9 +47,9 @@ def full_config(cfg):
 
 
 def is_moe(c, l):
-    """Qwen2-MoE's rule, with first_k_dense_replace (DeepSeek's) in front."""
+    """Qwen2-MoE's rule, with first_k_dense_replace and moe_layer_freq (DeepSeek's)."""
     return (l >= c["first_k_dense_replace"] and l not in c["mlp_only_layers"]
-            and (l + 1) % c["decoder_sparse_step"] == 0)
+            and (l + 1) % c["decoder_sparse_step"] == 0 and l % c["moe_layer_freq"] == 0)
 
 
 def shared_width(c):
@@ -115,6 +118,8 @@ def param_shapes(cfg):
             out[p + "mlp/down_proj"] = (d, Fd)
         else:
             out[p + "mlp/gate"] = (E, d)
+            if c["topk_method"] == "noaux_tc":
+                out[p + "mlp/gate.e_score_correction_bias"] = (E,)
             out[p + "mlp/experts/gate_proj"] = (E, F, d)
             out[p + "mlp/experts/up_proj"] = (E, F, d)
             out[p + "mlp/experts/down_proj"] = (E, d, F)
@@ -275,12 +280,16 @@ class TandemRef:
                 continue
             hf = h.reshape(B * T, d)
             logits = (hf @ w[p + "mlp/gate"].T).to(torch.float32 if hf.dtype == torch.float32 else hf.dtype)
-            probs = torch.softmax(logits, dim=-1)
-            # top-k, ties to the lower index: a stable sort on -p keeps index order among equals
-            order = torch.sort(-probs.detach(), dim=-1, stable=True).indices[:, :k]
-            wk = probs.gather(1, order)
-            if c["norm_topk_prob"]:
-                wk = wk / wk.sum(-1, keepdim=True)
+            if c["scoring_func"] == "sigmoid":
+                probs, order, wk = self.sigmoid_router(logits, w.get(p + "mlp/gate.e_score_correction_bias"))
+                self.seq_bals.append(self.seq_balance(probs, order, B, T))
+            else:
+                probs = torch.softmax(logits, dim=-1)
+                # top-k, ties to the lower index: a stable sort on -p keeps index order among equals
+                order = torch.sort(-probs.detach(), dim=-1, stable=True).indices[:, :k]
+                wk = probs.gather(1, order)
+                if c["norm_topk_prob"]:
+                    wk = wk / wk.sum(-1, keepdim=True)
             y = torch.zeros_like(hf)
             for e in range(E):
                 sel = (order == e)
@@ -301,14 +310,50 @@ class TandemRef:
             N = B * T
             count = torch.zeros(E, dtype=probs.dtype).index_add(0, order.flatten(), torch.ones(N * k, dtype=probs.dtype))
             P = probs.mean(0)
-            auxes.append(E / (N * k) * (count.detach() * P).sum())
-            zs.append(torch.logsumexp(logits, dim=-1).pow(2).mean())
+            if c["scoring_func"] == "sigmoid":   # aux and z are the softmax router's
+                auxes.append(torch.zeros((), dtype=probs.dtype))
+                zs.append(torch.zeros((), dtype=probs.dtype))
+            else:
+                auxes.append(E / (N * k) * (count.detach() * P).sum())
+                zs.append(torch.logsumexp(logits, dim=-1).pow(2).mean())
             routes.append(order)
         x = rmsnorm(x, w["model/norm"], eps)
         head = w["model/embed_tokens"] if c["tie_word_embeddings"] else w["lm_head"]
         return x @ head.T, auxes, zs, routes
 
-    def loss(self, ids, targets):
+    def sigmoid_router(self, logits, bias):
+        """DeepSeek-V3 (transformers DeepseekV3TopkRouter, groups masked to
+        -inf as DeepSeek's code): choice s + bias, the best topk_group groups
+        by the sum of their top 2, top-k (ties to the lower index); weights
+        from the unbiased s."""
+        c = self.c
+        E, k, G, TG = c["num_local_experts"], c["num_experts_per_tok"], c["n_group"], c["topk_group"]
+        s = torch.sigmoid(logits)
+        ch = s.detach() + (bias.detach() if bias is not None else 0)
+        if G > 1:
+            gs = ch.view(-1, G, E // G).topk(2, dim=-1)[0].sum(-1)
+            gidx = torch.sort(-gs, dim=-1, stable=True).indices[:, :TG]
+            keep = torch.zeros_like(gs, dtype=torch.bool).scatter_(1, gidx, True)
+            ch = ch.masked_fill(~keep.repeat_interleave(E // G, dim=1), float("-inf"))
+        order = torch.sort(-ch, dim=-1, stable=True).indices[:, :k]
+        wk = s.gather(1, order)
+        if c["norm_topk_prob"]:
+            wk = wk / (wk.sum(-1, keepdim=True) + 1e-20)
+        return s, order, wk * c["routed_scaling_factor"]
+
+    def seq_balance(self, s, order, B, T):
+        """Mean over the B sequences of sum_e f_e P_e (DeepSeek-V3 eq. 17-20)."""
+        E, k = self.c["num_local_experts"], self.c["num_experts_per_tok"]
+        out = []
+        for b in range(B):
+            sb, ob = s[b * T:(b + 1) * T], order[b * T:(b + 1) * T]
+            cnt = torch.zeros(E, dtype=s.dtype).index_add(0, ob.flatten(), torch.ones(T * k, dtype=s.dtype))
+            P = (sb / sb.sum(-1, keepdim=True)).mean(0)
+            out.append((E / (k * T) * cnt * P).sum())
+        return torch.stack(out).mean()
+
+    def loss(self, ids, targets, seq_aux_coef=0.0):
+        self.seq_bals = []
         logits, auxes, zs, routes = self.forward(ids)
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, targets[..., None])[..., 0]
@@ -316,7 +361,9 @@ class TandemRef:
         aux = torch.stack(auxes).mean() if auxes else torch.zeros((), dtype=ce.dtype)
         z = torch.stack(zs).mean() if zs else torch.zeros((), dtype=ce.dtype)
         loss = ce + self.c["router_aux_loss_coef"] * aux + self.c["router_z_loss_coef"] * z
-        return dict(loss=loss, ce=ce, aux=aux, z=z, logp=logp, routes=routes)
+        seq = torch.stack(self.seq_bals).mean() if self.seq_bals else torch.zeros((), dtype=ce.dtype)
+        loss = loss + seq_aux_coef * seq
+        return dict(loss=loss, ce=ce, aux=aux, z=z, seq=seq, logp=logp, routes=routes)
 
 
 def load_h5(path):
