@@ -4,6 +4,7 @@
  * allocates a model. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -83,6 +84,48 @@ Test(config, refuses_what_overflows)
         char err[256] = "";
         cr_assert_eq(parse(&c, cases[i].js, err, sizeof err), -1, "case %zu accepted", i);
         cr_assert(strstr(err, cases[i].want), "case %zu: \"%s\" does not say \"%s\"", i, err, cases[i].want);
+    }
+}
+
+/* rope_scaling (HF's object; core/ops/rope.h): yarn and linear parse into
+ * the struct, write back through config_to_json to the same config, and an
+ * absent original_max_position_embeddings takes the context; null and
+ * "default" are no scaling; other types and keys are refused by name. */
+Test(config, rope_scaling_yarn_round_trips)
+{
+    ModelConfig c, back;
+    char err[256] = "";
+    cr_assert_eq(parse(&c, "{\"max_position_embeddings\": 2048, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 8,"
+                           " \"beta_fast\": 16, \"mscale\": 0.707, \"mscale_all_dim\": 1, \"truncate\": false}}",
+                       err, sizeof err), 0, "%s", err);
+    const RopeScaling *r = &c.rope_scaling;
+    cr_expect(r->type == ROPE_SCALING_YARN && r->factor == 8 && r->beta_fast == 16 && r->beta_slow == 0 &&
+              r->mscale == 0.707 && r->mscale_all_dim == 1 && r->no_truncate &&
+              r->original_max_position_embeddings == 2048, "parsed yarn");
+    cr_expect_float_eq(rope_softmax_scale_factor(r), (0.1 * log(8.0) + 1) * (0.1 * log(8.0) + 1), 1e-12);
+    char *js = config_to_json(&c);
+    cr_assert_eq(parse(&back, js, err, sizeof err), 0, "%s: %s", err, js);
+    cr_expect(!memcmp(&back.rope_scaling, &c.rope_scaling, sizeof c.rope_scaling), "round trip: %s", js);
+    td_free(js);
+    cr_assert_eq(parse(&c, "{\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}}", err, sizeof err), 0, "%s", err);
+    cr_expect(c.rope_scaling.type == ROPE_SCALING_LINEAR && c.rope_scaling.factor == 2);
+    cr_assert_eq(parse(&c, "{\"rope_scaling\": {\"type\": \"default\"}}", err, sizeof err), 0, "%s", err);
+    cr_expect(c.rope_scaling.type == ROPE_SCALING_NONE);
+    cr_assert_eq(parse(&c, "{\"rope_scaling\": null}", err, sizeof err), 0, "%s", err);
+    static const struct { const char *js, *want; } bad[] = {
+        { "{\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2}}", "rope_scaling type \"dynamic\" is not supported" },
+        { "{\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2, \"beta_fast\": 3}}",
+          "rope_scaling key \"beta_fast\" is not supported for type \"linear\"" },
+        { "{\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 0}}", "needs a \"factor\" > 0" },
+        { "{\"rope_scaling\": {\"type\": \"yarn\", \"rope_type\": \"linear\", \"factor\": 2}}", "both alike" },
+        { "{\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 2, \"original_max_position_embeddings\": 10.5}}",
+          "rope_scaling.original_max_position_embeddings must be a number >= 0 (an integer)" },
+        { "{\"rope_scaling\": 4}", "\"rope_scaling\" must be an object or null" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        cr_expect(parse(&c, bad[i].js, err, sizeof err) != 0 && strstr(err, bad[i].want), "case %zu: wanted \"%s\", got \"%s\"",
+                  i, bad[i].want, err);
     }
 }
 

@@ -12,6 +12,7 @@
  * under ASan + UBSan (make asan-test).
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,14 @@ static const char *tmp(const char *name)
     k = (k + 1) % 4;
     snprintf(p[k], sizeof p[k], "%s/%s", g_dir, name);
     return p[k];
+}
+
+/* prefix + name (static buffer). */
+static const char *tmp_name(const char *prefix, const char *name)
+{
+    static char p[512];
+    snprintf(p, sizeof p, "%s%s", prefix, name);
+    return p;
 }
 
 static void open_ok(HfModel *h, const char *dir)
@@ -159,6 +168,32 @@ Test(hf, config_refusals_name_the_key)
           "\"rope_theta\":1e4,\"rope_parameters\":{\"rope_theta\":5e5}}", "rope_theta 10000 and rope_parameters.rope_theta 500000 disagree" },
         { "{\"architectures\":[\"OlmoeForCausalLM\"],\"hidden_act\":\"relu\"}", "hidden_act \"relu\" is not supported" },
         { "{\"architectures\":[\"OlmoeForCausalLM\"],\"vocab_size\":null}", "vocab_size must not be null" },
+        /* rope_scaling (issue 16): yarn and linear are computed, others refused by name */
+        { "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"rope_scaling\":{\"type\":\"longrope\",\"factor\":2}}",
+          "rope_scaling type \"longrope\" is not supported" },
+        { "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"rope_scaling\":{\"rope_type\":\"yarn\"}}",
+          "rope_scaling type \"yarn\" needs a \"factor\" > 0" },
+        { "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4,\"low_freq_factor\":1}}",
+          "rope_scaling key \"low_freq_factor\" is not supported for type \"yarn\"" },
+        { "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"rope_parameters\":{\"rope_type\":\"dynamic\",\"rope_theta\":1e6,"
+          "\"factor\":2}}", "rope_scaling type \"dynamic\" is not supported" },
+        /* quantization_config: fp8 e4m3 dynamic block-scaled only */
+        { "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"quantization_config\":{\"quant_method\":\"awq\",\"bits\":4}}",
+          "quantization_config (quant_method \"awq\"): quantized checkpoints are not supported" },
+        { "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e5m2\"}}",
+          "quantization_config fmt \"e5m2\" is not supported" },
+        { "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"quantization_config\":{\"quant_method\":\"fp8\","
+          "\"activation_scheme\":\"static\"}}", "quantization_config activation_scheme \"static\" is not supported" },
+        { "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"quantization_config\":{\"quant_method\":\"fp8\","
+          "\"weight_block_size\":[128]}}", "quantization_config weight_block_size [128] is not two block sizes" },
+        { "{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"model_type\":\"deepseek_v2\"}",
+          "model_type \"deepseek_v2\" does not match DeepseekV3ForCausalLM" },
+        { "{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"attention_bias\":true}",
+          "attention_bias true is not supported for DeepseekV3ForCausalLM" },
+        { "{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"kv_lora_rank\":0}",
+          "kv_lora_rank 0 must be > 0 for DeepseekV3ForCausalLM" },
+        { "{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"topk_method\":\"greedy\"}",
+          "topk_method \"greedy\" is not supported for DeepseekV3ForCausalLM (it computes \"noaux_tc\")" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         HfConfig hc;
@@ -343,4 +378,94 @@ Test(hf, tokenizer_of_a_directory_and_of_its_import)
     tok_ids_free(&ib);
     tok_free(ta);
     tok_free(tb);
+}
+
+/* ---------------------------------------------------------------- FP8 */
+
+/* A Qwen3-MoE checkpoint in DeepSeek-V3's FP8 format (st_hf_f8, from
+ * tests/ref/fixtures_safetensors.py: every *_proj.weight F8_E4M3 with a
+ * float32 *_scale_inv per 32x16 block, edge blocks partial): each F8
+ * tensor read through the mapping equals the reference's dequantization
+ * q * s bit for bit, per expert of a stack too; boxes that cut blocks equal
+ * the box of the whole; raw 16-bit reads of F8 data are refused. */
+Test(hf, fp8_blocks_dequantize_exactly)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", fixture_path("st_hf_f8"));   /* fixture_f32 reuses fixture_path's buffer */
+    HfModel h;
+    open_ok(&h, dir);
+    cr_expect(h.hc.fp8_block[0] == 32 && h.hc.fp8_block[1] == 16, "block %dx%d", h.hc.fp8_block[0], h.hc.fp8_block[1]);
+    char err[512];
+    int n_f8 = 0;
+    for (int i = 0; i < h.n_b; i++) {
+        const HfBinding *b = &h.b[i];
+        if (b->src[0]->dtype != ST_F8_E4M3) {
+            cr_expect(!b->scale[0], "%s: a scale on a %s tensor", b->tandem, st_dtype_name(b->src[0]->dtype));
+            continue;
+        }
+        size_t numel = 1, zero[3] = { 0 };
+        for (int d = 0; d < b->ndim; d++) numel *= b->shape[d];
+        float *got = td_malloc(numel * sizeof(float));
+        cr_assert(hf_read_box(&h, b, zero, b->shape, got, false, err, sizeof err) == 0, "%s", err);
+        size_t per = numel / (b->rule->how == HFT_STACK ? b->shape[0] : 1), bad = 0;
+        for (int e = 0; e < b->n_src; e++) {
+            char name[256];
+            hf_pattern_fill(name, sizeof name, b->rule->hf, b->layer, e);
+            cr_assert(b->scale[e], "%s: no scale bound", name);
+            size_t n;
+            float *want = fixture_f32("st_expect.h5", tmp_name("hf_f8/", name), &n);
+            cr_assert_eq(n, per, "%s: %zu values, the binding has %zu", name, n, per);
+            for (size_t k = 0; k < n; k++) bad += memcmp(&got[e * per + k], &want[k], sizeof(float)) != 0;
+            td_free(want);
+            n_f8++;
+        }
+        cr_expect(bad == 0, "%s: %zu values differ from the reference's q * s", b->tandem, bad);
+        uint16_t raw[4];
+        size_t one[3] = { 1, 1, 1 };
+        cr_expect(hf_read_box(&h, b, zero, one, raw, true, err, sizeof err) != 0 && strstr(err, "F8_E4M3"),
+                  "a raw read of F8 data: %s", err);
+        td_free(got);
+    }
+    cr_expect(n_f8 > 40, "%d F8 tensors checked", n_f8);
+    hf_model_close(&h);
+    check_slices(dir);
+}
+
+/* ---------------------------------------------------------------- published configs */
+
+/* configs/ holds the published DeepSeek-V3 and Kimi-K2 config.json files
+ * and a 3T / 1M-context variant (docs/import.md): each maps onto a tandem
+ * config with the parameter counts their model cards give (DeepSeek-V3
+ * 671B total, 37B active with the 0.9B embedding; Kimi-K2 1.04T, 32B). */
+Test(hf, published_configs_parse_with_their_parameter_counts)
+{
+    static const struct { const char *file; double total, active, tol; int ctx; } cases[] = {
+        { "configs/deepseek_v3.json", 671e9, 37e9, 0.015, 163840 },
+        { "configs/kimi_k2.json", 1.03e12, 32e9, 0.03, 131072 },
+        { "configs/dsv3_3t_1m.json", 3.0e12, 57e9, 0.02, 1048576 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        FILE *f = fopen(cases[i].file, "rb");
+        cr_assert(f, "%s: cannot open (run from the repository root)", cases[i].file);
+        static char text[16384];
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[n] = 0;
+        HfConfig hc;
+        char err[512];
+        cr_assert(hf_config_parse(&hc, text, cases[i].file, err, sizeof err) == 0, "%s", err);
+        const ModelConfig *c = &hc.cfg;
+        double total = (double)config_param_count(c);
+        /* tandem's active count leaves out the embedding lookup; the model cards count it */
+        double active = (double)config_active_param_count(c) + (double)c->vocab_size * c->hidden_size;
+        cr_log_info("%s: %.4g parameters, %.4g active, context %d", cases[i].file, total, active,
+                    c->max_position_embeddings);
+        cr_expect(fabs(total / cases[i].total - 1) < cases[i].tol, "%s: %.4g parameters, want %.4g", cases[i].file,
+                  total, cases[i].total);
+        cr_expect(fabs(active / cases[i].active - 1) < cases[i].tol * 2, "%s: %.4g active, want %.4g", cases[i].file,
+                  active, cases[i].active);
+        cr_expect_eq(c->max_position_embeddings, cases[i].ctx);
+        cr_expect(c->rope_scaling.type == ROPE_SCALING_YARN && hc.fp8_block[0] == 128, "%s: yarn and fp8", cases[i].file);
+        hf_config_free(&hc);
+    }
 }

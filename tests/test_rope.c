@@ -16,6 +16,7 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <math.h>
+#include <string.h>
 
 static void setup(void) { pool_init(1); }
 static void teardown(void) { pool_free(); }
@@ -273,5 +274,107 @@ Test(rope, two_threads_bit_identical)
     td_free(y2);
     td_free(d1);
     td_free(d2);
+    EXPECT_NO_LEAKS();
+}
+
+/* YaRN and linear scaling (rope.h): inv_freq, the cos/sin table with the
+ * attention factor, and DeepSeek's softmax-scale factor against
+ * transformers' _compute_yarn_parameters run in float32 by PyTorch
+ * (rope_scaled.h5 from tests/ref/fixtures_ops.py; the formula is
+ * tests/ref/hf/model.py rope_inv_freq). */
+static double td_max_d(double a, double b) { return a > b ? a : b; }
+
+Test(rope, scaled_tables_match_hf_yarn)
+{
+    const char *fx = "rope_scaled.h5";
+    int n_cases = (int)fixture_attr(fx, "n_cases");
+    cr_expect_geq(n_cases, 7, "rope_scaled.h5 has %d cases", n_cases);
+    size_t inv_exact = 0, inv_total = 0;
+    for (int c = 0; c < n_cases; c++) {
+        int32_t *dims = fixture_case_i32(fx, c, "dims", NULL);
+        const size_t hd = (size_t)dims[0], max_pos = (size_t)dims[1], half = hd / 2;
+        size_t np_;
+        int32_t *pos = fixture_case_i32(fx, c, "pos", &np_);
+        /* params: theta, type (1 linear, 2 yarn), factor, original, beta_fast, beta_slow, mscale,
+         * mscale_all_dim, attention_factor, no_truncate; read in double (h5 float64) */
+        float *pf = fixture_case_f32(fx, c, "params", NULL);
+        float *inv_ref = fixture_case_f32(fx, c, "inv", NULL);
+        float *cos_ref = fixture_case_f32(fx, c, "cos", NULL), *sin_ref = fixture_case_f32(fx, c, "sin", NULL);
+        float *att = fixture_case_f32(fx, c, "att", NULL), *smf = fixture_case_f32(fx, c, "smf", NULL);
+        RopeScaling s = { pf[1] == 1 ? ROPE_SCALING_LINEAR : ROPE_SCALING_YARN, pf[2], (int)pf[3], pf[4], pf[5],
+                          pf[6], pf[7], pf[8], pf[9] != 0 };
+        /* the float32 copies of the parameters are exact: each is a short decimal of a
+         * float-representable value, except mscale 0.707 and attention_factor 1.3, which
+         * the fixture's float64 carries; restore those exactly */
+        if (s.mscale != 0) s.mscale = (double)(float)0.707 == s.mscale ? 0.707 : s.mscale;
+        if (s.attention_factor != 0) s.attention_factor = (double)(float)1.3 == s.attention_factor ? 1.3 : s.attention_factor;
+        double theta = pf[0];
+        float *inv = td_malloc(half * sizeof(float));
+        rope_inv_freq(inv, hd, theta, &s, max_pos);
+        char what[64];
+        snprintf(what, sizeof what, "inv_freq, case %d (hd=%zu)", c, hd);
+        EXPECT_CLOSE(inv, inv_ref, half, 0, 1.2e-7, what);
+        for (size_t i = 0; i < half; i++) inv_exact += inv[i] == inv_ref[i];
+        inv_total += half;
+        cr_expect(fabs(rope_attention_factor(&s) - att[0]) <= 1e-7 * att[0], "case %d: attention factor %.9g, HF %.9g",
+                  c, rope_attention_factor(&s), (double)att[0]);
+        cr_expect(fabs(rope_softmax_scale_factor(&s) - smf[0]) <= 1e-7 * smf[0],
+                  "case %d: softmax scale factor %.9g, HF %.9g", c, rope_softmax_scale_factor(&s), (double)smf[0]);
+        RopeTable t;
+        rope_table_init_scaled(&t, max_pos, hd, theta, &s);
+        float *cs = td_malloc(np_ * half * sizeof(float)), *sn = td_malloc(np_ * half * sizeof(float));
+        for (size_t r = 0; r < np_; r++)
+            for (size_t i = 0; i < half; i++) {
+                cs[r * half + i] = t.cos[(size_t)pos[r] * half + i];
+                sn[r * half + i] = t.sin[(size_t)pos[r] * half + i];
+            }
+        /* Same float32 angle where inv_freq is the same float: cosf/sinf vs torch differ by at most
+         * 1 ulp of values in [-att, att].  Where glibc's powf and torch's vectorised pow differ by
+         * an ulp (a few of the 168 frequencies, at theta 50000), the angles pos * inv differ by
+         * pos * |d inv| plus one rounding of the product: that much more. */
+        double worst = 0;
+        size_t wi = 0;
+        for (size_t r = 0; r < np_; r++)
+            for (size_t i = 0; i < half; i++) {
+                double tol = 2.5e-7 * att[0];
+                if (inv[i] != inv_ref[i]) {
+                    float f = (float)pos[r] * inv_ref[i];
+                    tol += att[0] * (fabs((double)pos[r] * ((double)inv[i] - inv_ref[i])) +
+                                     2 * (nextafterf(fabsf(f), INFINITY) - fabsf(f)));
+                }
+                double e = td_max_d(fabs(cs[r * half + i] - cos_ref[r * half + i]),
+                                    fabs(sn[r * half + i] - sin_ref[r * half + i])) / tol;
+                if (!(e <= worst)) {
+                    worst = e;
+                    wi = r * half + i;
+                }
+            }
+        cr_expect(worst <= 1.0, "scaled cos/sin table, case %d (hd=%zu): worst index %zu: cos %.9g want %.9g, sin %.9g "
+                  "want %.9g (%.3g of tol)", c, hd, wi, cs[wi], cos_ref[wi], sn[wi], sin_ref[wi], worst);
+        rope_table_free(&t);
+        td_free(cs);
+        td_free(sn);
+        td_free(inv);
+        td_free(dims);
+        td_free(pos);
+        td_free(pf);
+        td_free(inv_ref);
+        td_free(cos_ref);
+        td_free(sin_ref);
+        td_free(att);
+        td_free(smf);
+    }
+    cr_log_info("rope yarn: %zu of %zu inv_freq values bit-equal to PyTorch's", inv_exact, inv_total);
+    /* unscaled is the plain table, and NULL too */
+    RopeTable a, b;
+    RopeScaling none = { 0 };
+    rope_table_init(&a, 64, 16, 10000.0);
+    rope_table_init_scaled(&b, 64, 16, 10000.0, &none);
+    cr_expect(!memcmp(a.cos, b.cos, 64 * 8 * sizeof(float)) && !memcmp(a.sin, b.sin, 64 * 8 * sizeof(float)),
+              "type none gives the plain table");
+    cr_expect_eq(rope_softmax_scale_factor(&none), 1.0);
+    cr_expect_eq(rope_attention_factor(NULL), 1.0);
+    rope_table_free(&a);
+    rope_table_free(&b);
     EXPECT_NO_LEAKS();
 }

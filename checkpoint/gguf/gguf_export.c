@@ -92,6 +92,9 @@ int gguf_arch_for(const ModelConfig *c, const char *want, const GgufArch **arch,
         NO("num_key_value_heads %d != num_attention_heads %d: its k norm is hidden_size wide",
            c->num_key_value_heads, c->num_attention_heads);
     if (c->clip_qkv > 0) NO("clip_qkv %g: its graph does not clamp q, k, v", c->clip_qkv);
+    if (c->rope_scaling.type != ROPE_SCALING_NONE)
+        NO("rope_scaling %s (factor %g): this export writes no RoPE scaling metadata",
+           c->rope_scaling.type == ROPE_SCALING_YARN ? "yarn" : "linear", c->rope_scaling.factor);
     if (c->scoring_func != ROUTER_SOFTMAX || c->topk_method != TOPK_GREEDY)
         NO("the sigmoid / group-limited router (scoring_func, topk_method): its graph routes by softmax top-k");
 #undef NO

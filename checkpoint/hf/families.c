@@ -1,8 +1,8 @@
-/* checkpoint/hf/families.c - the four Hugging Face MoE families as tables
+/* checkpoint/hf/families.c - the five Hugging Face MoE families as tables
  * (families.h), and the pattern helpers.
  *
  * Key lists and defaults: the transformers config classes
- * (models/{mixtral,qwen2_moe,qwen3_moe,olmoe}/configuration_*.py, v4.5x
+ * (models/{mixtral,qwen2_moe,qwen3_moe,olmoe,deepseek_v3}/configuration_*.py, v4.5x
  * and v5), whose defaults apply when a key is absent; what each key does:
  * the modeling files.  Tensor names: the modeling files' module paths and
  * conversion_mapping.py (v5's fused experts).  The PyTorch reference of
@@ -18,17 +18,18 @@
 #define COPY(k, t, absent, null_is, write, doc) { k, HFK_COPY, t, absent, null_is, HFR_NONE, write, doc }
 #define IGN(k, absent, write, doc) { k, HFK_IGNORE, NULL, absent, NULL, HFR_NONE, write, doc }
 #define RULE(k, r, absent, write, doc) { k, HFK_RULE, NULL, absent, NULL, r, write, doc }
+#define RULE_TO(k, t, r, absent, write, doc) { k, HFK_RULE, t, absent, NULL, r, write, doc }
 #define END { NULL, HFK_IGNORE, NULL, NULL, NULL, HFR_NONE, 0, NULL }
 
 /* Keys every family of this file has with the same meaning (their
  * defaults differ, so each table lists them with its own). */
 #define DOC_ACT "only silu (SwiGLU experts) is computed"
-#define DOC_ROPE_SCALING "null or type \"default\"; any other scaling is refused by type"
-#define DOC_ROPE_PARAMS "v5: rope_type must be \"default\"; its rope_theta is the RoPE base"
+#define DOC_ROPE_SCALING "null, default, linear or yarn (core/ops/rope.h, the tandem key rope_scaling); any other type is refused by name"
+#define DOC_ROPE_PARAMS "v5: rope_theta is the RoPE base; rope_type default, linear or yarn with its keys (as rope_scaling)"
 #define DOC_NOISE "training-only noise, off at inference; tandem trains without it (noted when nonzero)"
 #define DOC_AUX "HF adds the load-balancing loss only when output_router_logits: tandem's coefficient is this value then, else 0 (tandem's per-layer aux, SPEC section 2)"
 #define DOC_ORL "read by router_aux_loss_coef"
-#define DOC_QUANT "quantized checkpoints (GPTQ, AWQ, FP8 ...) are refused"
+#define DOC_QUANT "quant_method fp8 (fmt e4m3, activation_scheme dynamic, weight_block_size): F8_E4M3 weights dequantized with their *_scale_inv blocks on read; any other quantization is refused"
 #define DOC_EXPERTS "the expert count (either spelling; both must agree)"
 
 static const HfKey g_mixtral_keys[] = {
@@ -170,9 +171,63 @@ static const HfKey g_olmoe_keys[] = {
     END,
 };
 
+/* DeepseekV3ForCausalLM (transformers models/deepseek_v3, DeepseekV3Config
+ * defaults; published deepseek-ai/DeepSeek-V3 and moonshotai/Kimi-K2
+ * config.json keys).  Kimi-K2 is the same architecture (model_type
+ * "kimi_k2"). */
+static const HfKey g_dsv3_keys[] = {
+    COPY("vocab_size", "vocab_size", "129280", NULL, HF_V4, "V"),
+    COPY("hidden_size", "hidden_size", "7168", NULL, HF_V4, "d"),
+    COPY("intermediate_size", "intermediate_size", "18432", NULL, HF_V4, "the dense layers' width"),
+    COPY("moe_intermediate_size", "moe_intermediate_size", "2048", NULL, HF_V4, "each expert's width F"),
+    COPY("num_hidden_layers", "num_hidden_layers", "61", NULL, HF_V4, "L (the MTP layers after them are read past)"),
+    COPY("num_attention_heads", "num_attention_heads", "128", NULL, HF_V4, "H"),
+    COPY("num_key_value_heads", "num_key_value_heads", "128", "0", HF_V4, "Hkv (MLA: every head has its k, v)"),
+    COPY("n_shared_experts", "n_shared_experts", "1", "0", HF_V4, "shared experts, ungated, n x F wide"),
+    COPY("n_routed_experts", "num_local_experts", "256", NULL, HF_V4, "E"),
+    COPY("routed_scaling_factor", "routed_scaling_factor", "2.5", NULL, HF_V4, "routed weights x this"),
+    RULE_TO("kv_lora_rank", "kv_lora_rank", HFR_POSITIVE, "512", HF_V4,
+            "MLA latent width r > 0 (the KV cache holds r + rope; the architecture is always MLA)"),
+    COPY("q_lora_rank", "q_lora_rank", "1536", "0", HF_V4, "q_a_proj width (null: a plain q_proj)"),
+    COPY("qk_rope_head_dim", "qk_rope_head_dim,head_dim", "64", NULL, HF_V4,
+         "the RoPE part of q/k per head (also tandem's head_dim, as transformers sets it)"),
+    COPY("v_head_dim", "v_head_dim", "128", NULL, HF_V4, "v per head"),
+    COPY("qk_nope_head_dim", "qk_nope_head_dim", "128", NULL, HF_V4, "the no-RoPE part of q/k per head"),
+    IGN("head_dim", NULL, 0, "transformers sets head_dim = qk_rope_head_dim"),
+    COPY("n_group", "n_group", "8", NULL, HF_V4, "expert groups"),
+    COPY("topk_group", "topk_group", "4", NULL, HF_V4, "groups kept per token"),
+    COPY("num_experts_per_tok", "num_experts_per_tok", "8", NULL, HF_V4, "k"),
+    COPY("first_k_dense_replace", "first_k_dense_replace", "3", NULL, HF_V4, "the first layers are dense"),
+    COPY("moe_layer_freq", "moe_layer_freq", "1", NULL, HF_V4, "MoE layers: l % freq == 0 (from first_k_dense_replace on)"),
+    COPY("norm_topk_prob", "norm_topk_prob", "true", NULL, HF_V4, "renormalise the top-k weights"),
+    RULE_TO("topk_method", "topk_method", HFR_FIXED, "\"noaux_tc\"", HF_V4,
+            "must be noaux_tc (group-limited choice with e_score_correction_bias: what transformers computes)"),
+    RULE_TO("scoring_func", "scoring_func", HFR_FIXED, "\"sigmoid\"", HF_V4, "must be sigmoid (what transformers computes)"),
+    RULE("hidden_act", HFR_ACT, "\"silu\"", HF_V4, DOC_ACT),
+    COPY("max_position_embeddings", "max_position_embeddings", "4096", NULL, HF_V4, "the context"),
+    IGN("initializer_range", "0.02", HF_V4, "initialisation only"),
+    COPY("rms_norm_eps", "rms_norm_eps", "1e-06", NULL, HF_V4, "RMSNorm epsilon (the q_a/kv_a norms' too)"),
+    IGN("use_cache", "true", HF_V4, "KV caching"),
+    IGN("pretraining_tp", "1", HF_V4, "not read by the modeling code"),
+    COPY("tie_word_embeddings", "tie_word_embeddings", "false", NULL, HF_V4, "lm_head = embed_tokens"),
+    COPY("rope_theta", "rope_theta", "10000.0", NULL, HF_V4, "RoPE base"),
+    RULE("rope_scaling", HFR_ROPE_SCALING, "null", HF_V4, DOC_ROPE_SCALING),
+    COPY("rope_interleave", "rope_interleave", "true", NULL, HF_V4, "RoPE on pairs (2i, 2i+1) of the rope part"),
+    RULE("attention_bias", HFR_FALSE_ONLY, "false", HF_V4, "must be false (MLA projections without biases)"),
+    RULE("attention_dropout", HFR_TRAIN_NOISE, "0.0", HF_V4, DOC_NOISE),
+    IGN("aux_loss_alpha", NULL, 0, "training only: DeepSeek's sequence-wise balance loss weight (tandem: router_seq_aux_loss_coef)"),
+    IGN("seq_aux", NULL, 0, "training only: with aux_loss_alpha"),
+    IGN("ep_size", NULL, 0, "parallel layout metadata"),
+    IGN("num_nextn_predict_layers", NULL, 0, "MTP layers (model.layers.{num_hidden_layers}...): read past"),
+    IGN("auto_map", NULL, 0, "remote-code class names"),
+    RULE("quantization_config", HFR_QUANT, NULL, 0, DOC_QUANT),
+    END,
+};
+
 #undef COPY
 #undef IGN
 #undef RULE
+#undef RULE_TO
 #undef END
 
 const char *const hf_generic_keys[] = {
@@ -226,6 +281,15 @@ static const HfConst g_olmoe_consts[] = {
     { "decoder_sparse_step", "1", false }, { "mlp_only_layers", "[]", false },
     { "qkv_bias", "false", false },       { "qk_norm", "\"full\"", false },
     { "router_z_loss_coef", "0", true },  { NULL, NULL, false },
+};
+
+static const HfConst g_dsv3_consts[] = {
+    { "shared_expert_intermediate_size", "0", false }, { "shared_expert_gate", "false", false },
+    { "decoder_sparse_step", "1", false },  { "mlp_only_layers", "[]", false },
+    { "attention_bias", "false", false },   { "qkv_bias", "false", false },
+    { "qk_norm", "\"none\"", false },       { "clip_qkv", "0", false },
+    { "router_aux_loss_coef", "0", true },  { "router_z_loss_coef", "0", true },
+    { NULL, NULL, false },
 };
 
 /* ---------------------------------------------------------------- tensors */
@@ -299,6 +363,27 @@ static const HfTensor g_t_qwen2_shared[] = {
     T_END,
 };
 
+/* DeepSeek-V3's multi-head latent attention (DSV3.md; q_proj, o_proj are
+ * the common rows). */
+static const HfTensor g_t_mla[] = {
+    T(LP "self_attn/q_a_proj", HP "self_attn.q_a_proj.weight"),
+    T(LP "self_attn/q_a_layernorm", HP "self_attn.q_a_layernorm.weight"),
+    T(LP "self_attn/q_b_proj", HP "self_attn.q_b_proj.weight"),
+    T(LP "self_attn/kv_a_proj_with_mqa", HP "self_attn.kv_a_proj_with_mqa.weight"),
+    T(LP "self_attn/kv_a_layernorm", HP "self_attn.kv_a_layernorm.weight"),
+    T(LP "self_attn/kv_b_proj", HP "self_attn.kv_b_proj.weight"),
+    T_END,
+};
+
+/* Its router's correction bias and the ungated shared experts. */
+static const HfTensor g_t_dsv3_moe[] = {
+    T(LP "mlp/gate.e_score_correction_bias", HP "mlp.gate.e_score_correction_bias"),
+    T(LP "mlp/shared_experts/gate_proj", HP "mlp.shared_experts.gate_proj.weight"),
+    T(LP "mlp/shared_experts/up_proj", HP "mlp.shared_experts.up_proj.weight"),
+    T(LP "mlp/shared_experts/down_proj", HP "mlp.shared_experts.down_proj.weight"),
+    T_END,
+};
+
 #undef T
 #undef T_IN
 #undef STACK
@@ -311,6 +396,7 @@ static const HfTensor g_t_qwen2_shared[] = {
 static const HfTensor *const g_mixtral_tensors[] = { g_t_common, g_t_mixtral_moe, NULL };
 static const HfTensor *const g_qwen2_tensors[] = { g_t_common, g_t_mlp_moe, g_t_qwen2_shared, NULL };
 static const HfTensor *const g_plain_tensors[] = { g_t_common, g_t_mlp_moe, NULL };
+static const HfTensor *const g_dsv3_tensors[] = { g_t_common, g_t_mla, g_t_mlp_moe, g_t_dsv3_moe, NULL };
 
 static const HfSkip g_skips[] = {
     { "model.layers.{L}.self_attn.rotary_emb.inv_freq", "RoPE frequency buffers (recomputed from rope_theta)" },
@@ -318,18 +404,29 @@ static const HfSkip g_skips[] = {
     { NULL, NULL },
 };
 
+static const HfSkip g_dsv3_skips[] = {
+    { "model.layers.{L}.self_attn.rotary_emb.inv_freq", "RoPE frequency buffers (recomputed from rope_theta)" },
+    { "lm_head.weight", "tie_word_embeddings: the output layer is the embedding (transformers ties it on load)" },
+    { "model.layers.{N}.*", "the multi-token-prediction layer: transformers does not load it; tandem does not use it "
+                            "(no speculative decoding from it)" },
+    { NULL, NULL },
+};
+
 /* ---------------------------------------------------------------- families */
 
 static const HfFamily g_mixtral = { "MixtralForCausalLM", "mixtral", g_mixtral_keys, g_mixtral_consts,
-                                    g_mixtral_tensors, g_skips, HF_ANY };
+                                    g_mixtral_tensors, g_skips, HF_ANY, NULL };
 static const HfFamily g_qwen2 = { "Qwen2MoeForCausalLM", "qwen2_moe", g_qwen2_keys, g_qwen2_consts,
-                                  g_qwen2_tensors, g_skips, HF_ANY };
+                                  g_qwen2_tensors, g_skips, HF_ANY, NULL };
 static const HfFamily g_qwen3 = { "Qwen3MoeForCausalLM", "qwen3_moe", g_qwen3_keys, g_qwen3_consts,
-                                  g_plain_tensors, g_skips, HF_ANY };
+                                  g_plain_tensors, g_skips, HF_ANY, NULL };
 static const HfFamily g_olmoe = { "OlmoeForCausalLM", "olmoe", g_olmoe_keys, g_olmoe_consts, g_plain_tensors,
-                                  g_skips, HF_ANY };
+                                  g_skips, HF_ANY, NULL };
 
-const HfFamily *const hf_families[] = { &g_mixtral, &g_qwen3, &g_olmoe, &g_qwen2, NULL };
+static const HfFamily g_dsv3 = { "DeepseekV3ForCausalLM", "deepseek_v3", g_dsv3_keys, g_dsv3_consts, g_dsv3_tensors,
+                                  g_dsv3_skips, HF_V4, "kimi_k2" };
+
+const HfFamily *const hf_families[] = { &g_mixtral, &g_qwen3, &g_olmoe, &g_qwen2, &g_dsv3, NULL };
 
 const HfFamily *hf_family_find(const char *architecture)
 {
@@ -411,7 +508,7 @@ static const char *rule_name(HfRule r)
 {
     static const char *const names[] = { "", "hidden_act", "rope_scaling", "rope_parameters", "sliding_window",
                                          "use_sliding_window", "layer_types", "aux_coef", "train_noise",
-                                         "quantization", "head_dim_fixed", "aux" };
+                                         "quantization", "head_dim_fixed", "aux", "false_only", "fixed", "positive" };
     return (unsigned)r < sizeof names / sizeof names[0] ? names[r] : "?";
 }
 
@@ -424,8 +521,9 @@ void hf_families_print(void)
 {
     for (int f = 0; hf_families[f]; f++) {
         const HfFamily *fam = hf_families[f];
-        printf("### %s\n\nmodel_type `%s`, layouts %s.\n\n", fam->architecture, fam->model_type,
-               layouts_str(fam->layouts));
+        printf("### %s\n\nmodel_type `%s`%s%s%s, layouts %s.\n\n", fam->architecture, fam->model_type,
+               fam->model_type_alt ? " (or `" : "", fam->model_type_alt ? fam->model_type_alt : "",
+               fam->model_type_alt ? "`)" : "", layouts_str(fam->layouts));
         printf("| config.json key | tandem key | when absent | null | rule | written (export) | meaning |\n");
         printf("|---|---|---|---|---|---|---|\n");
         for (const HfKey *k = fam->keys; k->key; k++) {

@@ -27,10 +27,11 @@
  * trailing "*" (skips only) any rest of the name.
  *
  * Adding a family (docs/import.md has the recipe): one HfFamily entry in
- * families.c with its key table, constants and tensor rows; transforms or
- * rules it needs that no family has yet (DeepSeek-V3: an FP8 block-scale
- * dequantisation transform with its *_scale_inv companion, an MTP skip)
- * join the enums below; new tensors come with their ops in core/.
+ * families.c with its key table, constants and tensor rows; rules it needs
+ * that no family has yet join the enums below; new tensors come with their
+ * ops in core/.  FP8 block-scaled weights are not a transform: any row's
+ * tensor may be F8_E4M3 with its *_scale_inv beside it when config.json
+ * has an fp8 quantization_config (hf_map.h).
  */
 #ifndef TANDEM_CHECKPOINT_HF_FAMILIES_H
 #define TANDEM_CHECKPOINT_HF_FAMILIES_H
@@ -68,6 +69,10 @@ typedef enum {
     HFR_QUANT,           /* quantization_config: quantized checkpoints are refused */
     HFR_HEAD_DIM_FIXED,  /* head_dim read as hidden_size / num_attention_heads: must equal it */
     HFR_AUX,             /* read by another key's rule (output_router_logits, sliding_window ...) */
+    HFR_FALSE_ONLY,      /* a feature flag tandem does not compute for this family: must be false */
+    HFR_FIXED,           /* copied to tkey, and must equal the `absent` value: what the modeling code computes whatever
+                          * the key says (DeepSeek-V3's scoring_func, topk_method; kv_lora_rank > 0 via HFR_POSITIVE) */
+    HFR_POSITIVE,        /* copied to tkey, and must be > 0 (DeepSeek-V3's kv_lora_rank: it is always MLA) */
 } HfRule;
 
 typedef struct {
@@ -119,6 +124,7 @@ typedef struct {
     const HfTensor *const *tensors;   /* NULL-terminated list of row tables, each ended by a NULL tandem */
     const HfSkip *skips;           /* terminated by a NULL hf */
     uint8_t layouts;               /* layouts its checkpoints come in */
+    const char *model_type_alt;    /* another model_type of the same architecture (Kimi-K2's "kimi_k2"), or NULL */
 } HfFamily;
 
 /* Every family, NULL-terminated, in the order export tries them for a

@@ -59,6 +59,7 @@ typedef struct {
     size_t err_len;
     char *notes;
     size_t notes_len;
+    int *fp8_block;        /* quantization_config fp8: its weight_block_size (HfConfig) */
 } Ctx;
 
 static int refuse(Ctx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -180,21 +181,27 @@ static int do_rule(Ctx *x, const HfKey *k, const cJSON *v, bool given)
     case HFR_ROPE_SCALING:
         if (!v || cJSON_IsNull(v)) return 0;
         if (!cJSON_IsObject(v)) return refuse(x, "rope_scaling %s is not an object or null", show(v, b, sizeof b));
-        if (strcmp(rope_type(v), "default"))
-            return refuse(x, "rope_scaling type \"%s\" is not supported (tandem computes plain RoPE)", rope_type(v));
-        return 0;
+        if (!strcmp(rope_type(v), "default") && cJSON_GetArraySize(v) <= 2) return 0;
+        /* linear, yarn: the tandem key takes the object (config.c checks it, refusing other types by name) */
+        return put(x, "rope_scaling", v, "rope_scaling", given);
     case HFR_ROPE_PARAMS: {
         if (!v || cJSON_IsNull(v)) return 0;
         if (!cJSON_IsObject(v)) return refuse(x, "rope_parameters %s is not an object or null", show(v, b, sizeof b));
-        if (strcmp(rope_type(v), "default"))
-            return refuse(x, "rope_parameters rope_type \"%s\" is not supported (tandem computes plain RoPE)",
-                          rope_type(v));
+        cJSON *sc = cJSON_CreateObject();
         for (const cJSON *it = v->child; it; it = it->next) {
-            if (!strcmp(it->string, "rope_type") || !strcmp(it->string, "type") || !strcmp(it->string, "rope_theta"))
-                continue;
-            if (!strcmp(it->string, "partial_rotary_factor") && cJSON_IsNumber(it) && it->valuedouble == 1.0) continue;
-            return refuse(x, "rope_parameters key \"%s\" (%s) is not supported", it->string, show(it, b, sizeof b));
+            if (!strcmp(it->string, "rope_theta")) continue;
+            if (!strcmp(it->string, "partial_rotary_factor")) {
+                if (cJSON_IsNumber(it) && it->valuedouble == 1.0) continue;
+                cJSON_Delete(sc);
+                return refuse(x, "rope_parameters key \"%s\" (%s) is not supported", it->string, show(it, b, sizeof b));
+            }
+            cJSON_AddItemToObject(sc, it->string, cJSON_Duplicate(it, true));
         }
+        int rc = 0;
+        if (strcmp(rope_type(v), "default") || cJSON_GetArraySize(sc) > 1)
+            rc = put(x, "rope_scaling", sc, "rope_parameters", given);
+        cJSON_Delete(sc);
+        if (rc) return -1;
         const cJSON *th = cJSON_GetObjectItemCaseSensitive(v, "rope_theta");
         if (!th) return 0;
         if (!cJSON_IsNumber(th)) return refuse(x, "rope_parameters.rope_theta %s is not a number", show(th, b, sizeof b));
@@ -239,10 +246,62 @@ static int do_rule(Ctx *x, const HfKey *k, const cJSON *v, bool given)
         return 0;
     case HFR_QUANT: {
         if (!v || cJSON_IsNull(v)) return 0;
-        const cJSON *m = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "quant_method") : NULL;
-        return refuse(x, "quantization_config (quant_method %s): quantized checkpoints are not supported",
-                      show(m, b, sizeof b));
+        if (!cJSON_IsObject(v)) return refuse(x, "quantization_config %s is not an object", show(v, b, sizeof b));
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(v, "quant_method");
+        if (!cJSON_IsString(m) || strcmp(m->valuestring, "fp8"))
+            return refuse(x, "quantization_config (quant_method %s): quantized checkpoints are not supported (tandem "
+                          "reads fp8: block-scaled F8_E4M3 weights)", show(m, b, sizeof b));
+        int blk[2] = { 128, 128 };
+        for (const cJSON *it = v->child; it; it = it->next) {
+            const char *key = it->string;
+            if (!strcmp(key, "quant_method")) continue;
+            if (!strcmp(key, "fmt")) {
+                if (cJSON_IsString(it) && !strcmp(it->valuestring, "e4m3")) continue;
+                return refuse(x, "quantization_config fmt %s is not supported (e4m3)", show(it, b, sizeof b));
+            }
+            if (!strcmp(key, "activation_scheme")) {
+                if (cJSON_IsString(it) && !strcmp(it->valuestring, "dynamic")) continue;
+                return refuse(x, "quantization_config activation_scheme %s is not supported (dynamic)", show(it, b, sizeof b));
+            }
+            if (!strcmp(key, "weight_block_size")) {
+                bool ok = cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2;
+                for (int i = 0; ok && i < 2; i++) {
+                    const cJSON *e = cJSON_GetArrayItem(it, i);
+                    ok = cJSON_IsNumber(e) && e->valuedouble >= 1 && e->valuedouble <= 65536 &&
+                         e->valuedouble == floor(e->valuedouble);
+                    if (ok) blk[i] = (int)e->valuedouble;
+                }
+                if (ok) continue;
+                return refuse(x, "quantization_config weight_block_size %s is not two block sizes (rows, columns)",
+                              show(it, b, sizeof b));
+            }
+            if (!strcmp(key, "modules_to_not_convert") && (cJSON_IsNull(it) || cJSON_IsArray(it))) continue;   /* those stay BF16 */
+            return refuse(x, "quantization_config key \"%s\" (%s) is not supported", key, show(it, b, sizeof b));
+        }
+        if (x->fp8_block) {
+            x->fp8_block[0] = blk[0];
+            x->fp8_block[1] = blk[1];
+        }
+        return 0;
     }
+    case HFR_FIXED: {
+        if (!v) return 0;
+        cJSON *want = cJSON_Parse(k->absent);
+        bool same = cJSON_Compare(v, want, true);
+        cJSON_Delete(want);
+        if (!same)
+            return refuse(x, "%s %s is not supported for %s (it computes %s)", k->key, show(v, b, sizeof b),
+                          x->fam->architecture, k->absent);
+        return put(x, k->tkey, v, k->key, given);
+    }
+    case HFR_POSITIVE:
+        if (!v) return 0;
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0))
+            return refuse(x, "%s %s must be > 0 for %s", k->key, show(v, b, sizeof b), x->fam->architecture);
+        return put(x, k->tkey, v, k->key, given);
+    case HFR_FALSE_ONLY:
+        if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v)) return 0;
+        return refuse(x, "%s %s is not supported for %s", k->key, show(v, b, sizeof b), x->fam->architecture);
     case HFR_HEAD_DIM_FIXED: {
         if (!v || cJSON_IsNull(v)) return 0;
         double d = num_of(x, "hidden_size", 0), H = num_of(x, "num_attention_heads", 1);
@@ -303,7 +362,7 @@ int hf_config_parse(HfConfig *c, const char *text, const char *label, char *err,
     memset(c, 0, sizeof *c);
     cJSON *hf = cJSON_Parse(text);
     Ctx x = { NULL, hf, cJSON_CreateObject(), cJSON_CreateObject(), cJSON_CreateObject(), label, err, err_len,
-              c->notes, sizeof c->notes };
+              c->notes, sizeof c->notes, c->fp8_block };
     int rc = -1;
     char b[96];
     if (!hf) {
@@ -327,7 +386,8 @@ int hf_config_parse(HfConfig *c, const char *text, const char *label, char *err,
         goto out;
     }
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(hf, "model_type");
-    if (mt && (!cJSON_IsString(mt) || strcmp(mt->valuestring, x.fam->model_type))) {
+    if (mt && (!cJSON_IsString(mt) || (strcmp(mt->valuestring, x.fam->model_type) &&
+                                       (!x.fam->model_type_alt || strcmp(mt->valuestring, x.fam->model_type_alt))))) {
         refuse(&x, "model_type %s does not match %s (model_type \"%s\")", show(mt, b, sizeof b), x.fam->architecture,
                x.fam->model_type);
         goto out;
@@ -486,6 +546,10 @@ static void set_item(cJSON *o, const char *key, cJSON *v)
 char *hf_config_write(const HfFamily *fam, const ModelConfig *cfg, HfLayout layout, const char *dtype_name,
                       const char *gen_json, char *err, size_t err_len)
 {
+    if (!(fam->layouts & layout)) {
+        snprintf(err, err_len, "%s has no %s layout", fam->architecture, layout == HF_V5 ? "v5" : "v4");
+        return NULL;
+    }
     char *tj = config_to_json(cfg);
     cJSON *t = cJSON_Parse(tj);
     td_free(tj);
@@ -494,7 +558,9 @@ char *hf_config_write(const HfFamily *fam, const ModelConfig *cfg, HfLayout layo
     cJSON_AddItemToArray(arch, cJSON_CreateString(fam->architecture));
     cJSON_AddStringToObject(o, "model_type", fam->model_type);
     for (const HfKey *k = fam->keys; k->key; k++) {
-        if (!(k->write & layout)) continue;
+        bool scaled_v4 = k->kind == HFK_RULE && k->rule == HFR_ROPE_SCALING && layout == HF_V4 &&
+                         cfg->rope_scaling.type != ROPE_SCALING_NONE;
+        if (!(k->write & layout) && !scaled_v4) continue;
         cJSON *v = NULL;
         if (k->kind == HFK_COPY) {
             char first[64];
@@ -508,9 +574,19 @@ char *hf_config_write(const HfFamily *fam, const ModelConfig *cfg, HfLayout layo
             cJSON_Delete(nullv);
             v = as_null || !tv ? cJSON_CreateNull() : cJSON_Duplicate(tv, true);
         } else if (k->kind == HFK_RULE && k->rule == HFR_ROPE_PARAMS) {
-            v = cJSON_CreateObject();
+            v = cfg->rope_scaling.type != ROPE_SCALING_NONE ? config_rope_scaling_json(&cfg->rope_scaling)
+                                                            : cJSON_CreateObject();
+            cJSON_DeleteItemFromObjectCaseSensitive(v, "type");
             cJSON_AddNumberToObject(v, "rope_theta", cfg->rope_theta);
-            cJSON_AddStringToObject(v, "rope_type", "default");
+            cJSON_AddStringToObject(v, "rope_type", cfg->rope_scaling.type == ROPE_SCALING_YARN     ? "yarn"
+                                                    : cfg->rope_scaling.type == ROPE_SCALING_LINEAR ? "linear"
+                                                                                                     : "default");
+        } else if (k->kind == HFK_RULE && (k->rule == HFR_FIXED || k->rule == HFR_POSITIVE) && k->tkey) {
+            const cJSON *tv = cJSON_GetObjectItemCaseSensitive(t, k->tkey);
+            v = tv ? cJSON_Duplicate(tv, true) : cJSON_CreateNull();
+        } else if (k->kind == HFK_RULE && k->rule == HFR_ROPE_SCALING) {
+            if (layout == HF_V4 && (k->write & layout || cfg->rope_scaling.type != ROPE_SCALING_NONE))
+                v = config_rope_scaling_json(&cfg->rope_scaling);
         } else if (k->kind == HFK_RULE && k->rule == HFR_LAYER_TYPES) {
             v = cJSON_CreateArray();
             for (int l = 0; l < cfg->num_hidden_layers; l++) cJSON_AddItemToArray(v, cJSON_CreateString("full_attention"));
@@ -537,8 +613,6 @@ char *hf_config_write(const HfFamily *fam, const ModelConfig *cfg, HfLayout layo
     bputs(&b, "\n");
     cJSON_Delete(o);
     cJSON_Delete(t);
-    (void)err;
-    (void)err_len;
     return b.s;
 }
 
@@ -561,6 +635,7 @@ char *hf_config_set_dtype(const char *text, HfLayout layout, const char *dtype_n
          v5 = cJSON_GetObjectItemCaseSensitive(o, "dtype") != NULL;
     if (v4 || (!v5 && layout == HF_V4)) set_item(o, "torch_dtype", cJSON_CreateString(dtype_name));
     if (v5 || (!v4 && layout == HF_V5)) set_item(o, "dtype", cJSON_CreateString(dtype_name));
+    cJSON_DeleteItemFromObjectCaseSensitive(o, "quantization_config");   /* the tensors written are not quantized */
     char *s = hf_json_dump(o);
     cJSON_Delete(o);
     return s;
@@ -618,6 +693,10 @@ bool hf_config_same_math(const ModelConfig *a, const ModelConfig *b, char *why, 
     }
     if (a->qk_norm != b->qk_norm) {
         snprintf(why, why_len, "qk_norm would change");
+        return false;
+    }
+    if (memcmp(&a->rope_scaling, &b->rope_scaling, sizeof a->rope_scaling)) {
+        snprintf(why, why_len, "rope_scaling would change");
         return false;
     }
     return true;

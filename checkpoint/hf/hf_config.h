@@ -34,6 +34,7 @@ typedef struct {
     char *text;            /* config.json as read (owned, NUL-terminated) */
     char dtype[24];        /* its torch_dtype / dtype ("bfloat16" ...), "" when absent */
     char notes[1024];      /* "ignored keys: a, b; attention_dropout 0.1 is not applied", "" when none */
+    int fp8_block[2];      /* quantization_config fp8: weight_block_size (rows, columns); 0, 0 when none */
 } HfConfig;
 
 /* Whether path is a Hugging Face model directory: a directory holding
@@ -52,13 +53,14 @@ void hf_config_free(HfConfig *c);
  * HF_V5), with torch_dtype/dtype = dtype_name ("float32", "bfloat16",
  * "float16") and bos/eos/pad_token_id from gen_json (a
  * generation_config.json text, may be NULL).  td_malloc'd text, or NULL
- * with one line in err. */
+ * with one line in err (a layout the family does not have). */
 char *hf_config_write(const HfFamily *fam, const ModelConfig *cfg, HfLayout layout, const char *dtype_name,
                       const char *gen_json, char *err, size_t err_len);
 
 /* text (a config.json) with its torch_dtype / dtype key (whichever it
- * has; for a config with neither, the one of `layout`) set to dtype_name,
- * reprinted as transformers prints configs.  td_malloc'd, or NULL when
+ * has; for a config with neither, the one of `layout`) set to dtype_name
+ * and without quantization_config (what is written is dtype_name, never
+ * FP8), reprinted as transformers prints configs.  td_malloc'd, or NULL when
  * text is not a JSON object. */
 char *hf_config_set_dtype(const char *text, HfLayout layout, const char *dtype_name);
 

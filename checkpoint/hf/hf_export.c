@@ -425,8 +425,10 @@ int hf_export(const char *ckpt, const char *out_dir, const HfExportOpts *o, HfEx
         char why[256];
         hf_config_parse(&hc, orig, "hf_config", why, sizeof why);
         bool same_dtype = !strcmp(hc.dtype, torch_name(cfg_dt));
+        /* an FP8 import is written in bf16/f32: its quantization_config goes (hf_config_set_dtype) */
+        bool quant = hc.fp8_block[0] > 0;
+        config_text = same_dtype && !quant ? td_strdup(orig) : hf_config_set_dtype(orig, layout, torch_name(cfg_dt));
         hf_config_free(&hc);
-        config_text = same_dtype ? td_strdup(orig) : hf_config_set_dtype(orig, layout, torch_name(cfg_dt));
     } else {
         config_text = hf_config_write(fam, &cfg, layout, torch_name(cfg_dt), tok.generation_config, err, err_len);
     }

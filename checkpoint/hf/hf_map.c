@@ -78,11 +78,15 @@ typedef struct {
     bool *claimed;             /* per file tensor */
     int missing, bad;
     char first_missing[HF_NAME_MAX];
-    char first_bad[512];
+    char first_bad[1024];
     /* when building */
     const StTensor **src;
     int n_src;
+    const int *fp8_block;      /* quantization_config fp8 block (0, 0: none) */
+    const StTensor **scales;   /* when building: parallel to src */
 } Try;
+
+static uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 static int try_one(void *vctx, const char *hf_name, int ndim, const uint64_t *shape, int expert)
 {
@@ -95,20 +99,63 @@ static int try_one(void *vctx, const char *hf_name, int ndim, const uint64_t *sh
         return 0;
     }
     t->claimed[x - t->st->tensors] = true;
+    if (x->dtype == ST_F8_E4M3) {   /* its block scale belongs to it, whatever else is wrong */
+        char sn[HF_NAME_MAX + 16];
+        snprintf(sn, sizeof sn, "%s_scale_inv", hf_name);
+        const StTensor *sc = st_find(t->st, sn);
+        if (sc) t->claimed[sc - t->st->tensors] = true;
+    }
+    if (t->scales) t->scales[t->n_src] = NULL;
     if (t->src) t->src[t->n_src++] = x;
     char got[128], want[128];
     bool same = x->ndim == ndim;
     for (int i = 0; same && i < ndim; i++) same = x->shape[i] == shape[i];
+    const bool fp8 = t->fp8_block[0] > 0;
     if (!same && !t->bad++) {
         fmt_shape(got, sizeof got, x->ndim, x->shape);
         fmt_shape(want, sizeof want, ndim, shape);
         snprintf(t->first_bad, sizeof t->first_bad, "tensor '%s': shape %s does not match the config's %s", hf_name,
                  got, want);
+    } else if (same && x->dtype == ST_F8_E4M3 && fp8) {
+        /* its block scale: <name>_scale_inv, float, [ceil(rows / b0), ceil(cols / b1)] */
+        char sname[HF_NAME_MAX + 16];
+        snprintf(sname, sizeof sname, "%s_scale_inv", hf_name);
+        const StTensor *sc = st_find(t->st, sname);
+        uint64_t ws[2] = { 0, 0 };
+        if (ndim == 2) {
+            ws[0] = ceil_div(shape[0], (uint64_t)t->fp8_block[0]);
+            ws[1] = ceil_div(shape[1], (uint64_t)t->fp8_block[1]);
+        }
+        if (ndim != 2) {
+            if (!t->bad++)
+                snprintf(t->first_bad, sizeof t->first_bad, "tensor '%s': F8_E4M3 of rank %d (block scales are for "
+                         "2-D weights)", hf_name, ndim);
+        } else if (!sc) {
+            if (!t->bad++)
+                snprintf(t->first_bad, sizeof t->first_bad, "tensor '%s': F8_E4M3 without its block scale '%s'",
+                         hf_name, sname);
+        } else if (sc->ndim != 2 || sc->shape[0] != ws[0] || sc->shape[1] != ws[1]) {
+            if (!t->bad++) {
+                fmt_shape(got, sizeof got, sc->ndim, sc->shape);
+                fmt_shape(want, sizeof want, 2, ws);
+                snprintf(t->first_bad, sizeof t->first_bad, "tensor '%.160s': shape %s is not %s (blocks of %dx%d of '%.160s')",
+                         sname, got, want, t->fp8_block[0], t->fp8_block[1], hf_name);
+            }
+        } else if (sc->dtype != ST_F32 && sc->dtype != ST_BF16 && sc->dtype != ST_F16) {
+            if (!t->bad++)
+                snprintf(t->first_bad, sizeof t->first_bad, "tensor '%s': dtype %s is not a float type (F32, BF16, F16)",
+                         sname, st_dtype_name(sc->dtype));
+        } else if (t->scales) {
+            t->scales[t->n_src - 1] = sc;
+        }
     } else if (same && x->dtype != ST_F32 && x->dtype != ST_BF16 && x->dtype != ST_F16 && !t->bad++) {
-        if (x->dtype == ST_F8_E4M3 || x->dtype == ST_F8_E5M2)
+        if (x->dtype == ST_F8_E4M3)
             snprintf(t->first_bad, sizeof t->first_bad,
-                     "tensor '%s': dtype %s (a quantized checkpoint) is not supported for this architecture", hf_name,
-                     st_dtype_name(x->dtype));
+                     "tensor '%s': dtype F8_E4M3 but config.json has no fp8 quantization_config (its block size)", hf_name);
+        else if (x->dtype == ST_F8_E5M2)
+            snprintf(t->first_bad, sizeof t->first_bad,
+                     "tensor '%s': dtype F8_E5M2 (a quantized checkpoint) is not supported (F8_E4M3 with block scales is)",
+                     hf_name);
         else
             snprintf(t->first_bad, sizeof t->first_bad, "tensor '%s': dtype %s is not a float type (F32, F16, BF16)",
                      hf_name, st_dtype_name(x->dtype));
@@ -170,6 +217,7 @@ void hf_model_close(HfModel *h)
     st_close(&h->st);
     td_free(h->b);
     td_free(h->src);
+    td_free(h->scales);
     memset(h, 0, sizeof *h);
 }
 
@@ -196,7 +244,7 @@ int hf_model_open(HfModel *h, const char *dir, char *err, size_t err_len)
     int rc = -1;
     for (int lay = HF_V4; lay <= HF_V5; lay <<= 1) {
         if (!(fam->layouts & lay)) continue;
-        Try t = { &h->st, claimed, 0, 0, "", "", NULL, 0 };
+        Try t = { &h->st, claimed, 0, 0, "", "", NULL, 0, h->hc.fp8_block, NULL };
         memset(claimed, 0, h->st.n_tensors);
         if (map_layout(fam, (HfLayout)lay, ps, np, &t, err, err_len)) goto out;
         char first[HF_NAME_MAX] = "";
@@ -232,8 +280,9 @@ int hf_model_open(HfModel *h, const char *dir, char *err, size_t err_len)
     size_t n_src = 0;
     for (int i = 0; i < np; i++) n_src += ps[i].ndim > 0 ? (ps[i].shape[0] > 0 ? ps[i].shape[0] : 1) : 1;
     h->src = td_calloc(td_max(n_src, 1) * sizeof *h->src);
+    h->scales = td_calloc(td_max(n_src, 1) * sizeof *h->scales);
     h->b = td_calloc((size_t)td_max((size_t)np, 1) * sizeof *h->b);
-    Try t = { &h->st, claimed, 0, 0, "", "", h->src, 0 };
+    Try t = { &h->st, claimed, 0, 0, "", "", h->src, 0, h->hc.fp8_block, h->scales };
     memset(claimed, 0, h->st.n_tensors);
     for (int i = 0; i < np; i++) {
         HfBinding *b = &h->b[h->n_b++];
@@ -244,6 +293,7 @@ int hf_model_open(HfModel *h, const char *dir, char *err, size_t err_len)
         int first = t.n_src;
         hf_expand(b->rule, b->layer, b->ndim, b->shape, try_one, &t);
         b->src = h->src + first;
+        b->scale = h->scales + first;
         b->n_src = t.n_src - first;
         b->dtype = b->src[0]->dtype;
         for (int k = 1; k < b->n_src; k++)
@@ -322,11 +372,56 @@ static int read_run(const HfModel *h, const StTensor *t, off_t at, size_t n, voi
     return 0;
 }
 
+/* The box of a 2-D F8_E4M3 tensor t with block scale sc into out as
+ * float32: y = f32(q) * s[r / b0][c / b1], one float32 product per value,
+ * as DeepSeek's weight_dequant (x.float() * s) does.  Rows are read in
+ * runs of whole rows when the box takes every column. */
+static int read_f8_box(const HfModel *h, const StTensor *t, const StTensor *sc, const uint64_t *start,
+                       const uint64_t *count, float *out, char *err, size_t err_len)
+{
+    const uint64_t cols = t->shape[1], b0 = (uint64_t)h->hc.fp8_block[0], b1 = (uint64_t)h->hc.fp8_block[1];
+    const uint64_t c0 = start[1], nc = count[1];
+    if (!nc || !count[0]) return 0;
+    const uint64_t s0 = c0 / b1, ns = (c0 + nc - 1) / b1 - s0 + 1;
+    const off_t base = (off_t)(t->data - h->st.files[t->file].map);
+    const uint64_t rows_per = nc == cols ? td_max(1, (BOUNCE) / cols) : 1;
+    uint8_t *q = td_malloc((size_t)(rows_per * nc));
+    float *srow = td_malloc((size_t)ns * sizeof(float));
+    uint64_t srow_at = UINT64_MAX;
+    int rc = 0;
+    for (uint64_t r = start[0]; r < start[0] + count[0] && !rc;) {
+        uint64_t n = td_min(rows_per, start[0] + count[0] - r);
+        int e = read_full(h->fd[t->file], q, (size_t)(n * nc), base + (off_t)(r * cols + c0));
+        if (e) {
+            snprintf(err, err_len, "%s: tensor '%s': %s", h->st.files[t->file].path, t->name,
+                     e == ENODATA ? "the file ends early (truncated while open?)" : strerror(e));
+            rc = -1;
+            break;
+        }
+        for (uint64_t i = 0; i < n && !rc; i++) {
+            const uint64_t row = r + i;
+            if (row / b0 != srow_at) {   /* the scales of this block row, over the box's columns */
+                srow_at = row / b0;
+                uint64_t ss[2] = { srow_at, s0 }, sn[2] = { 1, ns };
+                rc = st_read_slice_f32(sc, ss, sn, srow, err, err_len);
+            }
+            float *y = out + (size_t)((row - start[0]) * nc);
+            const uint8_t *qr = q + (size_t)(i * nc);
+            for (uint64_t j = 0; j < nc && !rc; j++)
+                y[j] = dtype_f32_from_f8e4m3(qr[j]) * srow[(c0 + j) / b1 - s0];
+        }
+        r += n;
+    }
+    td_free(q);
+    td_free(srow);
+    return rc;
+}
+
 /* The box [start, start + count) of HF tensor t into out (row-major box),
  * as runs: the trailing dims the box takes whole merge with the last one
- * it cuts into one contiguous run. */
-static int read_tensor_box(const HfModel *h, const StTensor *t, const uint64_t *start, const uint64_t *count,
-                           void *out, bool raw, char *err, size_t err_len)
+ * it cuts into one contiguous run.  sc: t's F8 block scale (or NULL). */
+static int read_tensor_box(const HfModel *h, const StTensor *t, const StTensor *sc, const uint64_t *start,
+                           const uint64_t *count, void *out, bool raw, char *err, size_t err_len)
 {
     const int nd = t->ndim;
     for (int i = 0; i < nd; i++)
@@ -334,6 +429,7 @@ static int read_tensor_box(const HfModel *h, const StTensor *t, const uint64_t *
             snprintf(err, err_len, "tensor '%s': box outside its shape", t->name);
             return -1;
         }
+    if (!raw && t->dtype == ST_F8_E4M3 && sc && nd == 2) return read_f8_box(h, t, sc, start, count, out, err, err_len);
     if (!raw && t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16) {
         snprintf(err, err_len, "tensor '%s': dtype %s does not convert to float32", t->name, st_dtype_name(t->dtype));
         return -1;
@@ -377,7 +473,7 @@ static int read_piece(const HfModel *h, const HfBinding *b, const uint64_t *off,
             c[i] = cnt[i];
         }
         if (b->rule->how == HFT_PART) s[b->rule->dim] += (uint64_t)b->rule->part * b->shape[b->rule->dim];
-        return read_tensor_box(h, b->src[0], s, c, out, raw, err, err_len);
+        return read_tensor_box(h, b->src[0], b->scale[0], s, c, out, raw, err, err_len);
     case HFT_STACK: {
         size_t inner = 1;
         for (int i = 1; i < nd; i++) {
@@ -387,7 +483,7 @@ static int read_piece(const HfModel *h, const HfBinding *b, const uint64_t *off,
         }
         for (uint64_t e = off[0]; e < off[0] + cnt[0]; e++) {
             char *dst = (char *)out + (size_t)(e - off[0]) * inner * esize;
-            if (read_tensor_box(h, b->src[e], s, c, dst, raw, err, err_len)) return -1;
+            if (read_tensor_box(h, b->src[e], b->scale[e], s, c, dst, raw, err, err_len)) return -1;
         }
         return 0;
     }

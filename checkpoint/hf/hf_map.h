@@ -6,7 +6,10 @@
  * hf_model_open validates everything before any weight is read: the
  * architecture and config; the layout (v4 or v5: the one whose names the
  * files hold exactly); every tensor the config implies is present, with
- * the shape it implies and a float dtype (F32, F16, BF16); every tensor of
+ * the shape it implies and a float dtype (F32, F16, BF16, or F8_E4M3 with
+ * its float32 block scale `<name>_scale_inv` of shape [ceil(rows / b0),
+ * ceil(cols / b1)], b = quantization_config.weight_block_size, when
+ * config.json has an fp8 quantization_config); every tensor of
  * the files is mapped or one of the family's skips.  A failure is one line
  * naming the tensor or key, and nothing is mapped; a model that opens is
  * mapped whole.
@@ -18,7 +21,9 @@
  * read.  The headers are validated through the safetensors reader's map;
  * the bulk bytes are read with pread, in runs as long as the box allows
  * (no page-table work, nothing left resident in the process), by the pool
- * threads, converted to float32 on the way.  Reads are thread-safe.
+ * threads, converted to float32 on the way (F8: q * s in float32, s the
+ * scale of the element's block, as DeepSeek's weight_dequant computes it).
+ * Reads are thread-safe.
  */
 #ifndef TANDEM_CHECKPOINT_HF_HF_MAP_H
 #define TANDEM_CHECKPOINT_HF_HF_MAP_H
@@ -39,6 +44,7 @@ typedef struct {
     int ndim;
     size_t shape[PARAM_MAX_DIMS];    /* tandem global shape */
     const StTensor **src;            /* its HF tensors (one, or one per expert for a stack); borrowed */
+    const StTensor **scale;          /* per src: its F8 block scale (<name>_scale_inv), or NULL */
     int n_src;
     StDtype dtype;                   /* theirs (F32 when they differ) */
 } HfBinding;
@@ -50,6 +56,7 @@ typedef struct {
     HfBinding *b;                    /* one per tandem parameter, in model order */
     int n_b;
     const StTensor **src;            /* storage of the bindings' src */
+    const StTensor **scales;         /* storage of the bindings' scale */
     int *fd;                         /* per safetensors file: the bulk reads (pread) */
     char notes[1536];                /* config notes and skipped tensors, one line; "" when none */
 } HfModel;

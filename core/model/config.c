@@ -53,7 +53,7 @@ static const char *const g_scoring_names[] = { "softmax", "sigmoid", NULL };
 static const char *const g_topk_names[] = { "greedy", "noaux_tc", NULL };
 
 /* K_ENUM: a string naming one of names[] (NULL-terminated), stored as an int enum */
-enum kind { K_INT, K_NUM, K_BOOL, K_QKNORM, K_LAYERS, K_ENUM };
+enum kind { K_INT, K_NUM, K_BOOL, K_QKNORM, K_LAYERS, K_ENUM, K_ROPESCALING };
 struct key { const char *name; enum kind kind; size_t off; const char *const *names; };
 
 #define KEY(n, k) { #n, k, offsetof(ModelConfig, n), NULL }
@@ -72,6 +72,7 @@ static const struct key g_keys[] = {
     KEY(qk_rope_head_dim, K_INT), KEY(v_head_dim, K_INT), KEY(rope_interleave, K_BOOL),
     KEY(shared_expert_intermediate_size, K_INT), KEY(shared_expert_gate, K_BOOL),
     KEY(decoder_sparse_step, K_INT), KEY(mlp_only_layers, K_LAYERS),
+    KEY(rope_scaling, K_ROPESCALING),
     ENUM_KEY(scoring_func, g_scoring_names), ENUM_KEY(topk_method, g_topk_names),
     KEY(n_group, K_INT), KEY(topk_group, K_INT), KEY(routed_scaling_factor, K_NUM),
     KEY(moe_layer_freq, K_INT),
@@ -93,6 +94,79 @@ static void derive(ModelConfig *c, const bool *given)
         c->head_dim = c->hidden_size / c->num_attention_heads;
     if (c->intermediate_size == 0) c->intermediate_size = derived(4LL * c->hidden_size);
     if (c->moe_intermediate_size == 0) c->moe_intermediate_size = derived(2LL * c->hidden_size);
+    /* yarn without original_max_position_embeddings: HF takes the model's */
+    if (c->rope_scaling.type == ROPE_SCALING_YARN && c->rope_scaling.original_max_position_embeddings == 0)
+        c->rope_scaling.original_max_position_embeddings = c->max_position_embeddings;
+}
+
+/* rope_scaling: null, or an HF object {"type" | "rope_type": "default" |
+ * "linear" | "yarn", ...}; an unknown type or key is refused by name. */
+static int parse_rope_scaling(RopeScaling *r, const cJSON *it, char *err, size_t err_len)
+{
+    memset(r, 0, sizeof *r);
+    if (cJSON_IsNull(it)) return 0;
+    if (!cJSON_IsObject(it)) {
+        snprintf(err, err_len, "model config: \"rope_scaling\" must be an object or null");
+        return -1;
+    }
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "rope_type");
+    const cJSON *ty2 = cJSON_GetObjectItemCaseSensitive(it, "type");
+    if (!ty) ty = ty2;
+    if (!cJSON_IsString(ty) || (ty2 && (!cJSON_IsString(ty2) || strcmp(ty2->valuestring, ty->valuestring)))) {
+        snprintf(err, err_len, "model config: \"rope_scaling\" needs a \"type\" (or \"rope_type\") string, both alike "
+                 "when both are given");
+        return -1;
+    }
+    const char *t = ty->valuestring;
+    if (!strcmp(t, "default")) r->type = ROPE_SCALING_NONE;
+    else if (!strcmp(t, "linear")) r->type = ROPE_SCALING_LINEAR;
+    else if (!strcmp(t, "yarn")) r->type = ROPE_SCALING_YARN;
+    else {
+        snprintf(err, err_len, "model config: rope_scaling type \"%.40s\" is not supported (default, linear, yarn)", t);
+        return -1;
+    }
+    static const char *const yarn_keys[] = { "factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+                                             "mscale", "mscale_all_dim", "attention_factor", "truncate", NULL };
+    for (const cJSON *k = it->child; k; k = k->next) {
+        if (!strcmp(k->string, "type") || !strcmp(k->string, "rope_type")) continue;
+        int j = 0;
+        while (yarn_keys[j] && strcmp(yarn_keys[j], k->string)) j++;
+        bool ok = yarn_keys[j] && (r->type == ROPE_SCALING_YARN || (r->type == ROPE_SCALING_LINEAR && j == 0));
+        if (!ok) {
+            snprintf(err, err_len, "model config: rope_scaling key \"%.40s\" is not supported for type \"%s\"", k->string, t);
+            return -1;
+        }
+        if (j == 7) {
+            if (!cJSON_IsBool(k)) {
+                snprintf(err, err_len, "model config: rope_scaling.truncate must be true or false");
+                return -1;
+            }
+            r->no_truncate = cJSON_IsFalse(k);
+            continue;
+        }
+        if (cJSON_IsNull(k)) continue;   /* HF: null is absent */
+        if (!cJSON_IsNumber(k) || !isfinite(k->valuedouble) || k->valuedouble < 0 ||
+            (j == 1 && (k->valuedouble != floor(k->valuedouble) || k->valuedouble > 1e9))) {
+            snprintf(err, err_len, "model config: rope_scaling.%s must be a number >= 0%s", k->string,
+                     j == 1 ? " (an integer)" : "");
+            return -1;
+        }
+        double v = k->valuedouble;
+        switch (j) {
+        case 0: r->factor = v; break;
+        case 1: r->original_max_position_embeddings = (int)v; break;
+        case 2: r->beta_fast = v; break;
+        case 3: r->beta_slow = v; break;
+        case 4: r->mscale = v; break;
+        case 5: r->mscale_all_dim = v; break;
+        case 6: r->attention_factor = v; break;
+        }
+    }
+    if (r->type != ROPE_SCALING_NONE && !(r->factor > 0)) {
+        snprintf(err, err_len, "model config: rope_scaling type \"%s\" needs a \"factor\" > 0", t);
+        return -1;
+    }
+    return 0;
 }
 
 int config_from_cjson(ModelConfig *cfg, const void *obj, char *err, size_t err_len)
@@ -184,6 +258,9 @@ int config_from_cjson(ModelConfig *cfg, const void *obj, char *err, size_t err_l
             cfg->n_mlp_only_layers = n;
             break;
         }
+        case K_ROPESCALING:
+            if (parse_rope_scaling(&cfg->rope_scaling, it, err, err_len)) return -1;
+            break;
         }
     }
     derive(cfg, given);
@@ -385,6 +462,24 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len)
     return 0;
 }
 
+void *config_rope_scaling_json(const RopeScaling *r)
+{
+    if (r->type == ROPE_SCALING_NONE) return cJSON_CreateNull();
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", r->type == ROPE_SCALING_LINEAR ? "linear" : "yarn");
+    cJSON_AddNumberToObject(o, "factor", r->factor);
+    if (r->type == ROPE_SCALING_LINEAR) return o;
+    if (r->original_max_position_embeddings)
+        cJSON_AddNumberToObject(o, "original_max_position_embeddings", r->original_max_position_embeddings);
+    if (r->beta_fast != 0) cJSON_AddNumberToObject(o, "beta_fast", r->beta_fast);
+    if (r->beta_slow != 0) cJSON_AddNumberToObject(o, "beta_slow", r->beta_slow);
+    if (r->mscale != 0) cJSON_AddNumberToObject(o, "mscale", r->mscale);
+    if (r->mscale_all_dim != 0) cJSON_AddNumberToObject(o, "mscale_all_dim", r->mscale_all_dim);
+    if (r->attention_factor != 0) cJSON_AddNumberToObject(o, "attention_factor", r->attention_factor);
+    if (r->no_truncate) cJSON_AddFalseToObject(o, "truncate");
+    return o;
+}
+
 char *config_to_json(const ModelConfig *c)
 {
     cJSON *o = cJSON_CreateObject();
@@ -398,6 +493,9 @@ char *config_to_json(const ModelConfig *c)
         case K_ENUM: cJSON_AddStringToObject(o, g_keys[i].name, g_keys[i].names[*(const int *)src]); break;
         case K_LAYERS:
             cJSON_AddItemToObject(o, g_keys[i].name, cJSON_CreateIntArray(c->mlp_only_layers, c->n_mlp_only_layers));
+            break;
+        case K_ROPESCALING:
+            cJSON_AddItemToObject(o, g_keys[i].name, config_rope_scaling_json(&c->rope_scaling));
             break;
         }
     }

@@ -9,6 +9,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "core/ops/rope.h"
+
 /* RMSNorm of q and k before RoPE (qk_norm). */
 typedef enum {
     QK_NORM_NONE,   /* "none" */
@@ -67,6 +69,9 @@ typedef struct {
     int decoder_sparse_step;       /* MoE layers are those with (l + 1) % step == 0 ... */
     int n_mlp_only_layers;         /* ... and not listed here */
     int mlp_only_layers[CONFIG_MAX_LIST];
+    /* HF rope_scaling (object form; null or type "default": none), any
+     * family: linear or yarn (core/ops/rope.h); docs/config.md */
+    RopeScaling rope_scaling;
     /* DeepSeek-V3 router (docs/config.md, core/ops/moe.h) */
     RouterScoring scoring_func;
     TopkMethod topk_method;
@@ -90,6 +95,9 @@ int config_load(ModelConfig *cfg, const char *path, char *err, size_t err_len);
 int config_from_cjson(ModelConfig *cfg, const void *cjson_obj, char *err, size_t err_len);
 /* Check constraints; returns -1 with the reason in err. */
 int config_validate(const ModelConfig *cfg, char *err, size_t err_len);
+/* rope_scaling as a cJSON value (null, or the HF object with the fields
+ * set), declared void * as above; the caller owns it. */
+void *config_rope_scaling_json(const RopeScaling *r);
 /* JSON text of every key (owned by the caller, td_free). */
 char *config_to_json(const ModelConfig *cfg);
 

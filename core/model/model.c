@@ -269,13 +269,18 @@ static void init_layout(Model *m, const ModelConfig *cfg, const Topology *topo, 
         p->g = m->g ? m->g + p->offset : NULL;
         if (p->packed) p->packed = m->packed + ((size_t)(uintptr_t)p->packed - 1);
     }
-    rope_table_init(&m->rope, (size_t)cfg->max_position_embeddings, m->hd, cfg->rope_theta);
+    rope_table_init_scaled(&m->rope, (size_t)cfg->max_position_embeddings, m->hd, cfg->rope_theta, &cfg->rope_scaling);
     set_attn(m, kv_block);
 }
 
 float model_attn_scale(const ModelConfig *cfg)
 {
     const int dk = config_mla(cfg) ? cfg->qk_nope_head_dim + cfg->qk_rope_head_dim : cfg->head_dim;
+    /* DeepSeek-V3 (MLA): times YaRN's mscale^2 when rope_scaling has mscale_all_dim
+     * (rope_softmax_scale_factor, core/ops/rope.h; HF multiplies the Python float
+     * qk_head_dim^-0.5 by it, and the kernel takes the product as float32).  The
+     * other families scale only RoPE's cos/sin (rope_attention_factor), as HF. */
+    if (config_mla(cfg)) return (float)(rope_softmax_scale_factor(&cfg->rope_scaling) / sqrt((double)dk));
     return 1.0f / sqrtf((float)dk);
 }
 

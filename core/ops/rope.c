@@ -5,22 +5,92 @@
 
 #include <math.h>
 
-void rope_table_init(RopeTable *t, size_t max_pos, size_t hd, double theta)
+double rope_yarn_mscale(double scale, double m)
+{
+    return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0;
+}
+
+double rope_attention_factor(const RopeScaling *s)
+{
+    if (!s || s->type != ROPE_SCALING_YARN) return 1.0;
+    if (s->attention_factor > 0) return s->attention_factor;
+    if (s->mscale != 0 && s->mscale_all_dim != 0)
+        return rope_yarn_mscale(s->factor, s->mscale) / rope_yarn_mscale(s->factor, s->mscale_all_dim);
+    return rope_yarn_mscale(s->factor, 1.0);
+}
+
+double rope_softmax_scale_factor(const RopeScaling *s)
+{
+    if (!s || s->type != ROPE_SCALING_YARN || s->mscale_all_dim == 0) return 1.0;
+    double m = rope_yarn_mscale(s->factor, s->mscale_all_dim);
+    return m * m;
+}
+
+/* HF find_correction_dim: the dimension whose wavelength makes n_rot
+ * rotations over ctx positions (Python floats). */
+static double correction_dim(double n_rot, double dim, double base, double ctx)
+{
+    return dim * log(ctx / (n_rot * 2 * M_PI)) / (2 * log(base));
+}
+
+void rope_inv_freq(float *inv, size_t hd, double theta, const RopeScaling *s, size_t max_pos)
+{
+    const size_t half = hd / 2;
+    for (size_t i = 0; i < half; i++)
+        /* HF: base ** (arange(0, dim, 2).float() / dim), float32; inv = 1 / that */
+        inv[i] = 1.0f / powf((float)theta, (float)(2 * i) / (float)hd);
+    if (!s || s->type == ROPE_SCALING_NONE) return;
+    if (s->type == ROPE_SCALING_LINEAR) {
+        for (size_t i = 0; i < half; i++) inv[i] /= (float)s->factor;   /* inv_freq /= factor */
+        return;
+    }
+    /* yarn */
+    const double fast = s->beta_fast != 0 ? s->beta_fast : 32, slow = s->beta_slow != 0 ? s->beta_slow : 1;
+    const double ctx = s->original_max_position_embeddings > 0 ? s->original_max_position_embeddings : (double)max_pos;
+    double lo = correction_dim(fast, (double)hd, theta, ctx), hi = correction_dim(slow, (double)hd, theta, ctx);
+    if (!s->no_truncate) {
+        lo = floor(lo);
+        hi = ceil(hi);
+    }
+    lo = lo > 0 ? lo : 0;
+    hi = hi < (double)hd - 1 ? hi : (double)hd - 1;
+    if (lo == hi) hi += 0.001;   /* HF: prevent singularity */
+    const float flo = (float)lo, fspan = (float)(hi - lo), ffac = (float)s->factor;
+    for (size_t i = 0; i < half; i++) {
+        float pf = powf((float)theta, (float)(2 * i) / (float)hd);
+        float extra = 1.0f / pf, inter = 1.0f / (ffac * pf);
+        float ramp = ((float)i - flo) / fspan;
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        float ef = 1.0f - ramp;   /* inv_freq_extrapolation_factor */
+        inv[i] = inter * (1.0f - ef) + extra * ef;
+    }
+}
+
+void rope_table_init_scaled(RopeTable *t, size_t max_pos, size_t hd, double theta, const RopeScaling *s)
 {
     TD_CHECK(hd % 2 == 0, "rope: head_dim %zu is odd", hd);
     t->max_pos = max_pos;
     t->half = hd / 2;
     t->cos = td_malloc(max_pos * t->half * sizeof(float));
     t->sin = td_malloc(max_pos * t->half * sizeof(float));
+    float *inv = td_malloc(td_max(t->half, 1) * sizeof(float));
+    rope_inv_freq(inv, hd, theta, s, max_pos);
+    const bool scaled = s && s->type == ROPE_SCALING_YARN;
+    const float att = (float)rope_attention_factor(s);   /* cos() * attention_scaling, float32 */
     for (size_t i = 0; i < t->half; i++) {
-        /* HF: inv_freq = 1 / base ** (arange(0, dim, 2).float() / dim), float32 */
-        float inv = 1.0f / powf((float)theta, (float)(2 * i) / (float)hd);
         for (size_t p = 0; p < max_pos; p++) {
-            float f = (float)p * inv;
-            t->cos[p * t->half + i] = cosf(f);
-            t->sin[p * t->half + i] = sinf(f);
+            float f = (float)p * inv[i];
+            float c = cosf(f), sn = sinf(f);
+            t->cos[p * t->half + i] = scaled ? c * att : c;
+            t->sin[p * t->half + i] = scaled ? sn * att : sn;
         }
     }
+    td_free(inv);
+}
+
+void rope_table_init(RopeTable *t, size_t max_pos, size_t hd, double theta)
+{
+    rope_table_init_scaled(t, max_pos, hd, theta, NULL);
 }
 
 void rope_table_free(RopeTable *t)

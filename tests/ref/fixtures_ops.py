@@ -125,6 +125,46 @@ def hf_rope_cos_sin(pos, hd, theta):
     return emb.cos(), emb.sin()
 
 
+# YaRN / linear scaling: transformers' _compute_yarn_parameters in float32
+# (tests/ref/hf/model.py rope_inv_freq: one copy, shared with the HF reference)
+def rope_scaled_cases():
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from hf.model import rope_inv_freq, softmax_scale_factor
+    specs = [  # hd, theta, rope_scaling, table length
+        (64, 10000.0, dict(type="yarn", factor=40, original_max_position_embeddings=4096, beta_fast=32,
+                           beta_slow=1, mscale=1.0, mscale_all_dim=1.0), 8192),        # DeepSeek-V3
+        (64, 50000.0, dict(type="yarn", factor=32.0, original_max_position_embeddings=4096, beta_fast=1.0,
+                           beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0), 8192),      # Kimi-K2
+        (128, 1000000.0, dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32768), 4096),  # Qwen3
+        (32, 10000.0, dict(type="yarn", factor=16, original_max_position_embeddings=512, mscale=0.707,
+                           mscale_all_dim=1.0), 2048),                                   # mscale ratio
+        (16, 10000.0, dict(type="yarn", factor=8.0, original_max_position_embeddings=64, attention_factor=1.3,
+                           truncate=False, beta_fast=16, beta_slow=2), 1024),            # given factor, no truncation
+        (24, 500000.0, dict(type="yarn", factor=2.0), 600),                               # original = max_pos
+        (8, 10000.0, dict(type="linear", factor=2.0), 512),
+    ]
+    keys = ["factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+            "attention_factor"]
+    cases = []
+    for seed, (hd, theta, sc, max_pos) in enumerate(specs):
+        r = rng(450 + seed)
+        pos = r.integers(0, max_pos, size=12)
+        pos[0], pos[1] = 0, max_pos - 1
+        inv, att = rope_inv_freq(hd, theta, sc, max_pos)
+        freqs = torch.tensor(pos, dtype=torch.float32)[:, None] * inv[None, :]
+        cos, sin = freqs.cos(), freqs.sin()
+        if att != 1.0:
+            cos, sin = cos * att, sin * att
+        typ = sc.get("rope_type", sc.get("type"))
+        params = [theta, {"linear": 1, "yarn": 2}[typ]] + [float(sc.get(k) or 0) for k in keys] + \
+                 [0.0 if sc.get("truncate", True) else 1.0]
+        cases.append(dict(dims=i32([hd, max_pos]), params=np.float64(params), pos=pos.astype(np.int32),
+                          inv=f32(inv), cos=f32(cos), sin=f32(sin), att=np.float64([att]),
+                          smf=np.float64([softmax_scale_factor(sc) if typ == "yarn" else 1.0])))
+    return cases
+
+
 def rotate_half(x):
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
@@ -448,6 +488,7 @@ def main():
     write(args.out, "rmsnorm.h5", rmsnorm_cases())
     write(args.out, "embedding.h5", embedding_cases())
     write(args.out, "rope.h5", rope_cases())
+    write(args.out, "rope_scaled.h5", rope_scaled_cases())
     write(args.out, "attention.h5", attention_cases())
     write(args.out, "swiglu.h5", swiglu_cases())
     write(args.out, "softmax.h5", softmax_cases())

@@ -16,6 +16,7 @@ reader must find in them, in st_expect.h5:
                           hf_*/<name> float32 value of every tensor of the HF dirs
   st_hf_q2/               Qwen2-MoE, v5 layout, bf16, 3 shards (hf_ref.py make)
   st_hf_mx/               Mixtral, v4 layout, f32, one file
+  st_hf_f8/               Qwen3-MoE, v4, FP8 (F8_E4M3 + *_scale_inv blocks of 32x16), 2 shards
 """
 import argparse
 import os
@@ -106,7 +107,16 @@ def main():
             for name, v in tens.items():
                 f[tag + "/" + name] = v.to(torch.float32).numpy()
             f.attrs["n_" + tag] = len(tens)
-    print("fixtures_safetensors: st_dtypes.safetensors, 2 HF dirs, st_expect.h5 in %s" % a.out)
+        # FP8 (DeepSeek-V3's format) on Qwen3-MoE: F8_E4M3 projections with block scales of 32x16
+        # (edge blocks partial); the expected float32 values are hf_ref's dequantization (q * s)
+        d = os.path.join(a.out, "st_hf_f8")
+        shutil.rmtree(d, ignore_errors=True)
+        hf_ref.make("qwen3_moe", d, dtype="fp8", shards=2, seed=3)
+        _, deq = hf_ref.load(d)
+        for name, v in deq.items():
+            f["hf_f8/" + name] = v.to(torch.float32).numpy()
+        f.attrs["n_hf_f8"] = len(deq)
+    print("fixtures_safetensors: st_dtypes.safetensors, 3 HF dirs, st_expect.h5 in %s" % a.out)
 
 
 if __name__ == "__main__":

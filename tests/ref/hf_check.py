@@ -175,10 +175,11 @@ def prepare_bad(w, st):
          cfg=lambda c: c.__setitem__("model_type", "mistral"))
     case("sliding_window", base, "sliding_window 16 is below the context (max_position_embeddings 512)",
          cfg=lambda c: c.__setitem__("sliding_window", 16))
-    case("rope_scaling", ol, 'rope_scaling type "yarn" is not supported',
-         cfg=lambda c: c.__setitem__("rope_scaling", {"type": "yarn", "factor": 4.0}))
-    case("rope_parameters", q3, 'rope_parameters rope_type "linear" is not supported',
-         cfg=lambda c: c.__setitem__("rope_parameters", {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0}))
+    # yarn and linear are computed (issue 16; tests/cli/hf_dsv3.sh): the other types are refused by name
+    case("rope_scaling", ol, 'rope_scaling type "dynamic" is not supported',
+         cfg=lambda c: c.__setitem__("rope_scaling", {"type": "dynamic", "factor": 4.0}))
+    case("rope_parameters", q3, 'rope_scaling type "llama3" is not supported',
+         cfg=lambda c: c.__setitem__("rope_parameters", {"rope_type": "llama3", "rope_theta": 1e6, "factor": 2.0}))
     case("hidden_act", base, 'hidden_act "gelu" is not supported', cfg=lambda c: c.__setitem__("hidden_act", "gelu"))
     case("quantization", base, 'quantization_config (quant_method "gptq"): quantized checkpoints are not supported',
          cfg=lambda c: c.__setitem__("quantization_config", {"quant_method": "gptq", "bits": 4}))

@@ -6,9 +6,13 @@ layout, and float64 log-probabilities, gradients and greedy tokens from them.
 The math is tests/ref/hf/model.py, the layouts tests/ref/hf/families.py, the
 file format tests/ref/hf/st.py (docs/import.md describes all three).
 
-  hf_ref.py make --family F --out DIR [--dtype f32|bf16] [--shards N] [--layout v4|v5] [--seed S]
+  hf_ref.py make --family F --out DIR [--dtype f32|bf16|fp8] [--shards N] [--layout v4|v5] [--seed S]
       config.json, generation_config.json and model.safetensors, or N shards
-      model-0000i-of-0000N.safetensors + model.safetensors.index.json
+      model-0000i-of-0000N.safetensors + model.safetensors.index.json;
+      fp8: DeepSeek-V3's release format (every *_proj.weight F8_E4M3 with a
+      float32 *_scale_inv per block, quantization_config in config.json;
+      the tiny models use blocks of families.FP8_TINY_BLOCK so that a weight
+      has several, edge blocks included), the rest bf16
   hf_ref.py logprobs DIR (--ids FILE | --data DATA.bin --seq-len T | --text FILE --seq-len T)
                      [--max-windows N] [--out OUT.json] [--npz OUT.npz]
       --ids: one sequence per row (JSON list of lists, or whitespace/comma
@@ -50,11 +54,15 @@ from hf.model import HFRef  # noqa: E402
 def make(family, out, dtype="f32", shards=1, layout="v4", seed=0, over=None):
     """Writes the tiny checkpoint; returns (config, tensors as stored)."""
     cfg = families.config_json(family, dtype, layout, over)
+    if dtype == "fp8" and "quantization_config" not in cfg:
+        cfg["quantization_config"] = families.fp8_config(families.FP8_TINY_BLOCK)
     t = families.random_tensors(cfg, seed)
     if layout == "v5":
         t = families.to_v5(cfg, t)
-    if dtype == "bf16":
+    if dtype in ("bf16", "fp8"):
         t = {n: v.to(torch.bfloat16) for n, v in t.items()}
+    if dtype == "fp8":
+        t = families.quantize_fp8(t, cfg["quantization_config"]["weight_block_size"])
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         f.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
@@ -71,7 +79,7 @@ def make(family, out, dtype="f32", shards=1, layout="v4", seed=0, over=None):
 def load(d, requires_grad=False):
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
-    t = st.load_dir(d)
+    t = families.dequantize_fp8(cfg, st.load_dir(d))
     if requires_grad:
         t = {n: v.to(torch.float64).requires_grad_(True) for n, v in t.items()}
     return cfg, t
@@ -194,16 +202,16 @@ def cmd_greedy(a):
 
 def cmd_selfcheck(a):
     import hf.selfcheck as sc
-    return sc.run(a.families or list(families.FAMILIES))
+    return sc.run(a.families or list(families.MAKE_FAMILIES))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
-    m.add_argument("--family", required=True, choices=families.FAMILIES)
+    m.add_argument("--family", required=True, choices=families.MAKE_FAMILIES)
     m.add_argument("--out", required=True)
-    m.add_argument("--dtype", default="f32", choices=("f32", "bf16"))
+    m.add_argument("--dtype", default="f32", choices=("f32", "bf16", "fp8"))
     m.add_argument("--shards", type=int, default=1)
     m.add_argument("--layout", default="v4", choices=("v4", "v5"))
     m.add_argument("--seed", type=int, default=0)

@@ -40,13 +40,73 @@ def rmsnorm(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def rope_tables(T, hd, theta, offset=0):
-    """cos, sin (T, hd) float64 holding HF's float32 values."""
+def yarn_get_mscale(scale, mscale=1.0):
+    """HF yarn_get_mscale / get_mscale (Python floats)."""
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_inv_freq(hd, theta, scaling=None, max_pos=None):
+    """(inv_freq float32 (hd/2,), attention_factor) as transformers'
+    ROPE_INIT_FUNCTIONS compute them (modeling_rope_utils.py): default,
+    linear (inv_freq / factor) and yarn (_compute_yarn_parameters: the
+    linear-ramp blend of interpolated and extrapolated frequencies).  The
+    factor is rope_scaling["factor"] (transformers 5; 4.5x took
+    max_position_embeddings / original_max_position_embeddings when the
+    latter is given, the same number for every published config)."""
+    typ = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).to(torch.float32) / hd))
-    pos = torch.arange(offset, offset + T, dtype=torch.float32)
+    if typ == "default":
+        return inv, 1.0
+    factor = scaling["factor"]
+    if typ == "linear":
+        return inv / factor, 1.0
+    if typ != "yarn":
+        raise ValueError("rope_scaling type %r is not supported" % typ)
+    orig = scaling.get("original_max_position_embeddings") or max_pos
+    att = scaling.get("attention_factor")
+    ms, msa = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if att is None:
+        att = float(yarn_get_mscale(factor, ms) / yarn_get_mscale(factor, msa)) if ms and msa else yarn_get_mscale(factor)
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def corr_dim(n_rot):
+        return (hd * math.log(orig / (n_rot * 2 * math.pi))) / (2 * math.log(theta))
+
+    lo, hi = corr_dim(fast), corr_dim(slow)
+    if scaling.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, hd - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = torch.clamp((torch.arange(hd // 2, dtype=torch.float32) - lo) / (hi - lo), 0, 1)
+    pos_freqs = theta ** (torch.arange(0, hd, 2).to(torch.float32) / hd)
+    extra, inter = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    ef = 1 - ramp
+    return inter * (1 - ef) + extra * ef, att
+
+
+def softmax_scale_factor(scaling):
+    """DeepSeek-V3 attention __init__: scaling *= mscale^2 when
+    rope_scaling has mscale_all_dim (mscale = yarn_get_mscale(factor, it))."""
+    if not scaling or not scaling.get("mscale_all_dim"):
+        return 1.0
+    m = yarn_get_mscale(scaling["factor"], scaling["mscale_all_dim"])
+    return m * m
+
+
+def rope_tables(T, hd, theta, offset=0, scaling=None, max_pos=None, positions=None):
+    """cos, sin (T, hd) float64 holding HF's float32 values: emb.cos() *
+    attention_scaling in float32 (HF's RotaryEmbedding runs autocast off)."""
+    inv, att = rope_inv_freq(hd, theta, scaling, max_pos)
+    pos = torch.arange(offset, offset + T, dtype=torch.float32) if positions is None else positions.to(torch.float32)
     freqs = pos[:, None] * inv[None, :]                       # float32, one rounding as HF's matmul
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(torch.float64), emb.sin().to(torch.float64)
+    c, s = emb.cos(), emb.sin()
+    if att != 1.0:
+        c, s = c * att, s * att
+    return c.to(torch.float64), s.to(torch.float64)
 
 
 def rotate_half(x):
@@ -108,6 +168,76 @@ class HFRef:
         a = a.transpose(1, 2).reshape(B, T, H * hd)
         return self.linear(a, p + "o_proj", s["attn_bias"])
 
+    def mla_attention(self, l, h, cos, sin):
+        """DeepseekV3Attention, the naive (not absorbed) form of the HF code:
+        q = q_b(q_a_norm(q_a(h))) or q_proj(h), split per head [nope | rope];
+        kv_a(h) = [c_kv (r) | k_rope (rope), one shared by the heads];
+        kv_b(kv_a_norm(c_kv)) per head [k_nope | v]; RoPE on the rope parts
+        (rope_interleave: HF's apply_rotary_pos_emb_interleave, i.e. the
+        pairs (2i, 2i+1) regrouped to (i, i + rope/2) before rotate-half);
+        softmax scale (nope + rope)^-0.5 x mscale^2 (YaRN mscale_all_dim)."""
+        s, w, p = self.s, self.w, "model.layers.%d.self_attn." % l
+        B, T, _ = h.shape
+        H, nope, rope, vd, r = s["H"], s["nope"], s["rope"], s["vd"], s["r"]
+        if s["qr"]:
+            q = self.linear(rmsnorm(self.linear(h, p + "q_a_proj"), w[p + "q_a_layernorm.weight"], s["eps"]), p + "q_b_proj")
+        else:
+            q = self.linear(h, p + "q_proj")
+        q = q.view(B, T, H, nope + rope).transpose(1, 2)
+        q_pass, q_rot = q[..., :nope], q[..., nope:]
+        ckv = self.linear(h, p + "kv_a_proj_with_mqa")
+        c, k_rot = ckv[..., :r], ckv[..., r:]
+        kv = self.linear(rmsnorm(c, w[p + "kv_a_layernorm.weight"], s["eps"]), p + "kv_b_proj")
+        kv = kv.view(B, T, H, nope + vd).transpose(1, 2)
+        k_pass, v = kv[..., :nope], kv[..., nope:]
+        k_rot = k_rot.reshape(B, 1, T, rope)
+        if s["interleave"]:
+            q_rot = q_rot.reshape(B, H, T, rope // 2, 2).transpose(4, 3).reshape(B, H, T, rope)
+            k_rot = k_rot.reshape(B, 1, T, rope // 2, 2).transpose(4, 3).reshape(B, 1, T, rope)
+        q_rot = q_rot * cos + rotate_half(q_rot) * sin
+        k_rot = k_rot * cos + rotate_half(k_rot) * sin
+        k_rot = k_rot.expand(B, H, T, rope)
+        qq = torch.cat([q_pass, q_rot], -1)
+        kk = torch.cat([k_pass, k_rot], -1)
+        scale = (nope + rope) ** -0.5 * softmax_scale_factor(s["rope_scaling"])
+        scores = (qq @ kk.transpose(2, 3)) * scale
+        mask = torch.full((T, T), float("-inf"), dtype=scores.dtype).triu(1)
+        a = torch.softmax(scores + mask, dim=-1) @ v
+        a = a.transpose(1, 2).reshape(B, T, H * vd)
+        return self.linear(a, p + "o_proj")
+
+    def v3_route(self, x, m, stats):
+        """DeepseekV3TopkRouter + the MoE's weights: s = sigmoid(x Wr^T);
+        choice scores s + e_score_correction_bias; a group's score the sum
+        of its top 2; the best topk_group groups kept, the others masked to
+        -inf; top-k of the kept; weights from the unbiased s, renormalised
+        (+1e-20) when norm_topk_prob, times routed_scaling_factor."""
+        s, w = self.s, self.w
+        E, G, k = s["E"], s["n_group"], s["k"]
+        logits = x @ w[m + "gate.weight"].T
+        sc = torch.sigmoid(logits)
+        choice = sc + w[m + "gate.e_score_correction_bias"][None, :]
+        N = x.shape[0]
+        if G > 1:
+            gs = choice.view(N, G, E // G).topk(2, dim=-1)[0].sum(-1)           # (N, G)
+            gidx = gs.topk(s["topk_group"], dim=-1)[1]
+            keep = torch.zeros_like(gs, dtype=torch.bool).scatter(1, gidx, True)
+            if s["topk_group"] < G:
+                srt = torch.sort(gs.detach(), -1, descending=True).values
+                stats["router_min_gap"] = min(stats.get("router_min_gap", math.inf),
+                                              float((srt[:, s["topk_group"] - 1] - srt[:, s["topk_group"]]).min()))
+            choice = choice.masked_fill(~keep[:, :, None].expand(N, G, E // G).reshape(N, E), float("-inf"))
+        topi = choice.topk(k, dim=-1)[1]
+        if k < E:
+            srt = torch.sort(choice.detach(), -1, descending=True).values
+            nxt = srt[:, k]
+            gap = torch.where(torch.isinf(nxt), torch.full_like(nxt, math.inf), srt[:, k - 1] - nxt)
+            stats["router_min_gap"] = min(stats.get("router_min_gap", math.inf), float(gap.min()))
+        topv = sc.gather(1, topi)
+        if s["norm_topk"]:
+            topv = topv / (topv.sum(-1, keepdim=True) + 1e-20)
+        return logits, topi, topv * s["rsf"]
+
     def swiglu(self, x, g, u, dn):
         return (torch.nn.functional.silu(x @ g.T) * (x @ u.T)) @ dn.T
 
@@ -116,15 +246,18 @@ class HFRef:
         m = "model.layers.%d.%s." % (l, families.moe_prefix(s, self.layout))
         B, T, d = h.shape
         x = h.reshape(B * T, d)
-        logits = x @ w[m + "gate.weight"].T                              # (N, E)
-        probs = torch.softmax(logits, dim=-1)
-        topv, topi = torch.topk(probs, s["k"], dim=-1)
-        if s["k"] < s["E"]:
+        if s["family"] == "deepseek_v3":
+            logits, topi, topv = self.v3_route(x, m, stats)
+        else:
+            logits = x @ w[m + "gate.weight"].T                          # (N, E)
+            probs = torch.softmax(logits, dim=-1)
+            topv, topi = torch.topk(probs, s["k"], dim=-1)
+        if s["family"] != "deepseek_v3" and s["k"] < s["E"]:
             # margin of the routing decision: how far the k-th choice is from the next
             srt = torch.sort(probs.detach(), dim=-1, descending=True).values
             stats["router_min_gap"] = min(stats.get("router_min_gap", math.inf),
                                           float((srt[:, s["k"] - 1] - srt[:, s["k"]]).min()))
-        if s["norm_topk"]:
+        if s["norm_topk"] and s["family"] != "deepseek_v3":
             topv = topv / topv.sum(-1, keepdim=True)
         y = torch.zeros_like(x)
         g, u, dn = families.expert_names(s)
@@ -146,6 +279,9 @@ class HFRef:
             sh = m + "shared_expert."
             shared = self.swiglu(x, w[sh + "gate_proj.weight"], w[sh + "up_proj.weight"], w[sh + "down_proj.weight"])
             y = y + torch.sigmoid(x @ w[m + "shared_expert_gate.weight"].T) * shared
+        if s["family"] == "deepseek_v3" and s["shared"]:                   # ungated
+            sh = m + "shared_experts."
+            y = y + self.swiglu(x, w[sh + "gate_proj.weight"], w[sh + "up_proj.weight"], w[sh + "down_proj.weight"])
         stats.setdefault("router_logits", []).append(logits)
         stats.setdefault("routes", []).append(topi)
         return y.view(B, T, d)
@@ -161,11 +297,12 @@ class HFRef:
         if int(ids.max()) >= s["V"] or int(ids.min()) < 0:
             raise ValueError("token id out of [0, %d)" % s["V"])
         B, T = ids.shape
-        cos, sin = rope_tables(T, s["hd"], s["theta"])
+        cos, sin = rope_tables(T, s["hd"], s["theta"], scaling=s["rope_scaling"], max_pos=s["max_pos"])
         x = w["model.embed_tokens.weight"][ids]
         for l in range(s["L"]):
             p = "model.layers.%d." % l
-            x = x + self.attention(l, rmsnorm(x, w[p + "input_layernorm.weight"], s["eps"]), cos, sin)
+            attn = self.mla_attention if s.get("mla") else self.attention
+            x = x + attn(l, rmsnorm(x, w[p + "input_layernorm.weight"], s["eps"]), cos, sin)
             h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], s["eps"])
             if s["moe_layers"][l]:
                 x = x + self.moe(l, h, stats)

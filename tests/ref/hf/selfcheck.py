@@ -172,6 +172,148 @@ def check_family(c, fam, tmp):
         c.check(fam, "refuses an unexpected tensor", "extra" in str(e), str(e)[:60])
 
 
+def _grads_vs_fd(c, fam, cfg, t, ids):
+    tg = {n: v.to(torch.float64).requires_grad_(True) for n, v in t.items()}
+    loss = HFRef(cfg, tg).loss(ids[:, :-1], ids[:, 1:])[0]
+    loss.backward()
+    for v in tg.values():
+        if v.grad is None:
+            v.grad = torch.zeros_like(v)
+    g = torch.Generator().manual_seed(11)
+    worst = 0.0
+    for _ in range(2):
+        dirs = {n: torch.randn(v.shape, generator=g, dtype=torch.float64) for n, v in tg.items()}
+        norm = math.sqrt(sum(float((x * x).sum()) for x in dirs.values()))
+        analytic = sum(float((tg[n].grad * dirs[n]).sum()) for n in tg) / norm
+        h = 1e-5
+        with torch.no_grad():
+            lp = HFRef(cfg, {n: tg[n] + h * dirs[n] / norm for n in tg}).loss(ids[:, :-1], ids[:, 1:])[0]
+            lm = HFRef(cfg, {n: tg[n] - h * dirs[n] / norm for n in tg}).loss(ids[:, :-1], ids[:, 1:])[0]
+        worst = max(worst, abs(float(lp - lm) / (2 * h) - analytic) / max(abs(analytic), 1e-3))
+    c.check(fam, "grads == central differences", worst < 1e-6, "worst rel err %.2e" % worst)
+    dead = [n for n in tg if float(tg[n].grad.abs().max()) == 0]
+    # the correction bias moves the choice only: it has no gradient, as in HF (a buffer)
+    c.check(fam, "gradients reach all but unchosen experts and the bias",
+            all(".experts." in n or n.endswith("e_score_correction_bias") for n in dead),
+            "%d tensors, %d without gradient" % (len(tg), len(dead)))
+
+
+def check_dsv3(c, fam, tmp):
+    """DeepseekV3ForCausalLM (fam: deepseek_v3 or the kimi_k2 layout)."""
+    from .model import rope_inv_freq, softmax_scale_factor
+    cfg = families.config_json(fam)
+    s = families.spec(cfg)
+    t = families.random_tensors(cfg, seed=3)
+    ids = _ids(cfg)
+    lp = _lp(cfg, t, ids)
+    c.check(fam, "logprobs are not trivial", float(lp.std()) > 0.3 and float(lp.max()) < 0,
+            "std %.3f" % float(lp.std()))
+    c.check(fam, "q_lora_rank %s" % ("set: q_a/q_b" if s["qr"] else "null: q_proj"),
+            ("model.layers.0.self_attn.q_a_proj.weight" in t) == bool(s["qr"]), "")
+
+    # the router, recomputed by loops: groups by the sum of their top 2 biased scores, the best
+    # topk_group kept, top-k of the kept, weights from the unbiased scores
+    ref = HFRef(cfg, t)
+    l = s["moe_layers"].index(True)
+    m = "model.layers.%d.mlp." % l
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(40, s["d"], generator=g, dtype=torch.float64)
+    _, topi, topv = ref.v3_route(x, m, {})
+    W, b = ref.w[m + "gate.weight"], ref.w[m + "gate.e_score_correction_bias"]
+    E, G, k, per = s["E"], s["n_group"], s["k"], s["E"] // s["n_group"]
+    bad = 0
+    for n in range(x.shape[0]):
+        sc = [1 / (1 + math.exp(-float(x[n] @ W[e]))) for e in range(E)]
+        ch = [sc[e] + float(b[e]) for e in range(E)]
+        gsum = [sum(sorted(ch[j * per:(j + 1) * per], reverse=True)[:2]) if G > 1 else 0.0 for j in range(G)]
+        kept = sorted(range(G), key=lambda j: -gsum[j])[:s["topk_group"]]
+        cand = [e for e in range(E) if e // per in kept]
+        best = sorted(cand, key=lambda e: -ch[e])[:k]
+        wsum = sum(sc[e] for e in best)
+        want = {e: sc[e] / wsum * s["rsf"] for e in best}
+        got = {int(e): float(v) for e, v in zip(topi[n], topv[n])}
+        bad += set(got) != set(want) or any(abs(got[e] - want[e]) > 1e-12 for e in want)
+    c.check(fam, "router == a loop over groups (%d groups, %d kept)" % (G, s["topk_group"]), bad == 0,
+            "%d of %d tokens differ" % (bad, x.shape[0]))
+    if G > 1:
+        # -inf, not 0: with a negative bias a masked group's 0 would outrank kept experts
+        t2 = dict(t)
+        t2[m + "gate.e_score_correction_bias"] = t[m + "gate.e_score_correction_bias"] - 5.0
+        _, ti2, _ = HFRef(cfg, t2).v3_route(x, m, {})
+        _, ti0, _ = ref.v3_route(x, m, {})
+        c.check(fam, "masked groups are -inf (a uniform bias shift keeps the choice)", torch.equal(ti2, ti0), "")
+
+    # each feature matters
+    def diff(cc=None, tt=None):
+        return _maxdiff(_lp(cc or cfg, tt or t, ids), lp)
+    c.check(fam, "e_score_correction_bias matters",
+            diff(tt={n: (v * 0 if n.endswith("correction_bias") else v) for n, v in t.items()}) > 1e-3, "")
+    c.check(fam, "shared experts matter",
+            diff(tt={n: (v * 0 if "shared_experts.down" in n else v) for n, v in t.items()}) > 1e-3, "")
+    cc = copy.deepcopy(cfg)
+    cc["rope_interleave"] = False
+    c.check(fam, "rope_interleave matters", diff(cc) > 1e-3, "")
+    cc = copy.deepcopy(cfg)
+    cc["rope_scaling"].pop("mscale_all_dim")
+    c.check(fam, "the mscale softmax factor matters (%.4f)" % softmax_scale_factor(cfg["rope_scaling"]),
+            diff(cc) > 1e-3, "")
+    cc = copy.deepcopy(cfg)
+    cc["rope_scaling"] = None
+    c.check(fam, "YaRN matters", diff(cc) > 1e-3, "")
+    cc = copy.deepcopy(cfg)
+    cc["routed_scaling_factor"] = 1.0
+    c.check(fam, "routed_scaling_factor matters", diff(cc) > 1e-3, "")
+    c.check(fam, "layer 0 dense (first_k_dense_replace)",
+            "model.layers.0.mlp.gate_proj.weight" in t and "model.layers.1.mlp.gate.weight" in t, "")
+
+    # YaRN's inv_freq against the paper's formula in float64 (HF's is float32)
+    sc = cfg["rope_scaling"]
+    hd, th, fac = s["rope"], s["theta"], float(sc["factor"])
+    inv32, att = rope_inv_freq(hd, th, sc, s["max_pos"])
+    orig = sc["original_max_position_embeddings"]
+    cd = lambda r: hd * math.log(orig / (r * 2 * math.pi)) / (2 * math.log(th))
+    lo, hi = max(math.floor(cd(sc["beta_fast"] or 32)), 0), min(math.ceil(cd(sc["beta_slow"] or 1)), hd - 1)
+    if lo == hi:
+        hi += 0.001
+    worst = 0.0
+    for i in range(hd // 2):
+        base = th ** (-2 * i / hd)
+        ramp = min(max((i - lo) / (hi - lo), 0.0), 1.0)
+        want = base / fac * ramp + base * (1 - ramp)
+        worst = max(worst, abs(float(inv32[i]) - want) / want)
+    c.check(fam, "yarn inv_freq == the formula in float64", worst < 3e-7, "worst rel %.2e, attention factor %.4f"
+            % (worst, att))
+
+    if fam == "kimi_k2":   # the same code as deepseek_v3's below: its checks there
+        return
+    _grads_vs_fd(c, fam, cfg, t, ids)
+
+    # FP8: quantized per block, decoded and rescaled, within e4m3's precision (2^-4 relative to
+    # each block's max) and not equal
+    tq = families.quantize_fp8({n: v.to(torch.bfloat16) for n, v in t.items()}, families.FP8_TINY_BLOCK)
+    d = os.path.join(tmp, fam + "_fp8")
+    st.save_sharded(tq, d, 2, metadata={"format": "pt"})
+    cq = families.config_json(fam, "fp8")
+    cq["quantization_config"] = families.fp8_config(families.FP8_TINY_BLOCK)
+    back = families.dequantize_fp8(cq, st.load_dir(d))
+    worst, n8 = 0.0, 0
+    b0, b1 = families.FP8_TINY_BLOCK
+    for n, v in t.items():
+        if not families.fp8_quantized(n, v):
+            continue
+        n8 += 1
+        ref_w = v.to(torch.bfloat16).to(torch.float32)
+        for i in range(0, v.shape[0], b0):
+            for j in range(0, v.shape[1], b1):
+                blk, got = ref_w[i:i + b0, j:j + b1], back[n][i:i + b0, j:j + b1]
+                worst = max(worst, float((got - blk).abs().max()) / float(blk.abs().max()))
+    c.check(fam, "fp8 round trip within e4m3 precision (%d weights)" % n8, 0 < worst <= 2 ** -4, "worst %.3g" % worst)
+    lq = _lp(cq, back, ids)
+    dq, mq = _maxdiff(lq, lp), float((lq - lp).abs().mean())
+    # e4m3 keeps 3 mantissa bits: on a tiny random model that moves logprobs by ~0.1
+    c.check(fam, "fp8 logprobs near f32, not equal", 1e-5 < dq and mq < 0.3, "max |dlogp| %.2e, mean %.2e" % (dq, mq))
+
+
 def check_tandem(c):
     """Mixtral is SPEC section 2's model: compare with tandem_ref.py."""
     from tandem_ref import TandemRef
@@ -208,7 +350,10 @@ def run(fams):
     c = Checker()
     with tempfile.TemporaryDirectory(prefix="hf_selfcheck_") as tmp:
         for fam in fams:
-            check_family(c, fam, tmp)
+            if fam in ("deepseek_v3", "kimi_k2"):
+                check_dsv3(c, fam, tmp)
+            else:
+                check_family(c, fam, tmp)
     if "mixtral" in fams:
         check_tandem(c)
     if c.failed:

@@ -33,6 +33,51 @@ ORDER = ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16", "F16
 TORCH_TO_ST = {v[0]: k for k, v in DTYPES.items()}
 
 
+# ---------------------------------------------------------------- F8_E4M3 (torch 1.13 has no float8)
+# e4m3fn: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities;
+# 0x7F / 0xFF are NaN; the largest finite value is 448; e = 0 is subnormal
+# (m 2^-9).  Writers pass F8 tensors as ("F8_E4M3", shape, raw bytes).
+
+def f8e4m3_decode_table():
+    """float32 value of each of the 256 codes."""
+    v = np.zeros(256, dtype=np.float32)
+    for b in range(256):
+        sgn, e, m = (-1.0 if b & 0x80 else 1.0), (b >> 3) & 0xF, b & 0x7
+        if e == 15 and m == 7:
+            v[b] = np.nan
+        elif e == 0:
+            v[b] = sgn * m * 2.0 ** -9
+        else:
+            v[b] = sgn * (1 + m / 8.0) * 2.0 ** (e - 7)
+    return v
+
+
+F8_TABLE = f8e4m3_decode_table()
+_POS = np.arange(0x7F)                    # codes 0 .. 0x7E: the finite non-negative values, increasing
+_POS_V = F8_TABLE[_POS].astype(np.float64)
+
+
+def f8e4m3_encode(x):
+    """Nearest e4m3fn code of each float (ties to the even code), saturating
+    at +-448 (what torch's float8_e4m3fn cast gives for finite values in
+    range).  x: numpy float array -> uint8 array of the same shape."""
+    a = np.abs(np.asarray(x, dtype=np.float64)).ravel()
+    a = np.minimum(a, 448.0)
+    hi = np.clip(np.searchsorted(_POS_V, a, side="left"), 0, len(_POS) - 1)
+    lo = np.clip(hi - 1, 0, len(_POS) - 1)
+    dlo, dhi = a - _POS_V[lo], _POS_V[hi] - a
+    pick = np.where(dlo < dhi, lo, np.where(dhi < dlo, hi, np.where(lo % 2 == 0, lo, hi)))
+    code = _POS[pick].astype(np.uint8)
+    neg = (np.asarray(x).ravel() < 0) & (code != 0)
+    code = np.where(neg, code | 0x80, code).astype(np.uint8)
+    return code.reshape(np.shape(x))
+
+
+def f8e4m3_to_f32(codes):
+    """uint8 codes -> float32 torch tensor (exact)."""
+    return torch.from_numpy(F8_TABLE[np.asarray(codes, dtype=np.uint8)])
+
+
 def tensor_bytes(t):
     """Raw little-endian bytes of a torch tensor, row-major."""
     t = t.detach().contiguous().cpu()
@@ -90,7 +135,8 @@ def save_sharded(tensors, out_dir, n_shards, metadata=None):
     names = list(tensors)
     if n_shards > len(names):
         raise ValueError("%d shards for %d tensors" % (n_shards, len(names)))
-    sizes = [tensors[n].numel() * tensors[n].element_size() for n in names]
+    sizes = [len(tensors[n][2]) if isinstance(tensors[n], tuple) else tensors[n].numel() * tensors[n].element_size()
+             for n in names]
     total, target = sum(sizes), sum(sizes) / n_shards
     groups, cur = [[]], 0
     for i, (n, s) in enumerate(zip(names, sizes)):
@@ -125,6 +171,11 @@ def load_file(path):
             continue
         dt, shape = info["dtype"], info["shape"]
         b, e = info["data_offsets"]
+        if dt == "F8_E4M3":                 # decoded to float32, exactly
+            count = int(np.prod(shape)) if shape else 1
+            assert e - b == count and e <= len(data), "%s: %s: bad data_offsets" % (path, name)
+            out[name] = f8e4m3_to_f32(np.frombuffer(data[b:e], dtype=np.uint8)).reshape(shape)
+            continue
         tdt, size = DTYPES[dt]
         count = int(np.prod(shape)) if shape else 1
         assert e - b == count * size and e <= len(data), "%s: %s: bad data_offsets" % (path, name)
