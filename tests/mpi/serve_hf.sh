@@ -9,7 +9,10 @@
 # Qwen3-MoE v5 bf16 in 3 shards (fused gate_up_proj split under tp, per-head
 # q/k norms, a dense/MoE schedule), Qwen2-MoE v4 (q/k/v biases split with
 # the heads, the gated shared expert split under tp), Mixtral v5 and OLMoE
-# v4 bf16 (full-width q/k norms all-reduced over tp, clip_qkv).
+# v4 bf16 (full-width q/k norms all-reduced over tp, clip_qkv), and
+# DeepSeek-V3 and Kimi-K2 in FP8 (MLA's heads split under tp with the
+# latent replicated, block-scaled weights sliced per rank, the sigmoid
+# group-limited router with its correction bias, an ungated shared expert).
 set -eu
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -34,11 +37,12 @@ sys.path.insert(0, "tests/ref")
 import hf_ref
 w = sys.argv[1]
 for fam, lay, dt, sh in (("qwen3_moe", "v5", "bf16", 3), ("qwen2_moe", "v4", "f32", 1),
-                         ("mixtral", "v5", "f32", 2), ("olmoe", "v4", "bf16", 1)):
+                         ("mixtral", "v5", "f32", 2), ("olmoe", "v4", "bf16", 1),
+                         ("deepseek_v3", "v4", "fp8", 2), ("kimi_k2", "v4", "fp8", 1)):
     hf_ref.make(fam, "%s/%s" % (w, fam), dt, sh, lay, seed=21)
 EOF
 fail=0
-for fam in qwen3_moe qwen2_moe mixtral olmoe; do
+for fam in qwen3_moe qwen2_moe mixtral olmoe deepseek_v3 kimi_k2; do
     D=$W/$fam
     # a log per server and family: a server still stopping never writes into the next one's
     L=$W/$fam
