@@ -5,17 +5,23 @@
 
     /usr/bin/python3 bench/plan_tables.py [CONFIG ...]
 
-MERGE NOTE (issue 16): add configs/dsv3_3t_1m.json, configs/deepseek_v3.json
-and configs/kimi_k2.json to CASES (their keys: seq_len / context up to their
-max_position_embeddings) and rerun to refresh docs/planning.md."""
+The configs: moe128, Mixtral-8x7B, DeepSeek-V3, Kimi-K2 and the 3T-parameter
+1M-context variant (configs/dsv3_3t_1m.json)."""
 import json, os, subprocess, sys
 
 CASES = {
     "configs/moe128.json": {"train": "seq_len=1024 global_batch=8192 recompute=full zero=1",
                             "serve": "context=1024 concurrency=64"},
     "configs/mixtral_8x7b.json": {"train": "seq_len=4096 global_batch=4096 recompute=full zero=1",
-                                  "serve": "context=32768 concurrency=64"},
-    # "configs/dsv3_3t_1m.json": {...}, "configs/deepseek_v3.json": {...}, "configs/kimi_k2.json": {...}
+                                  "serve": "context=32768 concurrency=16 dtype=bf16 kv_dtype=bf16"},
+    # issue 16's configs: pretraining windows of 4k tokens (no context parallelism yet, issue 19);
+    # serving DeepSeek-V3 / Kimi-K2 at 32k x 64 and the 3T model one 1M-token request
+    "configs/deepseek_v3.json": {"train": "seq_len=4096 global_batch=8192 recompute=full zero=1",
+                                 "serve": "context=32768 concurrency=16 dtype=bf16 kv_dtype=bf16"},
+    "configs/kimi_k2.json": {"train": "seq_len=4096 global_batch=8192 recompute=full zero=1",
+                             "serve": "context=32768 concurrency=16 dtype=bf16 kv_dtype=bf16"},
+    "configs/dsv3_3t_1m.json": {"train": "seq_len=4096 global_batch=8192 recompute=full zero=1",
+                                "serve": "context=1048576 concurrency=1 dtype=bf16 kv_dtype=bf16"},
 }
 GIB = 1024 ** 3
 
