@@ -3,10 +3,8 @@
 # devices (issue 17: interactive, < 2 s), training and serving, for the
 # big configs there are.  Indicative on a shared machine: the planner runs
 # on one core and does no I/O, so other load slows it about linearly.
-#
-# MERGE NOTE (issue 16): configs/dsv3_3t_1m.json, configs/deepseek_v3.json
-# and configs/kimi_k2.json join the list below as soon as they exist; the
-# planner needs nothing else (its sizes come from the model's own table).
+# The DeepSeek-V3-family configs (issue 16) need nothing of their own:
+# their sizes come from the model's own parameter table.
 set -eu
 cd "$(dirname "$0")/.."
 T=bin/tandem
