@@ -47,7 +47,7 @@ for d in "$W"/m/*/; do
     $T ckpt import "$d" "$d/import.ckpt.h5" >/dev/null 2>"$W/err" || { fail "import $v"; cat "$W/err"; continue; }
     $T score --ckpt "$d/import.ckpt.h5" --text "$W/text" --seq-len 24 --output "$d/import.h5" >/dev/null 2>"$W/err" \
         || { fail "score the import of $v"; cat "$W/err"; }
-    case $v in q3_fp8|ds_fp8|ds_bf16)
+    case $v in q3_fp8|ds_fp8|ds_bf16|kimi_fp8)
         $T ckpt export "$d/import.ckpt.h5" "$d/export" --format hf --shard-mb 0.25 >/dev/null 2>"$W/err" \
             || { fail "export $v"; cat "$W/err"; continue; }
         $T score --ckpt "$d/export" --text "$W/text" --seq-len 24 --output "$d/export.h5" >/dev/null 2>"$W/err" \

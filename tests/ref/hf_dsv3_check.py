@@ -12,7 +12,7 @@ layout), in one process per phase, like tests/ref/hf_check.py:
         q3_fp8         Qwen3-MoE FP8 (F8_E4M3 + *_scale_inv blocks), 2 shards
         ds_bf16        DeepseekV3ForCausalLM bf16, 3 shards
         ds_fp8         DeepseekV3ForCausalLM FP8, 2 shards, with an MTP layer (read past)
-        kimi_fp8       the Kimi-K2 layout (model_type kimi_k2, 24 experts, one group, q_proj) FP8
+        kimi_fp8       the Kimi-K2 layout (model_type kimi_k2, 384 experts top-8, one group, q_proj) FP8
       W/grad/<variant>/  the reference's gradient of one training step on DATA.bin (ds_bf16, kimi_fp8)
       W/greedy/ds_fp8.json   hf_ref greedy from PROMPT
       W/bad/<case>/    directories tandem must refuse; W/bad/cases.txt: case TAB message
@@ -188,7 +188,7 @@ def check(w):
              (name, worst[name], LP_TOL, extra, "; router margin %.1e" % gap if gap else ""))
     # the FP8 exports: no quantization_config, no F8 tensors; bf16 round trip bit-identical
     from hf import st
-    for name in ("q3_fp8", "ds_fp8"):
+    for name in ("q3_fp8", "ds_fp8", "kimi_fp8"):
         e = os.path.join(w, "m", name, "export")
         try:
             cfg = json.load(open(os.path.join(e, "config.json")))

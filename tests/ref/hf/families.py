@@ -97,7 +97,7 @@ TINY = {
 # sigmoid group-limited routing over 4 groups with the correction bias, one
 # dense layer first, an ungated shared expert, YaRN with mscale (the softmax
 # scale factor), interleaved RoPE.  kimi_k2: the Kimi-K2-Instruct layout
-# (model_type kimi_k2, one group, more experts) with q_lora_rank null (a
+# (model_type kimi_k2, 384 experts top-8 in one group, as released) with q_lora_rank null (a
 # plain q_proj; the released Kimi-K2 has a q LoRA: this covers the other
 # branch of the same code).
 _DSV3_COMMON = {
@@ -119,7 +119,7 @@ TINY["deepseek_v3"] = dict(_DSV3_COMMON, **{
 })
 TINY["kimi_k2"] = dict(_DSV3_COMMON, **{
     "bos_token_id": 2, "eos_token_id": 3, "first_k_dense_replace": 1, "model_type": "kimi_k2",
-    "n_group": 1, "n_routed_experts": 24, "num_experts_per_tok": 4, "q_lora_rank": None, "rope_theta": 50000.0,
+    "n_group": 1, "n_routed_experts": 384, "num_experts_per_tok": 8, "q_lora_rank": None, "rope_theta": 50000.0,
     "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 8.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                      "original_max_position_embeddings": 64, "type": "yarn"},
     "routed_scaling_factor": 2.827, "topk_group": 1, "vocab_size": 296, "num_nextn_predict_layers": 0,
