@@ -23,6 +23,7 @@ export OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 PY=/usr/bin/python3
 SCRIPT_S=${TANDEM_TEST_TIMEOUT:-3600}
 failed=""
+times=""
 t_start=$(date +%s)
 
 step() { printf '\n== %s\n' "$*"; }
@@ -53,6 +54,7 @@ if ! $PY -c 'import torch, h5py, numpy' 2>/dev/null; then
     exit 1
 fi
 mkdir -p "$TANDEM_FIXTURES"
+t0=$(date +%s)
 for s in tests/ref/fixtures_*.py; do
     [ -e "$s" ] || continue
     rc=0
@@ -61,11 +63,17 @@ for s in tests/ref/fixtures_*.py; do
     [ $rc -eq 0 ] || failed="$failed $s"
 done
 
+times="$times$(($(date +%s) - t0)) PyTorch fixtures
+"
+
 step "unit tests (Criterion)"
+t0=$(date +%s)
 # Criterion runs tests in parallel; each test uses one tandem thread.
 if ! TANDEM_THREADS=1 "$BUILD/tests/unit" --jobs 2 --short-filename --timeout 300; then
     failed="$failed unit"
 fi
+times="$times$(($(date +%s) - t0)) unit tests
+"
 
 if [ "${1:-}" != "--unit-only" ]; then
     # The kernel suites on the paths -march=native did not compile here
@@ -97,13 +105,21 @@ if [ "${1:-}" != "--unit-only" ]; then
         [ -e "$t" ] || continue
         step "command: $t"
         rc=0
+        t0=$(date +%s)
         BUILD=$BUILD timeout -k 30 "$SCRIPT_S" sh "$t" || rc=$?
         [ $rc -ne 124 ] || echo "FAIL $t: still running after $SCRIPT_S s (killed; TANDEM_TEST_TIMEOUT)"
         [ $rc -eq 0 ] || failed="$failed $t"
+        times="$times$(($(date +%s) - t0)) $t
+"
     done
 fi
 
 t_end=$(date +%s)
+if [ -n "$times" ]; then
+    # The budget is 20 minutes on CI's 2 cores: the slowest scripts first.
+    step "seconds per command-level script (slowest first)"
+    printf '%s' "$times" | sort -rn | head -15
+fi
 printf '\n== done in %ss\n' $((t_end - t_start))
 if [ -n "$failed" ]; then
     echo "FAILED:$failed"
