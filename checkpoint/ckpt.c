@@ -1485,40 +1485,23 @@ float *ckpt_read_tensor(const char *path, const char *name, size_t *numel, char 
 }
 
 /* Reads path whole into a NUL-terminated td_malloc'd buffer: 1 read, 0
- * absent, -1 unreadable (err set). */
+ * absent or empty, -1 unreadable or not a regular file (err set). */
 static int slurp(const char *path, char **out, size_t *len, char *err, size_t err_len)
 {
     *out = NULL;
     *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (errno == ENOENT) return 0;
-        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
     struct stat sb;
-    if (fstat(fileno(f), &sb) || !S_ISREG(sb.st_mode)) {
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
         snprintf(err, err_len, "%s: not a regular file", path);
-        fclose(f);
         return -1;
     }
-    size_t n = (size_t)sb.st_size;
-    char *buf = td_malloc(n + 1);
-    size_t got = fread(buf, 1, n, f);
-    bool bad = ferror(f) || got != n;
-    fclose(f);
-    if (bad) {
-        snprintf(err, err_len, "%s: read error (%zu of %zu bytes)", path, got, n);
-        td_free(buf);
-        return -1;
-    }
-    buf[n] = 0;
-    if (n == 0) {   /* empty: as absent */
-        td_free(buf);
+    int r = td_read_file(path, 0, out, len, err, err_len);
+    if (r) return r > 0 ? 0 : -1;
+    if (*len == 0) {   /* empty: as absent */
+        td_free(*out);
+        *out = NULL;
         return 0;
     }
-    *out = buf;
-    *len = n;
     return 1;
 }
 

@@ -1,6 +1,7 @@
 /* core/common.c - checks, allocator, logging, timing (see common.h). */
 #include "core/common.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,4 +202,42 @@ double td_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int td_read_file(const char *path, size_t max, char **out, size_t *len, char *err, size_t err_len)
+{
+    *out = NULL;
+    if (len) *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (errno == ENOENT) return 1;
+        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = td_malloc(cap + 1);
+    for (;;) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (max && n > max) break;
+        if (n < cap) break;
+        char *b2 = td_malloc(2 * cap + 1);
+        memcpy(b2, buf, n);
+        td_free(buf);
+        buf = b2;
+        cap *= 2;
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    if (bad || (max && n > max)) {
+        if (bad)
+            snprintf(err, err_len, "%s: read error", path);
+        else
+            snprintf(err, err_len, "%s: larger than %zu bytes", path, max);
+        td_free(buf);
+        return -1;
+    }
+    buf[n] = 0;
+    *out = buf;
+    if (len) *len = n;
+    return 0;
 }

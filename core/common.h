@@ -71,6 +71,14 @@ char *td_sprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * cJSON strings cannot (add it with cJSON_AddRawToObject). */
 char *td_json_string(const char *s, size_t len);
 
+/* Reads the file at path whole into *out, NUL-terminated (td_malloc'd:
+ * td_free), its length in *len (may be NULL).  0 when read; 1 when it does
+ * not exist (ENOENT; *out NULL, err untouched); -1 with one line in err
+ * ("PATH: cannot open: why", "PATH: read error", "PATH: larger than MAX
+ * bytes") otherwise.  max bounds the size (0: no bound).  Pipes and other
+ * files whose size is not known beforehand are read too. */
+int td_read_file(const char *path, size_t max, char **out, size_t *len, char *err, size_t err_len);
+
 /* Monotonic seconds. */
 double td_now(void);
 

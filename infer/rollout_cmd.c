@@ -105,37 +105,6 @@ static void prompts_free(Prompt *p, size_t n)
     td_free(p);
 }
 
-static char *read_file(const char *path, size_t *len, char *err, size_t n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, n, "cannot open %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, used = 0;
-    char *buf = td_malloc(cap + 1);
-    for (;;) {
-        size_t got = fread(buf + used, 1, cap - used, f);
-        used += got;
-        if (used < cap) break;
-        char *b = td_malloc(2 * cap + 1);
-        memcpy(b, buf, used);
-        td_free(buf);
-        buf = b;
-        cap *= 2;
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        snprintf(err, n, "cannot read %s", path);
-        td_free(buf);
-        return NULL;
-    }
-    buf[used] = 0;
-    *len = used;
-    return buf;
-}
-
 /* One line of the prompts file -> p.  Returns 0, or -1 with the reason in err. */
 static int prompt_parse(Prompt *p, const char *line, size_t len, size_t index, char *err, size_t n)
 {
@@ -210,8 +179,12 @@ out:
 static int prompts_read(const char *path, Prompt **out, size_t *n_out, char *err, size_t n)
 {
     size_t len;
-    char *buf = read_file(path, &len, err, n);
-    if (!buf) return -1;
+    char *buf = NULL;
+    int got = td_read_file(path, 0, &buf, &len, err, n);
+    if (got) {
+        if (got > 0) snprintf(err, n, "cannot open %s: %s", path, strerror(ENOENT));
+        return -1;
+    }
     size_t cap = 64, np = 0;
     Prompt *p = td_calloc(cap * sizeof(Prompt));
     long line = 0;

@@ -111,34 +111,6 @@ static int add_row(RunLog *r, const cJSON *o, size_t cap, char *err, size_t n)
     return 0;
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = td_malloc(cap + 1);
-    for (;;) {
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (n < cap) break;
-        char *b2 = td_malloc(2 * cap + 1);
-        memcpy(b2, buf, n);
-        td_free(buf);
-        buf = b2;
-        cap *= 2;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        td_free(buf);
-        errno = EIO;
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
 int runlog_read(RunLog *r, const char *dir, char *err, size_t n)
 {
     memset(r, 0, sizeof *r);
@@ -150,9 +122,10 @@ int runlog_read(RunLog *r, const char *dir, char *err, size_t n)
     r->dir = td_strdup(dir);
     r->path = td_sprintf("%s/metrics.jsonl", dir);
     size_t len = 0;
-    char *buf = slurp(r->path, &len);
-    if (!buf) {
-        td_snprintf(err, n, "%s: %s", r->path, strerror(errno));
+    char *buf = NULL;
+    int got = td_read_file(r->path, 0, &buf, &len, err, n);
+    if (got) {
+        if (got > 0) td_snprintf(err, n, "%s: %s", r->path, strerror(ENOENT));
         runlog_free(r);
         return -1;
     }

@@ -48,27 +48,6 @@ static bool is_serve_key(const char *kv)
     return false;
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = td_malloc(cap);
-    for (size_t r; (r = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
-        n += r;
-        if (n + 1 == cap) {
-            char *nb = td_malloc(cap * 2);
-            memcpy(nb, buf, n);
-            td_free(buf);
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    buf[n] = 0;
-    return buf;
-}
-
 /* The model of CONFIG and the run keys: a run config's own, or tandem
  * train's defaults with a model or HF config; train_over applied. */
 static int load_config(const char *path, bool serve, int n_over, char **over, RunConfig *rc, char *err, size_t n)
@@ -81,8 +60,8 @@ static int load_config(const char *path, bool serve, int n_over, char **over, Ru
         return -1;
     }
     snprintf(file, sizeof file, "%s%s", path, S_ISDIR(sb.st_mode) ? "/config.json" : "");
-    char *text = slurp(file);
-    if (!text) {
+    char *text = NULL, why[1200];
+    if (td_read_file(file, 0, &text, NULL, why, sizeof why)) {
         snprintf(err, n, "plan: cannot read %s", file);
         return -1;
     }

@@ -26,21 +26,15 @@
 
 static char *slurp(const char *path, size_t *n)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        td_error("cannot open %s", path);
+    char *buf = NULL, err[1200];
+    int r = td_read_file(path, 0, &buf, n, err, sizeof err);
+    if (r) {
+        if (r > 0)
+            td_error("cannot open %s: no such file", path);
+        else
+            td_error("%s", err);
         exit(2);
     }
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    size_t k;
-    while ((k = fread(buf + len, 1, cap - len, f)) > 0) {
-        len += k;
-        if (len == cap) buf = realloc(buf, cap *= 2);
-    }
-    fclose(f);
-    buf[len] = 0;
-    *n = len;
     return buf;
 }
 
@@ -108,7 +102,7 @@ int main(int argc, char **argv)
         free(s);
         cJSON_Delete(res);
         cJSON_Delete(list);
-        free(text);
+        td_free(text);
         return 0;
     }
     if (tfile) {
@@ -126,8 +120,8 @@ int main(int argc, char **argv)
         else fwrite(out, 1, on, stdout);
         td_free(out);
         jinja_free(t);
-        free(src);
-        free(vars);
+        td_free(src);
+        td_free(vars);
         return rc ? 1 : 0;
     }
     if (!config || !convs || !outdir) {
@@ -173,7 +167,7 @@ int main(int argc, char **argv)
     }
     printf("chat_render: %s: %d conversations\n", prefix, count);
     chat_template_free(ct);
-    free(cfg);
-    free(cv);
+    td_free(cfg);
+    td_free(cv);
     return 0;
 }

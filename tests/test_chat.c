@@ -24,17 +24,8 @@
 
 static char *slurp(const char *path, size_t *n)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = td_malloc((size_t)len + 1);
-    size_t got = fread(buf, 1, (size_t)len, f);
-    fclose(f);
-    buf[got] = 0;
-    if (n) *n = got;
-    return buf;
+    char *buf = NULL, err[1200];
+    return td_read_file(path, 0, &buf, n, err, sizeof err) ? NULL : buf;
 }
 
 static cJSON *load_cases(void)

@@ -215,27 +215,6 @@ static int apply_override(RunConfig *rc, const char *kv, char *err, size_t n)
     return r;
 }
 
-static char *slurp(const char *path, char *err, size_t n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, n, "run config: cannot open %s", path);
-        return NULL;
-    }
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (len < 0 || len > (1 << 24)) {
-        fclose(f);
-        snprintf(err, n, "run config: %s is not a config file", path);
-        return NULL;
-    }
-    char *buf = td_malloc((size_t)len + 1);
-    buf[fread(buf, 1, (size_t)len, f)] = 0;
-    fclose(f);
-    return buf;
-}
-
 static cJSON *to_json(const RunConfig *rc)
 {
     cJSON *o = cJSON_CreateObject();
@@ -274,8 +253,15 @@ int runcfg_load(RunConfig *rc, const char *path, int n_over, char *const *over, 
     TD_CHECK(config_parse(&rc->model, "{}", e2, sizeof e2) == 0, "default model: %s", e2);
     snprintf(rc->model_src, sizeof rc->model_src, "defaults");
     if (path) {
-        char *text = slurp(path, err, n);
-        if (!text) return -1;
+        char *text = NULL, why[1200];
+        int got = td_read_file(path, 1 << 24, &text, NULL, why, sizeof why);
+        if (got) {
+            if (got > 0)
+                snprintf(err, n, "run config: cannot open %s", path);
+            else
+                snprintf(err, n, "run config: %s", why);
+            return -1;
+        }
         cJSON *root = cJSON_Parse(text);
         td_free(text);
         if (!cJSON_IsObject(root)) {

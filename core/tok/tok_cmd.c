@@ -15,23 +15,21 @@ static const char USAGE[] =
     "       tandem tokenize --tokenizer T --chat MESSAGES.json [--add-generation-prompt]\n"
     "       tandem tokenize --tokenizer T --decode (--ids 1,2,3 | --input IDS.jsonl) [--skip-special]\n";
 
-/* Reads a whole file (NUL-terminated); -1 after one error line. */
+/* Reads a whole file (NUL-terminated) into b; -1 after one error line. */
 static int slurp(const char *path, TokBuf *b)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        td_error("tokenize: cannot open %s: %s", path, strerror(errno));
+    char *buf = NULL, err[1200];
+    size_t n = 0;
+    int r = td_read_file(path, 0, &buf, &n, err, sizeof err);
+    if (r) {
+        if (r > 0)
+            td_error("tokenize: cannot open %s: %s", path, strerror(ENOENT));
+        else
+            td_error("tokenize: %s", err);
         return -1;
     }
-    char chunk[65536];
-    size_t got;
-    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) tokbuf_put(b, chunk, got);
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        td_error("tokenize: read error on %s", path);
-        return -1;
-    }
+    tokbuf_put(b, buf, n);
+    td_free(buf);
     tokbuf_putc(b, 0);
     b->n--;
     return 0;

@@ -346,32 +346,6 @@ int tok_load_mem(Tokenizer **out, const char *json, size_t json_len, const char 
     return 0;
 }
 
-/* Reads a whole file; 1 when it does not exist, -1 with err on failure. */
-static int read_file(const char *path, char **buf, size_t *len, char *err, size_t n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (errno == ENOENT) return 1;
-        tok_errf(err, n, "%s: %s", path, strerror(errno));
-        return -1;
-    }
-    TokBuf b = { 0 };
-    char chunk[65536];
-    size_t got;
-    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) tokbuf_put(&b, chunk, got);
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        tok_errf(err, n, "%s: read error", path);
-        tokbuf_free(&b);
-        return -1;
-    }
-    tokbuf_putc(&b, 0);
-    *buf = b.p;
-    *len = b.n - 1;
-    return 0;
-}
-
 int tok_load_dir(Tokenizer **out, const char *dir, char *err, size_t err_len)
 {
     *out = NULL;
@@ -379,13 +353,13 @@ int tok_load_dir(Tokenizer **out, const char *dir, char *err, size_t err_len)
     char *json = NULL, *cfg = NULL;
     size_t jl = 0, cl = 0;
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    int r = read_file(path, &json, &jl, err, err_len);
+    int r = td_read_file(path, 0, &json, &jl, err, err_len);
     if (r) {
         if (r > 0) tok_errf(err, err_len, "%s: no tokenizer.json there", dir);
         return -1;
     }
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    r = read_file(path, &cfg, &cl, err, err_len);
+    r = td_read_file(path, 0, &cfg, &cl, err, err_len);
     if (r < 0) {
         td_free(json);
         return -1;
