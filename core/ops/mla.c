@@ -1,5 +1,6 @@
 /* core/ops/mla.c - the absorbed products of MLA (mla.h). */
 #include "core/ops/mla.h"
+#include "core/common.h"
 #include "core/ops/vec.h"
 #include "core/pool.h"
 
@@ -40,19 +41,33 @@ static inline void axpy_rows_t(float *dw, const float *x, const float *y, size_t
     }
 }
 
+/* The row loops below take tokens in blocks of MLA_TB so that a weight
+ * row, once read, serves every token of the block: the weights stream
+ * once per block instead of once per token.  A token's own chain of FMAs
+ * (or vec_dot) is the same as one token at a time, so are its bits. */
+#define MLA_TB 8
+
 static void q_fw_rows(void *vc, size_t t0, size_t t1, int tid)
 {
     (void)tid;
     const struct mla_ctx *c = vc;
     const MlaDims *d = c->d;
     const size_t qk = d->nope + d->rope, lk = d->r + d->rope;
-    for (size_t t = t0; t < t1; t++)
+    for (size_t tb = t0; tb < t1; tb += MLA_TB) {
+        const size_t te = td_min(tb + MLA_TB, t1);
         for (size_t h = 0; h < d->H; h++) {
-            const float *q = c->x + (t * d->H + h) * qk;
-            float *ql = c->y + (t * d->H + h) * lk;
-            axpy_rows(ql, q, wrow(c->w, d, h, 0), d->nope, d->r, 0);
-            memcpy(ql + d->r, q + d->nope, d->rope * sizeof(float));
+            for (size_t t = tb; t < te; t++) {
+                float *ql = c->y + (t * d->H + h) * lk;
+                memset(ql, 0, d->r * sizeof(float));
+                memcpy(ql + d->r, c->x + (t * d->H + h) * qk + d->nope, d->rope * sizeof(float));
+            }
+            for (size_t n = 0; n < d->nope; n++) {
+                const float *wn = wrow(c->w, d, h, n);
+                for (size_t t = tb; t < te; t++)
+                    axpy_rows(c->y + (t * d->H + h) * lk, c->x + (t * d->H + h) * qk + n, wn, 1, d->r, 1);
+            }
         }
+    }
 }
 
 void mla_absorb_q_forward(float *ql, const float *restrict q, const float *restrict w, size_t N,
@@ -68,13 +83,21 @@ static void q_bw_rows(void *vc, size_t t0, size_t t1, int tid)
     const struct mla_ctx *c = vc;
     const MlaDims *d = c->d;
     const size_t qk = d->nope + d->rope, lk = d->r + d->rope;
-    for (size_t t = t0; t < t1; t++)
+    for (size_t tb = t0; tb < t1; tb += MLA_TB) {
+        const size_t te = td_min(tb + MLA_TB, t1);
         for (size_t h = 0; h < d->H; h++) {
-            float *dq = c->y + (t * d->H + h) * qk;
-            const float *dql = c->dy + (t * d->H + h) * lk;
-            for (size_t n = 0; n < d->nope; n++) dq[n] += vec_dot(wrow(c->w, d, h, n), dql, d->r);
-            for (size_t i = 0; i < d->rope; i++) dq[d->nope + i] += dql[d->r + i];
+            for (size_t n = 0; n < d->nope; n++) {
+                const float *wn = wrow(c->w, d, h, n);
+                for (size_t t = tb; t < te; t++)
+                    c->y[(t * d->H + h) * qk + n] += vec_dot(wn, c->dy + (t * d->H + h) * lk, d->r);
+            }
+            for (size_t t = tb; t < te; t++) {
+                float *dq = c->y + (t * d->H + h) * qk;
+                const float *dql = c->dy + (t * d->H + h) * lk;
+                for (size_t i = 0; i < d->rope; i++) dq[d->nope + i] += dql[d->r + i];
+            }
         }
+    }
 }
 
 /* dW_uk_h[n][j] += sum over rows t in order of q_nope[t][n] dql[t][j]. */
@@ -103,12 +126,15 @@ static void o_fw_rows(void *vc, size_t t0, size_t t1, int tid)
     (void)tid;
     const struct mla_ctx *c = vc;
     const MlaDims *d = c->d;
-    for (size_t t = t0; t < t1; t++)
-        for (size_t h = 0; h < d->H; h++) {
-            const float *ol = c->x + (t * d->H + h) * d->r;
-            float *a = c->y + (t * d->H + h) * d->v;
-            for (size_t i = 0; i < d->v; i++) a[i] = vec_dot(wrow(c->w, d, h, d->nope + i), ol, d->r);
-        }
+    for (size_t tb = t0; tb < t1; tb += MLA_TB) {
+        const size_t te = td_min(tb + MLA_TB, t1);
+        for (size_t h = 0; h < d->H; h++)
+            for (size_t i = 0; i < d->v; i++) {
+                const float *wi = wrow(c->w, d, h, d->nope + i);
+                for (size_t t = tb; t < te; t++)
+                    c->y[(t * d->H + h) * d->v + i] = vec_dot(wi, c->x + (t * d->H + h) * d->r, d->r);
+            }
+    }
 }
 
 void mla_absorb_o_forward(float *a, const float *restrict ol, const float *restrict w, size_t N,
@@ -123,10 +149,15 @@ static void o_bw_rows(void *vc, size_t t0, size_t t1, int tid)
     (void)tid;
     const struct mla_ctx *c = vc;
     const MlaDims *d = c->d;
-    for (size_t t = t0; t < t1; t++)
+    for (size_t tb = t0; tb < t1; tb += MLA_TB) {
+        const size_t te = td_min(tb + MLA_TB, t1);
         for (size_t h = 0; h < d->H; h++)
-            axpy_rows(c->y + (t * d->H + h) * d->r, c->dy + (t * d->H + h) * d->v, wrow(c->w, d, h, d->nope),
-                      d->v, d->r, 1);
+            for (size_t n = 0; n < d->v; n++) {
+                const float *wn = wrow(c->w, d, h, d->nope + n);
+                for (size_t t = tb; t < te; t++)
+                    axpy_rows(c->y + (t * d->H + h) * d->r, c->dy + (t * d->H + h) * d->v + n, wn, 1, d->r, 1);
+            }
+    }
 }
 
 /* dW_uv_h[i][j] += sum over rows t in order of da[t][i] ol[t][j]. */
