@@ -253,7 +253,7 @@ static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo, 
 static void set_attn(Model *m, size_t kv_block)
 {
     m->attn = (AttnShape){ m->H, m->mla ? 1 : m->Hkv, m->ak / (m->mla ? 1 : m->Hkv), kv_block ? kv_block : 16,
-                           DTYPE_F32, m->mla ? m->av : m->hd, model_attn_scale(&m->cfg), m->mla };
+                           DTYPE_F32, m->mla ? m->av : m->hd, model_attn_scale(&m->cfg), m->mla, 0 };
 }
 
 static void init_layout(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads, size_t kv_block,

@@ -78,7 +78,14 @@ typedef struct {
     size_t dv;          /* value (and output) dims per head */
     float scale;        /* softmax scale, > 0 */
     bool v_in_k;        /* a value is the first dv dims of its key (dv <= dk), not stored */
+    size_t window;      /* 0: none; W: a query at t sees keys s with t - W < s <= t */
 } AttnShape;
+
+/* The first key position a query at position t sees (0 without a window). */
+static inline size_t attn_first_key(const AttnShape *s, size_t t)
+{
+    return s->window && t + 1 > s->window ? t + 1 - s->window : 0;
+}
 
 /* Stored values per position and kv head: the key's dk, plus dv unless
  * the value is read from the key. */
@@ -109,7 +116,9 @@ void attention_kv_store(void *kv, const AttnSeq *seqs, size_t n_seq, const float
 
 /* out (rows, H*dv) overwritten; lse (rows, H), saved for backward, may be
  * NULL; q (rows, H*dk) already rotated.  Keys 0 .. pos+n-1 of every
- * sequence must be stored. */
+ * sequence must be stored; with a window W only keys from
+ * attn_first_key(sh, pos) rounded down to a tile are read, so blocks wholly
+ * below that may be gone (their table entries are never read). */
 void attention_forward(float *out, float *lse, const float *restrict q, const void *kv,
                        const AttnSeq *seqs, size_t n_seq, const AttnShape *sh);
 
