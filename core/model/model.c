@@ -159,6 +159,7 @@ static void layer_params(Model *m, int l)
     }
     L->ln2 = add(m, NAME("post_attention_layernorm"), 1, (size_t[]){ d }, -1, -1, l, false, false);
     L->moe = config_layer_is_moe(c, l);
+    L->window = (size_t)config_layer_window(c, l);
     if (!L->moe) {
         const size_t Fd = (size_t)c->intermediate_size;
         L->gate = add(m, NAME("mlp/gate_proj"), 2, (size_t[]){ Fd, d }, 0, -1, l, true, true);
