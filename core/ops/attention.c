@@ -13,7 +13,12 @@
  * s_j), c = exp(m - m'), p_j = exp(s_j - m'), o = o c, then o = fma(p_j, v_j,
  * o) for j in order.  Only the keys a query sees enter its max, its p and
  * its o; c = exp(0) = 1 when the max did not move, so multiplying by it
- * changes nothing.
+ * changes nothing.  A sliding window (attention.h) masks the lanes below
+ * a query's first key the same way (tile_lo), starts a group at the first
+ * tile any of its queries sees, and a query that has seen no key yet keeps
+ * m = -inf with the correction 1 (no_keys_yet).  The backward skips the
+ * (query tile, key tile) blocks outside every window (bw_first_kt,
+ * bw_end_qt): they would add exact zeros.
  *
  * Work item: (sequence, kv head g, query tile qt), kv head outer so that
  * consecutive items reuse the same keys: the rows of the tile, for the

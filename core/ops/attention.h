@@ -38,6 +38,18 @@
  * positions <= its own: a decode step at position p gives the bits of row p
  * of a full forward, whatever the batch around it.
  *
+ * Sliding window (AttnShape.window = W > 0; HF's sliding_window): a query
+ * at position t sees keys lo_t = max(0, t - W + 1) .. t.  A query group
+ * walks key tiles from the first tile any of its queries sees; in tiles
+ * below a query's lo_t its lanes are masked (p = 0, out of its max), and a
+ * tile it sees none of leaves it unchanged (m stays -inf, the correction
+ * is 1, o and l stay 0).  So a query's arithmetic is again a fixed
+ * function of its position, q and the keys it sees: decode, chunks and the
+ * full forward give the same bits, and W >= t + 1 gives the bits of no
+ * window.  Tiles wholly outside every window are skipped (forward and
+ * backward): cost O(T W), and blocks wholly below a call's first query's
+ * lo are never read (the serving cache frees them: infer/kvcache.h).
+ *
  * KV dtypes (AttnShape.kv, `--kv-dtype`).  The blocks may hold keys and
  * values in bfloat16 or int8 instead (SPEC section 11):
  *
