@@ -106,6 +106,12 @@ void engine_init(Engine *e, const Model *m, const EngineOpts *o)
     e->st.weight_bytes = model_weight_bytes(m);
     e->prefix_seed = version_seed(o->weights_version);
     e->blk_tok = td_malloc(2 * e->kv.bs * sizeof(int32_t));
+    /* a ring only when no local layer needs the keys below the window (a
+     * block id indexes every layer's pool); mixed layers keep every block
+     * and get the window's compute saving only */
+    e->ring = m->layers[m->topo.layer_begin].window;
+    for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++)
+        if (m->layers[l].window != e->ring) e->ring = 0;
 }
 
 void engine_set_weights_version(Engine *e, uint64_t version)
@@ -192,7 +198,7 @@ EngineRefusal engine_check(const Engine *e, const int32_t *prompt, size_t n_prom
     size_t gen = max_tokens > 0 ? (size_t)max_tokens : 1;
     size_t held = td_min(n_prompt + gen, ctx) - 1;
     size_t whole = (size_t)e->kv.n_blocks * e->kv.bs;
-    if (kvcache_blocks_for(&e->kv, held) > e->kv.n_blocks) {
+    if (kvcache_ring_blocks(&e->kv, e->ring, e->o.prefill_chunk, held) > e->kv.n_blocks) {
         snprintf(err, err_len,
                  "the prompt (%zu tokens) plus max_tokens (%d) needs %zu positions of KV cache; the whole cache "
                  "holds %zu (%d blocks of %zu)",
@@ -337,6 +343,16 @@ static void prefix_register(Engine *e, Request *r)
         s->n_chained++;
         s->h_last = h;
     }
+}
+
+/* A ring (e->ring): drops r's blocks below the first key its next query
+ * (position n_fed) sees.  After prefix_register: every dropped block is
+ * full and already registered. */
+static void ring_trim(Engine *e, Request *r)
+{
+    if (!e->ring) return;
+    const size_t p = r->n_fed;
+    kvcache_trim(&e->kv, &r->kv, p + 1 > e->ring ? p + 1 - e->ring : 0);
 }
 
 static void finish(Engine *e, Request *r, const char *reason)
@@ -703,7 +719,10 @@ size_t engine_step(Engine *e)
     admit(e);
     if (e->o.prefix_cache) {
         long query = 0, hit = 0;
-        for (size_t i = 0; i < e->n_running; i++) prefix_extend(e, e->running[i], &query, &hit);
+        for (size_t i = 0; i < e->n_running; i++) {
+            prefix_extend(e, e->running[i], &query, &hit);
+            ring_trim(e, e->running[i]);   /* an attached chain may be longer than the ring */
+        }
         pthread_mutex_lock(&e->mu);
         e->st.prefix_query_tokens += query;
         e->st.prefix_hit_tokens += hit;
@@ -793,6 +812,7 @@ size_t engine_step(Engine *e)
         if (r->n_fed < r->n_prompt) prompt_tokens += td_min(seq_take[s], r->n_prompt - r->n_fed);
         r->n_fed += seq_take[s];
         if (e->o.prefix_cache) prefix_register(e, r);
+        ring_trim(e, r);
         if (r->n_fed != total) continue;
         Sampled smp;
         sampler_pick(&smp, e->logits + si * V, V, &r->gp.sp, &r->rng, r->gp.n_top, e->sample_scratch);

@@ -178,6 +178,8 @@ typedef struct {
     size_t n_stop_ids;
     uint64_t prefix_seed;     /* the parent hash of every first block (weights_version) */
     int32_t *blk_tok;         /* (2 bs) scratch: the tokens of a block */
+    size_t ring;              /* W when every local layer has the sliding window W: each request's
+                               * blocks are a ring (kvcache_trim, infer/kvcache.h); 0: none */
 } Engine;
 
 void engine_opts_default(EngineOpts *o);

@@ -198,16 +198,37 @@ void kvcache_attach(KvCache *c, KvSeq *s, int32_t b)
     s->blocks[s->n_blocks++] = b;
 }
 
+/* Drops one reference to b: unreferenced, a registered block is cached,
+ * another freed. */
+static void unref(KvCache *c, int32_t b)
+{
+    if (--c->ref[b] > 0) return;
+    if (c->reg[b]) lru_push_tail(c, b);
+    else c->free_list[c->n_free++] = b;
+}
+
 void kvcache_release(KvCache *c, KvSeq *s)
 {
     /* the last block first: it goes to the LRU list before its parents, so
      * it is evicted before them (a prefix outlives its continuations) */
-    for (int32_t i = s->n_blocks - 1; i >= 0; i--) {
-        int32_t b = s->blocks[i];
-        if (--c->ref[b] > 0) continue;
-        if (c->reg[b]) lru_push_tail(c, b);
-        else c->free_list[c->n_free++] = b;
-    }
+    for (int32_t i = s->n_blocks - 1; i >= 0; i--)
+        if (s->blocks[i] >= 0) unref(c, s->blocks[i]);
     td_free(s->blocks);
     memset(s, 0, sizeof *s);
+}
+
+int32_t kvcache_trim(KvCache *c, KvSeq *s, size_t keep_from)
+{
+    const int32_t gone = (int32_t)(keep_from / c->bs) < s->n_blocks ? (int32_t)(keep_from / c->bs) : s->n_blocks;
+    int32_t n = 0;
+    /* the earliest first, so in the LRU list the window's oldest cached
+     * block is evicted before the later ones (a prefix hit needs the chain
+     * from block 0: once it breaks, the later blocks age out in turn) */
+    for (int32_t i = 0; i < gone; i++)
+        if (s->blocks[i] >= 0) {
+            unref(c, s->blocks[i]);
+            s->blocks[i] = -1;
+            n++;
+        }
+    return n;
 }

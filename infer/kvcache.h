@@ -27,6 +27,18 @@
  * ever give a wrong block.  (Images: their hash will be mixed into the
  * block holding their placeholder tokens; kvcache_block_hash takes the
  * parent, so a caller can fold anything into it.)
+ *
+ * Sliding windows (a ring).  When every layer attends over a window of W
+ * keys (core/ops/attention.h), a sequence's blocks that lie wholly below
+ * the first key its next query sees are never read again: kvcache_trim
+ * drops them (the table keeps its entry as -1, 4 bytes per block), so a
+ * sequence holds at most ceil((W - 1 + n) / bs) + 1 blocks while it feeds n
+ * positions a step (decode: n = 1), however long it grows.  A dropped
+ * block was full and is registered like any other (the engine registers
+ * before it trims), so it stays in the prefix cache as an unreferenced,
+ * evictable block: a later request with the same prefix attaches the chain
+ * from block 0 as before and trims it in turn; keys and values of a
+ * position depend only on the tokens up to it, so sharing stays exact.
  */
 #ifndef TANDEM_INFER_KVCACHE_H
 #define TANDEM_INFER_KVCACHE_H
@@ -60,7 +72,7 @@ typedef struct {
 } KvCache;
 
 typedef struct {
-    int32_t *blocks;           /* owned block table */
+    int32_t *blocks;           /* owned block table; -1: dropped by kvcache_trim */
     int32_t n_blocks, cap;
     size_t len;                /* positions stored */
     int32_t n_chained;         /* leading blocks whose chain hash is known (full) */
@@ -99,6 +111,20 @@ bool kvcache_reserve(KvCache *c, KvSeq *s, size_t len);
 /* Drops s's references (a registered block nobody holds any more stays
  * cached; others return to the free list) and frees its table. */
 void kvcache_release(KvCache *c, KvSeq *s);
+/* The ring of a sliding window: drops s's references to the blocks that
+ * hold only positions below keep_from (they become -1 in its table; a
+ * registered one stays cached, others are freed).  Returns the blocks
+ * dropped. */
+int32_t kvcache_trim(KvCache *c, KvSeq *s, size_t keep_from);
+/* Blocks a sequence of a ring of window W (0: none) holds at most while
+ * it feeds n positions a step with len positions in all. */
+static inline int32_t kvcache_ring_blocks(const KvCache *c, size_t window, size_t n, size_t len)
+{
+    const int32_t all = kvcache_blocks_for(c, len);
+    if (!window) return all;
+    const int32_t ring = kvcache_blocks_for(c, window - 1 + n) + 1;
+    return ring < all ? ring : all;
+}
 
 /* The chain hash of a block of c->bs tokens after a block of hash parent. */
 uint64_t kvcache_block_hash(uint64_t parent, const int32_t *tokens, size_t bs);

@@ -67,7 +67,7 @@ static void layout_init_kv(Layout *L, size_t H, size_t Hkv, size_t hd, size_t bs
 {
     cr_assert(n_seq <= MAX_SEQ);
     memset(L, 0, sizeof *L);
-    L->sh = (AttnShape){ H, Hkv, hd, bs, kv, hd, 1.0f / sqrtf((float)hd), false };
+    L->sh = (AttnShape){ H, Hkv, hd, bs, kv, hd, 1.0f / sqrtf((float)hd), false, 0 };
     L->n_seq = n_seq;
     size_t nb = 3;   /* spare blocks nobody uses */
     for (size_t i = 0; i < n_seq; i++) nb += (lens[i] + bs - 1) / bs;
@@ -127,21 +127,28 @@ static int is_identity(const Layout *L)
 
 /* ------------------------------------------------------------ naive reference */
 
+/* The sliding window of the naive references (0: none): keys j with
+ * t - W < j <= t, p[j] = 0 for the others.  Set around a call only. */
+static size_t g_naive_window;
+
 /* The attention probabilities of one query qv (head offset goff in the
  * kv rows) of position t over the keys at rows row .. row + t, in double:
- * p[j] = softmax_j(q . k_j scale).  Returns the log-sum-exp of the scores. */
+ * p[j] = softmax_j(q . k_j scale) (0 outside g_naive_window).  Returns the
+ * log-sum-exp of the scores. */
 static double naive_probs(double *p, const double *qv, const double *k, size_t row, size_t t, size_t kw,
                           size_t goff, size_t hd, double scale)
 {
+    const size_t lo = g_naive_window && t + 1 > g_naive_window ? t + 1 - g_naive_window : 0;
     double m = -INFINITY, l = 0;
-    for (size_t j = 0; j <= t; j++) {
+    for (size_t j = lo; j <= t; j++) {
         double dot = 0;
         for (size_t d = 0; d < hd; d++) dot += qv[d] * k[(row + j) * kw + goff + d];
         p[j] = dot * scale;
         m = p[j] > m ? p[j] : m;
     }
-    for (size_t j = 0; j <= t; j++) l += exp(p[j] - m);
-    for (size_t j = 0; j <= t; j++) p[j] = exp(p[j] - m) / l;
+    for (size_t j = lo; j <= t; j++) l += exp(p[j] - m);
+    for (size_t j = lo; j <= t; j++) p[j] = exp(p[j] - m) / l;
+    for (size_t j = 0; j < lo; j++) p[j] = 0;
     return m + log(l);
 }
 
@@ -345,6 +352,7 @@ Test(attention, forward_matches_torch)
         const size_t bs = c % 2 ? 32 : 16;
         Layout L;
         layout_init(&L, H, Hkv, hd, bs, lens, n_seq, 30 + (uint64_t)c);
+        L.sh.window = (size_t)dims[4];   /* torch's mask: HF's sliding_window */
         float *q = fixture_case_f32(FX, c, "q", NULL), *k = fixture_case_f32(FX, c, "k", NULL);
         float *v = fixture_case_f32(FX, c, "v", NULL);
         float *o_ref = fixture_case_f32(FX, c, "out", NULL), *l_ref = fixture_case_f32(FX, c, "lse", NULL);
@@ -354,7 +362,8 @@ Test(attention, forward_matches_torch)
         attention_forward(out, lse, q, L.kv, L.seq, n_seq, &L.sh);
         /* see forward_matches_naive_double_softmax_attention */
         char what[80];
-        snprintf(what, sizeof what, "out, case %d (H=%zu Hkv=%zu hd=%zu bs=%zu)", c, H, Hkv, hd, bs);
+        snprintf(what, sizeof what, "out, case %d (H=%zu Hkv=%zu hd=%zu bs=%zu window=%zu)", c, H, Hkv, hd, bs,
+                 L.sh.window);
         EXPECT_CLOSE(out, o_ref, rows * qw, 4e-6, 0, what);
         snprintf(what, sizeof what, "lse, case %d", c);
         EXPECT_CLOSE(lse, l_ref, rows * H, 4e-6, 1e-6, what);
@@ -518,6 +527,7 @@ Test(attention, backward_accumulates_torch_gradients)
         const size_t bs = c % 2 ? 16 : 32;
         Layout L;
         layout_init(&L, H, Hkv, hd, bs, lens, n_seq, 90 + (uint64_t)c);
+        L.sh.window = (size_t)dims[4];
         Qkv x = { fixture_case_f32(FX, c, "q", NULL), fixture_case_f32(FX, c, "k", NULL),
                   fixture_case_f32(FX, c, "v", NULL) };
         float *dout = fixture_case_f32(FX, c, "dout", NULL);
@@ -542,7 +552,8 @@ Test(attention, backward_accumulates_torch_gradients)
          * relative error of p_j = exp(s_j - lse): observed < 3e-6, 1e-5
          * absolute allowed (on top of the O(1) start value). */
         char what[80];
-        snprintf(what, sizeof what, "dq, case %d (H=%zu Hkv=%zu hd=%zu bs=%zu)", c, H, Hkv, hd, bs);
+        snprintf(what, sizeof what, "dq, case %d (H=%zu Hkv=%zu hd=%zu bs=%zu window=%zu)", c, H, Hkv, hd, bs,
+                 L.sh.window);
         EXPECT_CLOSE(dq, dq_want, rows * qw, 1e-5, 1e-6, what);
         snprintf(what, sizeof what, "dk, case %d", c);
         EXPECT_CLOSE(dk, dk_want, rows * kw, 1e-5, 1e-6, what);
@@ -1182,7 +1193,7 @@ static void layout_init_g(Layout *L, size_t H, size_t Hkv, size_t dk, size_t dv,
 {
     layout_init_kv(L, H, Hkv, dk, bs, lens, n_seq, seed, kv);
     td_free(L->kv);
-    L->sh = (AttnShape){ H, Hkv, dk, bs, kv, dv, scale, vk };
+    L->sh = (AttnShape){ H, Hkv, dk, bs, kv, dv, scale, vk, 0 };
     const size_t nbytes = L->n_blocks * attn_block_bytes(&L->sh);
     L->kv = td_malloc(nbytes + sizeof(float));
     memset(L->kv, 0xFF, nbytes);
@@ -1382,5 +1393,210 @@ Test(attention, values_in_keys_decode_and_narrow_caches_give_the_bits_of_the_ful
         layout_free(&L);
         layout_free(&Lf);
     }
+    EXPECT_NO_LEAKS();
+}
+
+/* ------------------------------------------------------------ sliding window */
+
+Test(attention, window_matches_naive_double_and_the_kernels_agree_bit_for_bit)
+{
+    /* A sliding window W (HF's sliding_window: query t sees keys t - W < s
+     * <= t): forward and backward against the naive double attention with
+     * that mask, windows narrower than a tile, one tile, across tiles and
+     * blocks, and wider than every sequence (then the bits of no window);
+     * the portable kernels give the same bits, and so do 2 threads (the
+     * backward's two-pass schedule skips tiles the same way). */
+    static const size_t windows[] = { 1, 5, 16, 17, 40, 200 };
+    const size_t lens[] = { 1, 37, 70, 150 };
+    for (size_t c = 0; c < N_CONFIGS; c++)
+        for (size_t wi = 0; wi < sizeof windows / sizeof *windows; wi++) {
+            const size_t H = CONFIGS[c][0], Hkv = CONFIGS[c][1], hd = CONFIGS[c][2], bs = wi % 2 ? 32 : 16;
+            Layout L;
+            layout_init(&L, H, Hkv, hd, bs, lens, 4, 600 + c + wi);
+            L.sh.window = windows[wi];
+            Qkv x = qkv_rand(&L, 610 + c + wi);
+            const size_t rows = L.rows, qn = rows * H * hd, kn = rows * Hkv * hd;
+            float *dout = fixture_rand(qn, 620 + c, -1, 1);
+            float *out, *lse;
+            full_forward(&out, &lse, &L, &x);
+            double *qd = to_f64(x.q, qn), *kd = to_f64(x.k, kn), *vd = to_f64(x.v, kn), *dod = to_f64(dout, qn);
+            double *od = td_malloc(qn * sizeof(double)), *ld = td_malloc(rows * H * sizeof(double));
+            double *gq = td_calloc(qn * sizeof(double)), *gk = td_calloc(kn * sizeof(double));
+            double *gv = td_calloc(kn * sizeof(double));
+            g_naive_window = windows[wi];
+            naive_g(od, ld, NULL, NULL, NULL, NULL, qd, kd, vd, lens, 4, &L.sh);
+            naive_g(NULL, NULL, gq, gk, gv, dod, qd, kd, vd, lens, 4, &L.sh);
+            g_naive_window = 0;
+            float *ow = to_f32(od, qn), *lw = to_f32(ld, rows * H);
+            float *gqw = to_f32(gq, qn), *gkw = to_f32(gk, kn), *gvw = to_f32(gv, kn);
+            float *dq[3], *dk[3], *dv[3];
+            for (int t = 0; t < 3; t++) {
+                dq[t] = td_calloc(qn * sizeof(float));
+                dk[t] = td_calloc(kn * sizeof(float));
+                dv[t] = td_calloc(kn * sizeof(float));
+            }
+            attention_backward(dq[0], dk[0], dv[0], dout, x.q, out, lse, L.kv, L.seq, 4, &L.sh);
+            char what[96];
+            snprintf(what, sizeof what, "window %zu, H=%zu Hkv=%zu hd=%zu bs=%zu", windows[wi], H, Hkv, hd, bs);
+            /* tolerances of forward_matches_naive_double_softmax_attention
+             * and backward_accumulates_torch_gradients */
+            EXPECT_CLOSE(out, ow, qn, 4e-6, 0, what);
+            EXPECT_CLOSE(lse, lw, rows * H, 4e-6, 1e-6, what);
+            EXPECT_CLOSE(dq[0], gqw, qn, 1e-5, 1e-6, what);
+            EXPECT_CLOSE(dk[0], gkw, kn, 1e-5, 1e-6, what);
+            EXPECT_CLOSE(dv[0], gvw, kn, 1e-5, 1e-6, what);
+            float *po = td_malloc(qn * sizeof(float)), *pl = td_malloc(rows * H * sizeof(float));
+            portable_attention_forward(po, pl, x.q, L.kv, L.seq, 4, &L.sh);
+            EXPECT_BITWISE(po, out, qn, what);
+            EXPECT_BITWISE(pl, lse, rows * H, what);
+            portable_attention_backward(dq[1], dk[1], dv[1], dout, x.q, out, lse, L.kv, L.seq, 4, &L.sh);
+            pool_init(2);
+            attention_forward(po, pl, x.q, L.kv, L.seq, 4, &L.sh);
+            attention_backward(dq[2], dk[2], dv[2], dout, x.q, out, lse, L.kv, L.seq, 4, &L.sh);
+            pool_init(1);
+            EXPECT_BITWISE(po, out, qn, what);
+            for (int t = 1; t < 3; t++) {
+                EXPECT_BITWISE(dq[t], dq[0], qn, what);
+                EXPECT_BITWISE(dk[t], dk[0], kn, what);
+                EXPECT_BITWISE(dv[t], dv[0], kn, what);
+            }
+            if (windows[wi] >= 150) {   /* wider than every sequence: no window, the same bits */
+                L.sh.window = 0;
+                attention_forward(po, pl, x.q, L.kv, L.seq, 4, &L.sh);
+                EXPECT_BITWISE(po, out, qn, what);
+                EXPECT_BITWISE(pl, lse, rows * H, what);
+                memset(dq[1], 0, qn * sizeof(float));
+                memset(dk[1], 0, kn * sizeof(float));
+                memset(dv[1], 0, kn * sizeof(float));
+                attention_backward(dq[1], dk[1], dv[1], dout, x.q, out, lse, L.kv, L.seq, 4, &L.sh);
+                EXPECT_BITWISE(dq[1], dq[0], qn, what);
+                EXPECT_BITWISE(dk[1], dk[0], kn, what);
+                EXPECT_BITWISE(dv[1], dv[0], kn, what);
+            }
+            float *bufs[] = { dout, out, lse, ow, lw, gqw, gkw, gvw, po, pl };
+            for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) td_free(bufs[i]);
+            for (int t = 0; t < 3; t++) {
+                td_free(dq[t]);
+                td_free(dk[t]);
+                td_free(dv[t]);
+            }
+            double *dbufs[] = { qd, kd, vd, dod, od, ld, gq, gk, gv };
+            for (size_t i = 0; i < sizeof dbufs / sizeof *dbufs; i++) td_free(dbufs[i]);
+            qkv_free(&x);
+            layout_free(&L);
+        }
+    EXPECT_NO_LEAKS();
+}
+
+Test(attention, window_backward_matches_finite_differences)
+{
+    static const struct { size_t H, Hkv, hd, bs, window, n_seq, lens[2]; } cases[] = {
+        { 4, 2, 8, 16, 5, 2, { 3, 24 } },
+        { 2, 1, 8, 32, 17, 1, { 40 } },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const size_t H = cases[c].H, Hkv = cases[c].Hkv, hd = cases[c].hd, n_seq = cases[c].n_seq;
+        Layout L;
+        layout_init(&L, H, Hkv, hd, cases[c].bs, cases[c].lens, n_seq, 630 + c);
+        L.sh.window = cases[c].window;
+        Qkv x = qkv_rand(&L, 640 + c);
+        const size_t rows = L.rows, qn = rows * H * hd, kn = rows * Hkv * hd, np = qn + 2 * kn;
+        float *dout = fixture_rand(qn, 650 + c, -1, 1);
+        float *out, *lse;
+        full_forward(&out, &lse, &L, &x);
+        float *dq = fixture_rand(qn, 660 + c, -1, 1), *dk = fixture_rand(kn, 661 + c, -1, 1);
+        float *dv = fixture_rand(kn, 662 + c, -1, 1);
+        double *p = td_malloc(np * sizeof(double)), *g = td_malloc(np * sizeof(double));
+        for (size_t i = 0; i < qn; i++) p[i] = x.q[i];
+        for (size_t i = 0; i < kn; i++) {
+            p[qn + i] = x.k[i];
+            p[qn + kn + i] = x.v[i];
+        }
+        double *doutd = to_f64(dout, qn);
+        AttnFd ctx = { doutd, cases[c].lens, n_seq, rows, H, Hkv, hd, td_malloc(qn * sizeof(double)) };
+        g_naive_window = cases[c].window;
+        fixture_fd(g, attn_loss, &ctx, p, np, 1e-5);
+        g_naive_window = 0;
+        float *want = td_malloc(np * sizeof(float));
+        for (size_t i = 0; i < qn; i++) want[i] = (float)(dq[i] + g[i]);
+        for (size_t i = 0; i < kn; i++) {
+            want[qn + i] = (float)(dk[i] + g[qn + i]);
+            want[qn + kn + i] = (float)(dv[i] + g[qn + kn + i]);
+        }
+        attention_backward(dq, dk, dv, dout, x.q, out, lse, L.kv, L.seq, n_seq, &L.sh);
+        /* see backward_matches_finite_differences */
+        char what[80];
+        snprintf(what, sizeof what, "window %zu vs FD, H=%zu Hkv=%zu hd=%zu", cases[c].window, H, Hkv, hd);
+        EXPECT_CLOSE(dq, want, qn, 1e-5, 1e-6, what);
+        EXPECT_CLOSE(dk, want + qn, kn, 1e-5, 1e-6, what);
+        EXPECT_CLOSE(dv, want + qn + kn, kn, 1e-5, 1e-6, what);
+        td_free(ctx.out);
+        td_free(doutd);
+        td_free(p);
+        td_free(g);
+        td_free(want);
+        td_free(dout);
+        td_free(out);
+        td_free(lse);
+        td_free(dq);
+        td_free(dk);
+        td_free(dv);
+        qkv_free(&x);
+        layout_free(&L);
+    }
+    EXPECT_NO_LEAKS();
+}
+
+Test(attention, window_decode_and_chunks_never_read_blocks_below_the_window)
+{
+    /* Decode steps and chunked prefill of a windowed sequence give the bits
+     * of its full forward, with every block wholly below the first key of
+     * the call's first query pointed at a block of NaN (a ring cache frees
+     * them): a read of one would put NaN in the output. */
+    static const size_t windows[] = { 3, 16, 21, 40 };
+    const size_t lens[] = { 150 };
+    for (size_t c = 0; c < N_CONFIGS; c++)
+        for (size_t wi = 0; wi < sizeof windows / sizeof *windows; wi++) {
+            const size_t H = CONFIGS[c][0], Hkv = CONFIGS[c][1], hd = CONFIGS[c][2], qw = H * hd;
+            const size_t bs = wi % 2 ? 32 : 16;
+            Layout L;
+            layout_init(&L, H, Hkv, hd, bs, lens, 1, 670 + c + wi);   /* 3 spare blocks: never written, NaN */
+            L.sh.window = windows[wi];
+            Qkv x = qkv_rand(&L, 680 + c + wi);
+            float *out, *lse;
+            full_forward(&out, &lse, &L, &x);
+            const size_t nb = (lens[0] + bs - 1) / bs;
+            int32_t *ring = td_malloc(nb * sizeof(int32_t));
+            int32_t spare = -1;   /* a block no sequence uses */
+            for (int32_t b = 0; b < (int32_t)L.n_blocks && spare < 0; b++) {
+                bool used = false;
+                for (size_t j = 0; j < nb; j++) used |= L.table[0][j] == b;
+                if (!used) spare = b;
+            }
+            float *o = td_malloc(16 * qw * sizeof(float)), *l = td_malloc(16 * H * sizeof(float));
+            size_t bad = 0, first = SIZE_MAX;
+            static const size_t chunks[] = { 1, 7, 16 };
+            for (size_t ci = 0; ci < 3; ci++)
+                for (size_t p = 0; p < lens[0]; p += chunks[ci]) {
+                    const size_t n = td_min(chunks[ci], lens[0] - p), gone = attn_first_key(&L.sh, p) / bs;
+                    for (size_t j = 0; j < nb; j++) ring[j] = j < gone ? spare : L.table[0][j];
+                    AttnSeq s = { 0, n, p, ring };
+                    attention_forward(o, l, x.q + p * qw, L.kv, &s, 1, &L.sh);
+                    if (fixture_first_diff(o, out + p * qw, n * qw) != n * qw ||
+                        fixture_first_diff(l, lse + p * H, n * H) != n * H) {
+                        bad++;
+                        first = td_min(first, p);
+                    }
+                }
+            cr_expect_eq(bad, 0, "window %zu, H=%zu Hkv=%zu hd=%zu bs=%zu: %zu calls differ from the full "
+                         "forward, first at %zu", windows[wi], H, Hkv, hd, bs, bad, first);
+            td_free(ring);
+            td_free(o);
+            td_free(l);
+            td_free(out);
+            td_free(lse);
+            qkv_free(&x);
+            layout_free(&L);
+        }
     EXPECT_NO_LEAKS();
 }

@@ -247,3 +247,44 @@ Test(config, v3_layer_schedule_and_round_trip)
     cr_assert_eq(parse(&c, "{}", err, sizeof err), 0, "%s", err);
     cr_expect(c.scoring_func == ROUTER_SOFTMAX && c.topk_method == TOPK_GREEDY && !config_router_bias(&c));
 }
+
+/* Sliding windows per layer: Mistral/Mixtral (sliding_window alone: every
+ * layer), Qwen2 (use_sliding_window false: none; true: layers >=
+ * max_window_layers), layer_types (as listed, and only with an active
+ * window: HF nulls sliding_window without use_sliding_window); bad values
+ * refused by name; the keys round-trip. */
+Test(config, sliding_window_layers_follow_the_hf_rules)
+{
+    ModelConfig c, d;
+    char err[256] = "";
+    cr_assert_eq(parse(&c, "{\"num_hidden_layers\": 4}", err, sizeof err), 0, "%s", err);
+    for (int l = 0; l < 4; l++) cr_expect_eq(config_layer_window(&c, l), 0, "default: no window");
+    cr_assert_eq(parse(&c, "{\"num_hidden_layers\": 4, \"sliding_window\": 24}", err, sizeof err), 0, "%s", err);
+    for (int l = 0; l < 4; l++) cr_expect_eq(config_layer_window(&c, l), 24, "Mistral: layer %d", l);
+    cr_assert_eq(parse(&c, "{\"num_hidden_layers\": 4, \"sliding_window\": 24, \"use_sliding_window\": false, "
+                           "\"max_window_layers\": 2}", err, sizeof err), 0, "%s", err);
+    for (int l = 0; l < 4; l++) cr_expect_eq(config_layer_window(&c, l), 0, "Qwen2 off: layer %d", l);
+    cr_assert_eq(parse(&c, "{\"num_hidden_layers\": 4, \"sliding_window\": 24, \"use_sliding_window\": true, "
+                           "\"max_window_layers\": 2}", err, sizeof err), 0, "%s", err);
+    for (int l = 0; l < 4; l++) cr_expect_eq(config_layer_window(&c, l), l >= 2 ? 24 : 0, "Qwen2 on: layer %d", l);
+    const char *lt = "{\"num_hidden_layers\": 4, \"sliding_window\": 8, \"max_window_layers\": 3, \"layer_types\": "
+                     "[\"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\"]}";
+    cr_assert_eq(parse(&c, lt, err, sizeof err), 0, "%s", err);
+    for (int l = 0; l < 4; l++) cr_expect_eq(config_layer_window(&c, l), l % 2 ? 0 : 8, "layer_types: layer %d", l);
+    char *j = config_to_json(&c);
+    cr_assert_eq(parse(&d, j, err, sizeof err), 0, "round trip refused: %s", err);
+    for (int l = 0; l < 4; l++) cr_expect_eq(config_layer_window(&d, l), config_layer_window(&c, l), "round trip: %s", j);
+    td_free(j);
+    static const struct { const char *js, *want; } bad[] = {
+        { "{\"sliding_window\": 0}", "\"sliding_window\" must be an integer >= 1 or null" },
+        { "{\"sliding_window\": 4.5}", "\"sliding_window\" must be an integer >= 1 or null" },
+        { "{\"max_window_layers\": -1}", "\"max_window_layers\" must be >= 0" },
+        { "{\"num_hidden_layers\": 2, \"layer_types\": [\"full_attention\"]}", "\"layer_types\" lists 1 layers, the model has 2" },
+        { "{\"num_hidden_layers\": 1, \"layer_types\": [\"chunked_attention\"]}", "\"layer_types\"[0] must be" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        err[0] = 0;
+        cr_expect_neq(parse(&c, bad[i].js, err, sizeof err), 0, "accepted %s", bad[i].js);
+        cr_expect(strstr(err, bad[i].want), "%s: got \"%s\", want \"%s\"", bad[i].js, err, bad[i].want);
+    }
+}

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/model/backprop.h"
 #include "core/pool.h"
 #include "infer/engine.h"
 
@@ -645,4 +646,106 @@ Test(engine, prefix_cache_evicts_least_recently_used_first)
     cr_assert_eq(st.prefix_hit_tokens - h0, 0, "B found %ld tokens cached under the old weights",
                  st.prefix_hit_tokens - h0);
     bench_close(&b);
+}
+
+/* ---------------------------------------------------------------- sliding window */
+
+/* A model whose 2 layers attend over a window of 20 keys (sliding_window,
+ * Mistral's rule), cache blocks of 16, context 512. */
+static void bench_open_window(Bench *b, int n_blocks, bool prefix_cache)
+{
+    static const char *js = "{\"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 2,"
+                            " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                            " \"moe_intermediate_size\": 32, \"num_local_experts\": 4,"
+                            " \"num_experts_per_tok\": 2, \"max_position_embeddings\": 512,"
+                            " \"sliding_window\": 20}";
+    ModelConfig cfg;
+    char err[256];
+    cr_assert(config_parse(&cfg, js, err, sizeof err) == 0, "%s", err);
+    Topology t;
+    topo_single(&t, &cfg);
+    model_init(&b->m, &cfg, &t, false, 16);
+    model_init_weights(&b->m, 9);
+    EngineOpts o;
+    engine_opts_default(&o);
+    o.max_running = 2;
+    o.max_batch_tokens = 64;
+    o.prefill_chunk = 16;
+    o.kv_budget_bytes = (size_t)n_blocks * (size_t)cfg.num_hidden_layers * attn_block_bytes(&b->m.attn);
+    o.prefix_cache = prefix_cache;
+    engine_init(&b->e, &b->m, &o);
+}
+
+/* One greedy request of NP prompt tokens decoding NG past the window:
+ * its tokens and log-probabilities, and the most blocks held at any step. */
+static Request *window_run(Bench *b, const int32_t *p, size_t np, int ng, int32_t *max_used)
+{
+    GenParams gp = greedy(ng);
+    gp.ignore_eos = true;
+    Request *r = request_new(p, np, &gp);
+    cr_assert_eq(engine_submit(&b->e, r), 0, "%s", r->error);
+    *max_used = 0;
+    int s = 0;
+    for (; s < MAX_STEPS && engine_step(&b->e) > 0; s++) {
+        EngineStats st;
+        engine_stats(&b->e, &st);
+        *max_used = st.kv_used > *max_used ? st.kv_used : *max_used;
+    }
+    cr_assert_lt(s, MAX_STEPS, "the windowed request did not end within %d steps", MAX_STEPS);
+    cr_assert_eq((int)r->n_out, ng, "%zu tokens, want %d", r->n_out, ng);
+    return r;
+}
+
+/* Decoding 300 tokens past a window of 20 (blocks of 16): the cache of
+ * each request is a ring, at most ceil((20 - 1 + 16) / 16) + 1 = 4 blocks
+ * however long it grows (19 blocks without the ring), and every token's
+ * log-probability is bit for bit the trainer's forward over the whole
+ * sequence with the same window (model_train_forward, as `tandem score`),
+ * with and without the prefix cache (a second turn resending the first
+ * takes its blocks from it, then trims them: the pool of 24 keeps all the
+ * dropped ones cached). */
+Test(engine, window_decode_is_a_bounded_ring_and_gives_the_trainer_forward_bits)
+{
+    enum { NP = 37, NG = 300, T = NP + NG };
+    int32_t p[T];
+    prompt_of(p, NP, 41);
+    for (int pc = 0; pc < 2; pc++) {
+        Bench b;
+        bench_open_window(&b, pc ? 24 : 12, pc == 1);   /* 12 < the 19 blocks of the whole sequence */
+        cr_assert_eq(b.e.ring, 20, "the engine's ring: window %zu, want 20", b.e.ring);
+        int32_t used;
+        Request *r = window_run(&b, p, NP, NG, &used);
+        const int32_t bound = kvcache_ring_blocks(&b.e.kv, 20, 16, T);
+        cr_expect_eq(bound, 4, "ring bound %d", bound);
+        cr_expect(used <= bound, "prefix cache %d: %d blocks held at once, the ring holds at most %d", pc, used, bound);
+        /* the trainer's forward over prompt + output (T - 1 rows) */
+        int32_t ids[T];
+        memcpy(ids, p, NP * sizeof(int32_t));
+        memcpy(ids + NP, r->out, NG * sizeof(int32_t));
+        TrainActs a;
+        model_train_acts_init(&a, &b.m, 1, T - 1, RECOMPUTE_NONE);
+        model_train_forward(&b.m, &a, ids, ids + 1, T - 1, NULL);
+        size_t bad = 0, first = NG;
+        for (size_t i = 0; i < NG; i++)
+            if (memcmp(&a.logp[NP - 1 + i], &r->out_logp[i], sizeof(float))) {
+                bad++;
+                first = first < i ? first : i;
+            }
+        cr_expect_eq(bad, 0, "prefix cache %d: %zu of %d decoded log-probs differ from the trainer forward's bits, "
+                     "first at token %zu (%.9g vs %.9g)", pc, bad, NG, first,
+                     first < NG ? (double)r->out_logp[first] : 0.0, first < NG ? (double)a.logp[NP - 1 + first] : 0.0);
+        /* a second turn: the same sequence again, its blocks from the prefix cache (pc) */
+        Request *r2 = window_run(&b, ids, T - 40, 30, &used);
+        cr_expect(used <= kvcache_ring_blocks(&b.e.kv, 20, 16, T), "turn 2: %d blocks held", used);
+        cr_expect_arr_eq(r2->out, r->out + NG - 40, 30 * sizeof(int32_t), "turn 2: other tokens");
+        cr_expect_arr_eq(r2->out_logp, r->out_logp + NG - 40, 30 * sizeof(float), "turn 2: other log-prob bits");
+        EngineStats st;
+        engine_stats(&b.e, &st);
+        if (pc) cr_expect_gt(st.prefix_hit_tokens, 16 * 16, "turn 2 took only %ld tokens from the cache", st.prefix_hit_tokens);
+        cr_expect_eq(st.kv_used, 0, "%d blocks held after both requests ended", st.kv_used);
+        model_train_acts_free(&a);
+        request_free(r);
+        request_free(r2);
+        bench_close(&b);
+    }
 }

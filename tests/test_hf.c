@@ -156,14 +156,14 @@ Test(hf, config_refusals_name_the_key)
     static const struct { const char *json, *want; } cases[] = {
         { "{\"architectures\":[\"GPT2LMHeadModel\"]}", "architecture \"GPT2LMHeadModel\" is not supported" },
         { "{\"model_type\":\"mixtral\"}", "architectures (absent) does not name an architecture" },
-        { "{\"architectures\":[\"MixtralForCausalLM\"],\"sliding_window\":100,\"max_position_embeddings\":512}",
-          "sliding_window 100 is below the context" },
+        { "{\"architectures\":[\"MixtralForCausalLM\"],\"sliding_window\":0,\"max_position_embeddings\":512}",
+          "\"sliding_window\" must be an integer >= 1 or null" },
         { "{\"architectures\":[\"MixtralForCausalLM\"],\"sliding_window\":512,\"max_position_embeddings\":512,"
           "\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":2}}", "rope_scaling type \"dynamic\" is not supported" },
         { "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":1e6,"
           "\"partial_rotary_factor\":0.5}}", "rope_parameters key \"partial_rotary_factor\" (0.5) is not supported" },
         { "{\"architectures\":[\"Qwen2MoeForCausalLM\"],\"layer_types\":[\"full_attention\"],\"num_hidden_layers\":2}",
-          "layer_types must list one type per layer (2)" },
+          "\"layer_types\" lists 1 layers, the model has 2" },
         { "{\"architectures\":[\"Qwen2MoeForCausalLM\"],\"num_key_value_heads\":16,\"num_hidden_layers\":2,"
           "\"rope_theta\":1e4,\"rope_parameters\":{\"rope_theta\":5e5}}", "rope_theta 10000 and rope_parameters.rope_theta 500000 disagree" },
         { "{\"architectures\":[\"OlmoeForCausalLM\"],\"hidden_act\":\"relu\"}", "hidden_act \"relu\" is not supported" },

@@ -97,6 +97,11 @@ int gguf_arch_for(const ModelConfig *c, const char *want, const GgufArch **arch,
            c->rope_scaling.type == ROPE_SCALING_YARN ? "yarn" : "linear", c->rope_scaling.factor);
     if (c->scoring_func != ROUTER_SOFTMAX || c->topk_method != TOPK_GREEDY)
         NO("the sigmoid / group-limited router (scoring_func, topk_method): its graph routes by softmax top-k");
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if (config_layer_window(c, l)) {
+            NO("sliding_window %d (layer %d): this export writes no sliding-window metadata", c->sliding_window, l);
+            break;
+        }
 #undef NO
     if (k) {
         snprintf(err, err_len, "llama.cpp's %s architecture (chosen by %s) cannot express: %s", a->name, *why, what);

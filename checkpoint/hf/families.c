@@ -50,8 +50,8 @@ static const HfKey g_mixtral_keys[] = {
     COPY("rope_theta", "rope_theta", "1000000.0", NULL, HF_V4, "RoPE base (v4)"),
     RULE("rope_parameters", HFR_ROPE_PARAMS, "null", HF_V5, DOC_ROPE_PARAMS),
     RULE("rope_scaling", HFR_ROPE_SCALING, "null", 0, DOC_ROPE_SCALING),
-    RULE("sliding_window", HFR_SLIDING, "null", HF_ANY,
-         "null or at least max_position_embeddings (then it never masks); a shorter window is refused"),
+    COPY("sliding_window", "sliding_window", "null", "null", HF_ANY,
+         "the window W of every layer (null: none): a query at t sees keys t - W < s <= t"),
     RULE("attention_dropout", HFR_TRAIN_NOISE, "0.0", HF_ANY, DOC_NOISE),
     COPY("num_experts_per_tok", "num_experts_per_tok", "2", NULL, HF_ANY, "k"),
     COPY("num_local_experts", "num_local_experts", "8", NULL, HF_ANY, DOC_EXPERTS),
@@ -81,10 +81,11 @@ static const HfKey g_qwen2_keys[] = {
     COPY("rope_theta", "rope_theta", "10000.0", NULL, HF_V4, "RoPE base (v4)"),
     RULE("rope_scaling", HFR_ROPE_SCALING, "null", HF_V4, DOC_ROPE_SCALING),
     RULE("rope_parameters", HFR_ROPE_PARAMS, "null", HF_V5, DOC_ROPE_PARAMS),
-    RULE("use_sliding_window", HFR_USE_SLIDING, "false", HF_ANY,
-         "true only with a sliding_window of at least max_position_embeddings (it never masks then)"),
-    RULE("sliding_window", HFR_AUX, "4096", HF_ANY, "read by use_sliding_window"),
-    IGN("max_window_layers", "28", HF_ANY, "which layers slide: no effect without an active window"),
+    COPY("use_sliding_window", "use_sliding_window", "false", NULL, HF_ANY,
+         "false: no layer slides (HF nulls sliding_window)"),
+    COPY("sliding_window", "sliding_window", "4096", "null", HF_ANY, "the window W (null: none)"),
+    COPY("max_window_layers", "max_window_layers", "28", NULL, HF_ANY,
+         "without layer_types, layers l >= this slide (when use_sliding_window)"),
     RULE("attention_dropout", HFR_TRAIN_NOISE, "0.0", HF_ANY, DOC_NOISE),
     COPY("decoder_sparse_step", "decoder_sparse_step", "1", NULL, HF_ANY, "MoE every step-th layer"),
     COPY("moe_intermediate_size", "moe_intermediate_size", "1408", NULL, HF_ANY, "each expert's width F"),
@@ -98,8 +99,8 @@ static const HfKey g_qwen2_keys[] = {
     RULE("router_aux_loss_coef", HFR_AUX_COEF, "0.001", HF_ANY, DOC_AUX),
     COPY("mlp_only_layers", "mlp_only_layers", "null", "[]", HF_ANY, "layers that stay dense (null: none)"),
     COPY("qkv_bias", "qkv_bias", "true", NULL, HF_V5, "biases on q, k, v (v4 configs: always)"),
-    RULE("layer_types", HFR_LAYER_TYPES, "null", HF_V5,
-         "v5: full_attention, or sliding_attention (full unless use_sliding_window)"),
+    COPY("layer_types", "layer_types", "null", "null", HF_V5,
+         "v5: full_attention or sliding_attention per layer (sliding only when use_sliding_window)"),
     RULE("quantization_config", HFR_QUANT, NULL, 0, DOC_QUANT),
     END,
 };
@@ -257,6 +258,8 @@ static const HfConst g_mixtral_consts[] = {
     { "mlp_only_layers", "[]", false },         { "attention_bias", "false", false },
     { "qkv_bias", "false", false },             { "qk_norm", "\"none\"", false },
     { "clip_qkv", "0", false },                 { "router_z_loss_coef", "0", true },
+    { "use_sliding_window", "true", false },    { "max_window_layers", "0", false },
+    { "layer_types", "null", false },
     { NULL, NULL, false },
 };
 
@@ -272,6 +275,7 @@ static const HfConst g_qwen3_consts[] = {
     { "shared_expert_gate", "false", false }, { "first_k_dense_replace", "0", false },
     { "qkv_bias", "false", false },       { "qk_norm", "\"head\"", false },
     { "clip_qkv", "0", false },           { "router_z_loss_coef", "0", true },
+    { "sliding_window", "null", false },
     { NULL, NULL, false },
 };
 
@@ -280,7 +284,8 @@ static const HfConst g_olmoe_consts[] = {
     { "shared_expert_gate", "false", false }, { "first_k_dense_replace", "0", false },
     { "decoder_sparse_step", "1", false }, { "mlp_only_layers", "[]", false },
     { "qkv_bias", "false", false },       { "qk_norm", "\"full\"", false },
-    { "router_z_loss_coef", "0", true },  { NULL, NULL, false },
+    { "router_z_loss_coef", "0", true },  { "sliding_window", "null", false },
+    { NULL, NULL, false },
 };
 
 static const HfConst g_dsv3_consts[] = {
@@ -289,6 +294,7 @@ static const HfConst g_dsv3_consts[] = {
     { "attention_bias", "false", false },   { "qkv_bias", "false", false },
     { "qk_norm", "\"none\"", false },       { "clip_qkv", "0", false },
     { "router_aux_loss_coef", "0", true },  { "router_z_loss_coef", "0", true },
+    { "sliding_window", "null", false },
     { NULL, NULL, false },
 };
 

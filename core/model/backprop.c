@@ -525,8 +525,8 @@ static void mla_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
     zero(a->datt, N * m->ao);
     mla_absorb_o_backward(a->datt, L->kvb->g, a->dmatt, la->att, L->kvb->w, N, md);
     zero(a->dq, N * m->aq); zero(a->dk, N * kw); zero(a->dv, N * r);
-    attention_backward(a->dq, a->dk, a->dv, a->datt, la->q, la->att, la->lse, la->kv, b->seqs, b->n_seq,
-                       &m->attn);
+    const AttnShape sh = model_layer_attn(m, L);
+    attention_backward(a->dq, a->dk, a->dv, a->datt, la->q, la->att, la->lse, la->kv, b->seqs, b->n_seq, &sh);
     zero(a->dmq, N * Hqk);
     mla_absorb_q_backward(a->dmq, L->kvb->g, a->dq, la->mq, L->kvb->w, N, md);
     rope_backward_at(a->dmq, b->pos, &m->rope, N, md->H, qk, md->nope, rope, inter);
@@ -570,7 +570,8 @@ static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
     if (a->mode == RECOMPUTE_FULL) {
         model_layer_forward(m, l, &b, a->x[i], a->dtmp, la);
     } else if (a->mode == RECOMPUTE_SELECTIVE) {
-        attention_forward(la->att, la->lse, la->q, la->kv, b.seqs, b.n_seq, &m->attn);
+        const AttnShape sh = model_layer_attn(m, L);
+        attention_forward(la->att, la->lse, la->q, la->kv, b.seqs, b.n_seq, &sh);
         model_ffn_recompute(m, l, &b, la);
     }
 
@@ -589,8 +590,8 @@ static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
     zero(a->datt, N * Hq);
     linear_backward(a->datt, L->o->g, a->dx, la->att, L->o->w, N, d, Hq);
     zero(a->dq, N * Hq); zero(a->dk, N * Hk); zero(a->dv, N * Hk);
-    attention_backward(a->dq, a->dk, a->dv, a->datt, la->q, la->att, la->lse, la->kv,
-                       b.seqs, b.n_seq, &m->attn);
+    const AttnShape sh = model_layer_attn(m, L);
+    attention_backward(a->dq, a->dk, a->dv, a->datt, la->q, la->att, la->lse, la->kv, b.seqs, b.n_seq, &sh);
     rope_backward(a->dq, b.pos, &m->rope, N, m->H, hd);
     rope_backward(a->dk, b.pos, &m->rope, N, m->Hkv, hd);
     float *dqr, *dkr;

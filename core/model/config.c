@@ -45,6 +45,10 @@ void config_defaults(ModelConfig *c)
     c->topk_group = 1;
     c->routed_scaling_factor = 1.0;
     c->moe_layer_freq = 1;
+    c->sliding_window = 0;
+    c->use_sliding_window = true;
+    c->max_window_layers = 0;
+    c->n_layer_types = 0;
 }
 
 static const char *const g_qk_norm_names[] = { "none", "head", "full" };
@@ -53,7 +57,7 @@ static const char *const g_scoring_names[] = { "softmax", "sigmoid", NULL };
 static const char *const g_topk_names[] = { "greedy", "noaux_tc", NULL };
 
 /* K_ENUM: a string naming one of names[] (NULL-terminated), stored as an int enum */
-enum kind { K_INT, K_NUM, K_BOOL, K_QKNORM, K_LAYERS, K_ENUM, K_ROPESCALING };
+enum kind { K_INT, K_NUM, K_BOOL, K_QKNORM, K_LAYERS, K_ENUM, K_ROPESCALING, K_WINDOW, K_LAYER_TYPES };
 struct key { const char *name; enum kind kind; size_t off; const char *const *names; };
 
 #define KEY(n, k) { #n, k, offsetof(ModelConfig, n), NULL }
@@ -76,6 +80,8 @@ static const struct key g_keys[] = {
     ENUM_KEY(scoring_func, g_scoring_names), ENUM_KEY(topk_method, g_topk_names),
     KEY(n_group, K_INT), KEY(topk_group, K_INT), KEY(routed_scaling_factor, K_NUM),
     KEY(moe_layer_freq, K_INT),
+    KEY(sliding_window, K_WINDOW), KEY(use_sliding_window, K_BOOL), KEY(max_window_layers, K_INT),
+    { "layer_types", K_LAYER_TYPES, offsetof(ModelConfig, layer_sliding), NULL },
 };
 #undef ENUM_KEY
 #undef KEY
@@ -261,6 +267,41 @@ int config_from_cjson(ModelConfig *cfg, const void *obj, char *err, size_t err_l
         case K_ROPESCALING:
             if (parse_rope_scaling(&cfg->rope_scaling, it, err, err_len)) return -1;
             break;
+        case K_WINDOW:
+            if (cJSON_IsNull(it)) {
+                cfg->sliding_window = 0;
+                break;
+            }
+            if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < 1 ||
+                it->valuedouble > 1e9) {
+                snprintf(err, err_len, "model config: \"%s\" must be an integer >= 1 or null", it->string);
+                return -1;
+            }
+            cfg->sliding_window = (int)it->valuedouble;
+            break;
+        case K_LAYER_TYPES: {
+            int n = 0;
+            if (cJSON_IsNull(it)) {
+                cfg->n_layer_types = 0;
+                break;
+            }
+            if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) > CONFIG_MAX_LIST) {
+                snprintf(err, err_len, "model config: \"%s\" must be null or a list of at most %d layer types",
+                         it->string, CONFIG_MAX_LIST);
+                return -1;
+            }
+            for (const cJSON *e = it->child; e; e = e->next, n++) {
+                if (!cJSON_IsString(e) ||
+                    (strcmp(e->valuestring, "sliding_attention") && strcmp(e->valuestring, "full_attention"))) {
+                    snprintf(err, err_len, "model config: \"%s\"[%d] must be \"sliding_attention\" or "
+                             "\"full_attention\"", it->string, n);
+                    return -1;
+                }
+                cfg->layer_sliding[n] = !strcmp(e->valuestring, "sliding_attention");
+            }
+            cfg->n_layer_types = n;
+            break;
+        }
         }
     }
     derive(cfg, given);
@@ -417,6 +458,10 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len)
         REQUIRE(c->mlp_only_layers[i] < c->num_hidden_layers,
                 "\"mlp_only_layers\" names layer %d, the model has %d (0..%d)", c->mlp_only_layers[i],
                 c->num_hidden_layers, c->num_hidden_layers - 1);
+    REQUIRE(c->sliding_window >= 0, "\"sliding_window\" must be >= 1 or null (got %d)", c->sliding_window);
+    REQUIRE(c->max_window_layers >= 0, "\"max_window_layers\" must be >= 0 (got %d)", c->max_window_layers);
+    REQUIRE(c->n_layer_types == 0 || c->n_layer_types == c->num_hidden_layers,
+            "\"layer_types\" lists %d layers, the model has %d", c->n_layer_types, c->num_hidden_layers);
     const int n_moe = config_n_moe_layers(c);
     REQUIRE(n_moe == c->num_hidden_layers || c->intermediate_size >= 1,
             "\"intermediate_size\" must be >= 1 when there are dense layers (got %d)", c->intermediate_size);
@@ -497,6 +542,19 @@ char *config_to_json(const ModelConfig *c)
         case K_ROPESCALING:
             cJSON_AddItemToObject(o, g_keys[i].name, config_rope_scaling_json(&c->rope_scaling));
             break;
+        case K_WINDOW:
+            if (c->sliding_window) cJSON_AddNumberToObject(o, g_keys[i].name, c->sliding_window);
+            else cJSON_AddNullToObject(o, g_keys[i].name);
+            break;
+        case K_LAYER_TYPES:
+            if (!c->n_layer_types) {
+                cJSON_AddNullToObject(o, g_keys[i].name);
+                break;
+            }
+            cJSON *a = cJSON_AddArrayToObject(o, g_keys[i].name);
+            for (int l = 0; l < c->n_layer_types; l++)
+                cJSON_AddItemToArray(a, cJSON_CreateString(c->layer_sliding[l] ? "sliding_attention" : "full_attention"));
+            break;
         }
     }
     char *s = cJSON_PrintUnformatted(o);
@@ -504,6 +562,13 @@ char *config_to_json(const ModelConfig *c)
     char *out = td_strdup(s);
     cJSON_free(s);
     return out;
+}
+
+int config_layer_window(const ModelConfig *c, int l)
+{
+    if (!c->sliding_window || !c->use_sliding_window) return 0;
+    const bool slides = c->n_layer_types ? c->layer_sliding[l] : l >= c->max_window_layers;
+    return slides ? c->sliding_window : 0;
 }
 
 bool config_layer_is_moe(const ModelConfig *c, int l)

@@ -79,6 +79,12 @@ typedef struct {
     int topk_group;                /* groups kept per token */
     double routed_scaling_factor;  /* routed weights *= this (sigmoid only) */
     int moe_layer_freq;            /* MoE layers are those with l % freq == 0 (DeepSeek's rule) */
+    /* sliding-window attention (config_layer_window; docs/config.md) */
+    int sliding_window;            /* W >= 1; 0 = null: no window */
+    bool use_sliding_window;       /* false: no layer slides (Qwen2's switch; default true) */
+    int max_window_layers;         /* without layer_types: layers l >= this slide (default 0: all) */
+    int n_layer_types;             /* 0 = null; else num_hidden_layers entries: */
+    bool layer_sliding[CONFIG_MAX_LIST];   /* layer_types[l] == "sliding_attention" */
 } ModelConfig;
 
 /* Fill cfg with the defaults. */
@@ -107,6 +113,10 @@ char *config_to_json(const ModelConfig *cfg);
  * and l % moe_layer_freq == 0 (DeepSeek's); with the defaults, every
  * layer from first_k_dense_replace on. */
 bool config_layer_is_moe(const ModelConfig *c, int l);
+/* The sliding window of layer l (0: full attention): sliding_window when
+ * it is set, use_sliding_window, and layer_types names l
+ * "sliding_attention" (without layer_types: l >= max_window_layers). */
+int config_layer_window(const ModelConfig *c, int l);
 /* MoE layers of the model. */
 int config_n_moe_layers(const ModelConfig *c);
 /* Width S of the shared expert(s) of an MoE layer (global, unsharded): 0

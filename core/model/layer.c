@@ -320,8 +320,9 @@ static void mla_forward(const Model *m, const Layer *L, const ModelBatch *b, Lay
     rope_forward_at(a->k, b->pos, &m->rope, N, 1, kw, r, rope, inter);
     rope_forward_at(a->mq, b->pos, &m->rope, N, md->H, qk, md->nope, rope, inter);
     mla_absorb_q_forward(a->q, a->mq, L->kvb->w, N, md);
-    attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, NULL, &m->attn);
-    attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &m->attn);
+    const AttnShape sh = model_layer_attn(m, L);
+    attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, NULL, &sh);
+    attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &sh);
     mla_absorb_o_forward(a->matt, a->att, L->kvb->w, N, md);
 }
 
@@ -340,8 +341,9 @@ void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float
         qkv_forward(m, L, a, N);
         rope_forward(a->q, b->pos, &m->rope, N, H, hd);
         rope_forward(a->k, b->pos, &m->rope, N, Hkv, hd);
-        attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, a->v, &m->attn);
-        attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &m->attn);
+        const AttnShape sh = model_layer_attn(m, L);
+        attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, a->v, &sh);
+        attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &sh);
         param_linear(a->x_mid, a->att, L->o, N);
     }
     tp_sum(m, a->x_mid, N * d);

@@ -159,6 +159,7 @@ static void layer_params(Model *m, int l)
     }
     L->ln2 = add(m, NAME("post_attention_layernorm"), 1, (size_t[]){ d }, -1, -1, l, false, false);
     L->moe = config_layer_is_moe(c, l);
+    L->window = (size_t)config_layer_window(c, l);
     if (!L->moe) {
         const size_t Fd = (size_t)c->intermediate_size;
         L->gate = add(m, NAME("mlp/gate_proj"), 2, (size_t[]){ Fd, d }, 0, -1, l, true, true);
@@ -253,7 +254,7 @@ static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo, 
 static void set_attn(Model *m, size_t kv_block)
 {
     m->attn = (AttnShape){ m->H, m->mla ? 1 : m->Hkv, m->ak / (m->mla ? 1 : m->Hkv), kv_block ? kv_block : 16,
-                           DTYPE_F32, m->mla ? m->av : m->hd, model_attn_scale(&m->cfg), m->mla };
+                           DTYPE_F32, m->mla ? m->av : m->hd, model_attn_scale(&m->cfg), m->mla, 0 };
 }
 
 static void init_layout(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads, size_t kv_block,

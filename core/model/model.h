@@ -101,6 +101,7 @@ void param_partition(const Param *p, const Topology *t, char *out, size_t out_le
 
 typedef struct {
     bool moe;
+    size_t window;                        /* sliding window (config_layer_window), 0: full attention */
     Param *ln1, *ln2;
     Param *q, *k, *v, *o;
     Param *qb, *kb, *vb, *ob;             /* projection biases, NULL when off */
@@ -163,6 +164,15 @@ typedef struct {
     bool mla;               /* multi-head latent attention (config_mla) */
     MlaDims mla_dims;       /* its sizes, local heads */
 } Model;
+
+/* The attention shape of layer L: the model's, with the layer's sliding
+ * window (every caller of the attention ops goes through this). */
+static inline AttnShape model_layer_attn(const Model *m, const Layer *L)
+{
+    AttnShape s = m->attn;
+    s.window = L->window;
+    return s;
+}
 
 /* The softmax scale of attention: 1/sqrt(head_dim), or under MLA
  * 1/sqrt(qk_nope_head_dim + qk_rope_head_dim). */

@@ -13,7 +13,12 @@
  * s_j), c = exp(m - m'), p_j = exp(s_j - m'), o = o c, then o = fma(p_j, v_j,
  * o) for j in order.  Only the keys a query sees enter its max, its p and
  * its o; c = exp(0) = 1 when the max did not move, so multiplying by it
- * changes nothing.
+ * changes nothing.  A sliding window (attention.h) masks the lanes below
+ * a query's first key the same way (tile_lo), starts a group at the first
+ * tile any of its queries sees, and a query that has seen no key yet keeps
+ * m = -inf with the correction 1 (no_keys_yet).  The backward skips the
+ * (query tile, key tile) blocks outside every window (bw_first_kt,
+ * bw_end_qt): they would add exact zeros.
  *
  * Work item: (sequence, kv head g, query tile qt), kv head outer so that
  * consecutive items reuse the same keys: the rows of the tile, for the
@@ -254,6 +259,16 @@ static inline void running_max(float *mo, float *mx, float *m, size_t nq, size_t
         }
 }
 
+/* A query that has seen no key yet (a window's leading tiles in a group
+ * whose other queries see them): m stays -inf, and its step must change
+ * nothing.  exp(-inf - -inf) would be NaN; with both 0 the correction is 1,
+ * its o and l (still 0) stay 0 and its masked p are 0. */
+static inline void no_keys_yet(float *mo, float *mx, size_t n)
+{
+    for (size_t u = 0; u < n; u++)
+        if (mx[u] == -INFINITY) mo[u] = mx[u] = 0.0f;
+}
+
 #ifdef ATTN_AVX512
 
 /* A vector loaded once and used by several FMAs: without this GCC folds the
@@ -341,22 +356,27 @@ ALWAYS_INLINE float hmax16(__m512 x)
 
 static inline __mmask16 lanes_below(size_t n) { return n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1); }
 
+/* Lanes lo .. hi - 1. */
+static inline __mmask16 lanes_in(size_t lo, size_t hi) { return (__mmask16)(lanes_below(hi) & ~lanes_below(lo)); }
+
 /* Online-softmax steps of nq queries over nt consecutive tiles (u = t nq + v):
  * s, p (nt nq, 16) scaled scores and probabilities, cf (nt nq) corrections,
- * m (nq), lv (nq, 16).  nval: keys each query sees (nt = 1), NULL = all 16.
+ * m (nq), lv (nq, 16).  nlo, nval (nt nq): the keys lanes nlo[u] ..
+ * nval[u] - 1 are the ones query u sees, NULL = all 16.
  * The exps of all tiles are independent: only the max is a chain. */
 static void softmax_step(float *p, float *cf, float *m, float *lv, const float *s,
-                         const size_t *nval, size_t nq, size_t nt)
+                         const size_t *nlo, const size_t *nval, size_t nq, size_t nt)
 {
     float mx[2 * GQ_MAX], mo[2 * GQ_MAX];
     const size_t n = nt * nq;
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     for (size_t u = 0; u < n; u++) {
         __m512 x = _mm512_loadu_ps(s + 16 * u);
-        if (nval) x = _mm512_mask_mov_ps(ninf, lanes_below(nval[u]), x);
+        if (nval) x = _mm512_mask_mov_ps(ninf, lanes_in(nlo[u], nval[u]), x);
         mx[u] = hmax16(x);
     }
     running_max(mo, mx, m, nq, nt);
+    if (nval) no_keys_yet(mo, mx, n);
     for (size_t u0 = 0; u0 < n; u0 += 16) {   /* c = exp(m - m'), 16 at once */
         const __mmask16 k = lanes_below(n - u0);
         const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, mo + u0), _mm512_maskz_loadu_ps(k, mx + u0));
@@ -366,7 +386,7 @@ static void softmax_step(float *p, float *cf, float *m, float *lv, const float *
         for (size_t v = 0; v < nq; v++) {
             const size_t u = t * nq + v;
             __m512 e = vexp16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * u), _mm512_set1_ps(mx[u])));
-            if (nval) e = _mm512_maskz_mov_ps(lanes_below(nval[u]), e);
+            if (nval) e = _mm512_maskz_mov_ps(lanes_in(nlo[u], nval[u]), e);
             const __m512 l = _mm512_mul_ps(_mm512_loadu_ps(lv + 16 * v), _mm512_set1_ps(cf[u]));
             _mm512_storeu_ps(lv + 16 * v, _mm512_add_ps(l, e));
             _mm512_storeu_ps(p + 16 * u, e);
@@ -507,10 +527,10 @@ static inline float row_dot(const float *x, const float *y, size_t hd)
 
 /* One query of a backward block: p and ds (16 lanes) from s and dp. */
 static inline void bw_ds(float *p, float *ds, const float *s, const float *dp, float lse, float D,
-                         size_t nval, float scale)
+                         size_t nlo, size_t nval, float scale)
 {
     __m512 e = vexp16(_mm512_sub_ps(_mm512_loadu_ps(s), _mm512_set1_ps(lse)));
-    e = _mm512_maskz_mov_ps(lanes_below(nval), e);
+    e = _mm512_maskz_mov_ps(lanes_in(nlo, nval), e);
     const __m512 t = _mm512_sub_ps(_mm512_loadu_ps(dp), _mm512_set1_ps(D));
     _mm512_storeu_ps(p, e);
     _mm512_storeu_ps(ds, _mm512_mul_ps(_mm512_mul_ps(e, t), _mm512_set1_ps(scale)));
@@ -531,6 +551,9 @@ static inline __m256 lanes_below(size_t n, int h)
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)n - 8 * h), idx));
 }
+
+/* All-ones in the lanes lo .. hi - 1 of half h. */
+static inline __m256 lanes_in(size_t lo, size_t hi, int h) { return _mm256_andnot_ps(lanes_below(lo, h), lanes_below(hi, h)); }
 
 /* NQ queries x NT tiles, 2 NQ NT <= 12 chains.  Per d: one tile, its two
  * halves kept and q[v][d] broadcast in turn; several tiles, the NQ
@@ -626,7 +649,7 @@ ALWAYS_INLINE float hmax16(__m256 lo, __m256 hi)
 
 /* Online-softmax steps of nq queries over nt tiles, as the AVX-512 path. */
 static void softmax_step(float *p, float *cf, float *m, float *lv, const float *s,
-                         const size_t *nval, size_t nq, size_t nt)
+                         const size_t *nlo, const size_t *nval, size_t nq, size_t nt)
 {
     float mx[2 * GQ_MAX + 8], mo[2 * GQ_MAX + 8];
     const size_t n = nt * nq;
@@ -634,12 +657,13 @@ static void softmax_step(float *p, float *cf, float *m, float *lv, const float *
     for (size_t u = 0; u < n; u++) {
         __m256 lo = _mm256_loadu_ps(s + 16 * u), hi = _mm256_loadu_ps(s + 16 * u + 8);
         if (nval) {
-            lo = _mm256_blendv_ps(ninf, lo, lanes_below(nval[u], 0));
-            hi = _mm256_blendv_ps(ninf, hi, lanes_below(nval[u], 1));
+            lo = _mm256_blendv_ps(ninf, lo, lanes_in(nlo[u], nval[u], 0));
+            hi = _mm256_blendv_ps(ninf, hi, lanes_in(nlo[u], nval[u], 1));
         }
         mx[u] = hmax16(lo, hi);
     }
     running_max(mo, mx, m, nq, nt);
+    if (nval) no_keys_yet(mo, mx, n);
     for (size_t u = n; u < n + 8; u++) mo[u] = mx[u] = 0.0f;
     for (size_t u0 = 0; u0 < n; u0 += 8) {   /* c = exp(m - m'), 8 at once */
         const __m256 c = vexp8(_mm256_sub_ps(_mm256_loadu_ps(mo + u0), _mm256_loadu_ps(mx + u0)));
@@ -657,7 +681,7 @@ static void softmax_step(float *p, float *cf, float *m, float *lv, const float *
             const __m256 mu = _mm256_set1_ps(mx[u]), cu = _mm256_set1_ps(cf[u]);
             for (int h = 0; h < 2; h++) {
                 __m256 e = vexp8(_mm256_sub_ps(_mm256_loadu_ps(s + 16 * u + 8 * h), mu));
-                if (nval) e = _mm256_and_ps(e, lanes_below(nval[u], h));
+                if (nval) e = _mm256_and_ps(e, lanes_in(nlo[u], nval[u], h));
                 const __m256 l = _mm256_mul_ps(_mm256_loadu_ps(lv + 16 * v + 8 * h), cu);
                 _mm256_storeu_ps(lv + 16 * v + 8 * h, _mm256_add_ps(l, e));
                 _mm256_storeu_ps(p + 16 * u + 8 * h, e);
@@ -830,11 +854,11 @@ static inline float row_dot(const float *x, const float *y, size_t hd)
 
 /* One query of a backward block: p and ds (16 lanes) from s and dp. */
 static inline void bw_ds(float *p, float *ds, const float *s, const float *dp, float lse, float D,
-                         size_t nval, float scale)
+                         size_t nlo, size_t nval, float scale)
 {
     for (int h = 0; h < 2; h++) {
         __m256 e = vexp8(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * h), _mm256_set1_ps(lse)));
-        e = _mm256_and_ps(e, lanes_below(nval, h));
+        e = _mm256_and_ps(e, lanes_in(nlo, nval, h));
         const __m256 t = _mm256_sub_ps(_mm256_loadu_ps(dp + 8 * h), _mm256_set1_ps(D));
         _mm256_storeu_ps(p + 8 * h, e);
         _mm256_storeu_ps(ds + 8 * h, _mm256_mul_ps(_mm256_mul_ps(e, t), _mm256_set1_ps(scale)));
@@ -868,23 +892,24 @@ static float hmax16(const float *x)
 }
 
 static void softmax_step(float *p, float *cf, float *m, float *lv, const float *s,
-                         const size_t *nval, size_t nq, size_t nt)
+                         const size_t *nlo, const size_t *nval, size_t nq, size_t nt)
 {
     float mx[2 * GQ_MAX], mo[2 * GQ_MAX];
     const size_t n = nt * nq;
     for (size_t u = 0; u < n; u++) {
-        const size_t nv = nval ? nval[u] : ATTN_TILE;
+        const size_t n0 = nval ? nlo[u] : 0, nv = nval ? nval[u] : ATTN_TILE;
         float x[16];
-        for (size_t j = 0; j < 16; j++) x[j] = j < nv ? s[16 * u + j] : -INFINITY;
+        for (size_t j = 0; j < 16; j++) x[j] = j >= n0 && j < nv ? s[16 * u + j] : -INFINITY;
         mx[u] = hmax16(x);
     }
     running_max(mo, mx, m, nq, nt);
+    if (nval) no_keys_yet(mo, mx, n);
     for (size_t u = 0; u < n; u++) cf[u] = vexp1(mo[u] - mx[u]);
     for (size_t t = 0; t < nt; t++)
         for (size_t v = 0; v < nq; v++) {
-            const size_t u = t * nq + v, nv = nval ? nval[u] : ATTN_TILE;
+            const size_t u = t * nq + v, n0 = nval ? nlo[u] : 0, nv = nval ? nval[u] : ATTN_TILE;
             for (size_t j = 0; j < 16; j++) {
-                const float e = j < nv ? vexp1(s[16 * u + j] - mx[u]) : 0.0f;
+                const float e = j >= n0 && j < nv ? vexp1(s[16 * u + j] - mx[u]) : 0.0f;
                 lv[16 * v + j] = lv[16 * v + j] * cf[u] + e;
                 p[16 * u + j] = e;
             }
@@ -920,10 +945,10 @@ static inline void div_row(float *dst, const float *o, float l, size_t hd)
 static inline float row_dot(const float *x, const float *y, size_t hd) { return vec_dot(x, y, hd); }
 
 static inline void bw_ds(float *p, float *ds, const float *s, const float *dp, float lse, float D,
-                         size_t nval, float scale)
+                         size_t nlo, size_t nval, float scale)
 {
     for (size_t j = 0; j < 16; j++) {
-        const float e = j < nval ? vexp1(s[j] - lse) : 0.0f;
+        const float e = j >= nlo && j < nval ? vexp1(s[j] - lse) : 0.0f;
         p[j] = e;
         ds[j] = e * (dp[j] - D) * scale;
     }
@@ -947,8 +972,19 @@ struct attn_fw {
     const AttnShape *sh; const size_t *item_start; size_t n_items; float scale;
 };
 
+/* Key lanes of tile kt below the first key a query at p sees: its lower
+ * mask (0: none, 16: it sees no key of the tile). */
+static inline size_t tile_lo(const AttnShape *sh, size_t kt, size_t p)
+{
+    const size_t lo = attn_first_key(sh, p), k0 = kt * ATTN_TILE;
+    return lo <= k0 ? 0 : td_min(ATTN_TILE, lo - k0);
+}
+
 /* nq <= GQ_MAX query vectors (rows r_v of s, heads h_v) of tile qt over key
- * tiles 0..qt. */
+ * tiles 0..qt (with a window: from the first tile any of them sees; a
+ * query's lanes below its first key are masked, and the tiles before its
+ * own first one leave it unchanged, so its bits do not depend on the
+ * group). */
 static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t qt,
                      const size_t *rows, const size_t *heads, size_t nq)
 {
@@ -956,7 +992,7 @@ static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t
     const size_t hd = sh->dk, dv = sh->dv, qw = sh->H * hd, ow = sh->H * dv;
     const float *q[GQ_MAX];
     float *op[GQ_MAX];
-    size_t nval[GQ_MAX];
+    size_t nval[GQ_MAX], nlo[2 * GQ_MAX], nhi[2 * GQ_MAX];
     float m[GQ_MAX], cf[2 * GQ_MAX];   /* 2 GQ_MAX >= nq tiles_per_block(nq) */
     float o[GQ_FLOATS] __attribute__((aligned(64)));
     float lv[GQ_MAX * 16] __attribute__((aligned(64))), p[2 * GQ_MAX * 16] __attribute__((aligned(64)));
@@ -965,23 +1001,35 @@ static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t
      * the blocks in place) */
     const bool wid = sh->kv != DTYPE_F32, vk = sh->v_in_k;
     float kbuf[wid ? SC_PAIRS * ATTN_TILE * hd : 1], vbuf[wid || vk ? ATTN_TILE * dv : 1];
-    size_t ld = sh->bs;
+    size_t ld = sh->bs, lo_min = SIZE_MAX, lo_max = 0;
     for (size_t v = 0; v < nq; v++) {
         q[v] = c->q + (s->row + rows[v]) * qw + heads[v] * hd;
         op[v] = o + v * dv;
         nval[v] = tile_valid(qt, s->pos + rows[v]);
         m[v] = -INFINITY;
+        const size_t lo = attn_first_key(sh, s->pos + rows[v]);
+        lo_min = td_min(lo_min, lo);
+        lo_max = td_max(lo_max, lo);
     }
     memset(o, 0, nq * dv * sizeof(float));
     memset(lv, 0, nq * 16 * sizeof(float));
-    /* full tiles 0..qt-1, several at a time when the group is small */
-    const size_t tpb = tiles_per_block(nq);
-    for (size_t kt0 = 0; kt0 < qt; kt0 += tpb) {
+    /* full tiles kt_lo..qt-1 (kt_lo = 0 without a window), several at a
+     * time when the group is small; tiles starting below lo_max need the
+     * lower masks */
+    const size_t tpb = tiles_per_block(nq), kt_lo = lo_min / ATTN_TILE;
+    for (size_t kt0 = kt_lo; kt0 < qt; kt0 += tpb) {
         const size_t nt = td_min(tpb, qt - kt0);
         const float *kts[SC_PAIRS];
         for (size_t t = 0; t < nt; t++) kts[t] = keys_f32(kbuf + t * ATTN_TILE * hd, c->kv, s, sh, g, kt0 + t, &ld);
         scores_all(sc, q, nq, kts, nt, ld, hd, c->scale);
-        softmax_step(p, cf, m, lv, sc, NULL, nq, nt);
+        const bool masked = kt0 * ATTN_TILE < lo_max;
+        if (masked)
+            for (size_t t = 0; t < nt; t++)
+                for (size_t v = 0; v < nq; v++) {
+                    nlo[t * nq + v] = tile_lo(sh, kt0 + t, s->pos + rows[v]);
+                    nhi[t * nq + v] = ATTN_TILE;
+                }
+        softmax_step(p, cf, m, lv, sc, masked ? nlo : NULL, masked ? nhi : NULL, nq, nt);
         for (size_t t = 0; t < nt; t++) {
             const float *vt = vk ? values_of_keys(vbuf, kts[t], ld, dv) : values_f32(vbuf, c->kv, s, sh, g, kt0 + t);
             pv(op, p + t * nq * 16, cf + t * nq, vt, dv, nq, dv, ATTN_TILE);
@@ -991,7 +1039,8 @@ static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t
     const float *ktd = keys_f32(kbuf, c->kv, s, sh, g, qt, &ld);
     const float *vtd = vk ? values_of_keys(vbuf, ktd, ld, dv) : values_f32(vbuf, c->kv, s, sh, g, qt);
     scores_all(sc, q, nq, &ktd, 1, ld, hd, c->scale);
-    softmax_step(p, cf, m, lv, sc, nval, nq, 1);
+    for (size_t v = 0; v < nq; v++) nlo[v] = tile_lo(sh, qt, s->pos + rows[v]);
+    softmax_step(p, cf, m, lv, sc, nlo, nval, nq, 1);
     for (size_t v = 0; v < nq; v++) pv(op + v, p + 16 * v, cf + v, vtd, dv, 1, dv, nval[v]);
     for (size_t v = 0; v < nq; v++) {
         const float l = vec_lanes_combine(lv + 16 * v);
@@ -1176,7 +1225,7 @@ static void bw_block(const struct attn_bw *c, const BwQueries *Q, const BwKeys *
     scores_all(dp, Q->dout, nq, &vt, 1, ATTN_TILE, dv, 1.0f);       /* dp = dout v^T */
     for (size_t v = 0; v < nq; v++)
         bw_ds(p + 16 * v, ds + 16 * v, s + 16 * v, dp + 16 * v, Q->lse[v], Q->D[v],
-              tile_valid(kt, Q->pos[v]), c->scale);
+              tile_lo(c->sh, kt, Q->pos[v]), tile_valid(kt, Q->pos[v]), c->scale);
     if (do_kv) {
         acc_keys(K->dv, K->nk, p, Q->dout, nq, dv);    /* dv_j += p_ij dout_i */
         acc_keys(K->dk, K->nk, ds, Q->q, nq, hd);      /* dk_j += ds_ij q_i */
@@ -1191,6 +1240,16 @@ static void bw_block(const struct attn_bw *c, const BwQueries *Q, const BwKeys *
 }
 
 static size_t seq_tiles(const AttnSeq *s) { return (s->n + ATTN_TILE - 1) / ATTN_TILE; }
+
+/* Window (sequences from 0): the first key tile query tile qt sees, and
+ * one past the last query tile that sees key tile kt.  The blocks outside
+ * are skipped: they would add exact zeros (p = ds = 0) to every chain. */
+static size_t bw_first_kt(const AttnShape *sh, size_t qt) { return attn_first_key(sh, qt * ATTN_TILE) / ATTN_TILE; }
+static size_t bw_end_qt(const AttnShape *sh, const AttnSeq *s, size_t kt)
+{
+    const size_t n = seq_tiles(s);
+    return sh->window ? td_min(n, (kt * ATTN_TILE + ATTN_TILE - 1 + sh->window - 1) / ATTN_TILE + 1) : n;
+}
 
 /* Key tiles kt0 .. kt0 + nkt - 1 of (s, g), nkt <= BW_SPAN_MAX and nkt
  * ATTN_TILE (dk + dv) <= BW_KEY_FLOATS: dk, dv over query tiles kt0.. in order,
@@ -1208,11 +1267,12 @@ static void bw_key_tiles(const struct attn_bw *c, const AttnSeq *s, size_t g, si
     BwKeys K[BW_SPAN_MAX];
     BwQueries Q;
     for (size_t t = 0; t < nkt; t++) bw_keys(&K[t], buf + t * ATTN_TILE * (c->sh->dk + c->sh->dv), c, s, g, kt0 + t);
-    for (size_t qt = kt0; qt < seq_tiles(s); qt++) {
+    for (size_t qt = kt0; qt < bw_end_qt(c->sh, s, kt0 + nkt - 1); qt++) {
         const size_t nvis = td_min(nkt, qt - kt0 + 1);   /* causal: tiles kt0 .. qt */
+        const size_t t0 = td_min(nvis, td_max(kt0, bw_first_kt(c->sh, qt)) - kt0);   /* window: from its first */
         for (size_t u = 0; u < bw_query_groups(s, c->sh, qt); u++) {
             bw_queries(&Q, c, s, g, qt, u * GQ_MAX, Dc, 0);
-            for (size_t t = 0; t < nvis; t++) bw_block(c, &Q, &K[t], kt0 + t, 1, do_q);
+            for (size_t t = t0; t < nvis; t++) bw_block(c, &Q, &K[t], kt0 + t, 1, do_q);
         }
     }
 }
@@ -1230,9 +1290,9 @@ static void bw_query_tiles(const struct attn_bw *c, const AttnSeq *s, size_t g, 
     const size_t nq = td_min(qt1 * ATTN_TILE, s->n) * R - d0;   /* queries of the tiles */
     if (nq <= D_CACHE)
         for (size_t v = 0; v < nq; v++) Dc[v] = bw_D(c, s, g, d0 + v);
-    for (size_t kt = 0; kt < qt1; kt++) {
+    for (size_t kt = bw_first_kt(c->sh, qt0); kt < qt1; kt++) {
         bw_keys(&K, buf, c, s, g, kt);
-        for (size_t qt = td_max(kt, qt0); qt < qt1; qt++)
+        for (size_t qt = td_max(kt, qt0); qt < td_min(qt1, bw_end_qt(c->sh, s, kt)); qt++)
             for (size_t u = 0; u < bw_query_groups(s, c->sh, qt); u++) {
                 bw_queries(&Q, c, s, g, qt, u * GQ_MAX, nq <= D_CACHE ? Dc : NULL, d0);
                 bw_block(c, &Q, &K, kt, 0, 1);

@@ -38,6 +38,18 @@
  * positions <= its own: a decode step at position p gives the bits of row p
  * of a full forward, whatever the batch around it.
  *
+ * Sliding window (AttnShape.window = W > 0; HF's sliding_window): a query
+ * at position t sees keys lo_t = max(0, t - W + 1) .. t.  A query group
+ * walks key tiles from the first tile any of its queries sees; in tiles
+ * below a query's lo_t its lanes are masked (p = 0, out of its max), and a
+ * tile it sees none of leaves it unchanged (m stays -inf, the correction
+ * is 1, o and l stay 0).  So a query's arithmetic is again a fixed
+ * function of its position, q and the keys it sees: decode, chunks and the
+ * full forward give the same bits, and W >= t + 1 gives the bits of no
+ * window.  Tiles wholly outside every window are skipped (forward and
+ * backward): cost O(T W), and blocks wholly below a call's first query's
+ * lo are never read (the serving cache frees them: infer/kvcache.h).
+ *
  * KV dtypes (AttnShape.kv, `--kv-dtype`).  The blocks may hold keys and
  * values in bfloat16 or int8 instead (SPEC section 11):
  *
@@ -78,7 +90,14 @@ typedef struct {
     size_t dv;          /* value (and output) dims per head */
     float scale;        /* softmax scale, > 0 */
     bool v_in_k;        /* a value is the first dv dims of its key (dv <= dk), not stored */
+    size_t window;      /* 0: none; W: a query at t sees keys s with t - W < s <= t */
 } AttnShape;
+
+/* The first key position a query at position t sees (0 without a window). */
+static inline size_t attn_first_key(const AttnShape *s, size_t t)
+{
+    return s->window && t + 1 > s->window ? t + 1 - s->window : 0;
+}
 
 /* Stored values per position and kv head: the key's dk, plus dv unless
  * the value is read from the key. */
@@ -109,7 +128,9 @@ void attention_kv_store(void *kv, const AttnSeq *seqs, size_t n_seq, const float
 
 /* out (rows, H*dv) overwritten; lse (rows, H), saved for backward, may be
  * NULL; q (rows, H*dk) already rotated.  Keys 0 .. pos+n-1 of every
- * sequence must be stored. */
+ * sequence must be stored; with a window W only keys from
+ * attn_first_key(sh, pos) rounded down to a tile are read, so blocks wholly
+ * below that may be gone (their table entries are never read). */
 void attention_forward(float *out, float *lse, const float *restrict q, const void *kv,
                        const AttnSeq *seqs, size_t n_seq, const AttnShape *sh);
 

@@ -204,8 +204,9 @@ def rope_cases():
 
 
 # ------------------------------------------------------------------ attention
-def attention_ref(q, k, v, lens, H, Hkv, hd):
-    """Causal GQA attention of several sequences (rows concatenated), float64.
+def attention_ref(q, k, v, lens, H, Hkv, hd, window=0):
+    """Causal GQA attention of several sequences (rows concatenated), float64;
+    window W > 0: HF's sliding_window mask (query t sees keys s, t - W < s <= t).
     Returns out (rows, H*hd) and lse (rows, H)."""
     outs, lses = [], []
     row = 0
@@ -216,6 +217,9 @@ def attention_ref(q, k, v, lens, H, Hkv, hd):
         vs = v[row:row + T].reshape(T, Hkv, hd).transpose(0, 1).repeat_interleave(R, 0)
         s = qs @ ks.transpose(1, 2) / math.sqrt(hd)                         # (H, T, T)
         mask = torch.ones(T, T, dtype=torch.bool).tril()
+        if window:
+            t_idx = torch.arange(T)
+            mask &= t_idx[None, :] > t_idx[:, None] - window
         s = s.masked_fill(~mask, float("-inf"))
         lse = torch.logsumexp(s, dim=-1)                                    # (H, T)
         a = torch.softmax(s, dim=-1) @ vs                                   # (H, T, hd)
@@ -227,20 +231,23 @@ def attention_ref(q, k, v, lens, H, Hkv, hd):
 
 def attention_cases():
     cases = []
-    specs = [  # H, Hkv, hd, sequence lengths
-        (4, 4, 16, [17, 1, 37]),
-        (4, 2, 8, [37, 5]),
-        (6, 1, 64, [20, 33]),
+    specs = [  # H, Hkv, hd, sequence lengths, sliding window (0: none)
+        (4, 4, 16, [17, 1, 37], 0),
+        (4, 2, 8, [37, 5], 0),
+        (6, 1, 64, [20, 33], 0),
+        (4, 2, 8, [70, 5], 7),
+        (4, 4, 16, [53, 1, 40], 16),
+        (2, 1, 32, [90], 33),
     ]
-    for seed, (H, Hkv, hd, lens) in enumerate(specs):
+    for seed, (H, Hkv, hd, lens, window) in enumerate(specs):
         r = rng(500 + seed)
         rows = sum(lens)
         q, k, v = uni(r, (rows, H * hd), -2, 2), uni(r, (rows, Hkv * hd), -2, 2), uni(r, (rows, Hkv * hd))
         dout = uni(r, (rows, H * hd))
         qt, kt, vt = t64(q, True), t64(k, True), t64(v, True)
-        out, lse = attention_ref(qt, kt, vt, lens, H, Hkv, hd)
+        out, lse = attention_ref(qt, kt, vt, lens, H, Hkv, hd, window)
         (out * t64(dout)).sum().backward()
-        cases.append(dict(dims=i32([H, Hkv, hd, len(lens)]), lens=i32(lens), q=q, k=k, v=v,
+        cases.append(dict(dims=i32([H, Hkv, hd, len(lens), window]), lens=i32(lens), q=q, k=k, v=v,
                           dout=dout, out=f32(out), lse=f32(lse), dq=f32(qt.grad),
                           dk=f32(kt.grad), dv=f32(vt.grad)))
     return cases

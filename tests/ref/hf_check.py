@@ -173,8 +173,8 @@ def prepare_bad(w, st):
          cfg=lambda c: c.__setitem__("architectures", ["LlamaForCausalLM"]))
     case("model_type", base, 'model_type "mistral" does not match MixtralForCausalLM',
          cfg=lambda c: c.__setitem__("model_type", "mistral"))
-    case("sliding_window", base, "sliding_window 16 is below the context (max_position_embeddings 512)",
-         cfg=lambda c: c.__setitem__("sliding_window", 16))
+    case("sliding_window", base, '"sliding_window" must be an integer >= 1 or null',
+         cfg=lambda c: c.__setitem__("sliding_window", 0))
     # yarn and linear are computed (issue 16; tests/cli/hf_dsv3.sh): the other types are refused by name
     case("rope_scaling", ol, 'rope_scaling type "dynamic" is not supported',
          cfg=lambda c: c.__setitem__("rope_scaling", {"type": "dynamic", "factor": 4.0}))

@@ -209,8 +209,8 @@ def spec(cfg):
     s["clip_qkv"] = cfg.get("clip_qkv") if fam == "olmoe" else None
     if fam == "mixtral":
         s.update(E=cfg["num_local_experts"], I=cfg["intermediate_size"], norm_topk=True, shared=0)
-        if cfg.get("sliding_window") is not None:
-            raise ValueError("sliding_window %r is not supported" % cfg["sliding_window"])
+        # MixtralModel: the sliding-window mask on every layer when set
+        s["windows"] = [cfg.get("sliding_window")] * s["L"]
     elif fam == "olmoe":
         s.update(E=cfg["num_experts"], I=cfg["intermediate_size"], norm_topk=bool(cfg["norm_topk_prob"]),
                  shared=0)
@@ -220,7 +220,14 @@ def spec(cfg):
         s.update(E=cfg["num_experts"], I=cfg["moe_intermediate_size"], norm_topk=bool(cfg["norm_topk_prob"]),
                  Fd=cfg["intermediate_size"],
                  shared=cfg.get("shared_expert_intermediate_size", 0) if fam == "qwen2_moe" else 0)
-        if cfg.get("use_sliding_window"):
+        if fam == "qwen2_moe":
+            # Qwen2MoeConfig: sliding_window only with use_sliding_window; layer_types
+            # (absent: sliding from max_window_layers on) says which layers slide
+            w = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
+            types = cfg.get("layer_types") or ["sliding_attention" if w is not None and l >= cfg.get("max_window_layers", 28)
+                                                else "full_attention" for l in range(s["L"])]
+            s["windows"] = [w if t == "sliding_attention" else None for t in types]
+        elif cfg.get("use_sliding_window"):
             raise ValueError("use_sliding_window is not supported")
     # which layers are MoE: Qwen's decoder layer is sparse unless listed in
     # mlp_only_layers, and then only every decoder_sparse_step-th one

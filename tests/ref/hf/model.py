@@ -164,6 +164,9 @@ class HFRef:
         v = v[:, :, None].expand(B, Hkv, rep, T, hd).reshape(B, H, T, hd)
         scores = (q @ k.transpose(2, 3)) * hd ** -0.5
         mask = torch.full((T, T), float("-inf"), dtype=scores.dtype).triu(1)
+        window = s.get("windows", [None] * s["L"])[l]
+        if window is not None:   # HF's sliding_window mask: key j seen from i when i - W < j <= i
+            mask = mask + torch.full((T, T), float("-inf"), dtype=scores.dtype).tril(-window)
         a = torch.softmax(scores + mask, dim=-1) @ v
         a = a.transpose(1, 2).reshape(B, T, H * hd)
         return self.linear(a, p + "o_proj", s["attn_bias"])
