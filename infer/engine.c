@@ -104,6 +104,8 @@ void engine_init(Engine *e, const Model *m, const EngineOpts *o)
     qsort(e->stop_ids, e->n_stop_ids, sizeof(int32_t), cmp_i32);
     e->st.kv_token_bytes = kvcache_token_bytes(&e->kv);
     e->st.weight_bytes = model_weight_bytes(m);
+    e->st.expert_slots = m->ecache ? m->ecache->slots : 0;
+    e->st.expert_cache_bytes = model_expert_cache_bytes(m);
     e->prefix_seed = version_seed(o->weights_version);
     e->blk_tok = td_malloc(2 * e->kv.bs * sizeof(int32_t));
 }
@@ -783,6 +785,17 @@ size_t engine_step(Engine *e)
     const size_t per = (size_t)e->n_moe * m->k;
     int32_t *routes = e->routes;   /* (n_sel, per) */
     engine_forward(e, rows, n_seq, n_sel, routes);
+    if (m->ecache && expert_cache_error(m->ecache)[0]) {
+        /* an expert could not be read: this step's outputs are not the
+         * model's; its requests end with the error, the others go on */
+        for (size_t s = 0; s < n_seq; s++) {
+            snprintf(e->batch[s]->error, sizeof e->batch[s]->error, "expert weights unreadable: %s",
+                     expert_cache_error(m->ecache));
+            finish(e, e->batch[s], "error");
+        }
+        expert_cache_clear_error(m->ecache);
+        n_seq = 0;
+    }
 
     /* sample, append, finish */
     double now = td_now();
@@ -822,6 +835,7 @@ size_t engine_step(Engine *e)
     }
     pthread_mutex_lock(&e->mu);
     e->st.steps++;
+    if (m->ecache) e->st.experts = m->ecache->st;
     e->st.tokens_generated += (long)new_tokens;
     e->st.prompt_tokens += (long)prompt_tokens;
     size_t left = e->n_running + e->st.waiting;

@@ -54,7 +54,7 @@ static const char *const g_rollout_help =
     "                      [--top-k 0] [--top-p 1] [--seed 0] [--stop STR ...] [--ignore-eos]\n"
     "                      [--kv-mb 256] [--max-running 64] [--max-batch-tokens 512]\n"
     "                      [--prefill-chunk 256] [--wait-timeout 60] [--no-prefix-cache]\n"
-    "                      [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
+    "                      [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--expert-cache-mb N]\n"
     "RL rollout worker.  Each line of P.jsonl is an object with \"prompt\" (text,\n"
     "encoded by the checkpoint's tokenizer as HF's tokenizer(text) does; byte-level\n"
     "when the checkpoint holds none) or \"prompt_ids\" (token ids), and optionally\n"
@@ -630,7 +630,7 @@ static int rollout_run(Args *ap, int argc, char **argv)
     static const char *const spec[] = { "ckpt=", "follow=", "prompts=", "n=", "output=", "max-tokens=",
                                         "temperature=", "top-k=", "top-p=", "seed=", "stop+", "kv-mb=",
                                         "max-running=", "max-batch-tokens=", "prefill-chunk=", "wait-timeout=",
-                                        "ignore-eos", "dtype=", "kv-dtype=", "no-prefix-cache", NULL };
+                                        "ignore-eos", "dtype=", "kv-dtype=", "expert-cache-mb=", "no-prefix-cache", NULL };
     char err[1024];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("rollout: %s", err);
@@ -677,7 +677,8 @@ static int rollout_run(Args *ap, int argc, char **argv)
         return 2;
     }
     ServeDtypes sd;
-    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err)) {
+    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err) ||
+        ckpt_serve_expert_cache(&sd, args_get(ap, "expert-cache-mb"), err, sizeof err)) {
         td_error("rollout: %s", err);
         return 2;
     }

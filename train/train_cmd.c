@@ -229,7 +229,7 @@ static int32_t *read_tokens(const char *ckpt, const char *data, const char *text
 static int score_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "data=", "text=", "seq-len=", "output=", "batch=", "dtype=",
-                                        "kv-dtype=", NULL };
+                                        "kv-dtype=", "expert-cache-mb=", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("score: %s", err);
@@ -237,7 +237,7 @@ static int score_run(Args *ap, int argc, char **argv)
     }
     if (ap->help) {
         printf("usage: tandem score --ckpt CKPT (--data DATA.bin | --text FILE) --seq-len T --output OUT.h5 [--batch 8]\n"
-               "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
+               "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--expert-cache-mb N]\n"
                "Scores consecutive whole windows from the start of the token stream: window i\n"
                "has inputs [iT, (i+1)T) and targets [iT+1, (i+1)T+1).  Writes /logprobs [N, T]\n"
                "float32 and the mean loss as the attribute `loss`.  --text FILE is encoded by\n"
@@ -274,7 +274,8 @@ static int score_run(Args *ap, int argc, char **argv)
         return 1;
     }
     ServeDtypes sd;
-    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err)) {
+    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err) ||
+        ckpt_serve_expert_cache(&sd, args_get(ap, "expert-cache-mb"), err, sizeof err)) {
         td_error("score: %s", err);
         td_free(tok);
         return 2;
@@ -313,7 +314,7 @@ int cmd_score(int argc, char **argv)
 static int eval_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "data=", "text=", "seq-len=", "batch=", "split=", "max-windows=",
-                                        "dtype=", "kv-dtype=", NULL };
+                                        "dtype=", "kv-dtype=", "expert-cache-mb=", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("eval: %s", err);
@@ -322,7 +323,7 @@ static int eval_run(Args *ap, int argc, char **argv)
     if (ap->help) {
         printf("usage: tandem eval --ckpt CKPT (--data DATA.bin [--split val|train|all] | --text FILE)\n"
                "                   [--seq-len 256] [--batch 8] [--max-windows N]\n"
-               "                   [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
+               "                   [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--expert-cache-mb N]\n"
                "Mean loss and perplexity over consecutive windows of the split (default val),\n"
                "printed as one JSON object.\n");
         return 0;
@@ -358,7 +359,8 @@ static int eval_run(Args *ap, int argc, char **argv)
         return 1;
     }
     ServeDtypes sd;
-    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err)) {
+    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err) ||
+        ckpt_serve_expert_cache(&sd, args_get(ap, "expert-cache-mb"), err, sizeof err)) {
         td_error("eval: %s", err);
         td_free(tok);
         return 2;
