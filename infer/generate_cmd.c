@@ -223,6 +223,7 @@ static int generate_run(Args *ap, int argc, char **argv)
             cJSON_AddNumberToObject(c, "misses", (double)x->misses);
             cJSON_AddNumberToObject(c, "bytes_loaded", (double)x->bytes_loaded);
             cJSON_AddNumberToObject(c, "load_s", x->load_s);
+            cJSON_AddNumberToObject(c, "weight_bytes", (double)model_weight_bytes(&m));   /* all resident weights */
         }
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);

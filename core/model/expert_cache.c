@@ -40,10 +40,8 @@ size_t model_expert_cache_bytes(const Model *m)
     return m->ecache ? m->ecache->n_moe * m->ecache->slots * m->ecache->slot_bytes : 0;
 }
 
-int expert_cache_attach(Model *m, size_t bytes, ExpertLoadFn load, void *ctx, void (*ctx_free)(void *),
-                        char *err, size_t err_len)
+int expert_cache_check(const Model *m, size_t bytes, char *err, size_t err_len)
 {
-    TD_CHECK(m->experts_offloaded && !m->ecache, "expert_cache_attach: the model does not offload its experts");
     const size_t n_moe = expert_cache_moe_layers(m), slots = expert_cache_slots_for(m, bytes);
     const size_t min = expert_cache_min_slots(m);
     if (n_moe == 0) {
@@ -58,6 +56,15 @@ int expert_cache_attach(Model *m, size_t bytes, ExpertLoadFn load, void *ctx, vo
                           (double)bytes / 1048576.0, min, n_moe, need, expert_cache_expert_bytes(m));
         return -1;
     }
+    return 0;
+}
+
+int expert_cache_attach(Model *m, size_t bytes, ExpertLoadFn load, void *ctx, void (*ctx_free)(void *),
+                        char *err, size_t err_len)
+{
+    TD_CHECK(m->experts_offloaded && !m->ecache, "expert_cache_attach: the model does not offload its experts");
+    if (expert_cache_check(m, bytes, err, err_len)) return -1;
+    const size_t n_moe = expert_cache_moe_layers(m), slots = expert_cache_slots_for(m, bytes);
     ExpertCache *c = td_calloc(sizeof *c);
     const Layer *L = NULL;
     for (int l = m->topo.layer_begin; l < m->topo.layer_end && !L; l++)

@@ -75,6 +75,10 @@ size_t expert_cache_min_slots(const Model *m);
 size_t expert_cache_slots_for(const Model *m, size_t bytes);
 size_t expert_cache_slab_bytes(const Model *m, size_t slots);
 
+/* 0 when a cache of `bytes` fits m (at least expert_cache_min_slots per
+ * MoE layer), else -1 with one line naming both numbers (in MB = MiB).
+ * m may be a model_init_shape_offload'ed shape (plan/). */
+int expert_cache_check(const Model *m, size_t bytes, char *err, size_t err_len);
 /* Gives m (model_init_serving_offload'ed) a cache of `bytes` (at most:
  * the slab is whole slots) with loader load(ctx); ctx_free (may be NULL)
  * is called on ctx by expert_cache_free.  Refuses, with one line naming

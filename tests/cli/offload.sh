@@ -100,6 +100,21 @@ same "$TMP/q8.json" "$TMP/q8_off.json" "generate q8.h5"
 counters "$TMP/q8_off.json" 0.09 13824 "generate q8.h5"
 ok "generate from an int8 checkpoint: bit-identical offloaded"
 
+# the planner: weights = the non-expert ones + the cache, the bytes generate holds; its refusal
+$PY -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["expert_cache"]["weight_bytes"]))' "$TMP/off.json" >"$TMP/wb"
+"$TANDEM" plan "$TMP/hf/config.json" --world 1 --device-mem-gb 1 --mode serve context=256 concurrency=1 dtype=int8 \
+    --expert-cache-mb 0.09 --json >"$TMP/plan.json" 2>"$TMP/err" || { cat "$TMP/err"; fail "plan --expert-cache-mb"; }
+$PY - "$TMP/plan.json" "$(cat "$TMP/wb")" <<'PY' || fail "plan: weights with the cache"
+import json, sys
+r = json.load(open(sys.argv[1]))[0]
+assert r["feasible"] and r["expert_cache_slots"] == 2, r
+assert r["per_rank_bytes"]["weights"] == int(sys.argv[2]), (r["per_rank_bytes"], sys.argv[2])
+PY
+if "$TANDEM" plan "$TMP/hf/config.json" --world 1 --device-mem-gb 1 --mode serve context=256 dtype=f32 \
+    --expert-cache-mb 0.25 >/dev/null 2>"$TMP/err"; then fail "plan accepted 0.25 MiB"; fi
+grep -q -- '--expert-cache-mb 0.25 is below.*top-2.*0.28 MB' "$TMP/err" || { cat "$TMP/err"; fail "plan refusal"; }
+ok "plan: weights = non-expert + cache = generate's $(cat "$TMP/wb") bytes; below top-k refused"
+
 # score: the training forward over 6 windows of 32, 2 at a time (rows routed to every expert)
 head -c 400 /usr/share/games/fortunes/fortunes >"$TMP/text"
 for c in "" "--expert-cache-mb 0.3"; do
