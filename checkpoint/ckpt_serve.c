@@ -331,8 +331,10 @@ static int load_param(const char *path, hid_t f, Model *m, Param *p, const TDesc
 /* ---------------------------------------------------------------- expert cache loaders */
 
 /* A tandem checkpoint's experts: the file kept open, each expert's slice
- * read from its datasets (chunked along the expert dim by the writers, so
- * one expert is a contiguous read). */
+ * read from its datasets.  Their chunks are the writer's shards (up to
+ * CKPT_CHUNK_BYTES): every chunk the expert touches is read, so a file
+ * stored one expert per chunk (ckpt reshard --dp E --ep E) reads exactly
+ * the expert's bytes, and a chunk of several experts is read whole. */
 typedef struct {
     char file[PATH_MAX];
     hid_t f;
@@ -388,6 +390,16 @@ static int attach_h5(Model *m, const char *file, size_t bytes, char *err, size_t
     if (expert_cache_attach(m, bytes, h5_expert_load, x, h5_experts_free, err, err_len)) {
         h5_experts_free(x);
         return -1;
+    }
+    /* a chunk of several experts is read whole for each of them */
+    for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {
+        CkptH5Desc d;
+        if (!m->layers[l].moe || ckpt_h5_describe(x->f, m->layers[l].eup->name, &d)) continue;
+        if (d.chunk[0] > 1 && (m->topo.world <= 1 || comm_rank() == 0))
+            td_info("note: %s: expert chunks of %llu experts: each expert load reads %llu (tandem ckpt reshard "
+                    "--dp %zu --ep %zu --weights-only stores one expert per chunk)",
+                    file, (unsigned long long)d.chunk[0], (unsigned long long)d.chunk[0], m->E_global, m->E_global);
+        break;
     }
     return 0;
 }
