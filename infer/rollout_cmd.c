@@ -77,7 +77,8 @@ static const char *const g_rollout_help =
     "--wait-timeout seconds for one) and reloads when latest changes: running\n"
     "samples finish under the old weights, later ones use the new, each tagged\n"
     "with its policy_version.  --dtype / --kv-dtype hold the weights (each reload\n"
-    "quantized the same way) and the KV cache in that dtype (docs/serving.md).\n"
+    "quantized the same way) and the KV cache in that dtype (docs/serving.md);\n"
+    "--expert-cache-mb N the routed experts in a cache of N MiB (the same samples).\n"
     "The --n samples of a prompt share its cached KV blocks (computed once; the\n"
     "same bits as without); --no-prefix-cache computes each anew.\n"
     "Check a rollout with the trainer's forward (the same dtypes):\n"
@@ -807,6 +808,10 @@ static int rollout_run(Args *ap, int argc, char **argv)
             "%ld prompt tokens found cached",
             ro.n_done, ro.tokens, dt, dt > 0 ? (double)ro.tokens / dt : 0.0, vs.s, est.prefix_hit_tokens,
             est.prefix_query_tokens);
+    if (est.expert_slots)
+        td_info("rollout: expert cache %zu slots per layer (%.1f MiB): %llu hits, %llu misses, %.1f MiB loaded in %.3f s",
+                est.expert_slots, (double)est.expert_cache_bytes / 1048576.0, (unsigned long long)est.experts.hits,
+                (unsigned long long)est.experts.misses, (double)est.experts.bytes_loaded / 1048576.0, est.experts.load_s);
     td_free(vs.s);
     rc = 0;
 out:
