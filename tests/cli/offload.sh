@@ -175,6 +175,34 @@ assert m["tandem_expert_cache_hits_total"] > 0 and m["tandem_expert_cache_load_e
 PY
 ok "serve: completion and logprobs bit-identical; /metrics counts hits, misses, bytes loaded"
 
+# ep=2: each rank caches its own 4 experts (2 slots of them a layer); ep serves the single process's bits
+if command -v mpirun >/dev/null 2>&1; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+    : >"$TMP/serve.log"
+    timeout -k 5 60 mpirun -np 2 "$TANDEM" serve --ckpt "$TMP/run" --port 0 --kv-mb 16 ep=2 --expert-cache-mb 0.3 \
+        2>>"$TMP/serve.log" &
+    pid=$!
+    port="" i=0
+    while [ -z "$port" ]; do
+        kill -0 "$pid" 2>/dev/null || fail "ep=2: the server exited at start"
+        [ $i -lt 300 ] || fail "ep=2: no start-up line after 30 s"
+        port=$(sed -n 's|^tandem: serving .* on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$TMP/serve.log" 2>/dev/null) || port=""
+        i=$((i + 1))
+        [ -n "$port" ] || sleep 0.1
+    done
+    curl -sf -m 60 -H 'Content-Type: application/json' -d "$body" "http://127.0.0.1:$port/v1/completions" >"$TMP/s_ep.json" ||
+        fail "ep=2: offloaded completion"
+    kill -TERM "$pid"
+    wait "$pid" || true
+    pid=""
+    $PY - "$TMP/s_res.json" "$TMP/s_ep.json" <<'PY' || fail "ep=2 offloaded: completion differs"
+import json, sys
+a, b = (json.load(open(p))["choices"][0] for p in sys.argv[1:3])
+assert a["text"] == b["text"] and a["logprobs"] == b["logprobs"], (a, b)
+PY
+    ok "serve ep=2 offloaded (2 slots of each rank's 4 experts): the single process's completion"
+fi
+
 # a corrupt expert chunk (layer 1's up_proj: bytes overwritten, its checksum fails)
 cp "$(readlink -f "$TMP/run/latest")" "$TMP/bad.h5"
 $PY - "$TMP/bad.h5" <<'PY' || fail "corrupting the chunk"
