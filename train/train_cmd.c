@@ -7,6 +7,7 @@
 #include "core/args.h"
 #include "core/model/backprop.h"
 #include "core/common.h"
+#include "core/model/expert_cache.h"
 #include "train/data.h"
 #include "train/runcfg.h"
 #include "train/trainer.h"
@@ -164,6 +165,11 @@ static int score_windows(Scorer *s, const int32_t *tok, size_t len, size_t n_win
                 return -1;
             }
         model_train_forward(&s->m, &s->acts, s->ids, s->tg, B * T, NULL);
+        if (s->m.ecache && expert_cache_error(s->m.ecache)[0]) {   /* the rows are not the model's */
+            if (progress_bar) fprintf(stderr, "\n");
+            td_error("expert weights unreadable: %s", expert_cache_error(s->m.ecache));
+            return -1;
+        }
         size_t nb = td_min(B, n_win - w0);
         memcpy(logp + w0 * T, s->acts.logp, nb * T * sizeof(float));
         if (progress_bar)

@@ -223,4 +223,9 @@ curl -sf -m 10 "http://127.0.0.1:$port/health" >/dev/null || fail "/health after
 curl -sf -m 10 "http://127.0.0.1:$port/metrics" | grep -q '^tandem_expert_cache_load_errors_total [1-9]' || fail "load errors not counted"
 stop_server
 ok "corrupt expert chunk: the request ends with finish_reason error, the server stays up"
+if "$TANDEM" score --ckpt "$TMP/bad.h5" --text "$TMP/text" --seq-len 32 --batch 2 --output "$TMP/bad_score.h5" \
+    --expert-cache-mb 0.3 >/dev/null 2>"$TMP/err"; then fail "score on the corrupt expert chunk: exit 0"; fi
+grep -q 'error: expert weights unreadable: .*up_proj' "$TMP/err" && [ ! -e "$TMP/bad_score.h5" ] ||
+    { cat "$TMP/err"; fail "score on the corrupt expert chunk: no error line, or an output written"; }
+ok "corrupt expert chunk: score fails naming it, writes nothing"
 echo "offload: all passed"
