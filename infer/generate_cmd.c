@@ -187,6 +187,11 @@ static int generate_run(Args *ap, int argc, char **argv)
         goto out;
     }
     while (engine_step(&e) > 0) {}
+    if (!strcmp(r->finish_reason, "error")) {   /* an expert the cache could not read */
+        td_error("generate: %s", r->error);
+        rc = 1;
+        goto out;
+    }
     double ttft = (r->t_first - r->t_submit) * 1e3;
     double tps = r->n_out > 1 ? (double)(r->n_out - 1) / (r->t_last - r->t_first) : 0.0;
     if (json) {

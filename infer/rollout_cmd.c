@@ -367,6 +367,7 @@ struct Rollout {
     FILE *out;
     bool out_failed;
     Buf line;
+    char failed[600];          /* the first sample the engine ended with an error (an unreadable expert) */
     int64_t *versions;        /* distinct versions written (owned) ... */
     long *version_count;      /* ... and samples of each */
     int n_versions, cap_versions;
@@ -444,6 +445,11 @@ static void job_cb(Request *r, bool done, void *user)
     TD_CHECK(j->version == ro->version, "rollout: request %zu/%zu saw versions %lld and %lld", j->prompt,
              j->sample, (long long)j->version, (long long)ro->version);
     if (!done) return;
+    if (!strcmp(r->finish_reason, "error")) {   /* not the model's sample: never written */
+        if (!ro->failed[0]) snprintf(ro->failed, sizeof ro->failed, "%s", r->error);
+        ro->finished[ro->n_finished++] = j;
+        return;
+    }
     ro->tokens += r->n_out;
     ro->n_done++;
     note_version(ro, j->version);
@@ -788,6 +794,10 @@ static int rollout_run(Args *ap, int argc, char **argv)
         ro.n_finished = 0;
         if (ro.out_failed) {
             td_error("rollout: writing %s failed: %s", out_path ? out_path : "stdout", strerror(errno));
+            goto out;
+        }
+        if (ro.failed[0]) {
+            td_error("rollout: %s", ro.failed);
             goto out;
         }
         if (ro.dir && follow_poll(&ro)) goto out;

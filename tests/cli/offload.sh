@@ -227,5 +227,13 @@ if "$TANDEM" score --ckpt "$TMP/bad.h5" --text "$TMP/text" --seq-len 32 --batch 
     --expert-cache-mb 0.3 >/dev/null 2>"$TMP/err"; then fail "score on the corrupt expert chunk: exit 0"; fi
 grep -q 'error: expert weights unreadable: .*up_proj' "$TMP/err" && [ ! -e "$TMP/bad_score.h5" ] ||
     { cat "$TMP/err"; fail "score on the corrupt expert chunk: no error line, or an output written"; }
-ok "corrupt expert chunk: score fails naming it, writes nothing"
+if "$TANDEM" generate --ckpt "$TMP/bad.h5" --prompt "$P" --max-tokens 4 --expert-cache-mb 0.3 >/dev/null 2>"$TMP/err"; then
+    fail "generate on the corrupt expert chunk: exit 0"
+fi
+grep -q 'generate: expert weights unreadable: .*checksum' "$TMP/err" || { cat "$TMP/err"; fail "generate: no error line"; }
+if "$TANDEM" rollout --ckpt "$TMP/bad.h5" --prompts "$TMP/p.jsonl" --n 1 --max-tokens 4 --expert-cache-mb 0.3 \
+    >"$TMP/bad_ro.jsonl" 2>"$TMP/err"; then fail "rollout on the corrupt expert chunk: exit 0"; fi
+grep -q 'rollout: expert weights unreadable' "$TMP/err" && [ ! -s "$TMP/bad_ro.jsonl" ] ||
+    { cat "$TMP/err"; fail "rollout: no error line, or a sample written"; }
+ok "corrupt expert chunk: score, generate and rollout fail naming it, writing nothing"
 echo "offload: all passed"
