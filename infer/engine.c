@@ -645,6 +645,23 @@ static void engine_bcast_batch(Engine *e, size_t rows, size_t n_seq, size_t n_se
     td_free(buf);
 }
 
+/* Under tp / ep every rank's expert cache loads its own slices: a failed
+ * load on any rank fails the step on all (rank 0 then ends its requests).
+ * Collective over the world; a no-op without a cache or in one process. */
+static void experts_agree(Engine *e)
+{
+    ExpertCache *c = e->m->ecache;
+    if (!c || e->m->topo.world <= 1 || !comm_active()) return;
+    int32_t v = expert_cache_error(c)[0] ? -1 : 0;
+    comm_allreduce_min_i32(COMM_WORLD, &v, 1);
+    if (v < 0 && !expert_cache_error(c)[0])
+        snprintf(c->err, sizeof c->err, "another rank could not read its experts (see its log)");
+    if (v < 0 && comm_rank() != 0) {
+        td_error("serve: rank %d: expert weights unreadable: %s", comm_rank(), expert_cache_error(c));
+        expert_cache_clear_error(c);
+    }
+}
+
 void engine_follow(Engine *e)
 {
     int32_t *tables = NULL;
@@ -678,6 +695,7 @@ void engine_follow(Engine *e)
         for (size_t s = 0; s < n_sel; s++) e->sel_rows[s] = (int32_t)buf[o++];
         td_free(buf);
         engine_forward(e, rows, n_seq, n_sel, e->routes);
+        experts_agree(e);
     }
     td_free(tables);
 }
@@ -785,6 +803,7 @@ size_t engine_step(Engine *e)
     const size_t per = (size_t)e->n_moe * m->k;
     int32_t *routes = e->routes;   /* (n_sel, per) */
     engine_forward(e, rows, n_seq, n_sel, routes);
+    if (e->distributed) experts_agree(e);
     if (m->ecache && expert_cache_error(m->ecache)[0]) {
         /* an expert could not be read: this step's outputs are not the
          * model's; its requests end with the error, the others go on */
