@@ -76,3 +76,48 @@ for pct in (100, 50, 33, 25):
                         "hit_rate": round(hr, 4), "mib_per_token": round(mpt, 3), "stall_s": round(c["load_s"], 3)}
 print(json.dumps(out))
 PY
+
+# LRU against LFU on the model's own routing: a rollout's routes (every
+# generated token's top-8 per MoE layer, 8 prompts x 64 tokens, one after
+# another as one stream per layer) replayed through per-layer caches of
+# each size; LFU evicts the expert used least often so far (ties: least
+# recently), counts kept for evicted experts too.
+printf '%s\n' '{"prompt": "Once upon a time"}' '{"prompt": "Q: What is the meaning of"}' '{"prompt": "The best way to"}' \
+    '{"prompt": "In the beginning"}' '{"prompt": "A man walks into a bar"}' '{"prompt": "Never trust a"}' \
+    '{"prompt": "She said that the"}' '{"prompt": "It is a truth universally"}' >"$DIR/prompts.jsonl"
+"$TANDEM" rollout --ckpt "$h5" --prompts "$DIR/prompts.jsonl" --n 1 --max-tokens 64 --temperature 1 --seed 3 --ignore-eos \
+    --output "$DIR/routes.jsonl" >/dev/null 2>"$DIR/rollout.err" || { echo "bench/offload.sh: rollout failed:"; cat "$DIR/rollout.err"; exit 1; }
+$PY - "$DIR/routes.jsonl" <<'PY'
+import json, sys
+rows = sorted((json.loads(l) for l in open(sys.argv[1])), key=lambda o: str(o["id"]))
+L = len(rows[0]["routes"][0])
+def replay(slots, lfu):
+    hits = total = 0
+    for l in range(L):
+        cache, last, count, t = set(), {}, {}, 0
+        for o in rows:
+            for tok in o["routes"]:
+                t += 1
+                for e in tok[l]:
+                    total += 1
+                    count[e] = count.get(e, 0) + 1
+                    if e in cache:
+                        hits += 1
+                    else:
+                        if len(cache) >= slots:
+                            pinned = set(tok[l])
+                            cand = [x for x in cache if x not in pinned]
+                            v = min(cand, key=(lambda x: (count[x], last[x])) if lfu else (lambda x: last[x]))
+                            cache.remove(v)
+                        cache.add(e)
+                    last[e] = t
+    return hits / total
+print("bench/offload.sh: LRU vs LFU replayed on %d decode tokens' routes (per layer, %d MoE layers)" % (sum(len(o["routes"]) for o in rows), L))
+print("%7s %8s %8s" % ("slots", "LRU", "LFU"))
+res = {}
+for slots in (64, 42, 32, 16, 8):
+    a, b = replay(slots, False), replay(slots, True)
+    res[slots] = (round(a, 4), round(b, 4))
+    print("%7d %8.3f %8.3f" % (slots, a, b))
+print(json.dumps({"bench": "offload_policy", "hit_rate_lru_lfu": res}))
+PY
