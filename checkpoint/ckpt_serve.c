@@ -6,15 +6,19 @@
 #include "checkpoint/ckpt_io.h"
 #include "checkpoint/ckpt_model.h"
 #include "checkpoint/ckpt_q8.h"
+#include "checkpoint/hf/hf_map.h"
 #include "comm/comm.h"
 #include "core/common.h"
 #include "core/dtype.h"
+#include "core/model/expert_cache.h"
+#include "core/ops/gemm.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,6 +27,21 @@
 #define CHUNK_BYTES ((size_t)8 << 20)    /* chunks of the datasets ckpt_quantize writes */
 #define GQ DTYPE_Q8_GROUP
 #define ERRN 512
+
+int ckpt_serve_expert_cache(ServeDtypes *sd, const char *mb, char *err, size_t err_len)
+{
+    if (!mb) return 0;
+    char *end;
+    errno = 0;
+    const double v = strtod(mb, &end);
+    if (end == mb || *end || errno || !(v > 0) || v > 1e9) {
+        (void)td_snprintf(err, err_len, "--expert-cache-mb must be a positive number of MiB, not \"%s\"", mb);
+        return -1;
+    }
+    sd->expert_cache = true;
+    sd->expert_cache_bytes = (size_t)(v * 1048576.0);
+    return 0;
+}
 
 int ckpt_serve_dtypes(ServeDtypes *sd, const char *dtype, const char *kv_dtype, char *err, size_t err_len)
 {
@@ -226,15 +245,64 @@ static int check_q8(const char *path, const char *name, const int8_t *q, const f
     return 0;
 }
 
-/* Loads this rank's slice of p (described by td) into m. */
-static int load_param(const char *path, hid_t f, Model *m, Param *p, const TDesc *td, char *err, size_t err_len)
+/* Matrices [e0, e0 + ne) of this rank's slice of packed p (described by
+ * td) read and packed into dst (ne * p->mat_bytes) in p's dtype: as
+ * model_set_weights / model_set_q8 pack them (the bits a resident load
+ * gives).  buf, qb, sb: scratch for ne matrices (qb, sb when int8). */
+static int pack_mats(const char *path, hid_t f, const Param *p, const TDesc *td, size_t e0, size_t ne,
+                     unsigned char *dst, float *buf, int8_t *qb, float *sb, char *err, size_t err_len)
 {
     hsize_t off[CKPT_H5_MAX_DIMS], cnt[CKPT_H5_MAX_DIMS];
     for (int i = 0; i < p->ndim; i++) {
         off[i] = p->loff[i];
         cnt[i] = p->lshape[i];
     }
+    const int last = p->ndim - 1;
+    const size_t rows = p->lshape[p->ndim - 2], cols = p->lshape[last], per = rows * cols, G = dtype_q8_groups(cols);
+    if (p->ndim == 3) {
+        off[0] = p->loff[0] + e0;
+        cnt[0] = ne;
+    }
+    if (td->w.type == CKPT_H5_I8) {
+        hsize_t soff[CKPT_H5_MAX_DIMS], scnt[CKPT_H5_MAX_DIMS];
+        char sname[CKPT_NAME_MAX + 8];
+        (void)td_snprintf(sname, sizeof sname, "%s.scale", p->name);
+        for (int i = 0; i < p->ndim; i++) {
+            soff[i] = off[i];
+            scnt[i] = cnt[i];
+        }
+        soff[last] = off[last] / GQ;
+        scnt[last] = G;
+        if (read_box(path, f, p->name, &td->w, off, cnt, qb, err, err_len) ||
+            read_box(path, f, sname, &td->s, soff, scnt, sb, err, err_len) ||
+            check_q8(path, p->name, qb, sb, ne * rows, cols, e0 * rows, rows, p->ndim == 3, err, err_len))
+            return -1;
+        if (p->dtype == DTYPE_INT8) {   /* as stored: no re-quantizing */
+            for (size_t e = 0; e < ne; e++)
+                gemm_pack_q8(dst + e * p->mat_bytes, qb + e * per, sb + e * rows * G, rows, cols);
+            return 0;
+        }
+        for (size_t r = 0; r < ne * rows; r++) dtype_q8_dequantize_row(buf + r * cols, qb + r * cols, sb + r * G, cols);
+    } else if (read_box(path, f, p->name, &td->w, off, cnt, buf, err, err_len) ||
+               check_finite(path, p->name, buf, ne * per, e0 * per, err, err_len)) {
+        return -1;
+    }
+    for (size_t e = 0; e < ne; e++) gemm_pack(dst + e * p->mat_bytes, p->dtype, buf + e * per, rows, cols);
+    return 0;
+}
+
+/* Loads this rank's slice of p (described by td) into m (an offloaded
+ * expert stack: nothing, the cache loads it). */
+static int load_param(const char *path, hid_t f, Model *m, Param *p, const TDesc *td, char *err, size_t err_len)
+{
+    (void)m;
+    if (p->offloaded) return 0;
     if (!p->packed) {   /* a vector, or shared_expert_gate: float32 in p->w */
+        hsize_t off[CKPT_H5_MAX_DIMS], cnt[CKPT_H5_MAX_DIMS];
+        for (int i = 0; i < p->ndim; i++) {
+            off[i] = p->loff[i];
+            cnt[i] = p->lshape[i];
+        }
         if (td->w.type == CKPT_H5_I8) {
             (void)td_snprintf(err, err_len, "%s: dataset /%s must be float32 (it is read as a vector), not int8", path, p->name);
             return -1;
@@ -242,8 +310,8 @@ static int load_param(const char *path, hid_t f, Model *m, Param *p, const TDesc
         if (read_box(path, f, p->name, &td->w, off, cnt, p->w, err, err_len)) return -1;
         return check_finite(path, p->name, p->w, p->numel, 0, err, err_len);
     }
-    const int last = p->ndim - 1;
-    const size_t rows = p->lshape[p->ndim - 2], cols = p->lshape[last], per = rows * cols, G = dtype_q8_groups(cols);
+    const size_t rows = p->lshape[p->ndim - 2], cols = p->lshape[p->ndim - 1], per = rows * cols;
+    const size_t G = dtype_q8_groups(cols);
     const bool q8 = td->w.type == CKPT_H5_I8;
     const size_t step = p->ndim == 3 ? td_max(1, SLAB_BYTES / (per * sizeof(float))) : 1;
     float *buf = td_malloc(td_min(step, p->n_mats) * per * sizeof(float) + 64);
@@ -252,43 +320,188 @@ static int load_param(const char *path, hid_t f, Model *m, Param *p, const TDesc
     int rc = 0;
     for (size_t e0 = 0; e0 < p->n_mats && !rc; e0 += step) {
         const size_t ne = td_min(step, p->n_mats - e0);
-        if (p->ndim == 3) {
-            off[0] = p->loff[0] + e0;
-            cnt[0] = ne;
-        }
-        if (q8) {
-            hsize_t soff[CKPT_H5_MAX_DIMS], scnt[CKPT_H5_MAX_DIMS];
-            char sname[CKPT_NAME_MAX + 8];
-            (void)td_snprintf(sname, sizeof sname, "%s.scale", p->name);
-            for (int i = 0; i < p->ndim; i++) {
-                soff[i] = off[i];
-                scnt[i] = cnt[i];
-            }
-            soff[last] = off[last] / GQ;
-            scnt[last] = G;
-            rc = read_box(path, f, p->name, &td->w, off, cnt, qb, err, err_len) ||
-                         read_box(path, f, sname, &td->s, soff, scnt, sb, err, err_len) ||
-                         check_q8(path, p->name, qb, sb, ne * rows, cols, e0 * rows, rows, p->ndim == 3, err, err_len)
-                     ? -1
-                     : 0;
-            if (rc) break;
-            if (p->dtype == DTYPE_INT8) {
-                model_set_q8(m, p, e0, ne, qb, sb);   /* as stored: no re-quantizing */
-                continue;
-            }
-            for (size_t r = 0; r < ne * rows; r++) dtype_q8_dequantize_row(buf + r * cols, qb + r * cols, sb + r * G, cols);
-        } else {
-            rc = read_box(path, f, p->name, &td->w, off, cnt, buf, err, err_len) ||
-                         check_finite(path, p->name, buf, ne * per, e0 * per, err, err_len)
-                     ? -1
-                     : 0;
-            if (rc) break;
-        }
-        model_set_weights(m, p, e0, ne, buf);
+        rc = pack_mats(path, f, p, td, e0, ne, p->packed + e0 * p->mat_bytes, buf, qb, sb, err, err_len);
     }
     td_free(buf);
     td_free(qb);
     td_free(sb);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- expert cache loaders */
+
+/* A tandem checkpoint's experts: the file kept open, each expert's slice
+ * read from its datasets.  Their chunks are the writer's shards (up to
+ * CKPT_CHUNK_BYTES): every chunk the expert touches is read, so a file
+ * stored one expert per chunk (ckpt reshard --dp E --ep E) reads exactly
+ * the expert's bytes, and a chunk of several experts is read whole. */
+typedef struct {
+    char file[PATH_MAX];
+    hid_t f;
+    float *buf;
+    int8_t *qb;
+    float *sb;
+} H5Experts;
+
+static int h5_expert_load(void *ctx, const Param *p, size_t e, unsigned char *dst, char *err, size_t err_len)
+{
+    H5Experts *x = ctx;
+    TDesc td;
+    if (check_tensor(x->f, x->file, p, &td, err, err_len)) return -1;
+    return pack_mats(x->file, x->f, p, &td, e, 1, dst, x->buf, x->qb, x->sb, err, err_len);
+}
+
+static void h5_experts_free(void *ctx)
+{
+    H5Experts *x = ctx;
+    if (x->f >= 0) H5Fclose(x->f);
+    td_free(x->buf);
+    td_free(x->qb);
+    td_free(x->sb);
+    td_free(x);
+}
+
+/* Scratch for one expert matrix of m (the largest of gate, up, down). */
+static size_t expert_floats(const Model *m)
+{
+    size_t n = 0;
+    for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {
+        const Layer *L = &m->layers[l];
+        if (!L->moe) continue;
+        n = td_max(n, td_max(L->egate->lshape[1] * L->egate->lshape[2], L->edown->lshape[1] * L->edown->lshape[2]));
+    }
+    return n;
+}
+
+static int attach_h5(Model *m, const char *file, size_t bytes, char *err, size_t err_len)
+{
+    H5Experts *x = td_calloc(sizeof *x);
+    (void)td_snprintf(x->file, sizeof x->file, "%s", file);
+    x->f = ckpt_h5_open(file);
+    const size_t n = expert_floats(m);
+    x->buf = td_malloc(n * sizeof(float) + 64);
+    x->qb = td_malloc(n + 64);
+    x->sb = td_malloc((n / 32 + 64) * sizeof(float));
+    if (x->f < 0) {
+        (void)td_snprintf(err, err_len, "%s: cannot open", file);
+        h5_experts_free(x);
+        return -1;
+    }
+    if (expert_cache_attach(m, bytes, h5_expert_load, x, h5_experts_free, err, err_len)) {
+        h5_experts_free(x);
+        return -1;
+    }
+    /* a chunk of several experts is read whole for each of them */
+    for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {
+        CkptH5Desc d;
+        if (!m->layers[l].moe || ckpt_h5_describe(x->f, m->layers[l].eup->name, &d)) continue;
+        if (d.chunk[0] > 1 && (m->topo.world <= 1 || comm_rank() == 0))
+            td_info("note: %s: expert chunks of %llu experts: each expert load reads %llu (tandem ckpt reshard "
+                    "--dp %zu --ep %zu --weights-only stores one expert per chunk)",
+                    file, (unsigned long long)d.chunk[0], (unsigned long long)d.chunk[0], m->E_global, m->E_global);
+        break;
+    }
+    return 0;
+}
+
+/* After ckpt_load_serving put file's weights in m: its cache reads file's
+ * experts from now on, none of the old ones kept. */
+static int repoint_h5(Model *m, const char *file, char *err, size_t err_len)
+{
+    ExpertCache *c = m->ecache;
+    TD_CHECK(c->load == h5_expert_load, "ckpt_load_serving: the expert cache does not read a tandem checkpoint");
+    H5Experts *x = c->ctx;
+    hid_t f = ckpt_h5_open(file);
+    if (f < 0) {
+        (void)td_snprintf(err, err_len, "%s: cannot open", file);
+        return -1;
+    }
+    H5Fclose(x->f);
+    x->f = f;
+    (void)td_snprintf(x->file, sizeof x->file, "%s", file);
+    expert_cache_invalidate(c);
+    return 0;
+}
+
+/* A Hugging Face directory's experts: the map kept open, each expert's
+ * box read (pread, converted to float32) and packed as model_set_weights
+ * packs the resident model's. */
+typedef struct {
+    HfModel h;
+    float *buf;
+} HfExperts;
+
+static int hf_expert_load(void *ctx, const Param *p, size_t e, unsigned char *dst, char *err, size_t err_len)
+{
+    HfExperts *x = ctx;
+    const HfBinding *b = hf_model_find(&x->h, p->name);
+    if (!b) {
+        (void)td_snprintf(err, err_len, "no HF tensor maps %s", p->name);
+        return -1;
+    }
+    size_t off[PARAM_MAX_DIMS], cnt[PARAM_MAX_DIMS];
+    for (int i = 0; i < p->ndim; i++) {
+        off[i] = p->loff[i];
+        cnt[i] = p->lshape[i];
+    }
+    off[0] += e;
+    cnt[0] = 1;
+    if (hf_read_box_serial(&x->h, b, off, cnt, x->buf, false, err, err_len)) return -1;
+    gemm_pack(dst, p->dtype, x->buf, p->lshape[1], p->lshape[2]);
+    return 0;
+}
+
+static void hf_experts_free(void *ctx)
+{
+    HfExperts *x = ctx;
+    hf_model_close(&x->h);
+    td_free(x->buf);
+    td_free(x);
+}
+
+/* ckpt_open_serving of an HF directory with offloaded experts: the map
+ * opened once; every tensor but the experts read into the serving model
+ * (as the float32 load and model_quantize_from would: the same floats,
+ * the same packing), the experts left to the cache. */
+static int open_hf_offload(const char *path, Model *m, const Topology *topo, const ServeDtypes *sd, char *err,
+                           size_t err_len)
+{
+    HfExperts *x = td_calloc(sizeof *x);
+    if (hf_model_open(&x->h, path, err, err_len)) {
+        td_free(x);
+        return -1;
+    }
+    Topology single;
+    if (!topo) {
+        topo_single(&single, &x->h.hc.cfg);
+        topo = &single;
+    }
+    ModelDtypes dt = model_dtypes_default(sd->dtype_set ? sd->dtype : DTYPE_F32);
+    model_init_serving_offload(m, &x->h.hc.cfg, topo, 16, &dt);
+    x->buf = td_malloc(expert_floats(m) * sizeof(float) + 64);
+    float *buf = NULL;
+    int rc = 0;
+    for (int i = 0; i < m->n_params && !rc; i++) {
+        Param *p = &m->params[i];
+        if (p->offloaded) continue;
+        const HfBinding *b = hf_model_find(&x->h, p->name);
+        if (!b) {
+            (void)td_snprintf(err, err_len, "%s: no HF tensor maps %s", path, p->name);
+            rc = -1;
+            break;
+        }
+        td_free(buf);
+        buf = td_malloc(p->numel * sizeof(float) + 64);
+        rc = hf_read_box(&x->h, b, p->loff, p->lshape, buf, false, err, err_len);
+        if (!rc) model_set_weights(m, p, 0, p->packed ? p->n_mats : 1, buf);
+    }
+    td_free(buf);
+    if (!rc && expert_cache_attach(m, sd->expert_cache_bytes, hf_expert_load, x, hf_experts_free, err, err_len))
+        rc = -1;
+    if (rc) {
+        if (!m->ecache) hf_experts_free(x);
+        model_free(m);
+    }
     return rc;
 }
 
@@ -336,6 +549,7 @@ int ckpt_load_serving(const char *file, Model *m, char *err, size_t err_len)
     rc = agree(m, rc);
     if (!rc) {
         for (int i = 0; i < m->n_params && !rc; i++) rc = load_param(file, f, m, &m->params[i], &td[i], err, err_len);
+        if (!rc && m->ecache) rc = repoint_h5(m, file, err, err_len);
         failed_here = rc != 0;
         rc = agree(m, rc);
         if (rc) zero_model(m);   /* never a partial model */
@@ -381,6 +595,11 @@ int ckpt_open_serving(const char *path, Model *m, const Topology *topo, const Se
                       size_t err_len)
 {
     memset(m, 0, sizeof *m);
+    if (!is_tandem(path) && sd->expert_cache) {
+        if (open_hf_offload(path, m, topo, sd, err, err_len)) return -1;
+        m->attn.kv = sd->kv;
+        return 0;
+    }
     if (!is_tandem(path)) {
         /* not a tandem checkpoint (an HF directory): the float32 loader,
          * then quantized into the serving layout */
@@ -415,8 +634,10 @@ int ckpt_open_serving(const char *path, Model *m, const Topology *topo, const Se
         topo_single(&single, &cfg);
         topo = &single;
     }
-    model_init_serving(m, &cfg, topo, 16, &dt);
-    if (ckpt_load_serving(file, m, err, err_len)) {
+    if (sd->expert_cache) model_init_serving_offload(m, &cfg, topo, 16, &dt);
+    else model_init_serving(m, &cfg, topo, 16, &dt);
+    if ((sd->expert_cache && attach_h5(m, file, sd->expert_cache_bytes, err, err_len)) ||
+        ckpt_load_serving(file, m, err, err_len)) {
         model_free(m);
         return -1;
     }

@@ -44,18 +44,30 @@ typedef struct {
     bool dtype_set;   /* false: serve what the checkpoint stores (int8, bf16; f16 and f32 as f32) */
     Dtype dtype;      /* --dtype */
     Dtype kv;         /* --kv-dtype */
+    bool expert_cache;            /* --expert-cache-mb given: routed experts offloaded */
+    size_t expert_cache_bytes;    /* its budget */
 } ServeDtypes;
 
 /* Parses --dtype and --kv-dtype values (NULL: not given).  0, or -1 with
  * one line in err naming the option. */
 int ckpt_serve_dtypes(ServeDtypes *sd, const char *dtype, const char *kv_dtype, char *err, size_t err_len);
 
+/* Parses --expert-cache-mb (NULL: not given, the experts resident) into
+ * sd (after ckpt_serve_dtypes).  0, or -1 with one line in err. */
+int ckpt_serve_expert_cache(ServeDtypes *sd, const char *mb, char *err, size_t err_len);
+
 /* Opens path (a checkpoint file, or a run directory: its latest) as a
  * serving model: config read, the dtypes resolved (sd, the file's own),
  * model_init_serving under topo (NULL: one process), weights loaded, the
  * KV dtype set (m->attn.kv).  A path that is no tandem checkpoint (a
  * Hugging Face directory) goes through ckpt_model_open and is converted
- * (model_quantize_from).  Returns 0, or -1 with one line in err (empty
+ * (model_quantize_from).  With sd->expert_cache the model is
+ * model_init_serving_offload'ed and given a cache of sd->expert_cache_bytes
+ * whose loader reads each expert's slice from path when the forward needs
+ * it (a tandem checkpoint: its datasets, the file kept open; an HF
+ * directory: its safetensors through hf_map.h, and the other tensors read
+ * straight into the serving model, no float32 model built); the bits are
+ * the resident model's.  Returns 0, or -1 with one line in err (empty
  * when already printed). */
 int ckpt_open_serving(const char *path, Model *m, const Topology *topo, const ServeDtypes *sd, char *err,
                       size_t err_len);
@@ -64,6 +76,7 @@ int ckpt_open_serving(const char *path, Model *m, const Topology *topo, const Se
  * fixed): what ckpt_open_serving does after model_init_serving, for a
  * model that is already serving (rollout --follow).  Validates everything
  * first; after a failed data read the weights are zeroed, never partial.
+ * An expert cache then reads file's experts (its old ones dropped).
  * Returns 0 or -1 with one line in err. */
 int ckpt_load_serving(const char *file, Model *m, char *err, size_t err_len);
 

@@ -104,6 +104,8 @@ void engine_init(Engine *e, const Model *m, const EngineOpts *o)
     qsort(e->stop_ids, e->n_stop_ids, sizeof(int32_t), cmp_i32);
     e->st.kv_token_bytes = kvcache_token_bytes(&e->kv);
     e->st.weight_bytes = model_weight_bytes(m);
+    e->st.expert_slots = m->ecache ? m->ecache->slots : 0;
+    e->st.expert_cache_bytes = model_expert_cache_bytes(m);
     e->prefix_seed = version_seed(o->weights_version);
     e->blk_tok = td_malloc(2 * e->kv.bs * sizeof(int32_t));
     /* a ring only when no local layer needs the keys below the window (a
@@ -659,6 +661,23 @@ static void engine_bcast_batch(Engine *e, size_t rows, size_t n_seq, size_t n_se
     td_free(buf);
 }
 
+/* Under tp / ep every rank's expert cache loads its own slices: a failed
+ * load on any rank fails the step on all (rank 0 then ends its requests).
+ * Collective over the world; a no-op without a cache or in one process. */
+static void experts_agree(Engine *e)
+{
+    ExpertCache *c = e->m->ecache;
+    if (!c || e->m->topo.world <= 1 || !comm_active()) return;
+    int32_t v = expert_cache_error(c)[0] ? -1 : 0;
+    comm_allreduce_min_i32(COMM_WORLD, &v, 1);
+    if (v < 0 && !expert_cache_error(c)[0])
+        snprintf(c->err, sizeof c->err, "another rank could not read its experts (see its log)");
+    if (v < 0 && comm_rank() != 0) {
+        td_error("serve: rank %d: expert weights unreadable: %s", comm_rank(), expert_cache_error(c));
+        expert_cache_clear_error(c);
+    }
+}
+
 void engine_follow(Engine *e)
 {
     int32_t *tables = NULL;
@@ -692,6 +711,7 @@ void engine_follow(Engine *e)
         for (size_t s = 0; s < n_sel; s++) e->sel_rows[s] = (int32_t)buf[o++];
         td_free(buf);
         engine_forward(e, rows, n_seq, n_sel, e->routes);
+        experts_agree(e);
     }
     td_free(tables);
 }
@@ -802,6 +822,18 @@ size_t engine_step(Engine *e)
     const size_t per = (size_t)e->n_moe * m->k;
     int32_t *routes = e->routes;   /* (n_sel, per) */
     engine_forward(e, rows, n_seq, n_sel, routes);
+    if (e->distributed) experts_agree(e);
+    if (m->ecache && expert_cache_error(m->ecache)[0]) {
+        /* an expert could not be read: this step's outputs are not the
+         * model's; its requests end with the error, the others go on */
+        for (size_t s = 0; s < n_seq; s++) {
+            snprintf(e->batch[s]->error, sizeof e->batch[s]->error, "expert weights unreadable: %s",
+                     expert_cache_error(m->ecache));
+            finish(e, e->batch[s], "error");
+        }
+        expert_cache_clear_error(m->ecache);
+        n_seq = 0;
+    }
 
     /* sample, append, finish */
     double now = td_now();
@@ -842,6 +874,7 @@ size_t engine_step(Engine *e)
     }
     pthread_mutex_lock(&e->mu);
     e->st.steps++;
+    if (m->ecache) e->st.experts = m->ecache->st;
     e->st.tokens_generated += (long)new_tokens;
     e->st.prompt_tokens += (long)prompt_tokens;
     size_t left = e->n_running + e->st.waiting;

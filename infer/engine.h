@@ -47,6 +47,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/model/expert_cache.h"
 #include "core/model/layer.h"
 #include "core/tok/tokenizer.h"
 #include "infer/kvcache.h"
@@ -148,6 +149,11 @@ typedef struct {
     int32_t kv_cached;          /* blocks only the prefix cache holds (evicted on demand) */
     size_t kv_token_bytes;    /* one cached position, all local layers (the KV dtype's) */
     size_t weight_bytes;      /* the model's weights as held (model_weight_bytes) */
+    /* routed-expert cache (--expert-cache-mb; core/model/expert_cache.h):
+     * slots per MoE layer (0: experts resident), its bytes, its counters
+     * as of the last step */
+    size_t expert_slots, expert_cache_bytes;
+    ExpertCacheStats experts;
 } EngineStats;
 
 typedef struct {

@@ -19,7 +19,7 @@ static const char *const g_gen_help =
     "usage: tandem generate --ckpt CKPT (--prompt TEXT | --prompt-ids 1,2,3)\n"
     "                       [--max-tokens 128] [--temperature 1.0] [--top-k 0] [--top-p 1.0]\n"
     "                       [--seed 0] [--stop STR ...] [--ignore-eos] [--logprobs N] [--json]\n"
-    "                       [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--no-prefix-cache]\n"
+    "                       [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--expert-cache-mb N] [--no-prefix-cache]\n"
     "Streams the completion to stdout as it is produced and reports time to first\n"
     "token and tokens/s on stderr.  --temperature 0 is greedy.  --json prints one\n"
     "object instead: prompt_ids, ids, text, logprobs, finish_reason, ttft_ms,\n"
@@ -29,7 +29,9 @@ static const char *const g_gen_help =
     "model's end-of-turn ids end it (finish \"stop\") unless --ignore-eos.\n"
     "--dtype holds the weights in that dtype and computes from them (default: as the\n"
     "checkpoint stores them; an int8 checkpoint serves as int8); --kv-dtype holds\n"
-    "the KV cache so (default f32).  docs/serving.md\n";
+    "the KV cache so (default f32).  --expert-cache-mb N keeps the routed experts'\n"
+    "weights in a cache of N MiB (LRU, per layer), read from the checkpoint when\n"
+    "routed to; the output is the resident model's, bit for bit.  docs/serving.md\n";
 
 /* Shared by generate and serve/rollout: sampling options from Args. */
 int infer_gen_params(GenParams *gp, const Args *a, char *err, size_t n)
@@ -103,7 +105,7 @@ static int generate_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "prompt=", "prompt-ids=", "max-tokens=", "temperature=",
                                         "top-k=", "top-p=", "seed=", "stop+", "logprobs=", "json", "ignore-eos",
-                                        "dtype=", "kv-dtype=", "no-prefix-cache", NULL };
+                                        "dtype=", "kv-dtype=", "expert-cache-mb=", "no-prefix-cache", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("generate: %s", err);
@@ -125,7 +127,8 @@ static int generate_run(Args *ap, int argc, char **argv)
     }
     bool json = args_flag(ap, "json");
     ServeDtypes sd;
-    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err)) {
+    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err) ||
+        ckpt_serve_expert_cache(&sd, args_get(ap, "expert-cache-mb"), err, sizeof err)) {
         td_error("generate: %s", err);
         return 2;
     }
@@ -184,6 +187,11 @@ static int generate_run(Args *ap, int argc, char **argv)
         goto out;
     }
     while (engine_step(&e) > 0) {}
+    if (!strcmp(r->finish_reason, "error")) {   /* an expert the cache could not read */
+        td_error("generate: %s", r->error);
+        rc = 1;
+        goto out;
+    }
     double ttft = (r->t_first - r->t_submit) * 1e3;
     double tps = r->n_out > 1 ? (double)(r->n_out - 1) / (r->t_last - r->t_first) : 0.0;
     if (json) {
@@ -211,6 +219,17 @@ static int generate_run(Args *ap, int argc, char **argv)
         cJSON_AddStringToObject(o, "finish_reason", r->finish_reason);
         cJSON_AddNumberToObject(o, "ttft_ms", ttft);
         cJSON_AddNumberToObject(o, "tokens_per_s", tps);
+        if (m.ecache) {
+            const ExpertCacheStats *x = &m.ecache->st;
+            cJSON *c = cJSON_AddObjectToObject(o, "expert_cache");
+            cJSON_AddNumberToObject(c, "slots_per_layer", (double)m.ecache->slots);
+            cJSON_AddNumberToObject(c, "bytes", (double)model_expert_cache_bytes(&m));
+            cJSON_AddNumberToObject(c, "hits", (double)x->hits);
+            cJSON_AddNumberToObject(c, "misses", (double)x->misses);
+            cJSON_AddNumberToObject(c, "bytes_loaded", (double)x->bytes_loaded);
+            cJSON_AddNumberToObject(c, "load_s", x->load_s);
+            cJSON_AddNumberToObject(c, "weight_bytes", (double)model_weight_bytes(&m));   /* all resident weights */
+        }
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
         cJSON_free(s);
@@ -220,6 +239,16 @@ static int generate_run(Args *ap, int argc, char **argv)
         fflush(stdout);   /* the text before the summary, also when both go to one file */
         fprintf(stderr, "tandem: generate: %zu tokens, time to first token %.1f ms, %.1f tokens/s, finish: %s\n",
                 r->n_out, ttft, tps, r->finish_reason);
+        if (m.ecache) {
+            const ExpertCacheStats *x = &m.ecache->st;
+            fprintf(stderr,
+                    "tandem: generate: expert cache %zu slots per layer (%.1f MiB): %llu hits, %llu misses "
+                    "(hit rate %.3f), %.1f MiB loaded in %.3f s\n",
+                    m.ecache->slots, (double)model_expert_cache_bytes(&m) / 1048576.0, (unsigned long long)x->hits,
+                    (unsigned long long)x->misses,
+                    x->hits + x->misses ? (double)x->hits / (double)(x->hits + x->misses) : 0.0,
+                    (double)x->bytes_loaded / 1048576.0, x->load_s);
+        }
     }
     rc = 0;
 out:

@@ -54,7 +54,7 @@ static const char *const g_rollout_help =
     "                      [--top-k 0] [--top-p 1] [--seed 0] [--stop STR ...] [--ignore-eos]\n"
     "                      [--kv-mb 256] [--max-running 64] [--max-batch-tokens 512]\n"
     "                      [--prefill-chunk 256] [--wait-timeout 60] [--no-prefix-cache]\n"
-    "                      [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
+    "                      [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--expert-cache-mb N]\n"
     "RL rollout worker.  Each line of P.jsonl is an object with \"prompt\" (text,\n"
     "encoded by the checkpoint's tokenizer as HF's tokenizer(text) does; byte-level\n"
     "when the checkpoint holds none) or \"prompt_ids\" (token ids), and optionally\n"
@@ -77,7 +77,8 @@ static const char *const g_rollout_help =
     "--wait-timeout seconds for one) and reloads when latest changes: running\n"
     "samples finish under the old weights, later ones use the new, each tagged\n"
     "with its policy_version.  --dtype / --kv-dtype hold the weights (each reload\n"
-    "quantized the same way) and the KV cache in that dtype (docs/serving.md).\n"
+    "quantized the same way) and the KV cache in that dtype (docs/serving.md);\n"
+    "--expert-cache-mb N the routed experts in a cache of N MiB (the same samples).\n"
     "The --n samples of a prompt share its cached KV blocks (computed once; the\n"
     "same bits as without); --no-prefix-cache computes each anew.\n"
     "Check a rollout with the trainer's forward (the same dtypes):\n"
@@ -339,6 +340,7 @@ struct Rollout {
     FILE *out;
     bool out_failed;
     Buf line;
+    char failed[600];          /* the first sample the engine ended with an error (an unreadable expert) */
     int64_t *versions;        /* distinct versions written (owned) ... */
     long *version_count;      /* ... and samples of each */
     int n_versions, cap_versions;
@@ -416,6 +418,11 @@ static void job_cb(Request *r, bool done, void *user)
     TD_CHECK(j->version == ro->version, "rollout: request %zu/%zu saw versions %lld and %lld", j->prompt,
              j->sample, (long long)j->version, (long long)ro->version);
     if (!done) return;
+    if (!strcmp(r->finish_reason, "error")) {   /* not the model's sample: never written */
+        if (!ro->failed[0]) snprintf(ro->failed, sizeof ro->failed, "%s", r->error);
+        ro->finished[ro->n_finished++] = j;
+        return;
+    }
     ro->tokens += r->n_out;
     ro->n_done++;
     note_version(ro, j->version);
@@ -603,7 +610,7 @@ static int rollout_run(Args *ap, int argc, char **argv)
     static const char *const spec[] = { "ckpt=", "follow=", "prompts=", "n=", "output=", "max-tokens=",
                                         "temperature=", "top-k=", "top-p=", "seed=", "stop+", "kv-mb=",
                                         "max-running=", "max-batch-tokens=", "prefill-chunk=", "wait-timeout=",
-                                        "ignore-eos", "dtype=", "kv-dtype=", "no-prefix-cache", NULL };
+                                        "ignore-eos", "dtype=", "kv-dtype=", "expert-cache-mb=", "no-prefix-cache", NULL };
     char err[1024];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("rollout: %s", err);
@@ -650,7 +657,8 @@ static int rollout_run(Args *ap, int argc, char **argv)
         return 2;
     }
     ServeDtypes sd;
-    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err)) {
+    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err) ||
+        ckpt_serve_expert_cache(&sd, args_get(ap, "expert-cache-mb"), err, sizeof err)) {
         td_error("rollout: %s", err);
         return 2;
     }
@@ -761,6 +769,10 @@ static int rollout_run(Args *ap, int argc, char **argv)
             td_error("rollout: writing %s failed: %s", out_path ? out_path : "stdout", strerror(errno));
             goto out;
         }
+        if (ro.failed[0]) {
+            td_error("rollout: %s", ro.failed);
+            goto out;
+        }
         if (ro.dir && follow_poll(&ro)) goto out;
         progress_line(&ro, false);
     }
@@ -779,6 +791,10 @@ static int rollout_run(Args *ap, int argc, char **argv)
             "%ld prompt tokens found cached",
             ro.n_done, ro.tokens, dt, dt > 0 ? (double)ro.tokens / dt : 0.0, vs.s, est.prefix_hit_tokens,
             est.prefix_query_tokens);
+    if (est.expert_slots)
+        td_info("rollout: expert cache %zu slots per layer (%.1f MiB): %llu hits, %llu misses, %.1f MiB loaded in %.3f s",
+                est.expert_slots, (double)est.expert_cache_bytes / 1048576.0, (unsigned long long)est.experts.hits,
+                (unsigned long long)est.experts.misses, (double)est.experts.bytes_loaded / 1048576.0, est.experts.load_s);
     td_free(vs.s);
     rc = 0;
 out:

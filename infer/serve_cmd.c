@@ -25,7 +25,7 @@ static const char *const g_serve_help =
     "                    [--max-batch-tokens 512] [--prefill-chunk 256]\n"
     "                    [--max-body 1048576] [--max-n 16] [--max-connections 512]\n"
     "                    [--idle-timeout 60] [--drain-timeout 30] [--quiet]\n"
-    "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
+    "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--expert-cache-mb N]\n"
     "                    [--api-key KEY ...] [--api-key-file FILE] [--no-prefix-cache]\n"
     "                    [--admin-token TOKEN]\n"
     "       mpirun -np N tandem serve --ckpt CKPT --port P tp=T ep=E    (N = T x E)\n"
@@ -37,7 +37,10 @@ static const char *const g_serve_help =
     "CKPT is a checkpoint file or a run directory (its latest).  --dtype holds the\n"
     "weights in that dtype and computes from them (default: as stored; f16 is\n"
     "upcast to float32); --kv-dtype the KV cache (default f32); the start-up line\n"
-    "and /metrics give the bytes a cached token takes.  --port 0 picks a free\n"
+    "and /metrics give the bytes a cached token takes.  --expert-cache-mb N holds\n"
+    "the routed experts in a cache of N MiB per rank (LRU per layer, read from the\n"
+    "checkpoint when routed to; same outputs; /metrics counts hits and misses).\n"
+    "--port 0 picks a free\n"
     "port; the start-up line on stderr names it.  SIGTERM or SIGINT drains: new\n"
     "completions get 503, running ones finish (up to --drain-timeout seconds),\n"
     "then the server exits 0.  With --api-key (repeatable) or --api-key-file (a key\n"
@@ -214,7 +217,7 @@ static int serve_run(Args *ap, int argc, char **argv)
     static const char *const spec[] = { "ckpt=", "port=", "host=", "model-name=", "kv-mb=", "max-running=",
                                         "max-queue=", "max-batch-tokens=", "prefill-chunk=", "max-body=",
                                         "max-n=", "max-connections=", "idle-timeout=", "drain-timeout=",
-                                        "quiet", "tp=", "ep=", "dtype=", "kv-dtype=", "api-key+", "api-key-file=",
+                                        "quiet", "tp=", "ep=", "dtype=", "kv-dtype=", "expert-cache-mb=", "api-key+", "api-key-file=",
                                         "no-prefix-cache", "follow=", "admin-token=", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
@@ -281,7 +284,8 @@ static int serve_run(Args *ap, int argc, char **argv)
         return 2;
     }
     ServeDtypes sd;
-    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err)) {
+    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err) ||
+        ckpt_serve_expert_cache(&sd, args_get(ap, "expert-cache-mb"), err, sizeof err)) {
         td_error("serve: %s", err);
         return 2;
     }
@@ -406,6 +410,10 @@ static int serve_run(Args *ap, int argc, char **argv)
             m.cfg.max_position_embeddings, dtype_name(m.dt.mat), (double)model_weight_bytes(&m) / 1048576.0,
             dtype_name(m.attn.kv), e.kv.n_blocks, e.kv.bs, (kvcache_block_bytes(&e.kv) * (size_t)e.kv.n_blocks) >> 20,
             kvcache_token_bytes(&e.kv), e.o.max_running, pool_threads());
+    if (m.ecache)
+        fprintf(stderr, "tandem: serve: routed experts offloaded: a cache of %zu slots per MoE layer (%.1f MiB of "
+                "the weights above), least recently used evicted\n", m.ecache->slots,
+                (double)model_expert_cache_bytes(&m) / 1048576.0);
     const char *ce = server_chat_error(srv);
     fprintf(stderr, "tandem: serve: tokenizer %s (V = %d, %zu stop ids); %s%s\n",
             tok_is_byte_level(tx.tok) ? "byte-level" : "of the checkpoint", tok_vocab_size(tx.tok), tx.n_stop_ids,

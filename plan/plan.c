@@ -3,6 +3,7 @@
  * communication: the volumes of docs/scaling.md. */
 #include "plan/plan.h"
 #include "core/common.h"
+#include "core/model/expert_cache.h"
 #include "core/model/model.h"
 #include "core/model/topology.h"
 #include "infer/engine.h"
@@ -186,8 +187,18 @@ static void plan_serve(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
     if (topo_init(&t, cfg, l.ep, l.tp, 1, l.ep, 0, NULL, err, sizeof err)) return fail(r, "%s", err);
     ModelDtypes dt = model_dtypes_default(o->dtype);
     Model m;
-    model_init_shape(&m, cfg, &t, 16, &dt);
+    if (o->expert_cache_bytes > 0) model_init_shape_offload(&m, cfg, &t, 16, &dt);
+    else model_init_shape(&m, cfg, &t, 16, &dt);
     m.attn.kv = o->kv_dtype;
+    size_t cache = 0;
+    if (o->expert_cache_bytes > 0) {
+        if (expert_cache_check(&m, (size_t)o->expert_cache_bytes, err, sizeof err)) {
+            model_free(&m);
+            return fail(r, "%s", err);
+        }
+        r->expert_slots = expert_cache_slots_for(&m, (size_t)o->expert_cache_bytes);
+        cache = expert_cache_slab_bytes(&m, r->expert_slots);
+    }
     /* the KV budget that holds `concurrency` sequences of `context`
      * positions, in whole MiB (serve --kv-mb) */
     const size_t per_block = (size_t)(t.layer_end - t.layer_begin) * attn_block_bytes(&m.attn);
@@ -202,7 +213,7 @@ static void plan_serve(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
     eo.n_stop_ids = 1;
     EngineMem em;
     engine_mem(&m, &eo, &em);
-    r->bytes[PLAN_WEIGHTS] = (double)model_weight_bytes(&m);
+    r->bytes[PLAN_WEIGHTS] = (double)(model_weight_bytes(&m) + cache);
     r->bytes[PLAN_KV_CACHE] = (double)em.kv_cache;
     r->bytes[PLAN_ACTIVATIONS] = (double)em.activations;
     r->bytes[PLAN_WORKSPACE] = (double)(em.workspace + model_table_bytes(&m));

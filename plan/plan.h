@@ -12,7 +12,9 @@
  *             times the micro-batches a 1F1B stage holds (train_n_slots);
  *   serving   engine_mem (infer/engine.h): the paged KV cache
  *             (kvcache_bytes), the engine's arena (layer_acts_carve on a
- *             dry arena), its tables; weights from the serving table.
+ *             dry arena), its tables; weights from the serving table
+ *             (with --expert-cache-mb: the table without the routed
+ *             experts plus the cache's whole slots, expert_cache.h).
  * A layout is checked by topo_init (core/model/topology.c), the check the
  * trainer and the server run: a layout it refuses is infeasible with its
  * reason.  Communication volumes follow docs/scaling.md; step times are
@@ -55,6 +57,7 @@ typedef struct {
     /* serving: per serving instance (tp x ep ranks; dp / ep instances) */
     int context, concurrency, max_batch_tokens, prefill_chunk;
     Dtype dtype, kv_dtype;
+    double expert_cache_bytes;    /* serving: --expert-cache-mb per rank (0: experts resident) */
     /* hardware (docs/planning.md gives the defaults) */
     double flops;                 /* sustained FLOP/s of one device */
     double hbm_bps;               /* device memory bandwidth, bytes/s (serving decode) */
@@ -80,6 +83,7 @@ typedef struct {
     double compute_s, comm_s, est_step_s;
     int micro_batch, grad_accum;  /* training: the run keys this layout runs with */
     size_t kv_mb;                 /* serving: the KV budget counted (serve --kv-mb) */
+    size_t expert_slots;          /* serving with an expert cache: its slots per MoE layer */
     double tokens_per_s;          /* training: global tokens per second; serving: per instance */
 } PlanResult;
 

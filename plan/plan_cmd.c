@@ -33,7 +33,9 @@ static const char *const g_help =
     "from --tflops (sustained per device) and the link bandwidths (GB/s per rank,\n"
     "--intra-gbs inside a node of --node-size devices, --inter-gbs between nodes).\n"
     "Ranked by estimated step time; --json prints every layout, --best the winner\n"
-    "as overrides for `tandem train` (serving: for `tandem serve`).  Exit 1 when no\n"
+    "as overrides for `tandem train` (serving: for `tandem serve`).  Serving with\n"
+    "--expert-cache-mb N (per rank): weights are the non-expert ones plus the cache\n"
+    "(refused below one token's top-k experts per MoE layer).  Exit 1 when no\n"
     "layout fits.  Details: docs/planning.md\n";
 
 static const char *const g_serve_keys[] = { "context", "concurrency", "max_batch_tokens", "prefill_chunk",
@@ -236,6 +238,7 @@ static void print_json(const PlanResult *v, int n)
             cJSON_AddItemToObject(o, "stage_total_bytes", st);
         }
         cJSON_AddNumberToObject(o, "tokens_per_s", r->tokens_per_s);
+        if (r->expert_slots) cJSON_AddNumberToObject(o, "expert_cache_slots", (double)r->expert_slots);
         cJSON_AddItemToArray(arr, o);
     }
     char *s = cJSON_Print(arr);
@@ -255,9 +258,11 @@ static void print_best(const PlanResult *r, const PlanOpts *o)
     } else {
         /* the KV budget the plan counted, in the whole MiB serve takes */
         printf("tp=%d ep=%d --kv-mb %.0f --max-running %d --max-batch-tokens %d --prefill-chunk %d --dtype %s "
-               "--kv-dtype %s\n",
+               "--kv-dtype %s",
                r->l.tp, r->l.ep, (double)r->kv_mb,
                o->concurrency, o->max_batch_tokens, o->prefill_chunk, dtype_name(o->dtype), dtype_name(o->kv_dtype));
+        if (o->expert_cache_bytes > 0) printf(" --expert-cache-mb %.17g", o->expert_cache_bytes / 1048576.0);
+        printf("\n");
         fprintf(stderr, "plan: %d instances of mpirun -np %d tandem serve --ckpt CKPT --port P <the line above>\n",
                 r->l.dp / r->l.ep, r->l.tp * r->l.ep);
     }
@@ -266,7 +271,7 @@ static void print_best(const PlanResult *r, const PlanOpts *o)
 int cmd_plan(int argc, char **argv)
 {
     static const char *const spec[] = { "world=", "device-mem-gb=", "mode=", "layout=", "json", "best", "top=",
-                                        "tflops=", "hbm-gbs=", "intra-gbs=", "inter-gbs=", "node-size=", NULL };
+                                        "tflops=", "hbm-gbs=", "intra-gbs=", "inter-gbs=", "node-size=", "expert-cache-mb=", NULL };
     Args ap;
     char err[4096];
     if (args_parse(&ap, argc, argv, 1, spec, err, sizeof err)) {
@@ -320,6 +325,18 @@ int cmd_plan(int argc, char **argv)
     o.intra_bps = intra * 1e9;
     o.inter_bps = inter * 1e9;
     o.node_size = (int)node;
+    if (args_get(&ap, "expert-cache-mb")) {
+        double ec;
+        if (o.mode != PLAN_SERVE) {
+            td_error("plan: --expert-cache-mb is a serving option (--mode serve)");
+            goto out;
+        }
+        if (args_num(&ap, "expert-cache-mb", 0, 1e-9, 1e12, &ec, err, sizeof err) < 0) {
+            td_error("plan: %s", err);
+            goto out;
+        }
+        o.expert_cache_bytes = ec * 1048576.0;
+    }
     for (int i = 1; i < ap.n_pos; i++) {
         const char *kv = ap.pos[i];
         if (!strchr(kv, '=')) {

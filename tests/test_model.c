@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/model/backprop.h"
+#include "core/model/expert_cache.h"
 #include "core/common.h"
 #include "core/pool.h"
 #include "train/optim.h"
@@ -436,3 +437,90 @@ Test(model, mla_gradients_match_finite_differences)
     }
 }
 Test(model, serving_models_compute_the_forward_on_the_rounded_weights_v3router) { check_serving("model_v3router.h5"); }
+
+/* ---------------------------------------------------------------- expert offload */
+
+/* The offload test's loader: expert e of p copied from the resident
+ * serving model's packed slab (what a checkpoint loader packs), or a
+ * failure for one expert when fail_e >= 0. */
+typedef struct {
+    Model *res;
+    long fail_e;
+    int calls;
+} CopyLoader;
+
+static int copy_expert(void *ctx, const Param *p, size_t e, unsigned char *dst, char *err, size_t err_len)
+{
+    CopyLoader *x = ctx;
+    x->calls++;
+    if ((long)e == x->fail_e) {
+        snprintf(err, err_len, "expert %zu of %s unreadable", e, p->name);
+        return -1;
+    }
+    const Param *r = model_param(x->res, p->name);
+    cr_assert(r && r->packed && r->mat_bytes == p->mat_bytes && e < r->n_mats);
+    memcpy(dst, r->packed + e * r->mat_bytes, r->mat_bytes);
+    return 0;
+}
+
+/* An offloading serving model with the fewest slots (min(k, E) per layer,
+ * so a batch of B*T rows computes in chunks and evicts within the
+ * forward) gives the resident model's log-probabilities bit for bit; its
+ * slab is the slots; the counters add up; a failed load is recorded and
+ * counted, not fatal. */
+static void check_offload(const char *file, Dtype d)
+{
+    Case c;
+    case_open(&c, file, RECOMPUTE_NONE);
+    const ModelDtypes dt = { d, d, d };
+    Model s, o;
+    model_init_serving(&s, &c.m.cfg, &c.m.topo, 16, &dt);
+    model_quantize_from(&s, &c.m);
+    model_init_serving_offload(&o, &c.m.cfg, &c.m.topo, 16, &dt);
+    model_quantize_from(&o, &c.m);
+    char err[512];
+    const size_t min = expert_cache_min_slots(&o), xb = expert_cache_expert_bytes(&o), nm = expert_cache_moe_layers(&o);
+    cr_assert(nm > 0 && o.n_packed < s.n_packed, "%s: the offloading model's packed slab holds the experts", file);
+    cr_expect(expert_cache_check(&o, min * xb * nm - 1, err, sizeof err) == -1 && strstr(err, "is below"),
+              "%s: a budget below min(k, E) slots per layer accepted", file);
+    CopyLoader x = { &s, -1, 0 };
+    cr_assert(!expert_cache_attach(&o, min * xb * nm, copy_expert, &x, NULL, err, sizeof err), "%s", err);
+    cr_expect(o.ecache->slots == min && model_weight_bytes(&o) == o.n_w * sizeof(float) + o.n_packed + min * xb * nm);
+    TrainActs sa, oa;
+    model_train_acts_init(&sa, &s, c.B, c.T, RECOMPUTE_NONE);
+    model_train_acts_init(&oa, &o, c.B, c.T, RECOMPUTE_NONE);
+    const size_t N = c.B * c.T;
+    model_train_forward(&s, &sa, c.ids, c.targets, N, NULL);
+    model_train_forward(&o, &oa, c.ids, c.targets, N, NULL);
+    char what[128];
+    snprintf(what, sizeof what, "%s offloaded at %s, %zu slots per layer", file, dtype_name(d), min);
+    EXPECT_BITWISE(oa.logp, sa.logp, N, what);
+    const ExpertCacheStats *st = &o.ecache->st;
+    /* bytes: the matrices' own (a slot's parts are padded to 64 bytes) */
+    const Layer *L0 = NULL;
+    for (int l = o.topo.layer_begin; l < o.topo.layer_end && !L0; l++)
+        if (o.layers[l].moe) L0 = &o.layers[l];
+    const size_t mb = L0->egate->mat_bytes + L0->eup->mat_bytes + L0->edown->mat_bytes;
+    cr_expect(st->misses > min * nm && st->bytes_loaded == st->misses * mb, "%s: %llu misses, %llu bytes loaded", what, (unsigned long long)st->misses,
+              (unsigned long long)st->bytes_loaded);
+    cr_expect((int)st->misses * 3 == x.calls && expert_cache_error(o.ecache)[0] == 0);
+    /* a second forward: the same bits from a warm, evicting cache */
+    model_train_forward(&o, &oa, c.ids, c.targets, N, NULL);
+    EXPECT_BITWISE(oa.logp, sa.logp, N, what);
+    /* a failing expert: the error kept, counted; the next lookup retries */
+    expert_cache_invalidate(o.ecache);
+    x.fail_e = 0;
+    model_train_forward(&o, &oa, c.ids, c.targets, N, NULL);
+    cr_expect(strstr(expert_cache_error(o.ecache), "expert 0 of") && st->load_errors > 0, "%s: error \"%s\"", what,
+              expert_cache_error(o.ecache));
+    expert_cache_clear_error(o.ecache);
+    model_train_acts_free(&sa);
+    model_train_acts_free(&oa);
+    model_free(&o);
+    model_free(&s);
+    case_close(&c);
+}
+
+Test(model, offloaded_experts_give_the_resident_bits) { check_offload("model_base.h5", DTYPE_F32); }
+Test(model, offloaded_experts_give_the_resident_bits_int8) { check_offload("model_qwen3moe.h5", DTYPE_INT8); }
+Test(model, offloaded_experts_give_the_resident_bits_mla_bf16) { check_offload("model_mla.h5", DTYPE_BF16); }

@@ -114,7 +114,7 @@ static int calibrate(const char *in, const char *out, const char *data, const ch
 {
     char err[1024];
     Model f, q;
-    ServeDtypes f32 = { true, DTYPE_F32, DTYPE_F32 }, asis = { false, DTYPE_F32, kv };
+    ServeDtypes f32 = { .dtype_set = true, .dtype = DTYPE_F32, .kv = DTYPE_F32 }, asis = { .dtype = DTYPE_F32, .kv = kv };
     if (ckpt_open_serving(in, &f, NULL, &f32, err, sizeof err)) {
         if (err[0]) td_error("ckpt quantize: %s", err);
         return 1;

@@ -7,6 +7,7 @@
 #include "core/args.h"
 #include "core/model/backprop.h"
 #include "core/common.h"
+#include "core/model/expert_cache.h"
 #include "train/data.h"
 #include "train/runcfg.h"
 #include "train/trainer.h"
@@ -164,6 +165,11 @@ static int score_windows(Scorer *s, const int32_t *tok, size_t len, size_t n_win
                 return -1;
             }
         model_train_forward(&s->m, &s->acts, s->ids, s->tg, B * T, NULL);
+        if (s->m.ecache && expert_cache_error(s->m.ecache)[0]) {   /* the rows are not the model's */
+            if (progress_bar) fprintf(stderr, "\n");
+            td_error("expert weights unreadable: %s", expert_cache_error(s->m.ecache));
+            return -1;
+        }
         size_t nb = td_min(B, n_win - w0);
         memcpy(logp + w0 * T, s->acts.logp, nb * T * sizeof(float));
         if (progress_bar)
@@ -229,7 +235,7 @@ static int32_t *read_tokens(const char *ckpt, const char *data, const char *text
 static int score_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "data=", "text=", "seq-len=", "output=", "batch=", "dtype=",
-                                        "kv-dtype=", NULL };
+                                        "kv-dtype=", "expert-cache-mb=", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("score: %s", err);
@@ -237,7 +243,7 @@ static int score_run(Args *ap, int argc, char **argv)
     }
     if (ap->help) {
         printf("usage: tandem score --ckpt CKPT (--data DATA.bin | --text FILE) --seq-len T --output OUT.h5 [--batch 8]\n"
-               "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
+               "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--expert-cache-mb N]\n"
                "Scores consecutive whole windows from the start of the token stream: window i\n"
                "has inputs [iT, (i+1)T) and targets [iT+1, (i+1)T+1).  Writes /logprobs [N, T]\n"
                "float32 and the mean loss as the attribute `loss`.  --text FILE is encoded by\n"
@@ -274,7 +280,8 @@ static int score_run(Args *ap, int argc, char **argv)
         return 1;
     }
     ServeDtypes sd;
-    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err)) {
+    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err) ||
+        ckpt_serve_expert_cache(&sd, args_get(ap, "expert-cache-mb"), err, sizeof err)) {
         td_error("score: %s", err);
         td_free(tok);
         return 2;
@@ -313,7 +320,7 @@ int cmd_score(int argc, char **argv)
 static int eval_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "data=", "text=", "seq-len=", "batch=", "split=", "max-windows=",
-                                        "dtype=", "kv-dtype=", NULL };
+                                        "dtype=", "kv-dtype=", "expert-cache-mb=", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("eval: %s", err);
@@ -322,7 +329,7 @@ static int eval_run(Args *ap, int argc, char **argv)
     if (ap->help) {
         printf("usage: tandem eval --ckpt CKPT (--data DATA.bin [--split val|train|all] | --text FILE)\n"
                "                   [--seq-len 256] [--batch 8] [--max-windows N]\n"
-               "                   [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
+               "                   [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--expert-cache-mb N]\n"
                "Mean loss and perplexity over consecutive windows of the split (default val),\n"
                "printed as one JSON object.\n");
         return 0;
@@ -358,7 +365,8 @@ static int eval_run(Args *ap, int argc, char **argv)
         return 1;
     }
     ServeDtypes sd;
-    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err)) {
+    if (ckpt_serve_dtypes(&sd, args_get(ap, "dtype"), args_get(ap, "kv-dtype"), err, sizeof err) ||
+        ckpt_serve_expert_cache(&sd, args_get(ap, "expert-cache-mb"), err, sizeof err)) {
         td_error("eval: %s", err);
         td_free(tok);
         return 2;

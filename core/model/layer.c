@@ -1,6 +1,7 @@
 /* core/model/layer.c - forward of a layer, the embedding and the head (layer.h). */
 #include "core/model/layer.h"
 #include "core/common.h"
+#include "core/model/expert_cache.h"
 #include "core/ops/bias.h"
 #include "core/ops/clamp.h"
 #include "core/ops/embedding.h"
@@ -58,8 +59,54 @@ static void param_linear(float *y, const float *x, const Param *p, size_t N)
     linear_forward(y, x, &W, N);
 }
 
+/* model_experts_forward with the experts in m->ecache: the experts with
+ * rows, in index order, in chunks of at most c->slots (pinned while the
+ * chunk computes).  Each expert runs the GEMMs the resident path runs, on
+ * the same packed bytes; a chunk's rows are contiguous, and SwiGLU is
+ * elementwise, so the result is the resident one bit for bit. */
+static void experts_forward_cached(const Model *m, const Layer *L, LayerActs *a)
+{
+    ExpertCache *c = m->ecache;
+    const int l = (int)(L - m->layers);
+    const size_t d = m->d, F = m->F, E = m->E;
+    const Param *pg = L->egate, *pu = L->eup, *pd = L->edown;
+    GemmProblem *g = a->eprob;
+    const unsigned char *wdown[c->slots];
+    size_t ex[c->slots];
+    size_t e = 0;
+    while (e < E) {
+        const uint64_t tick = ++c->tick;
+        size_t n = 0, e0 = e;
+        for (; e < E && n < c->slots; e++) {
+            const size_t r0 = (size_t)a->e_off[e], M = (size_t)a->e_off[e + 1] - r0;
+            if (M == 0) continue;
+            const unsigned char *wg, *wu;
+            expert_cache_get(c, L, l, e, tick, &wg, &wu, &wdown[n]);
+            g[2 * n] = (GemmProblem){ a->eg + r0 * F, F, a->xe + r0 * d, d,
+                                      gemm_w(pg->dtype, wg, pg->lshape[1], pg->lshape[2]), M };
+            g[2 * n + 1] = (GemmProblem){ a->eu + r0 * F, F, a->xe + r0 * d, d,
+                                          gemm_w(pu->dtype, wu, pu->lshape[1], pu->lshape[2]), M };
+            ex[n++] = e;
+        }
+        if (n == 0) break;
+        gemm_xwt_group(g, 2 * (int)n);
+        const size_t r0 = (size_t)a->e_off[e0], r1 = (size_t)a->e_off[e];
+        swiglu_forward(a->eh + r0 * F, a->eg + r0 * F, a->eu + r0 * F, r1 - r0, F);
+        for (size_t i = 0; i < n; i++) {
+            const size_t q0 = (size_t)a->e_off[ex[i]], M = (size_t)a->e_off[ex[i] + 1] - q0;
+            g[i] = (GemmProblem){ a->eoe + q0 * d, d, a->eh + q0 * F, F,
+                                  gemm_w(pd->dtype, wdown[i], pd->lshape[1], pd->lshape[2]), M };
+        }
+        gemm_xwt_group(g, (int)n);
+    }
+}
+
 void model_experts_forward(const Model *m, const Layer *L, LayerActs *a)
 {
+    if (m->ecache) {
+        experts_forward_cached(m, L, a);
+        return;
+    }
     const size_t d = m->d, F = m->F, E = m->E;
     /* gate and up of every expert in one region, then every down: the
      * grouped GEMM computes each element as its own GEMM would */

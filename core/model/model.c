@@ -2,6 +2,7 @@
  * (model.h).  The table follows SPEC section 4 path by path. */
 #include "core/model/model.h"
 #include "core/common.h"
+#include "core/model/expert_cache.h"
 #include "core/ops/gemm.h"
 #include "core/pool.h"
 #include "core/rng.h"
@@ -69,9 +70,14 @@ static Param *add(Model *m, const char *name, int ndim, const size_t *shape, int
         p->n_mats = ndim == 3 ? p->lshape[0] : 1;
         p->dtype = m->serving ? role_dtype(&m->cfg, &m->dt, name) : DTYPE_F32;
         p->mat_bytes = gemm_packed_bytes(p->dtype, rows, cols);
+        if (m->serving) p->w = NULL;
+        if (m->serving && m->experts_offloaded && ndim == 3) {   /* a routed expert stack: in the cache */
+            p->offloaded = true;
+            p->offset = m->n_w;
+            return p;
+        }
         p->packed = (unsigned char *)(uintptr_t)(m->n_packed + 1);  /* offset + 1, fixed up later */
         m->n_packed += p->n_mats * p->mat_bytes;
-        if (m->serving) p->w = NULL;
     }
     p->offset = m->n_w;
     if (p->w) m->n_w += td_round_up(p->numel, 16);   /* keep every view 64-byte aligned */
@@ -189,9 +195,11 @@ static void layer_params(Model *m, int l)
 
 /* Table and local sizes, no slabs: params' w/g/packed hold offsets.
  * dt: NULL for the training layout, else a serving model's dtypes. */
-static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo, const ModelDtypes *dt)
+static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo, const ModelDtypes *dt,
+                        bool offload)
 {
     memset(m, 0, sizeof *m);
+    m->experts_offloaded = offload && dt != NULL;
     m->cfg = *cfg;
     m->topo = *topo;
     m->serving = dt != NULL;
@@ -258,9 +266,9 @@ static void set_attn(Model *m, size_t kv_block)
 }
 
 static void init_layout(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads, size_t kv_block,
-                        const ModelDtypes *dt)
+                        const ModelDtypes *dt, bool offload)
 {
-    build_table(m, cfg, topo, dt);
+    build_table(m, cfg, topo, dt, offload);
     m->w = td_calloc(td_max(m->n_w, 1) * sizeof(float));
     if (with_grads) m->g = td_calloc(td_max(m->n_w, 1) * sizeof(float));
     m->packed = td_calloc(td_max(m->n_packed, 1));
@@ -288,25 +296,43 @@ float model_attn_scale(const ModelConfig *cfg)
 void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads,
                 size_t kv_block)
 {
-    init_layout(m, cfg, topo, with_grads, kv_block, NULL);
+    init_layout(m, cfg, topo, with_grads, kv_block, NULL, false);
 }
 
 void model_init_serving(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
                         const ModelDtypes *dt)
 {
-    init_layout(m, cfg, topo, false, kv_block, dt);
+    init_layout(m, cfg, topo, false, kv_block, dt, false);
 }
 
-void model_init_shape(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
-                      const ModelDtypes *dt)
+void model_init_serving_offload(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
+                                const ModelDtypes *dt)
 {
-    build_table(m, cfg, topo, dt);
+    init_layout(m, cfg, topo, false, kv_block, dt, true);
+}
+
+static void init_shape(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
+                       const ModelDtypes *dt, bool offload)
+{
+    build_table(m, cfg, topo, dt, offload);
     for (int i = 0; i < m->n_params; i++) {
         Param *p = &m->params[i];
         p->w = p->g = NULL;
         p->packed = NULL;
     }
     set_attn(m, kv_block);
+}
+
+void model_init_shape(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
+                      const ModelDtypes *dt)
+{
+    init_shape(m, cfg, topo, kv_block, dt, false);
+}
+
+void model_init_shape_offload(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
+                              const ModelDtypes *dt)
+{
+    init_shape(m, cfg, topo, kv_block, dt, true);
 }
 
 size_t model_table_bytes(const Model *m)
@@ -328,7 +354,7 @@ ModelDtypes model_dtypes_default(Dtype d)
 int model_param_table(const ModelConfig *cfg, const Topology *topo, Param **out)
 {
     Model m;
-    build_table(&m, cfg, topo, NULL);
+    build_table(&m, cfg, topo, NULL, false);
     for (int i = 0; i < m.n_params; i++) {
         m.params[i].w = m.params[i].g = NULL;
         m.params[i].packed = NULL;
@@ -340,6 +366,7 @@ int model_param_table(const ModelConfig *cfg, const Topology *topo, Param **out)
 
 void model_free(Model *m)
 {
+    expert_cache_free(m->ecache);
     td_free(m->params);
     td_free(m->layers);
     td_free(m->w);
@@ -413,6 +440,7 @@ void model_pack(Model *m)
 void model_set_weights(Model *m, Param *p, size_t e0, size_t ne, const float *src)
 {
     (void)m;
+    TD_CHECK(!p->offloaded, "model_set_weights: %s is offloaded to the expert cache", p->name);
     if (!p->packed) {
         TD_CHECK(e0 == 0 && p->w, "model_set_weights: %s is a vector, set whole", p->name);
         memcpy(p->w, src, p->numel * sizeof(float));
@@ -443,6 +471,7 @@ void model_quantize_from(Model *dst, const Model *src)
         for (int j = 0; j < src->n_params && !f; j++)
             if (!strcmp(src->params[j].name, p->name) && src->params[j].tied_copy == p->tied_copy) f = &src->params[j];
         TD_CHECK(f && f->w && f->numel == p->numel, "model_quantize_from: no float32 weights for %s", p->name);
+        if (p->offloaded) continue;   /* the cache's loader packs them */
         model_set_weights(dst, p, 0, p->packed ? p->n_mats : 1, f->w);
     }
 }

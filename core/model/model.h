@@ -71,6 +71,9 @@ typedef struct {
     unsigned char *packed;         /* packed for gemm_xwt (param_mat), NULL for vectors */
     size_t n_mats;                 /* matrices packed (experts: E local), 1 otherwise */
     size_t mat_bytes;              /* bytes of one packed matrix */
+    bool offloaded;                /* a routed-expert matrix of an offloading serving model:
+                                    * packed NULL, its matrices in m->ecache
+                                    * (core/model/expert_cache.h) */
 } Param;
 
 /* Matrix e of a packed Param (expert e, or 0) as the GEMM reads it. */
@@ -163,6 +166,8 @@ typedef struct {
     size_t aq, ak, av, ao;
     bool mla;               /* multi-head latent attention (config_mla) */
     MlaDims mla_dims;       /* its sizes, local heads */
+    bool experts_offloaded; /* serving: the routed experts are not in the packed slab */
+    struct ExpertCache *ecache;   /* their cache (owned; NULL when resident) */
 } Model;
 
 /* The attention shape of layer L: the model's, with the layer's sliding
@@ -189,6 +194,11 @@ void model_init(Model *m, const ModelConfig *cfg, const Topology *topo, bool wit
  * checkpoint/ckpt_serve.h). */
 void model_init_serving(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
                         const ModelDtypes *dt);
+/* The same with the routed experts' matrices offloaded: their Params keep
+ * dtype, n_mats and mat_bytes but no storage (offloaded, packed NULL);
+ * until a cache is attached (expert_cache_attach) the model cannot run. */
+void model_init_serving_offload(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
+                                const ModelDtypes *dt);
 /* The tables and local sizes of the model model_init (dt NULL) or
  * model_init_serving (dt given) would build, without its slabs or RoPE
  * table: n_w, n_packed, the Params (w, g, packed NULL), the Layers and
@@ -197,6 +207,10 @@ void model_init_serving(Model *m, const ModelConfig *cfg, const Topology *topo, 
  * use.  Free with model_free. */
 void model_init_shape(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
                       const ModelDtypes *dt);
+/* The same for model_init_serving_offload's layout (n_packed without the
+ * routed experts). */
+void model_init_shape_offload(Model *m, const ModelConfig *cfg, const Topology *topo, size_t kv_block,
+                              const ModelDtypes *dt);
 /* Bytes of m's parameter and layer tables and RoPE table (what every
  * init but model_init_shape allocates besides the slabs). */
 size_t model_table_bytes(const Model *m);
@@ -233,11 +247,14 @@ void model_set_q8(Model *m, Param *p, size_t e0, size_t ne, const int8_t *q, con
 void model_quantize_from(Model *dst, const Model *src);
 /* Looks a parameter up by HDF5 path; NULL when absent on this rank. */
 Param *model_param(Model *m, const char *name);
+/* Bytes of the expert cache's slab (0 without one): expert_cache.c. */
+size_t model_expert_cache_bytes(const Model *m);
 /* Bytes of weights held by this rank (the weight slab; a serving model's
- * matrices live in its packed slab, counted too). */
+ * matrices live in its packed slab, counted too, and an offloading
+ * model's expert cache). */
 static inline size_t model_weight_bytes(const Model *m)
 {
-    return m->n_w * sizeof(float) + (m->serving ? m->n_packed : 0);
+    return m->n_w * sizeof(float) + (m->serving ? m->n_packed + model_expert_cache_bytes(m) : 0);
 }
 
 #endif

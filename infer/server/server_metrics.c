@@ -214,6 +214,23 @@ char *metrics_render(Metrics *m, size_t *len)
           (double)c.st.kv_token_bytes);
     gauge(&b, "tandem_weight_bytes", "gauge", "Bytes of the weights as held (their serving dtype).",
           (double)c.st.weight_bytes);
+    if (c.st.expert_slots) {
+        const ExpertCacheStats *x = &c.st.experts;
+        gauge(&b, "tandem_expert_cache_slots", "gauge", "Routed-expert cache slots per MoE layer (--expert-cache-mb).",
+              (double)c.st.expert_slots);
+        gauge(&b, "tandem_expert_cache_bytes", "gauge", "Bytes of the routed-expert cache's slots.",
+              (double)c.st.expert_cache_bytes);
+        gauge(&b, "tandem_expert_cache_hits_total", "counter", "Expert lookups of the forward found cached.",
+              (double)x->hits);
+        gauge(&b, "tandem_expert_cache_misses_total", "counter", "Expert lookups that loaded the expert.",
+              (double)x->misses);
+        gauge(&b, "tandem_expert_cache_loaded_bytes_total", "counter", "Packed expert bytes loaded into the cache.",
+              (double)x->bytes_loaded);
+        gauge(&b, "tandem_expert_cache_load_errors_total", "counter", "Expert loads that failed (their requests ended).",
+              (double)x->load_errors);
+        gauge(&b, "tandem_expert_cache_stall_seconds_total", "counter",
+              "Seconds the forward waited for expert loads.", x->load_s);
+    }
     gauge(&b, "tandem_mem_peak_bytes", "gauge",
           "Peak bytes this process (rank 0) allocated through tandem's allocator (td_mem_peak).",
           (double)td_mem_peak());
