@@ -25,6 +25,15 @@ SCRIPT_S=${TANDEM_TEST_TIMEOUT:-3600}
 failed=""
 times=""
 t_start=$(date +%s)
+# Wall and CPU seconds of each step.  CPU (user + system of the step's
+# processes, from the shell's `times`) does not depend on what else runs
+# on the machine, so it ranks the steps even on a busy one.
+cpu_f=$(mktemp "${TMPDIR:-/tmp}/tandem-tests-cpu.XXXXXX")
+trap 'rm -f "$cpu_f"' EXIT
+cpu_s() { awk 'NR == 2 { split($0, f, /[ ms]+/); printf "%d", f[1] * 60 + f[2] + f[3] * 60 + f[4] }' "$cpu_f"; }
+mark() { t0=$(date +%s); times >"$cpu_f"; c0=$(cpu_s); }
+took() { times >"$cpu_f"; times="$times$(($(date +%s) - t0)) s wall, $(($(cpu_s) - c0)) s CPU: $*
+"; }
 
 step() { printf '\n== %s\n' "$*"; }
 
@@ -54,7 +63,7 @@ if ! $PY -c 'import torch, h5py, numpy' 2>/dev/null; then
     exit 1
 fi
 mkdir -p "$TANDEM_FIXTURES"
-t0=$(date +%s)
+mark
 for s in tests/ref/fixtures_*.py; do
     [ -e "$s" ] || continue
     rc=0
@@ -63,17 +72,15 @@ for s in tests/ref/fixtures_*.py; do
     [ $rc -eq 0 ] || failed="$failed $s"
 done
 
-times="$times$(($(date +%s) - t0)) PyTorch fixtures
-"
+took PyTorch fixtures
 
 step "unit tests (Criterion)"
-t0=$(date +%s)
+mark
 # Criterion runs tests in parallel; each test uses one tandem thread.
 if ! TANDEM_THREADS=1 "$BUILD/tests/unit" --jobs 2 --short-filename --timeout 300; then
     failed="$failed unit"
 fi
-times="$times$(($(date +%s) - t0)) unit tests
-"
+took unit tests
 
 if [ "${1:-}" != "--unit-only" ]; then
     # The kernel suites on the paths -march=native did not compile here
@@ -96,7 +103,9 @@ if [ "${1:-}" != "--unit-only" ]; then
             failed="$failed $isa-kernels"
             continue
         fi
+        mark
         TANDEM_THREADS=1 "$bin" --jobs 2 --short-filename --timeout 300 || failed="$failed $isa-kernels"
+        took "kernel suites, $isa"
     done
 
     # MPI tests (tests/mpi/*.sh launch the mpi_* binaries with mpirun) and
@@ -105,20 +114,19 @@ if [ "${1:-}" != "--unit-only" ]; then
         [ -e "$t" ] || continue
         step "command: $t"
         rc=0
-        t0=$(date +%s)
+        mark
         BUILD=$BUILD timeout -k 30 "$SCRIPT_S" sh "$t" || rc=$?
         [ $rc -ne 124 ] || echo "FAIL $t: still running after $SCRIPT_S s (killed; TANDEM_TEST_TIMEOUT)"
         [ $rc -eq 0 ] || failed="$failed $t"
-        times="$times$(($(date +%s) - t0)) $t
-"
+        took "$t"
     done
 fi
 
 t_end=$(date +%s)
 if [ -n "$times" ]; then
     # The budget is 20 minutes on CI's 2 cores: the slowest scripts first.
-    step "seconds per command-level script (slowest first)"
-    printf '%s' "$times" | sort -rn | head -15
+    step "seconds per step (slowest first)"
+    printf '%s' "$times" | sort -rn | head -20
 fi
 printf '\n== done in %ss\n' $((t_end - t_start))
 if [ -n "$failed" ]; then
