@@ -252,8 +252,9 @@ static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo, 
  * r + rope key dims whose first r are the values, docs/mla.md). */
 static void set_attn(Model *m, size_t kv_block)
 {
-    m->attn = (AttnShape){ m->H, m->mla ? 1 : m->Hkv, m->ak / (m->mla ? 1 : m->Hkv), kv_block ? kv_block : 16,
-                           DTYPE_F32, m->mla ? m->av : m->hd, model_attn_scale(&m->cfg), m->mla };
+    m->attn = (AttnShape){ .H = m->H, .Hkv = m->mla ? 1 : m->Hkv, .dk = m->ak / (m->mla ? 1 : m->Hkv),
+                           .bs = kv_block ? kv_block : 16, .kv = DTYPE_F32, .dv = m->mla ? m->av : m->hd,
+                           .scale = model_attn_scale(&m->cfg), .v_in_k = m->mla };
 }
 
 static void init_layout(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads, size_t kv_block,
