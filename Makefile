@@ -175,7 +175,8 @@ FUZZ_SRC_safetensors := checkpoint/hf/safetensors.c core/common.c core/dtype.c
 FUZZ_SRC_st_index    := $(FUZZ_SRC_safetensors)
 FUZZ_SRC_chat        := $(wildcard core/chat/*.c core/chat/jinja/*.c) core/common.c
 FUZZ_SRC_tok         := $(filter-out core/tok/tok_cmd.c,$(wildcard core/tok/*.c)) core/common.c
-FUZZ_SRC_api         := infer/server/server_api.c $(sort $(FUZZ_SRC_tok) $(FUZZ_SRC_chat))
+FUZZ_SRC_api         := infer/server/server_api.c infer/server/server_image.c $(wildcard core/image/image*.c) \
+                        $(sort $(FUZZ_SRC_tok) $(FUZZ_SRC_chat))
 FUZZ_SRC_hf_config   := checkpoint/hf/hf_config.c checkpoint/hf/families.c checkpoint/hf/safetensors.c \
                         core/model/config.c core/model/topology.c core/model/model.c core/common.c core/dtype.c \
                         core/ops/gemm.c core/ops/rope.c core/pool.c core/rng.c

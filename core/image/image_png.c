@@ -23,6 +23,7 @@
 typedef struct {
     const uint8_t *buf;
     size_t n, off;
+    bool truncated;     /* a read past the end of the buffer */
     char msg[160];
 } PngCtx;
 
@@ -44,7 +45,10 @@ static void png_ctx_warn(png_structp png, png_const_charp msg)
 static void png_ctx_read(png_structp png, png_bytep dst, size_t len)
 {
     PngCtx *c = png_get_io_ptr(png);
-    if (len > c->n - c->off) png_error(png, "truncated: the data ends early");
+    if (len > c->n - c->off) {
+        c->truncated = true;
+        png_error(png, "the data ends early");
+    }
     memcpy(dst, c->buf + c->off, len);
     c->off += len;
 }
@@ -70,7 +74,7 @@ int image_png_decode(const uint8_t *buf, size_t n, const ImageLimits *lim, Image
         png_destroy_read_struct(&png, info ? &info : NULL, NULL);
         td_free(rgb);
         td_free(rows);
-        if (!strncmp(ctx.msg, "truncated", 9)) snprintf(err, err_len, "truncated PNG (%zu bytes): %s", n, ctx.msg);
+        if (ctx.truncated) snprintf(err, err_len, "truncated PNG (%zu bytes): %s", n, ctx.msg);
         else snprintf(err, err_len, "corrupt PNG: %s", ctx.msg[0] ? ctx.msg : "libpng could not start");
         return -1;
     }

@@ -23,6 +23,7 @@ and drives libjpeg-turbo for JPEG with its own colour handling: JPEG
 pixels must agree exactly (the same IDCT and upsampling, ISLOW).
 """
 import argparse
+import base64
 import io
 import os
 import struct
@@ -119,6 +120,12 @@ def main():
                 ref = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
             f["rgb/" + name] = ref.astype(np.float32)
         f.attrs["cases"] = ",".join(files)
+        # Python's base64 of two files, for the server's data-URL decoder
+        # (the JPEG's wrapped at 76 characters by encodebytes: whitespace is skipped).
+        with open(os.path.join(d, "rgb8.png.b64"), "wb") as o:
+            o.write(base64.b64encode(files["rgb8.png"][0]))
+        with open(os.path.join(d, "q90.jpg.b64"), "wb") as o:
+            o.write(base64.encodebytes(files["q90.jpg"][0]))
 
         # Files to refuse, with words their error line must hold.
         png, jpg = files["rgb8.png"][0], files["q90.jpg"][0]
