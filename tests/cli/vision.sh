@@ -6,7 +6,7 @@
 # when the prompt has none; another image gives other log-probabilities,
 # the same image the same bits; a missing file, an image for a text-only
 # model and placeholders that do not match the images are refused with one
-# line.  ~10 s.
+# line, and so are GGUF and HF exports (they would drop the tower).  ~10 s.
 set -eu
 cd "$(dirname "$0")/../.."
 . tests/bounds.sh
@@ -72,6 +72,8 @@ printf 'not an image' >"$W/junk.png"
 expect_fail "a file that is not an image" "junk.png" "$T" generate --ckpt "$W/run" --prompt-ids 256,1 --image "$W/junk.png"
 expect_fail "two placeholders, one image" "image placeholder" \
     "$T" generate --ckpt "$W/run" --prompt-ids 256,1,256 --image "$W/img/img_000000.png"
+expect_fail "GGUF export of a VLM" "vision tower" "$T" ckpt export "$W/run/latest" "$W/v.gguf" --format gguf
+expect_fail "HF export of a VLM" "vision-language model" "$T" ckpt export "$W/run/latest" "$W/hf" --format hf
 bounded 120 "$T" train configs/tiny.json data="$BUILD/fortunes.bin" steps=1 out_dir="$W/text" >/dev/null 2>&1 ||
     bad "train a text model"
 expect_fail "an image for a text-only model" "no vision tower" \
