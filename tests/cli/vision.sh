@@ -51,6 +51,8 @@ gen --prompt-ids 72,256,105 --image "$W/img/img_000000.png" >"$W/a.json" 2>"$W/a
 gen --prompt-ids 72,105 --image "$W/img/img_000000.png" >"$W/first.json" 2>/dev/null || bad "generate --image, no placeholder"
 gen --prompt-ids 72,256,105 --image "$W/img/img_000000.png" >"$W/a2.json" 2>/dev/null || bad "generate --image again"
 gen --prompt-ids 72,256,105 --image "$W/img/img_000001.png" >"$W/b.json" 2>/dev/null || bad "generate, another image"
+gen --prompt-ids 72,256,105 --image "$W/img/img_000000.png" --dtype int8 >"$W/q.json" 2>"$W/q.err" ||
+    { cat "$W/q.err"; bad "generate --image --dtype int8"; }
 $PY - "$W" <<'PYEOF' || fail=1
 import json, sys
 w = sys.argv[1]
@@ -65,6 +67,8 @@ check(first["prompt_ids"] == [256] * 16 + [72, 105], "no placeholder: the image'
 check(len(a["logprobs"]) == 3 and a == a2 | {"ttft_ms": a["ttft_ms"], "tokens_per_s": a["tokens_per_s"]},
       "the same image twice: the same tokens and log-probabilities")
 check(a["logprobs"] != b["logprobs"], "another image: other log-probabilities")
+q = json.load(open("%s/q.json" % w))
+check(len(q["ids"]) == 3 and q["prompt_ids"] == a["prompt_ids"], "int8 weights (the tower's matrices too) serve the image request")
 sys.exit(0 if ok else 1)
 PYEOF
 expect_fail "a missing image file" "nope.png: cannot open" "$T" generate --ckpt "$W/run" --prompt-ids 256,1 --image "$W/nope.png"
