@@ -28,7 +28,7 @@
 
 CC       := mpicc
 BUILD    ?= build
-PKGS     := openblas hdf5-openmpi libcjson libmicrohttpd libpcre2-8 libutf8proc cairo fontconfig
+PKGS     := openblas hdf5-openmpi libcjson libmicrohttpd libpcre2-8 libutf8proc cairo fontconfig libpng libjpeg
 OPT      ?= -O2
 CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -march=native \
             -ffp-contract=off -fno-math-errno -fvect-cost-model=dynamic \
@@ -37,7 +37,7 @@ CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -march=native \
 LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lpthread
 LDFLAGS  := $(EXTRA_LDFLAGS)
 
-LIB_DIRS := core core/ops core/model core/tok core/chat core/chat/jinja comm checkpoint checkpoint/hf checkpoint/gguf train infer infer/server rl obs plan
+LIB_DIRS := core core/ops core/model core/tok core/chat core/chat/jinja core/image comm checkpoint checkpoint/hf checkpoint/gguf train infer infer/server rl obs plan
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libtandem.a
@@ -175,14 +175,16 @@ FUZZ_SRC_safetensors := checkpoint/hf/safetensors.c core/common.c core/dtype.c
 FUZZ_SRC_st_index    := $(FUZZ_SRC_safetensors)
 FUZZ_SRC_chat        := $(wildcard core/chat/*.c core/chat/jinja/*.c) core/common.c
 FUZZ_SRC_tok         := $(filter-out core/tok/tok_cmd.c,$(wildcard core/tok/*.c)) core/common.c
-FUZZ_SRC_api         := infer/server/server_api.c $(sort $(FUZZ_SRC_tok) $(FUZZ_SRC_chat))
+FUZZ_SRC_api         := infer/server/server_api.c infer/server/server_image.c $(wildcard core/image/image*.c) \
+                        $(sort $(FUZZ_SRC_tok) $(FUZZ_SRC_chat))
 FUZZ_SRC_hf_config   := checkpoint/hf/hf_config.c checkpoint/hf/families.c checkpoint/hf/safetensors.c \
                         core/model/config.c core/model/topology.c core/model/model.c core/common.c core/dtype.c \
                         core/ops/gemm.c core/ops/rope.c core/pool.c core/rng.c
-FUZZ_LIBS  := $(shell pkg-config --libs openblas libcjson libutf8proc libpcre2-8 2>/dev/null) -lpthread -lm
+FUZZ_SRC_image       := $(wildcard core/image/image*.c) core/common.c
+FUZZ_LIBS  := $(shell pkg-config --libs openblas libcjson libutf8proc libpcre2-8 libpng libjpeg 2>/dev/null) -lpthread -lm
 FUZZ_FLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined \
               -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
-              $(shell pkg-config --cflags openblas libcjson libutf8proc libpcre2-8 2>/dev/null)
+              $(shell pkg-config --cflags openblas libcjson libutf8proc libpcre2-8 libpng libjpeg 2>/dev/null)
 
 .SECONDEXPANSION:
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_SRC_$$*)

@@ -47,7 +47,7 @@ static const struct {
     CmdFn fn;
     const char *help;
 } g_cmds[] = {
-    { "data", cmd_data, "prepare token files (data prepare --input ... --output DATA.bin)" },
+    { "data", cmd_data, "prepare token files (data prepare ...) or the shapes images (data images ...)" },
     { "train", cmd_train, "train a model: train RUN.json [key=value ...]" },
     { "eval", cmd_eval, "validation loss and perplexity of a checkpoint" },
     { "score", cmd_score_any, "per-token log-probabilities of windows to HDF5" },

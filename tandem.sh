@@ -29,9 +29,9 @@ cd "$(dirname "$0")"
 # (nodesource's nodejs bundles npm and conflicts with Debian's npm package).
 TANDEM_PKGS="make gcc libc6-dev pkg-config git ca-certificates procps curl
  openmpi-bin libopenmpi-dev libopenblas-dev libhdf5-openmpi-dev hdf5-tools
- libcriterion-dev libcjson-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev libcairo2-dev fortunes
+ libcriterion-dev libcjson-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev libcairo2-dev libpng-dev libjpeg62-turbo-dev fortunes
  fortunes-de fortunes-es fortunes-it fortunes-ru fortunes-pl
- python3-minimal python3-numpy python3-h5py python3-torch python3-jinja2
+ python3-minimal python3-numpy python3-h5py python3-torch python3-jinja2 python3-pil
  linux-perf nodejs:node npm:npm"
 # make fuzz: libFuzzer harnesses (tests/fuzz) build with clang and its runtime
 TANDEM_PKGS="$TANDEM_PKGS clang libclang-rt-14-dev"

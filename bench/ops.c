@@ -177,7 +177,7 @@ typedef struct {
 static void attn_case_init(AttnCase *c, size_t H, size_t Hkv, size_t hd, size_t T)
 {
     memset(c, 0, sizeof *c);
-    c->sh = (AttnShape){ H, Hkv, hd, 16, DTYPE_F32, hd, 1.0f / sqrtf((float)hd), false };
+    c->sh = (AttnShape){ .H = H, .Hkv = Hkv, .dk = hd, .bs = 16, .kv = DTYPE_F32, .dv = hd, .scale = 1.0f / sqrtf((float)hd) };
     c->T = T;
     const size_t nb = (T + 15) / 16, qn = T * H * hd, kn = T * Hkv * hd;
     c->table = td_malloc(nb * sizeof(int32_t));

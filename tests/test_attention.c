@@ -67,7 +67,7 @@ static void layout_init_kv(Layout *L, size_t H, size_t Hkv, size_t hd, size_t bs
 {
     cr_assert(n_seq <= MAX_SEQ);
     memset(L, 0, sizeof *L);
-    L->sh = (AttnShape){ H, Hkv, hd, bs, kv, hd, 1.0f / sqrtf((float)hd), false, 0 };
+    L->sh = (AttnShape){ .H = H, .Hkv = Hkv, .dk = hd, .bs = bs, .kv = kv, .dv = hd, .scale = 1.0f / sqrtf((float)hd) };
     L->n_seq = n_seq;
     size_t nb = 3;   /* spare blocks nobody uses */
     for (size_t i = 0; i < n_seq; i++) nb += (lens[i] + bs - 1) / bs;
@@ -152,8 +152,16 @@ static double naive_probs(double *p, const double *qv, const double *k, size_t r
     return m + log(l);
 }
 
-/* Causal GQA softmax attention of sequences starting at position 0 (rows
- * concatenated), full T x T scores in double.  out (rows, H*hd), lse (rows, H)
+/* Set by the bidirectional tests: the naive reference lets every query see
+ * all the keys of its sequence (AttnShape.bidir), not only those up to its
+ * own position. */
+static bool naive_bidir;
+
+/* The last key row (within its sequence) a query at t of a sequence of len sees. */
+static size_t naive_last(size_t t, size_t len) { return naive_bidir ? len - 1 : t; }
+
+/* Causal (naive_bidir: bidirectional) GQA softmax attention of sequences
+ * starting at position 0 (rows concatenated), full T x T scores in double.  out (rows, H*hd), lse (rows, H)
  * (may be NULL). */
 static void naive_attention(double *out, double *lse, const double *q, const double *k,
                             const double *v, const size_t *lens, size_t n_seq,
@@ -168,13 +176,13 @@ static void naive_attention(double *out, double *lse, const double *q, const dou
     for (size_t i = 0; i < n_seq; i++) {
         for (size_t t = 0; t < lens[i]; t++)
             for (size_t h = 0; h < H; h++) {
-                const size_t goff = h / R * hd;
-                const double l = naive_probs(p, q + (row + t) * qw + h * hd, k, row, t, kw, goff, hd, scale);
+                const size_t goff = h / R * hd, last = naive_last(t, lens[i]);
+                const double l = naive_probs(p, q + (row + t) * qw + h * hd, k, row, last, kw, goff, hd, scale);
                 if (lse) lse[(row + t) * H + h] = l;
                 double *o = out + (row + t) * qw + h * hd;
                 for (size_t d = 0; d < hd; d++) {
                     double a = 0;
-                    for (size_t j = 0; j <= t; j++) a += p[j] * v[(row + j) * kw + goff + d];
+                    for (size_t j = 0; j <= last; j++) a += p[j] * v[(row + j) * kw + goff + d];
                     o[d] = a;
                 }
             }
@@ -200,16 +208,16 @@ static void naive_attention_backward(double *dq, double *dk, double *dv, const d
     for (size_t i = 0; i < n_seq; i++) {
         for (size_t t = 0; t < lens[i]; t++)
             for (size_t h = 0; h < H; h++) {
-                const size_t goff = h / R * hd, qo = (row + t) * qw + h * hd;
-                naive_probs(p, q + qo, k, row, t, kw, goff, hd, scale);
+                const size_t goff = h / R * hd, qo = (row + t) * qw + h * hd, last = naive_last(t, lens[i]);
+                naive_probs(p, q + qo, k, row, last, kw, goff, hd, scale);
                 double D = 0;
-                for (size_t j = 0; j <= t; j++) {
+                for (size_t j = 0; j <= last; j++) {
                     const double *vj = v + (row + j) * kw + goff;
                     dp[j] = 0;
                     for (size_t d = 0; d < hd; d++) dp[j] += dout[qo + d] * vj[d];
                     D += p[j] * dp[j];
                 }
-                for (size_t j = 0; j <= t; j++) {
+                for (size_t j = 0; j <= last; j++) {
                     const double ds = p[j] * (dp[j] - D) * scale;
                     const size_t ko = (row + j) * kw + goff;
                     for (size_t d = 0; d < hd; d++) {
@@ -1193,7 +1201,7 @@ static void layout_init_g(Layout *L, size_t H, size_t Hkv, size_t dk, size_t dv,
 {
     layout_init_kv(L, H, Hkv, dk, bs, lens, n_seq, seed, kv);
     td_free(L->kv);
-    L->sh = (AttnShape){ H, Hkv, dk, bs, kv, dv, scale, vk, 0 };
+    L->sh = (AttnShape){ .H = H, .Hkv = Hkv, .dk = dk, .bs = bs, .kv = kv, .dv = dv, .scale = scale, .v_in_k = vk };
     const size_t nbytes = L->n_blocks * attn_block_bytes(&L->sh);
     L->kv = td_malloc(nbytes + sizeof(float));
     memset(L->kv, 0xFF, nbytes);
@@ -1598,5 +1606,169 @@ Test(attention, window_decode_and_chunks_never_read_blocks_below_the_window)
             qkv_free(&x);
             layout_free(&L);
         }
+    EXPECT_NO_LEAKS();
+}
+
+/* ------------------------------------------------------------ bidirectional (encoder) */
+
+/* Bidirectional forward and backward of one layout against the naive double
+ * reference; returns the float results for the path comparisons. */
+typedef struct { float *out, *lse, *dq, *dk, *dv; } BidirRun;
+
+static BidirRun bidir_run(const Layout *L, const Qkv *x, const float *dout, int portable)
+{
+    const size_t rows = L->rows, qn = rows * L->sh.H * L->sh.dk, kn = rows * L->sh.Hkv * L->sh.dk;
+    BidirRun r = { td_malloc(qn * sizeof(float)), td_malloc(rows * L->sh.H * sizeof(float)),
+                   fixture_rand(qn, 401, -1, 1), fixture_rand(kn, 402, -1, 1), fixture_rand(kn, 403, -1, 1) };
+    if (portable) {
+        portable_attention_kv_store(L->kv, L->seq, L->n_seq, x->k, x->v, &L->sh);
+        portable_attention_forward(r.out, r.lse, x->q, L->kv, L->seq, L->n_seq, &L->sh);
+        portable_attention_backward(r.dq, r.dk, r.dv, dout, x->q, r.out, r.lse, L->kv, L->seq, L->n_seq, &L->sh);
+    } else {
+        attention_kv_store(L->kv, L->seq, L->n_seq, x->k, x->v, &L->sh);
+        attention_forward(r.out, r.lse, x->q, L->kv, L->seq, L->n_seq, &L->sh);
+        attention_backward(r.dq, r.dk, r.dv, dout, x->q, r.out, r.lse, L->kv, L->seq, L->n_seq, &L->sh);
+    }
+    return r;
+}
+
+static void bidir_free(BidirRun *r)
+{
+    td_free(r->out);
+    td_free(r->lse);
+    td_free(r->dq);
+    td_free(r->dk);
+    td_free(r->dv);
+}
+
+Test(attention, bidirectional_matches_naive_double_on_every_path_and_thread_count)
+{
+    /* Every query sees all keys of its sequence: a partial last tile (37, 5),
+     * an exact tile (16), many tiles (150: spans of key tiles, and one
+     * sequence, one kv head, so 2 threads take the two-pass backward).
+     * Against the naive double reference (whose formulas the FD test below
+     * checks): the forward and backward, then the portable kernels and 2
+     * threads give the same bits. */
+    static const struct { size_t H, Hkv, hd, n_seq, lens[3]; } cases[] = {
+        { 4, 2, 16, 3, { 37, 5, 16 } },
+        { 4, 1, 32, 1, { 150 } },
+        { 6, 1, 64, 2, { 64, 20 } },
+    };
+    naive_bidir = true;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const size_t H = cases[c].H, Hkv = cases[c].Hkv, hd = cases[c].hd, n_seq = cases[c].n_seq;
+        Layout L;
+        layout_init(&L, H, Hkv, hd, 16 + 16 * (c % 2), cases[c].lens, n_seq, 410 + c);
+        L.sh.bidir = true;
+        Qkv x = qkv_rand(&L, 420 + c);
+        const size_t rows = L.rows, qn = rows * H * hd, kn = rows * Hkv * hd;
+        float *dout = fixture_rand(qn, 430 + c, -1, 1);
+        BidirRun r[3];
+        r[0] = bidir_run(&L, &x, dout, 0);
+        layout_clear(&L);
+        r[1] = bidir_run(&L, &x, dout, 1);
+        pool_init(2);
+        r[2] = bidir_run(&L, &x, dout, 0);
+        pool_init(1);
+        double *qd = to_f64(x.q, qn), *kd = to_f64(x.k, kn), *vd = to_f64(x.v, kn), *dd = to_f64(dout, qn);
+        double *od = td_malloc(qn * sizeof(double)), *ld = td_malloc(rows * H * sizeof(double));
+        double *g = td_malloc((qn + 2 * kn) * sizeof(double));
+        naive_attention(od, ld, qd, kd, vd, cases[c].lens, n_seq, H, Hkv, hd);
+        float *dq0 = fixture_rand(qn, 401, -1, 1), *dk0 = fixture_rand(kn, 402, -1, 1), *dv0 = fixture_rand(kn, 403, -1, 1);
+        for (size_t i = 0; i < qn; i++) g[i] = dq0[i];
+        for (size_t i = 0; i < kn; i++) {
+            g[qn + i] = dk0[i];
+            g[qn + kn + i] = dv0[i];
+        }
+        naive_attention_backward(g, g + qn, g + qn + kn, dd, qd, kd, vd, cases[c].lens, n_seq, H, Hkv, hd);
+        float *wo = to_f32(od, qn), *wl = to_f32(ld, rows * H), *wg = to_f32(g, qn + 2 * kn);
+        char what[96];
+        /* tolerances as the causal tests (forward 1e-5, backward 1e-5 absolute) */
+        snprintf(what, sizeof what, "bidir case %zu: out vs naive", c);
+        EXPECT_CLOSE(r[0].out, wo, qn, 1e-5, 1e-5, what);
+        snprintf(what, sizeof what, "bidir case %zu: lse vs naive", c);
+        EXPECT_CLOSE(r[0].lse, wl, rows * H, 1e-5, 1e-5, what);
+        snprintf(what, sizeof what, "bidir case %zu: dq vs naive", c);
+        EXPECT_CLOSE(r[0].dq, wg, qn, 1e-5, 1e-6, what);
+        snprintf(what, sizeof what, "bidir case %zu: dk vs naive", c);
+        EXPECT_CLOSE(r[0].dk, wg + qn, kn, 1e-5, 1e-6, what);
+        snprintf(what, sizeof what, "bidir case %zu: dv vs naive", c);
+        EXPECT_CLOSE(r[0].dv, wg + qn + kn, kn, 1e-5, 1e-6, what);
+        for (int t = 1; t < 3; t++) {
+            const char *who = t == 1 ? "portable" : "2 threads";
+            snprintf(what, sizeof what, "bidir case %zu: %s out", c, who);
+            EXPECT_BITWISE(r[t].out, r[0].out, qn, what);
+            snprintf(what, sizeof what, "bidir case %zu: %s lse", c, who);
+            EXPECT_BITWISE(r[t].lse, r[0].lse, rows * H, what);
+            snprintf(what, sizeof what, "bidir case %zu: %s dq", c, who);
+            EXPECT_BITWISE(r[t].dq, r[0].dq, qn, what);
+            snprintf(what, sizeof what, "bidir case %zu: %s dk", c, who);
+            EXPECT_BITWISE(r[t].dk, r[0].dk, kn, what);
+            snprintf(what, sizeof what, "bidir case %zu: %s dv", c, who);
+            EXPECT_BITWISE(r[t].dv, r[0].dv, kn, what);
+        }
+        /* a sequence's first row sees its last key: not causal */
+        snprintf(what, sizeof what, "bidir case %zu: differs from causal", c);
+        L.sh.bidir = false;
+        float *oc = td_malloc(qn * sizeof(float));
+        attention_forward(oc, NULL, x.q, L.kv, L.seq, n_seq, &L.sh);
+        cr_expect(memcmp(oc, r[0].out, H * hd * sizeof(float)) != 0, "%s", what);
+        td_free(oc);
+        for (int t = 0; t < 3; t++) bidir_free(&r[t]);
+        td_free(qd);
+        td_free(kd);
+        td_free(vd);
+        td_free(dd);
+        td_free(od);
+        td_free(ld);
+        td_free(g);
+        td_free(wo);
+        td_free(wl);
+        td_free(wg);
+        td_free(dq0);
+        td_free(dk0);
+        td_free(dv0);
+        td_free(dout);
+        qkv_free(&x);
+        layout_free(&L);
+    }
+    naive_bidir = false;
+    EXPECT_NO_LEAKS();
+}
+
+Test(attention, bidirectional_naive_reference_matches_finite_differences)
+{
+    /* The naive bidirectional backward (the reference above) against central
+     * differences of the naive bidirectional forward. */
+    const size_t lens[] = { 5, 3 }, H = 2, Hkv = 1, hd = 4, n_seq = 2;
+    naive_bidir = true;
+    Layout L;
+    layout_init(&L, H, Hkv, hd, 16, lens, n_seq, 440);
+    Qkv x = qkv_rand(&L, 441);
+    const size_t rows = L.rows, qn = rows * H * hd, kn = rows * Hkv * hd, np = qn + 2 * kn;
+    float *dout = fixture_rand(qn, 442, -1, 1);
+    double *p = td_malloc(np * sizeof(double)), *fd = td_malloc(np * sizeof(double));
+    double *g = td_calloc(np * sizeof(double));
+    for (size_t i = 0; i < qn; i++) p[i] = x.q[i];
+    for (size_t i = 0; i < kn; i++) {
+        p[qn + i] = x.k[i];
+        p[qn + kn + i] = x.v[i];
+    }
+    double *doutd = to_f64(dout, qn);
+    AttnFd ctx = { doutd, lens, n_seq, rows, H, Hkv, hd, td_malloc(qn * sizeof(double)) };
+    fixture_fd(fd, attn_loss, &ctx, p, np, 1e-5);
+    naive_attention_backward(g, g + qn, g + qn + kn, doutd, p, p + qn, p + qn + kn, lens, n_seq, H, Hkv, hd);
+    size_t bad = 0;
+    for (size_t i = 0; i < np; i++) bad += fabs(g[i] - fd[i]) > 1e-7;
+    cr_expect(bad == 0, "bidir naive backward vs FD: %zu of %zu differ by > 1e-7", bad, np);
+    naive_bidir = false;
+    td_free(ctx.out);
+    td_free(doutd);
+    td_free(p);
+    td_free(fd);
+    td_free(g);
+    td_free(dout);
+    qkv_free(&x);
+    layout_free(&L);
     EXPECT_NO_LEAKS();
 }

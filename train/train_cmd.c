@@ -8,6 +8,7 @@
 #include "core/model/backprop.h"
 #include "core/common.h"
 #include "core/model/expert_cache.h"
+#include "core/image/shapes.h"
 #include "train/data.h"
 #include "train/runcfg.h"
 #include "train/trainer.h"
@@ -46,13 +47,16 @@ static int data_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "input+", "output=", "val-fraction=", "tokenizer=", "no-special", NULL };
     char err[1024];
+    if (argc >= 2 && !strcmp(argv[1], "images")) return image_data_cmd(argc, argv);
     if (argc < 2 || strcmp(argv[1], "prepare")) {
         if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
             printf("usage: tandem data prepare --input PATH... --output DATA.bin [--val-fraction 0.05]\n"
-                   "                          [--tokenizer DIR|CKPT [--no-special]]\n");
+                   "                          [--tokenizer DIR|CKPT [--no-special]]\n"
+                   "       tandem data images --output DIR --n N [--seed S]\n");
             return 0;
         }
-        td_error("usage: tandem data prepare --input PATH... --output DATA.bin [--val-fraction 0.05] [--tokenizer DIR|CKPT]");
+        td_error("usage: tandem data prepare --input PATH... --output DATA.bin [--val-fraction 0.05] [--tokenizer DIR|CKPT]"
+                 " | tandem data images --output DIR --n N [--seed S]");
         return 2;
     }
     if (args_parse(ap, argc, argv, 2, spec, err, sizeof err)) {

@@ -95,6 +95,7 @@ int gguf_arch_for(const ModelConfig *c, const char *want, const GgufArch **arch,
     if (c->rope_scaling.type != ROPE_SCALING_NONE)
         NO("rope_scaling %s (factor %g): this export writes no RoPE scaling metadata",
            c->rope_scaling.type == ROPE_SCALING_YARN ? "yarn" : "linear", c->rope_scaling.factor);
+    if (config_vision(c)) NO("a vision tower (vision_config): this export writes the language model's graph only");
     if (c->scoring_func != ROUTER_SOFTMAX || c->topk_method != TOPK_GREEDY)
         NO("the sigmoid / group-limited router (scoring_func, topk_method): its graph routes by softmax top-k");
     for (int l = 0; l < c->num_hidden_layers; l++)

@@ -292,6 +292,11 @@ int hf_export(const char *ckpt, const char *out_dir, const HfExportOpts *o, HfEx
         snprintf(err, err_len, "%s: already a Hugging Face directory (import it first to change it)", ckpt);
         return -1;
     }
+    if (config_vision(&cfg)) {   /* the families are text models: the tower would be dropped */
+        snprintf(err, err_len, "%s: a vision-language model (vision_config): Hugging Face export of its vision tower "
+                 "is not supported yet", ckpt);
+        return -1;
+    }
     HfExportReport r;
     memset(&r, 0, sizeof r);
     hid_t f = ckpt_h5_open(ckpt);

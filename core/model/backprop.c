@@ -17,6 +17,7 @@
  *          dg = d(g sh) . sh (summed over tp);  dh2 += gate^T dg (after the tp sum: w_g is replicated)
  */
 #include "core/model/backprop.h"
+#include "core/model/vision.h"
 #include "core/common.h"
 #include "core/ops/bias.h"
 #include "core/ops/clamp.h"
@@ -286,7 +287,13 @@ void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const
     a->ids = ids;
     a->n_tot_last = n_tot;
     /* pipeline: later stages get x[0] from the previous stage (the caller) */
-    if (topo_is_first_stage(&m->topo)) model_embed(m, a->x[0], ids, a->N);
+    if (topo_is_first_stage(&m->topo)) {
+        model_embed(m, a->x[0], ids, a->N);
+        if (a->n_img) {   /* the image vectors take the placeholders' rows */
+            vision_forward(m, a->vis, a->pixels, a->n_img);
+            model_vision_scatter(m, a->x[0], ids, a->N, a->vis->out, a->vis->R);
+        }
+    }
     double aux = 0, z = 0, seq_bal = 0;
     int n_moe = 0;
     for (int i = 0; i < nl; i++) {
@@ -629,6 +636,10 @@ void model_train_backward(Model *m, TrainActs *a, const int32_t *targets, const 
         if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, m->topo.layer_begin + i);
     }
     if (topo_is_first_stage(&m->topo)) {
+        if (a->n_img) {
+            model_vision_gather(m, a->vis->dout, a->dx, a->ids, N, a->vis->R);
+            vision_backward(m, a->vis, a->vis->dout);
+        }
         embedding_backward(m->embed->g, a->dx, a->ids, N, d);
         if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, -1);
     }   /* else a->dx is the gradient of x[0], for the previous stage */

@@ -53,6 +53,13 @@ typedef struct {
      * sequence's and layer's value (0: off) */
     bool seq_bal;
     float dseq_bal;
+    /* images of the micro-batch (docs/vision.md), set by the caller before
+     * the forward: pixels (n_img, 3, S, S), their vectors take the
+     * placeholder rows of ids in order; vis (borrowed) keeps the tower's
+     * activations.  n_img 0: text only. */
+    struct VisionActs *vis;
+    const float *pixels;
+    size_t n_img;
 } TrainActs;
 
 /* Sizes and carves the arena for micro-batches of B x T. */

@@ -49,15 +49,31 @@ void config_defaults(ModelConfig *c)
     c->use_sliding_window = true;
     c->max_window_layers = 0;
     c->n_layer_types = 0;
+    c->image_token_index = -1;
+}
+
+/* vision_config's defaults once the object is given (docs/config.md). */
+static void vision_defaults(VisionConfig *v)
+{
+    memset(v, 0, sizeof *v);
+    v->hidden_size = 64;
+    v->intermediate_size = 0;        /* 0: = 4 * hidden_size */
+    v->num_hidden_layers = 2;
+    v->num_attention_heads = 4;
+    v->image_size = 64;
+    v->patch_size = 8;
+    v->layer_norm_eps = 1e-6;
+    for (int c = 0; c < 3; c++) v->image_mean[c] = v->image_std[c] = 0.5;   /* SigLIP's */
 }
 
 static const char *const g_qk_norm_names[] = { "none", "head", "full" };
 
 static const char *const g_scoring_names[] = { "softmax", "sigmoid", NULL };
 static const char *const g_topk_names[] = { "greedy", "noaux_tc", NULL };
+static const char *const g_act_names[] = { "gelu", NULL };
 
 /* K_ENUM: a string naming one of names[] (NULL-terminated), stored as an int enum */
-enum kind { K_INT, K_NUM, K_BOOL, K_QKNORM, K_LAYERS, K_ENUM, K_ROPESCALING, K_WINDOW, K_LAYER_TYPES };
+enum kind { K_INT, K_NUM, K_BOOL, K_QKNORM, K_LAYERS, K_ENUM, K_ROPESCALING, K_WINDOW, K_LAYER_TYPES, K_VISION };
 struct key { const char *name; enum kind kind; size_t off; const char *const *names; };
 
 #define KEY(n, k) { #n, k, offsetof(ModelConfig, n), NULL }
@@ -82,6 +98,7 @@ static const struct key g_keys[] = {
     KEY(moe_layer_freq, K_INT),
     KEY(sliding_window, K_WINDOW), KEY(use_sliding_window, K_BOOL), KEY(max_window_layers, K_INT),
     { "layer_types", K_LAYER_TYPES, offsetof(ModelConfig, layer_sliding), NULL },
+    KEY(vision_config, K_VISION), KEY(image_token_index, K_INT), ENUM_KEY(projector_hidden_act, g_act_names),
 };
 #undef ENUM_KEY
 #undef KEY
@@ -104,6 +121,82 @@ static void derive(ModelConfig *c, const bool *given)
     if (c->rope_scaling.type == ROPE_SCALING_YARN && c->rope_scaling.original_max_position_embeddings == 0)
         c->rope_scaling.original_max_position_embeddings = c->max_position_embeddings;
 }
+
+/* vision_config: null, or an object of the keys below (HF's
+ * SiglipVisionConfig names; image_mean / image_std: 3 numbers each);
+ * an unknown key is refused by name. */
+static int parse_vision(VisionConfig *v, const cJSON *it, char *err, size_t err_len)
+{
+    memset(v, 0, sizeof *v);
+    if (cJSON_IsNull(it)) return 0;
+    if (!cJSON_IsObject(it)) {
+        snprintf(err, err_len, "model config: \"vision_config\" must be an object or null");
+        return -1;
+    }
+    vision_defaults(v);
+    static const char *const ints[] = { "hidden_size", "intermediate_size", "num_hidden_layers",
+                                        "num_attention_heads", "image_size", "patch_size", NULL };
+    int *const dst[] = { &v->hidden_size, &v->intermediate_size, &v->num_hidden_layers, &v->num_attention_heads,
+                         &v->image_size, &v->patch_size };
+    for (const cJSON *k = it->child; k; k = k->next) {
+        int j = 0;
+        while (ints[j] && strcmp(ints[j], k->string)) j++;
+        if (ints[j]) {
+            if (!cJSON_IsNumber(k) || k->valuedouble != floor(k->valuedouble) || k->valuedouble < 1 ||
+                k->valuedouble > 1e6) {
+                snprintf(err, err_len, "model config: vision_config.%s must be an integer in [1, 1000000]", k->string);
+                return -1;
+            }
+            *dst[j] = (int)k->valuedouble;
+        } else if (!strcmp(k->string, "layer_norm_eps")) {
+            if (!cJSON_IsNumber(k) || !(k->valuedouble > 0 && k->valuedouble < 1)) {
+                snprintf(err, err_len, "model config: vision_config.layer_norm_eps must be in (0, 1)");
+                return -1;
+            }
+            v->layer_norm_eps = k->valuedouble;
+        } else if (!strcmp(k->string, "image_mean") || !strcmp(k->string, "image_std")) {
+            double *out = k->string[6] == 'm' ? v->image_mean : v->image_std;
+            const bool std = out == v->image_std;
+            if (!cJSON_IsArray(k) || cJSON_GetArraySize(k) != 3) {
+                snprintf(err, err_len, "model config: vision_config.%s must be a list of 3 numbers", k->string);
+                return -1;
+            }
+            int c = 0;
+            for (const cJSON *e = k->child; e; e = e->next, c++) {
+                if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble) || (std && !(e->valuedouble > 0))) {
+                    snprintf(err, err_len, "model config: vision_config.%s entries must be numbers%s", k->string,
+                             std ? " > 0" : "");
+                    return -1;
+                }
+                out[c] = e->valuedouble;
+            }
+        } else {
+            snprintf(err, err_len, "model config: unknown vision_config key \"%.40s\"", k->string);
+            return -1;
+        }
+    }
+    if (v->intermediate_size == 0) v->intermediate_size = 4 * v->hidden_size;
+    return 0;
+}
+
+static cJSON *vision_json(const VisionConfig *v)
+{
+    if (v->num_hidden_layers == 0) return cJSON_CreateNull();
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "hidden_size", v->hidden_size);
+    cJSON_AddNumberToObject(o, "intermediate_size", v->intermediate_size);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", v->num_hidden_layers);
+    cJSON_AddNumberToObject(o, "num_attention_heads", v->num_attention_heads);
+    cJSON_AddNumberToObject(o, "image_size", v->image_size);
+    cJSON_AddNumberToObject(o, "patch_size", v->patch_size);
+    cJSON_AddNumberToObject(o, "layer_norm_eps", v->layer_norm_eps);
+    cJSON_AddItemToObject(o, "image_mean", cJSON_CreateDoubleArray(v->image_mean, 3));
+    cJSON_AddItemToObject(o, "image_std", cJSON_CreateDoubleArray(v->image_std, 3));
+    return o;
+}
+
+/* The vision keys: a tower needs its placeholder id, sizes that tile. */
+static int vision_validate(const ModelConfig *c, char *err, size_t err_len);
 
 /* rope_scaling: null, or an HF object {"type" | "rope_type": "default" |
  * "linear" | "yarn", ...}; an unknown type or key is refused by name. */
@@ -302,6 +395,9 @@ int config_from_cjson(ModelConfig *cfg, const void *obj, char *err, size_t err_l
             cfg->n_layer_types = n;
             break;
         }
+        case K_VISION:
+            if (parse_vision(&cfg->vision_config, it, err, err_len)) return -1;
+            break;
         }
     }
     derive(cfg, given);
@@ -369,7 +465,8 @@ static double param_count_f64(const ModelConfig *c)
                                                             : F * (double)c->n_shared_experts;
     const double moe = E * d + E * 3 * F * d + 3 * S * d + d + E;
     const int n_moe = config_n_moe_layers(c), L = c->num_hidden_layers;
-    return V * d * (c->tie_word_embeddings ? 1 : 2) + d + L * attn + (L - n_moe) * dense + n_moe * moe;
+    return V * d * (c->tie_word_embeddings ? 1 : 2) + d + L * attn + (L - n_moe) * dense + n_moe * moe +
+           (double)config_vision_param_count(c);
 }
 
 #define REQUIRE(cond, ...)                                   \
@@ -431,6 +528,28 @@ static int router_validate(const ModelConfig *c, char *err, size_t err_len)
             "\"num_experts_per_tok\" (%d) exceeds the experts of the topk_group = %d kept groups (%d)", k,
             c->topk_group, c->topk_group * (E / c->n_group));
     REQUIRE(c->n_group <= 1024, "\"n_group\" must be <= 1024 (got %d)", c->n_group);
+    return 0;
+}
+
+static int vision_validate(const ModelConfig *c, char *err, size_t err_len)
+{
+    const VisionConfig *v = &c->vision_config;
+    if (!config_vision(c)) {
+        REQUIRE(c->image_token_index == -1, "\"image_token_index\" needs a \"vision_config\"");
+        return 0;
+    }
+    REQUIRE(c->image_token_index >= 0 && c->image_token_index < c->vocab_size,
+            "\"image_token_index\" must be a token id in [0, vocab_size = %d) with a vision_config (got %d)",
+            c->vocab_size, c->image_token_index);
+    REQUIRE(v->image_size % v->patch_size == 0, "vision_config.patch_size (%d) must divide image_size (%d)",
+            v->patch_size, v->image_size);
+    REQUIRE(v->hidden_size % v->num_attention_heads == 0 && v->hidden_size / v->num_attention_heads <= 256,
+            "vision_config.num_attention_heads (%d) must divide hidden_size (%d) into heads of at most 256",
+            v->num_attention_heads, v->hidden_size);
+    REQUIRE((long long)v->image_size * v->image_size <= 4096LL * 4096 && 3LL * v->patch_size * v->patch_size <= INT_MAX,
+            "vision_config.image_size %d is over 4096", v->image_size);
+    REQUIRE((long long)v->hidden_size * v->intermediate_size <= INT_MAX,
+            "vision_config hidden_size x intermediate_size exceeds %d", INT_MAX);
     return 0;
 }
 
@@ -502,6 +621,7 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len)
     REQUIRE(kvd <= INT_MAX, "num_key_value_heads x head_dim = %lld exceeds %d (a matrix dimension)", kvd, INT_MAX);
     REQUIRE(!any_moe || sd <= INT_MAX, "the shared experts' width %lld exceeds %d (a matrix dimension)",
             sd, INT_MAX);
+    if (vision_validate(c, err, err_len)) return -1;
     const double n = param_count_f64(c);
     REQUIRE(n <= 0x1p58, "the model has %.4g parameters; this build addresses at most 2^58", n);
     return 0;
@@ -555,6 +675,7 @@ char *config_to_json(const ModelConfig *c)
             for (int l = 0; l < c->n_layer_types; l++)
                 cJSON_AddItemToArray(a, cJSON_CreateString(c->layer_sliding[l] ? "sliding_attention" : "full_attention"));
             break;
+        case K_VISION: cJSON_AddItemToObject(o, g_keys[i].name, vision_json(&c->vision_config)); break;
         }
     }
     char *s = cJSON_PrintUnformatted(o);
@@ -610,10 +731,21 @@ static size_t layer_attn_vectors(const ModelConfig *c)
     return n;
 }
 
+size_t config_vision_param_count(const ModelConfig *c)
+{
+    if (!config_vision(c)) return 0;
+    const VisionConfig *v = &c->vision_config;
+    const size_t D = (size_t)v->hidden_size, F = (size_t)v->intermediate_size, p = (size_t)v->patch_size;
+    const size_t P = (size_t)(v->image_size / v->patch_size) * (size_t)(v->image_size / v->patch_size);
+    const size_t d = (size_t)c->hidden_size;
+    const size_t layer = 4 * D * D + 4 * D + 2 * D * F + F + D + 4 * D;   /* attention, MLP, two norms */
+    return 3 * p * p * D + D + P * D + (size_t)v->num_hidden_layers * layer + 2 * D + d * D + d + d * d + d;
+}
+
 size_t config_param_count(const ModelConfig *c)
 {
     size_t d = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
-    size_t n = V * d * (c->tie_word_embeddings ? 1 : 2) + d;
+    size_t n = V * d * (c->tie_word_embeddings ? 1 : 2) + d + config_vision_param_count(c);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         n += layer_attn_matrices(c) + layer_attn_vectors(c);
         if (!config_layer_is_moe(c, l)) {

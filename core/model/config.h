@@ -29,6 +29,21 @@ typedef enum {
                        * the best topk_group of n_group groups (DeepSeek-V3) */
 } TopkMethod;
 
+/* vision_config (docs/vision.md): a ViT encoder (LLaVA's vision tower,
+ * SigLIP's layout: no class token) and a two-layer GELU projector into
+ * hidden_size.  num_hidden_layers 0 (vision_config null or absent): no
+ * vision tower. */
+typedef struct {
+    int hidden_size;               /* Dv */
+    int intermediate_size;         /* Fv */
+    int num_hidden_layers;         /* Lv */
+    int num_attention_heads;       /* Hv, head dim Dv / Hv */
+    int image_size;                /* S: images are S x S after resizing */
+    int patch_size;                /* p: (S / p)^2 tokens per image */
+    double layer_norm_eps;
+    double image_mean[3], image_std[3];   /* normalisation of RGB in [0, 1] */
+} VisionConfig;
+
 /* Entries of a list-valued key (mlp_only_layers). */
 #define CONFIG_MAX_LIST 512
 
@@ -85,6 +100,10 @@ typedef struct {
     int max_window_layers;         /* without layer_types: layers l >= this slide (default 0: all) */
     int n_layer_types;             /* 0 = null; else num_hidden_layers entries: */
     bool layer_sliding[CONFIG_MAX_LIST];   /* layer_types[l] == "sliding_attention" */
+    /* images (LLaVA, docs/vision.md) */
+    VisionConfig vision_config;
+    int image_token_index;         /* placeholder id; each image takes vision_tokens_per_image of them */
+    int projector_hidden_act;      /* 0: "gelu" (the only one) */
 } ModelConfig;
 
 /* Fill cfg with the defaults. */
@@ -126,6 +145,8 @@ static inline int config_shared_width(const ModelConfig *c)
     return c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size
                                                   : c->moe_intermediate_size * c->n_shared_experts;
 }
+/* A vision tower (vision_config given). */
+static inline bool config_vision(const ModelConfig *c) { return c->vision_config.num_hidden_layers > 0; }
 /* Multi-head latent attention on. */
 static inline bool config_mla(const ModelConfig *c) { return c->kv_lora_rank > 0; }
 /* q, k and v biases; o bias. */
@@ -134,7 +155,9 @@ static inline bool config_o_bias(const ModelConfig *c) { return c->attention_bia
 /* The router's choice carries a per-expert correction bias
  * (mlp/gate.e_score_correction_bias, state moved by training's bias update). */
 static inline bool config_router_bias(const ModelConfig *c) { return c->topk_method == TOPK_NOAUX_TC; }
-/* Parameter count of the whole model (global, unsharded). */
+/* Parameters of the vision tower and projector (0 without one). */
+size_t config_vision_param_count(const ModelConfig *c);
+/* Parameter count of the whole model (global, unsharded), the vision tower's included. */
 size_t config_param_count(const ModelConfig *c);
 /* Parameters touched per token in a forward (k experts, not E): the
  * denominator of model FLOPs (6 * active params per token for training). */

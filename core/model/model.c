@@ -8,6 +8,7 @@
 #include "core/rng.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -193,6 +194,93 @@ static void layer_params(Model *m, int l)
 #undef NAME
 }
 
+/* The vision tower and projector (vision.h, docs/vision.md): on the first
+ * stage, layer -1 (with the embedding).  Heads, fc1 rows and the
+ * projector's linear_1 rows split over tp (their biases with them); the
+ * row-parallel o, fc2 and linear_2 split their columns, their biases are
+ * replicated (added after the sum). */
+/* n = the formatted name (at most 66 bytes: "vision_tower/vision_model/encoder/layers/<10
+ * digits>/self_attn/out_proj.bias"), within PARAM_NAME_MAX. */
+static const char *vision_name(char *n, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static const char *vision_name(char *n, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    const int k = vsnprintf(n, cap, fmt, ap);
+    va_end(ap);
+    TD_CHECK(k >= 0 && (size_t)k < cap, "vision parameter name %s: over %zu bytes", n, cap - 1);
+    return n;
+}
+
+static void vision_params(Model *m)
+{
+    const ModelConfig *c = &m->cfg;
+    const VisionConfig *vc = &c->vision_config;
+    VisionTower *t = &m->vis;
+    const size_t D = (size_t)vc->hidden_size, F = (size_t)vc->intermediate_size, d = (size_t)c->hidden_size;
+    const size_t tp = (size_t)m->topo.tp;
+    t->n_layers = vc->num_hidden_layers;
+    t->D = D;
+    t->F = F / tp;
+    t->H = (size_t)vc->num_attention_heads / tp;
+    t->hd = D / (size_t)vc->num_attention_heads;
+    t->S = (size_t)vc->image_size;
+    t->p = (size_t)vc->patch_size;
+    t->P = (t->S / t->p) * (t->S / t->p);
+    t->K = 3 * t->p * t->p;
+    t->dp = d / tp;
+    t->eps = (float)vc->layer_norm_eps;
+    TD_CHECK(vc->num_attention_heads % m->topo.tp == 0 && F % tp == 0 && d % tp == 0,
+             "vision tower: heads %d, intermediate_size %zu and the projector's %zu must divide by tp = %d",
+             vc->num_attention_heads, F, d, m->topo.tp);
+    t->layers = td_calloc((size_t)t->n_layers * sizeof(VisionLayer));
+    char n[PARAM_NAME_MAX];
+#define VNAME(...) vision_name(n, sizeof n, __VA_ARGS__)
+#define VEC(name, len, tpd) add(m, name, 1, (size_t[]){ len }, tpd, -1, -1, false, false)
+#define MAT(name, r, cc, tpd) add(m, name, 2, (size_t[]){ r, cc }, tpd, -1, -1, true, true)
+    const char *e = "vision_tower/vision_model/embeddings";
+    t->patch = MAT(VNAME("%s/patch_embedding", e), D, t->K, -1);
+    t->patchb = VEC(VNAME("%s/patch_embedding.bias", e), D, -1);
+    t->pos = add(m, VNAME("%s/position_embedding", e), 2, (size_t[]){ t->P, D }, -1, -1, -1, true, false);
+    const char *pre = "vision_tower/vision_model/encoder/layers";
+    for (int l = 0; l < t->n_layers; l++) {
+        VisionLayer *L = &t->layers[l];
+        L->ln1 = VEC(VNAME("%s/%d/layer_norm1", pre, l), D, -1);
+        L->ln1b = VEC(VNAME("%s/%d/layer_norm1.bias", pre, l), D, -1);
+        L->q = MAT(VNAME("%s/%d/self_attn/q_proj", pre, l), D, D, 0);
+        L->qb = VEC(VNAME("%s/%d/self_attn/q_proj.bias", pre, l), D, 0);
+        L->k = MAT(VNAME("%s/%d/self_attn/k_proj", pre, l), D, D, 0);
+        L->kb = VEC(VNAME("%s/%d/self_attn/k_proj.bias", pre, l), D, 0);
+        L->v = MAT(VNAME("%s/%d/self_attn/v_proj", pre, l), D, D, 0);
+        L->vb = VEC(VNAME("%s/%d/self_attn/v_proj.bias", pre, l), D, 0);
+        L->o = MAT(VNAME("%s/%d/self_attn/out_proj", pre, l), D, D, 1);
+        L->ob = VEC(VNAME("%s/%d/self_attn/out_proj.bias", pre, l), D, -1);
+        L->ln2 = VEC(VNAME("%s/%d/layer_norm2", pre, l), D, -1);
+        L->ln2b = VEC(VNAME("%s/%d/layer_norm2.bias", pre, l), D, -1);
+        L->fc1 = MAT(VNAME("%s/%d/mlp/fc1", pre, l), F, D, 0);
+        L->fc1b = VEC(VNAME("%s/%d/mlp/fc1.bias", pre, l), F, 0);
+        L->fc2 = MAT(VNAME("%s/%d/mlp/fc2", pre, l), D, F, 1);
+        L->fc2b = VEC(VNAME("%s/%d/mlp/fc2.bias", pre, l), D, -1);
+    }
+    t->post = VEC("vision_tower/vision_model/post_layernorm", D, -1);
+    t->postb = VEC("vision_tower/vision_model/post_layernorm.bias", D, -1);
+    t->p1 = MAT("multi_modal_projector/linear_1", d, D, 0);
+    t->p1b = VEC("multi_modal_projector/linear_1.bias", d, 0);
+    t->p2 = MAT("multi_modal_projector/linear_2", d, d, 1);
+    t->p2b = VEC("multi_modal_projector/linear_2.bias", d, -1);
+#undef MAT
+#undef VEC
+#undef VNAME
+    t->attn = (AttnShape){ .H = t->H, .Hkv = t->H, .dk = t->hd, .bs = td_round_up(t->P, ATTN_TILE), .kv = DTYPE_F32,
+                           .dv = t->hd, .scale = 1.0f / sqrtf((float)t->hd), .bidir = true };
+}
+
+/* Params of the vision tower: 9 + 16 per layer. */
+static size_t vision_n_params(const ModelConfig *c)
+{
+    return config_vision(c) ? 9 + 16 * (size_t)c->vision_config.num_hidden_layers : 0;
+}
+
 /* Table and local sizes, no slabs: params' w/g/packed hold offsets.
  * dt: NULL for the training layout, else a serving model's dtypes. */
 static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo, const ModelDtypes *dt,
@@ -231,7 +319,7 @@ static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo, 
     }
 
     const int L = c->num_hidden_layers;
-    m->params = td_calloc((size_t)(3 + L * MAX_PARAMS_PER_LAYER) * sizeof(Param));
+    m->params = td_calloc(((size_t)(3 + L * MAX_PARAMS_PER_LAYER) + vision_n_params(c)) * sizeof(Param));
     m->layers = td_calloc((size_t)L * sizeof(Layer));
     const size_t d = m->d, V = m->V;
     bool first = topo_is_first_stage(t), last = topo_is_last_stage(t);
@@ -240,6 +328,7 @@ static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo, 
     if (first)
         m->embed = add(m, "model/embed_tokens", 2, (size_t[]){ V, d }, -1, -1, -1, true,
                        (c->tie_word_embeddings && last) || m->serving);
+    if (first && config_vision(c)) vision_params(m);
     for (int l = t->layer_begin; l < t->layer_end; l++) layer_params(m, l);
     if (last) {
         m->norm = add(m, "model/norm", 1, (size_t[]){ d }, -1, -1, -1, false, false);
@@ -261,8 +350,9 @@ static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo, 
  * r + rope key dims whose first r are the values, docs/mla.md). */
 static void set_attn(Model *m, size_t kv_block)
 {
-    m->attn = (AttnShape){ m->H, m->mla ? 1 : m->Hkv, m->ak / (m->mla ? 1 : m->Hkv), kv_block ? kv_block : 16,
-                           DTYPE_F32, m->mla ? m->av : m->hd, model_attn_scale(&m->cfg), m->mla, 0 };
+    m->attn = (AttnShape){ .H = m->H, .Hkv = m->mla ? 1 : m->Hkv, .dk = m->ak / (m->mla ? 1 : m->Hkv),
+                           .bs = kv_block ? kv_block : 16, .kv = DTYPE_F32, .dv = m->mla ? m->av : m->hd,
+                           .scale = model_attn_scale(&m->cfg), .v_in_k = m->mla };
 }
 
 static void init_layout(Model *m, const ModelConfig *cfg, const Topology *topo, bool with_grads, size_t kv_block,
@@ -338,8 +428,8 @@ void model_init_shape_offload(Model *m, const ModelConfig *cfg, const Topology *
 size_t model_table_bytes(const Model *m)
 {
     const size_t L = (size_t)m->cfg.num_hidden_layers;
-    return (3 + L * MAX_PARAMS_PER_LAYER) * sizeof(Param) + L * sizeof(Layer) +
-           rope_table_bytes((size_t)m->cfg.max_position_embeddings, m->hd);
+    return (3 + L * MAX_PARAMS_PER_LAYER + vision_n_params(&m->cfg)) * sizeof(Param) + L * sizeof(Layer) +
+           (size_t)m->vis.n_layers * sizeof(VisionLayer) + rope_table_bytes((size_t)m->cfg.max_position_embeddings, m->hd);
 }
 
 ModelDtypes model_dtypes_default(Dtype d)
@@ -369,6 +459,7 @@ void model_free(Model *m)
     expert_cache_free(m->ecache);
     td_free(m->params);
     td_free(m->layers);
+    td_free(m->vis.layers);
     td_free(m->w);
     td_free(m->g);
     td_free(m->packed);

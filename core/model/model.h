@@ -122,6 +122,23 @@ typedef struct {
     Param *sgw;                           /* shared_expert_gate [1, d], NULL when off */
 } Layer;
 
+/* The vision tower's Params (core/model/vision.h, docs/vision.md); biases
+ * end in .bias, layer norms have a weight and a .bias. */
+typedef struct {
+    Param *ln1, *ln1b, *q, *qb, *k, *kb, *v, *vb, *o, *ob, *ln2, *ln2b, *fc1, *fc1b, *fc2, *fc2b;
+} VisionLayer;
+
+typedef struct {
+    int n_layers;               /* 0: no vision tower */
+    size_t D, F, H, hd;         /* width, MLP width, heads (F, H local under tp), head dim */
+    size_t S, p, P, K;          /* image size, patch size, tokens per image, 3 p p */
+    size_t dp;                  /* projector hidden (the LM's d; local under tp) */
+    float eps;
+    Param *patch, *patchb, *pos, *post, *postb, *p1, *p1b, *p2, *p2b;
+    VisionLayer *layers;        /* owned, n_layers */
+    AttnShape attn;             /* bidirectional, local heads, bs = P rounded up to 16 */
+} VisionTower;
+
 /* Collective callbacks into comm/ (all NULL in a single process). */
 typedef struct {
     void *ctx;
@@ -168,6 +185,7 @@ typedef struct {
     MlaDims mla_dims;       /* its sizes, local heads */
     bool experts_offloaded; /* serving: the routed experts are not in the packed slab */
     struct ExpertCache *ecache;   /* their cache (owned; NULL when resident) */
+    VisionTower vis;        /* the vision tower (first stage only), n_layers 0 without one */
 } Model;
 
 /* The attention shape of layer L: the model's, with the layer's sliding

@@ -980,11 +980,26 @@ static inline size_t tile_lo(const AttnShape *sh, size_t kt, size_t p)
     return lo <= k0 ? 0 : td_min(ATTN_TILE, lo - k0);
 }
 
+/* The last key tile a query of tile qt sees: qt itself, or (bidir) the
+ * sequence's last tile. */
+static inline size_t last_key_tile(const AttnShape *sh, const AttnSeq *s, size_t qt)
+{
+    return sh->bidir ? (s->pos + s->n - 1) / ATTN_TILE : qt;
+}
+
+/* The last key position a query at position p sees: p itself, or (bidir)
+ * the sequence's last position. */
+static inline size_t last_key_pos(const AttnShape *sh, size_t n, size_t pos, size_t p)
+{
+    return sh->bidir ? pos + n - 1 : p;
+}
+
 /* nq <= GQ_MAX query vectors (rows r_v of s, heads h_v) of tile qt over key
- * tiles 0..qt (with a window: from the first tile any of them sees; a
- * query's lanes below its first key are masked, and the tiles before its
- * own first one leave it unchanged, so its bits do not depend on the
- * group). */
+ * tiles 0..last_key_tile (qt when causal; with a window: from the first
+ * tile any of them sees; a query's lanes below its first key are masked,
+ * and the tiles before its own first one leave it unchanged, so its bits
+ * do not depend on the group).  A window and bidir never meet (an encoder
+ * has no window: attn_check). */
 static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t qt,
                      const size_t *rows, const size_t *heads, size_t nq)
 {
@@ -1002,10 +1017,11 @@ static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t
     const bool wid = sh->kv != DTYPE_F32, vk = sh->v_in_k;
     float kbuf[wid ? SC_PAIRS * ATTN_TILE * hd : 1], vbuf[wid || vk ? ATTN_TILE * dv : 1];
     size_t ld = sh->bs, lo_min = SIZE_MAX, lo_max = 0;
+    const size_t lt = last_key_tile(sh, s, qt);
     for (size_t v = 0; v < nq; v++) {
         q[v] = c->q + (s->row + rows[v]) * qw + heads[v] * hd;
         op[v] = o + v * dv;
-        nval[v] = tile_valid(qt, s->pos + rows[v]);
+        nval[v] = tile_valid(lt, last_key_pos(sh, s->n, s->pos, s->pos + rows[v]));
         m[v] = -INFINITY;
         const size_t lo = attn_first_key(sh, s->pos + rows[v]);
         lo_min = td_min(lo_min, lo);
@@ -1013,12 +1029,12 @@ static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t
     }
     memset(o, 0, nq * dv * sizeof(float));
     memset(lv, 0, nq * 16 * sizeof(float));
-    /* full tiles kt_lo..qt-1 (kt_lo = 0 without a window), several at a
+    /* full tiles kt_lo..lt-1 (kt_lo = 0 without a window), several at a
      * time when the group is small; tiles starting below lo_max need the
      * lower masks */
     const size_t tpb = tiles_per_block(nq), kt_lo = lo_min / ATTN_TILE;
-    for (size_t kt0 = kt_lo; kt0 < qt; kt0 += tpb) {
-        const size_t nt = td_min(tpb, qt - kt0);
+    for (size_t kt0 = kt_lo; kt0 < lt; kt0 += tpb) {
+        const size_t nt = td_min(tpb, lt - kt0);
         const float *kts[SC_PAIRS];
         for (size_t t = 0; t < nt; t++) kts[t] = keys_f32(kbuf + t * ATTN_TILE * hd, c->kv, s, sh, g, kt0 + t, &ld);
         scores_all(sc, q, nq, kts, nt, ld, hd, c->scale);
@@ -1035,11 +1051,11 @@ static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t
             pv(op, p + t * nq * 16, cf + t * nq, vt, dv, nq, dv, ATTN_TILE);
         }
     }
-    /* the diagonal tile: each query sees its own number of keys */
-    const float *ktd = keys_f32(kbuf, c->kv, s, sh, g, qt, &ld);
-    const float *vtd = vk ? values_of_keys(vbuf, ktd, ld, dv) : values_f32(vbuf, c->kv, s, sh, g, qt);
+    /* the diagonal (bidir: last) tile: each query sees its own number of keys */
+    const float *ktd = keys_f32(kbuf, c->kv, s, sh, g, lt, &ld);
+    const float *vtd = vk ? values_of_keys(vbuf, ktd, ld, dv) : values_f32(vbuf, c->kv, s, sh, g, lt);
     scores_all(sc, q, nq, &ktd, 1, ld, hd, c->scale);
-    for (size_t v = 0; v < nq; v++) nlo[v] = tile_lo(sh, qt, s->pos + rows[v]);
+    for (size_t v = 0; v < nq; v++) nlo[v] = tile_lo(sh, lt, s->pos + rows[v]);
     softmax_step(p, cf, m, lv, sc, nlo, nval, nq, 1);
     for (size_t v = 0; v < nq; v++) pv(op + v, p + 16 * v, cf + v, vtd, dv, 1, dv, nval[v]);
     for (size_t v = 0; v < nq; v++) {
@@ -1101,6 +1117,15 @@ static void attn_check(const AttnShape *sh)
     TD_CHECK(!sh->v_in_k || sh->dv <= sh->dk, "attention: values in keys need dv %zu <= dk %zu", sh->dv, sh->dk);
     TD_CHECK(sh->scale > 0.0f && isfinite(sh->scale), "attention: scale %g", (double)sh->scale);
     TD_CHECK(sh->bs % ATTN_TILE == 0, "attention: block size %zu", sh->bs);
+    TD_CHECK(!sh->bidir || !sh->window, "attention: a bidirectional shape with a window (%zu)", sh->window);
+}
+
+/* bidir sees the sequence's own keys only: they are rows 0..n-1 at
+ * positions 0..n-1 (an encoder's sequence starts at 0). */
+static void attn_check_seqs(const AttnSeq *seqs, size_t n_seq, const AttnShape *sh)
+{
+    for (size_t i = 0; i < n_seq && sh->bidir; i++)
+        TD_CHECK(seqs[i].pos == 0, "attention: bidirectional sequence %zu starts at %zu, not 0", i, seqs[i].pos);
 }
 
 /* Items of a sequence: (query tiles touched) x Hkv. */
@@ -1115,6 +1140,7 @@ void attention_forward(float *out, float *lse, const float *restrict q, const vo
                        const AttnSeq *seqs, size_t n_seq, const AttnShape *sh)
 {
     attn_check(sh);
+    attn_check_seqs(seqs, n_seq, sh);
     size_t start[n_seq + 1];   /* item prefix sums; n_seq is a batch size, small */
     start[0] = 0;
     for (size_t i = 0; i < n_seq; i++) start[i + 1] = start[i] + seq_items(&seqs[i], sh);
@@ -1150,7 +1176,7 @@ typedef struct {
     const float *q[GQ_MAX], *dout[GQ_MAX];
     float *dq[GQ_MAX];
     float lse[GQ_MAX], D[GQ_MAX];
-    size_t pos[GQ_MAX];
+    size_t pos[GQ_MAX];   /* the last key position each sees (its own; bidir: the sequence's last) */
 } BwQueries;
 
 /* Key tile kt of (s, g), its copies in buf (ATTN_TILE (dk + dv) floats). */
@@ -1201,7 +1227,7 @@ static void bw_queries(BwQueries *Q, const struct attn_bw *c, const AttnSeq *s, 
         Q->dq[v] = c->dq + qh * hd;
         Q->lse[v] = c->lse[(s->row + r) * H + h];
         Q->D[v] = Dc ? Dc[r0 * R + v0 + v - d0] : bw_D(c, s, g, r0 * R + v0 + v);
-        Q->pos[v] = r;
+        Q->pos[v] = last_key_pos(sh, s->n, 0, r);
     }
 }
 
@@ -1267,8 +1293,8 @@ static void bw_key_tiles(const struct attn_bw *c, const AttnSeq *s, size_t g, si
     BwKeys K[BW_SPAN_MAX];
     BwQueries Q;
     for (size_t t = 0; t < nkt; t++) bw_keys(&K[t], buf + t * ATTN_TILE * (c->sh->dk + c->sh->dv), c, s, g, kt0 + t);
-    for (size_t qt = kt0; qt < bw_end_qt(c->sh, s, kt0 + nkt - 1); qt++) {
-        const size_t nvis = td_min(nkt, qt - kt0 + 1);   /* causal: tiles kt0 .. qt */
+    for (size_t qt = c->sh->bidir ? 0 : kt0; qt < bw_end_qt(c->sh, s, kt0 + nkt - 1); qt++) {
+        const size_t nvis = c->sh->bidir ? nkt : td_min(nkt, qt - kt0 + 1);   /* causal: tiles kt0 .. qt */
         const size_t t0 = td_min(nvis, td_max(kt0, bw_first_kt(c->sh, qt)) - kt0);   /* window: from its first */
         for (size_t u = 0; u < bw_query_groups(s, c->sh, qt); u++) {
             bw_queries(&Q, c, s, g, qt, u * GQ_MAX, Dc, 0);
@@ -1290,9 +1316,10 @@ static void bw_query_tiles(const struct attn_bw *c, const AttnSeq *s, size_t g, 
     const size_t nq = td_min(qt1 * ATTN_TILE, s->n) * R - d0;   /* queries of the tiles */
     if (nq <= D_CACHE)
         for (size_t v = 0; v < nq; v++) Dc[v] = bw_D(c, s, g, d0 + v);
-    for (size_t kt = bw_first_kt(c->sh, qt0); kt < qt1; kt++) {
+    const size_t nkt = c->sh->bidir ? seq_tiles(s) : qt1;   /* bidir: every key tile */
+    for (size_t kt = bw_first_kt(c->sh, qt0); kt < nkt; kt++) {
         bw_keys(&K, buf, c, s, g, kt);
-        for (size_t qt = td_max(kt, qt0); qt < td_min(qt1, bw_end_qt(c->sh, s, kt)); qt++)
+        for (size_t qt = c->sh->bidir ? qt0 : td_max(kt, qt0); qt < td_min(qt1, bw_end_qt(c->sh, s, kt)); qt++)
             for (size_t u = 0; u < bw_query_groups(s, c->sh, qt); u++) {
                 bw_queries(&Q, c, s, g, qt, u * GQ_MAX, nq <= D_CACHE ? Dc : NULL, d0);
                 bw_block(c, &Q, &K, kt, 0, 1);
@@ -1332,7 +1359,7 @@ static size_t bw_item_at(const struct attn_bw *c, int pass, size_t it, size_t *s
         *g = it % Hkv;
         *t = 0;
         const size_t n = seq_tiles(&c->seqs[*si]);
-        return n * (n + 1) / 2;
+        return c->sh->bidir ? n * n : n * (n + 1) / 2;
     }
     for (*si = 0;; (*si)++) {   /* spans of sequence si x Hkv items */
         const size_t n = seq_spans(&c->seqs[*si], span) * Hkv;
@@ -1344,6 +1371,7 @@ static size_t bw_item_at(const struct attn_bw *c, int pass, size_t it, size_t *s
     *t = it / Hkv * span;
     /* tiles t .. t + m - 1: key tile k sees query tiles k..n-1, query tile k key tiles 0..k */
     const size_t m = td_min(span, n - *t);
+    if (c->sh->bidir) return m * n;
     return pass == BW_KEYS ? m * (n - *t) - m * (m - 1) / 2 : m * (*t + 1) + m * (m - 1) / 2;
 }
 

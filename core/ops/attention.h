@@ -9,6 +9,13 @@
  * model_attn_scale: 1/sqrt(hd) ordinarily).  Below, "hd" is dk for keys
  * and queries and dv for values and outputs.
  *
+ * Bidirectional (AttnShape.bidir, the vision encoder, docs/vision.md): a
+ * query sees every key of its sequence, s < n, whatever its own position;
+ * the sequence starts at position 0 and its keys are its rows.  Key tiles
+ * are walked in the same order (0, 1, ..), the last one partial, so the
+ * guarantees below hold unchanged (a query's result is a fixed function of
+ * its q and its sequence's keys and values).
+ *
  * Shared values (AttnShape.v_in_k, multi-head latent attention, docs/mla.md):
  * the value of a key is its first dv dims (dv <= dk) and is not stored
  * apart, so a block holds K^T only and a position costs Hkv dk values.
@@ -91,6 +98,7 @@ typedef struct {
     float scale;        /* softmax scale, > 0 */
     bool v_in_k;        /* a value is the first dv dims of its key (dv <= dk), not stored */
     size_t window;      /* 0: none; W: a query at t sees keys s with t - W < s <= t */
+    bool bidir;         /* every key of the sequence visible, not only s <= t (an encoder); pos must be 0 */
 } AttnShape;
 
 /* The first key position a query at position t sees (0 without a window). */

@@ -155,6 +155,11 @@ static int prompt_one(const cJSON *p, const ApiLimits *lim, TokIds *out, ApiErro
     }
     size_t k = out->n - n0;
     if (k == 0) return api_error(err, 400, "prompt", "'prompt' must not be empty");
+    for (size_t i = n0; lim->vision.tokens && i < out->n; i++)
+        if (out->ids[i] == lim->vision.token_id)
+            return api_error(err, 400, "prompt",
+                             "'prompt' holds token %d, the image placeholder (image_token_index): images go in "
+                             "image_url parts of /v1/chat/completions messages", lim->vision.token_id);
     if (k >= lim->context)
         return api_error(err, 400, "prompt",
                          "the prompt has %zu tokens; the model's context of %zu positions leaves room for at "
@@ -308,9 +313,12 @@ int api_parse_completion(ApiCompletion *q, const char *body, size_t len, const A
  * (special tokens come from the template: add_special_tokens=False, as
  * vLLM and apply_chat_template(tokenize=True) do), appended to out.
  * agp: add_generation_prompt when the body does not set it. */
-static int render_messages(const cJSON *o, const ApiLimits *lim, bool agp, TokIds *out, ApiError *err)
+static int render_messages(cJSON *o, const ApiLimits *lim, bool agp, TokIds *out, bool want_pixels, float **pixels,
+                           size_t *n_img, ApiError *err)
 {
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages");
+    *pixels = NULL;
+    *n_img = 0;
+    cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages");
     if (!m) return api_error(err, 400, "messages", "'messages' is required");
     if (!cJSON_IsArray(m) || !m->child)
         return api_error(err, 400, "messages", "'messages' must be a non-empty array of messages");
@@ -325,18 +333,23 @@ static int render_messages(const cJSON *o, const ApiLimits *lim, bool agp, TokId
         return api_error(err, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
     char *text, why[480];
     size_t tl;
+    /* image parts: decoded, and their messages flattened for the template */
+    if (api_images_collect(m, &lim->vision, lim->context, want_pixels, pixels, n_img, why, sizeof why))
+        return api_error(err, 400, "messages", "%s", why);
     if (chat_template_render_cjson(lim->chat, m, tools, kw, agp, NULL, &text, &tl, why, sizeof why))
         return api_error(err, 400, strncmp(why, "tools", 5) ? "messages" : "tools", "%s", why);
     int rc = tok_encode(lim->tok, text, tl, false, out, why, sizeof why);
     td_free(text);
     if (rc) return api_error(err, 400, "messages", "the rendered chat: %s", why);
+    if (api_images_expand(out, &lim->vision, *n_img, why, sizeof why))
+        return api_error(err, 400, "messages", "%s", why);
     return 0;
 }
 
-static int parse_chat_fields(ApiCompletion *q, const cJSON *o, const ApiLimits *lim, ApiError *err)
+static int parse_chat_fields(ApiCompletion *q, cJSON *o, const ApiLimits *lim, ApiError *err)
 {
     TokIds ids = { 0 };
-    if (render_messages(o, lim, true, &ids, err)) {
+    if (render_messages(o, lim, true, &ids, true, &q->pixels, &q->n_img, err)) {
         tok_ids_free(&ids);
         return -1;
     }
@@ -420,7 +433,9 @@ cJSON *api_tokenize(const char *body, size_t len, const ApiLimits *lim, ApiError
         rc = api_error(err, 400, "add_special_tokens",
                        "'add_special_tokens' with 'messages' is not supported (the chat template places them)");
     } else {
-        rc = render_messages(o, lim, true, &ids, err);
+        float *px;
+        size_t n_img;
+        rc = render_messages(o, lim, true, &ids, false, &px, &n_img, err);
     }
     cJSON_Delete(o);
     if (rc) {
@@ -474,6 +489,7 @@ void api_completion_free(ApiCompletion *q)
 {
     td_free(q->tokens);
     td_free(q->offs);
+    td_free(q->pixels);
     memset(q, 0, sizeof *q);
 }
 

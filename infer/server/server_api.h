@@ -25,6 +25,7 @@
 #include "core/chat/chat.h"
 #include "core/tok/tokenizer.h"
 #include "infer/engine.h"
+#include "infer/server/server_image.h"
 
 #define API_DEFAULT_MAX_TOKENS 16   /* OpenAI's default for completions */
 #define API_MAX_LOGPROBS SAMPLER_TOP_MAX
@@ -40,6 +41,7 @@ typedef struct {
     const Tokenizer *tok;    /* the model's tokenizer (borrowed) */
     const ChatTemplate *chat;/* its chat template, NULL when it has none ... */
     const char *chat_error;  /* ... and then why (one line) */
+    ApiVision vision;        /* images in chat content parts (vision.tokens 0: none) */
 } ApiLimits;
 
 /* A 4xx answer: HTTP status, the offending field ("" for none), a message. */
@@ -64,6 +66,8 @@ typedef struct {
     uint64_t seed;
     bool logprobs;       /* completions: "logprobs" was an integer; chat: "logprobs": true */
     bool stream, include_usage;
+    float *pixels;       /* chat: (n_img, 3, S, S) of the images in the order of their placeholders, or NULL */
+    size_t n_img;
 } ApiCompletion;
 
 /* Parses and validates a POST /v1/completions body[0..len).  Returns 0
@@ -72,7 +76,9 @@ typedef struct {
  * penalties, suffix, logit_bias) are refused naming the field. */
 int api_parse_completion(ApiCompletion *q, const char *body, size_t len, const ApiLimits *lim, ApiError *err);
 /* The same for POST /v1/chat/completions: messages (checked, each error
- * naming the message), rendered with the model's chat template
+ * naming the message; image_url parts decoded into q->pixels and their
+ * placeholders expanded in the prompt, server_image.h), rendered with the
+ * model's chat template
  * (add_generation_prompt true unless the body says otherwise; tools and
  * chat_template_kwargs passed to it) and encoded without special tokens;
  * max_completion_tokens or max_tokens (default: what the context and the

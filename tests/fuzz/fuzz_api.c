@@ -5,10 +5,11 @@
  * Input: one byte choosing the endpoint (its value mod 4), then the body.
  * The limits are a server's: a 512-token context, the byte-level tokenizer
  * and a ChatML-style chat template with a system prompt, tools and
- * raise_exception.  Any outcome is fine except a crash, a sanitizer report,
+ * raise_exception; images of 4 placeholder tokens (id 1) in 8 x 8 pixels.  Any outcome is fine except a crash, a sanitizer report,
  * a leak, a refusal that is not a 4xx with a message, or an accepted
  * request that breaks its own limits (ids outside the vocabulary, a prompt
- * plus max_tokens past the context, n outside [1, max_n]).
+ * plus max_tokens past the context, n outside [1, max_n], placeholders
+ * that do not number 4 per image).
  *   make fuzz-api FUZZ_TIME=60
  * A crash it finds becomes a case in tests/ref/serve_test.py once fixed. */
 #include "core/chat/chat.h"
@@ -41,7 +42,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         g_tok = tok_byte_level();
         if (chat_template_load(&g_chat, CONFIG, sizeof CONFIG - 1, err, sizeof err)) abort();
     }
-    const ApiLimits lim = { 512, 4096, 8, g_tok, g_chat, NULL };
+    /* images on: 4 tokens of id 1 (a control byte: the fuzzer's text may
+     * spell it, so the count check and the expansion both run) */
+    const ApiLimits lim = { .context = 512, .kv_positions = 4096, .max_n = 8, .tok = g_tok, .chat = g_chat,
+                            .vision = { .tokens = 4, .token_id = 1, .size = 8, .mean = { 0.5f, 0.5f, 0.5f },
+                                        .std = { 0.5f, 0.5f, 0.5f }, .max_images = 4 } };
     const char *body = (const char *)data + 1;
     const size_t n = size - 1;
     ApiError e;
@@ -59,6 +64,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             return 0;
         }
         if (q.n < 1 || q.n > lim.max_n || q.n_prompts < 1) abort();
+        size_t placeholders = 0;
+        for (size_t i = 0; i < q.offs[q.n_prompts]; i++) placeholders += q.tokens[i] == lim.vision.token_id;
+        if (placeholders != q.n_img * lim.vision.tokens || (q.n_img && (!q.pixels || which != 1))) abort();
         for (int p = 0; p < q.n_prompts; p++) {
             const size_t len = q.offs[p + 1] - q.offs[p];
             if (len + (size_t)q.gp.max_tokens > lim.context) abort();

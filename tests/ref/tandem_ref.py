@@ -178,6 +178,11 @@ class TandemRef:
         self.c = full_config(cfg)
         self.w = weights
 
+    def embed(self, ids):
+        """The input rows (B, T, d); a VLM reference (tests/ref/fixtures_vision.py)
+        puts image vectors in the placeholders' rows."""
+        return self.w["model/embed_tokens"][ids]
+
     def swiglu(self, h, g, u, dn):
         return torch.nn.functional.silu(h @ g.T) * (h @ u.T) @ dn.T
 
@@ -263,7 +268,7 @@ class TandemRef:
         H, Hkv = c["num_attention_heads"], c["num_key_value_heads"]
         E, k = c["num_local_experts"], c["num_experts_per_tok"]
         eps = c["rms_norm_eps"]
-        x = w["model/embed_tokens"][ids]
+        x = self.embed(ids)
         pos = torch.arange(T)
         auxes, zs, routes = [], [], []
         mask = torch.full((T, T), float("-inf"), dtype=x.dtype).triu(1)
