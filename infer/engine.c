@@ -2,6 +2,8 @@
 #include "infer/engine.h"
 #include "comm/comm.h"
 #include "core/common.h"
+#include "core/model/vision.h"
+#include "core/rng.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -153,6 +155,9 @@ void request_free(Request *r)
 {
     if (!r) return;
     td_free(r->prompt);
+    td_free(r->pixels);
+    td_free(r->img);
+    td_free(r->img_row);
     td_free(r->out);
     td_free(r->out_logp);
     td_free(r->out_top);
@@ -164,6 +169,56 @@ void request_free(Request *r)
     tok_text_free(&r->raw);
     tok_stream_free(r->ts);
     td_free(r);
+}
+
+/* FNV-1a over bytes, then mixed: the prefix-cache seed of a request's images. */
+static uint64_t bytes_hash(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return rng_mix64(h);
+}
+
+int request_set_images(Request *r, const float *pixels, size_t n_img)
+{
+    r->pixels_in = pixels;
+    r->n_img = n_img;
+    return 0;
+}
+
+/* engine_submit: r's own copy of its images, and their hash. */
+static void copy_images(const Engine *e, Request *r)
+{
+    const size_t S = e->m->vis.S, n = r->n_img * 3 * S * S;
+    td_free(r->pixels);
+    r->pixels = td_malloc((n ? n : 1) * sizeof(float));
+    memcpy(r->pixels, r->pixels_in, n * sizeof(float));
+    r->pixels_in = NULL;
+    r->img_seed = bytes_hash(0xcbf29ce484222325ULL ^ r->n_img, r->pixels, n * sizeof(float));
+}
+
+/* The images of r against its prompt and the model (engine_submit). */
+static EngineRefusal image_check(const Engine *e, const Request *r, char *err, size_t err_len)
+{
+    const ModelConfig *c = &e->m->cfg;
+    const size_t P = vision_tokens_per_image(c);
+    size_t n_ph = 0;
+    for (size_t i = 0; i < r->n_prompt && P; i++) n_ph += r->prompt[i] == c->image_token_index;
+    if (r->n_img && !P) {
+        snprintf(err, err_len, "the request has %zu image(s); the model has no vision tower", r->n_img);
+        return ENGINE_BAD_IMAGE;
+    }
+    if (n_ph != r->n_img * P) {
+        snprintf(err, err_len,
+                 "the prompt has %zu image placeholder tokens (id %d); %zu image(s) need %zu (%zu each)", n_ph,
+                 c->image_token_index, r->n_img, r->n_img * P, P);
+        return ENGINE_BAD_IMAGE;
+    }
+    if (r->n_img && e->distributed) {
+        snprintf(err, err_len, "images are not served under tensor or expert parallelism yet");
+        return ENGINE_BAD_IMAGE;
+    }
+    return ENGINE_OK;
 }
 
 EngineRefusal engine_check(const Engine *e, const int32_t *prompt, size_t n_prompt, int max_tokens, char *err,
@@ -205,7 +260,9 @@ EngineRefusal engine_check(const Engine *e, const int32_t *prompt, size_t n_prom
 int engine_submit(Engine *e, Request *r)
 {
     r->refusal = engine_check(e, r->prompt, r->n_prompt, r->gp.max_tokens, r->error, sizeof r->error);
+    if (r->refusal == ENGINE_OK) r->refusal = image_check(e, r, r->error, sizeof r->error);
     if (r->refusal != ENGINE_OK) return -2;
+    if (r->n_img && r->pixels_in) copy_images(e, r);
     r->t_submit = td_now();
     pthread_mutex_lock(&e->mu);
     if (e->st.waiting >= e->o.max_queue) {
@@ -268,7 +325,15 @@ static const int32_t *block_tokens(const Engine *e, const Request *r, int32_t j,
     return out;
 }
 
-static uint64_t chain_parent(const Engine *e, const KvSeq *s) { return s->n_chained ? s->h_last : e->prefix_seed; }
+/* A chain starts at the engine's seed (its weights), mixed with the
+ * request's images when it has any: blocks are shared only between
+ * requests with the same tokens and the same images. */
+static uint64_t chain_parent(const Engine *e, const Request *r)
+{
+    const KvSeq *s = &r->kv;
+    if (s->n_chained) return s->h_last;
+    return r->n_img ? rng_mix64(e->prefix_seed ^ r->img_seed) : e->prefix_seed;
+}
 
 /* Whether r stands at a block boundary with its next block matchable: all
  * its positions in full chained blocks and a whole block of known tokens
@@ -291,7 +356,7 @@ static void prefix_extend(Engine *e, Request *r, long *query, long *hit)
     }
     while (at_boundary(e, r)) {
         KvSeq *s = &r->kv;
-        uint64_t parent = chain_parent(e, s);
+        uint64_t parent = chain_parent(e, r);
         const int32_t *t = block_tokens(e, r, s->n_blocks, e->blk_tok);
         uint64_t h = kvcache_block_hash(parent, t, e->kv.bs);
         int32_t b = kvcache_lookup(&e->kv, h, parent, t);
@@ -316,7 +381,7 @@ static bool prefix_wait(const Engine *e, size_t i, const size_t *take)
     for (size_t j = 0; j < i; j++) {
         const Request *a = e->running[j];
         if (take[j] < bs || a->n_fed != r->n_fed || a->kv.n_chained != r->kv.n_chained ||
-            chain_parent(e, &a->kv) != chain_parent(e, &r->kv) || a->n_fed % bs != 0)
+            chain_parent(e, a) != chain_parent(e, r) || a->n_fed % bs != 0)
             continue;
         const int32_t *u = block_tokens(e, a, (int32_t)(a->n_fed / bs), e->blk_tok + bs);
         if (!memcmp(t, u, bs * sizeof(int32_t))) return true;
@@ -330,7 +395,7 @@ static void prefix_register(Engine *e, Request *r)
     KvSeq *s = &r->kv;
     const size_t bs = e->kv.bs;
     while ((size_t)(s->n_chained + 1) * bs <= r->n_fed && s->n_chained < s->n_blocks) {
-        uint64_t parent = chain_parent(e, s);
+        uint64_t parent = chain_parent(e, r);
         const int32_t *t = block_tokens(e, r, s->n_chained, e->blk_tok);
         uint64_t h = kvcache_block_hash(parent, t, bs);
         kvcache_register(&e->kv, s->blocks[s->n_chained], h, parent, t);
@@ -426,6 +491,18 @@ static void drop_cancelled_waiting(Engine *e)
     }
 }
 
+/* Encodes r's images (once: a preempted request keeps them) and maps its
+ * placeholder positions to their rows. */
+static void admit_images(Engine *e, Request *r)
+{
+    const Model *m = e->m;
+    r->img = td_malloc(r->n_img * m->vis.P * m->d * sizeof(float));
+    model_vision_encode(m, r->pixels, r->n_img, r->img);
+    r->img_row = td_malloc(r->n_prompt * sizeof(int32_t));
+    int32_t j = 0;
+    for (size_t i = 0; i < r->n_prompt; i++) r->img_row[i] = r->prompt[i] == m->cfg.image_token_index ? j++ : -1;
+}
+
 static void admit(Engine *e)
 {
     pthread_mutex_lock(&e->mu);
@@ -440,6 +517,7 @@ static void admit(Engine *e)
         r->next = NULL;
         r->admit_order = ++e->admit_counter;
         e->running[e->n_running++] = r;
+        if (r->n_img && !r->img) admit_images(e, r);
         atomic_store(&r->state, REQ_RUNNING);
     }
     pthread_mutex_unlock(&e->mu);
@@ -587,12 +665,22 @@ static bool is_stop_id(const Engine *e, int32_t id)
 /* The batch's forward: the model's own layers over the cache, then the
  * head on the rows that predict a new token (logits (n_sel, V)); routes
  * receives the experts of those rows in every MoE layer. */
-static void engine_forward(Engine *e, size_t rows, size_t n_seq, size_t n_sel, int32_t *routes)
+static void engine_forward(Engine *e, size_t rows, size_t n_seq, size_t n_sel, int32_t *routes, bool leader)
 {
     const Model *m = e->m;
     const size_t d = m->d, per = (size_t)e->n_moe * m->k;
     ModelBatch b = { rows, e->ids, e->pos, e->seqs, n_seq, rows };
     model_embed(m, e->x, e->ids, rows);
+    /* the image vectors take their placeholders' rows (prompt positions only) */
+    for (size_t s = 0; s < n_seq && leader; s++) {   /* e->batch is the leader's */
+        const Request *r = e->batch[s];
+        const AttnSeq *q = &e->seqs[s];
+        for (size_t j = 0; r->img && j < q->n; j++) {
+            const size_t p = q->pos + j;
+            if (p < r->n_prompt && r->img_row[p] >= 0)
+                memcpy(e->x + (q->row + j) * d, r->img + (size_t)r->img_row[p] * d, d * sizeof(float));
+        }
+    }
     int mi = 0;
     for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {
         e->la.kv = kvcache_layer(&e->kv, l - m->topo.layer_begin);
@@ -675,7 +763,7 @@ void engine_follow(Engine *e)
         }
         for (size_t s = 0; s < n_sel; s++) e->sel_rows[s] = (int32_t)buf[o++];
         td_free(buf);
-        engine_forward(e, rows, n_seq, n_sel, e->routes);
+        engine_forward(e, rows, n_seq, n_sel, e->routes, false);
     }
     td_free(tables);
 }
@@ -782,7 +870,7 @@ size_t engine_step(Engine *e)
     if (e->distributed) engine_bcast_batch(e, rows, n_seq, n_sel, false);
     const size_t per = (size_t)e->n_moe * m->k;
     int32_t *routes = e->routes;   /* (n_sel, per) */
-    engine_forward(e, rows, n_seq, n_sel, routes);
+    engine_forward(e, rows, n_seq, n_sel, routes, true);
 
     /* sample, append, finish */
     double now = td_now();

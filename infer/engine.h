@@ -64,6 +64,7 @@ typedef enum {
     ENGINE_EMPTY_PROMPT,
     ENGINE_PROMPT_TOO_LONG, /* the prompt leaves no room in the context */
     ENGINE_NO_ROOM,         /* prompt + max_tokens cannot fit the whole KV cache */
+    ENGINE_BAD_IMAGE,       /* images and image placeholders do not match, or the model has no vision tower */
 } EngineRefusal;
 
 typedef struct Request Request;
@@ -91,6 +92,14 @@ struct Request {
     RequestCb cb;
     void *user;
     uint64_t id;
+    /* images (docs/vision.md; request_set_images): pixels (n_img, 3, S, S),
+     * their vectors (n_img P, d) encoded at admission and put in the rows
+     * of the prompt's image_token_index placeholders, in order */
+    const float *pixels_in;               /* borrowed from request_set_images until engine_submit */
+    float *pixels, *img;                  /* owned: engine_submit's copy, the encoded vectors */
+    size_t n_img;
+    int32_t *img_row;                     /* (n_prompt) image row of a placeholder position, -1 elsewhere */
+    uint64_t img_seed;                    /* prefix cache chain seed: a hash of the pixels */
     /* output, written by the engine thread */
     int32_t *out;
     float *out_logp;
@@ -198,6 +207,15 @@ void engine_mem(const Model *m, const EngineOpts *o, EngineMem *out);
 /* Allocates a request for the given prompt (copied). */
 Request *request_new(const int32_t *prompt, size_t n_prompt, const GenParams *gp);
 void request_free(Request *r);
+/* Attaches n_img images to r (before engine_submit): pixels (n_img, 3, S,
+ * S) as image_to_pixels (core/image/image.h) makes them with the model's
+ * image_size S, image_mean and image_std.  Copied by engine_submit (which
+ * knows S): they must stay valid until it returns.  The prompt must hold
+ * vision_tokens_per_image copies of image_token_index per image (engine_submit
+ * refuses it otherwise, ENGINE_BAD_IMAGE).  The engine encodes them once, at
+ * admission (model_vision_encode); the prefix cache shares blocks only
+ * between requests with the same images.  Returns 0. */
+int request_set_images(Request *r, const float *pixels, size_t n_img);
 
 /* Whether a request for prompt[0..n_prompt) generating up to max_tokens
  * can ever run on e: every id in [0, vocab_size), a prompt that is not

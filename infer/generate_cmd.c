@@ -5,7 +5,10 @@
 #include "checkpoint/ckpt_serve.h"
 #include "core/args.h"
 #include "core/common.h"
+#include "core/image/image.h"
+#include "core/model/vision.h"
 #include "infer/engine.h"
+#include "infer/server/server_image.h"
 
 #include <cJSON.h>
 #include <math.h>
@@ -20,6 +23,7 @@ static const char *const g_gen_help =
     "                       [--max-tokens 128] [--temperature 1.0] [--top-k 0] [--top-p 1.0]\n"
     "                       [--seed 0] [--stop STR ...] [--ignore-eos] [--logprobs N] [--json]\n"
     "                       [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--no-prefix-cache]\n"
+    "                       [--image FILE ...]\n"
     "Streams the completion to stdout as it is produced and reports time to first\n"
     "token and tokens/s on stderr.  --temperature 0 is greedy.  --json prints one\n"
     "object instead: prompt_ids, ids, text, logprobs, finish_reason, ttft_ms,\n"
@@ -29,7 +33,10 @@ static const char *const g_gen_help =
     "model's end-of-turn ids end it (finish \"stop\") unless --ignore-eos.\n"
     "--dtype holds the weights in that dtype and computes from them (default: as the\n"
     "checkpoint stores them; an int8 checkpoint serves as int8); --kv-dtype holds\n"
-    "the KV cache so (default f32).  docs/serving.md\n";
+    "the KV cache so (default f32).  --image FILE (PNG or JPEG, repeatable) gives a\n"
+    "model with a vision tower its images: the prompt holds one <image> (the\n"
+    "image_token_index id) per image, or none and the images come first.\n"
+    "docs/serving.md, docs/vision.md\n";
 
 /* Shared by generate and serve/rollout: sampling options from Args. */
 int infer_gen_params(GenParams *gp, const Args *a, char *err, size_t n)
@@ -99,11 +106,65 @@ static void stream_cb(Request *r, bool done, void *user)
     fflush(stdout);
 }
 
+/* --image FILE (repeatable): each decoded, resized and normalised as the
+ * model's vision_config says, into *pixels (n, 3, S, S); the prompt's
+ * placeholders (one image_token_index per image, "<image>" in --prompt
+ * text; none: one per image is put first, LLaVA's order) expanded to
+ * the image's tokens.  -1 with one line in err. */
+static int load_images(Args *ap, const Model *m, TokIds *ids, float **pixels, size_t *n_img, char *err, size_t n)
+{
+    const ModelConfig *c = &m->cfg;
+    const char *const *files = NULL;
+    const size_t k = (size_t)args_multi(ap, "image", &files);
+    if (!config_vision(c)) {
+        snprintf(err, n, "--image: the model has no vision tower (no vision_config)");
+        return -1;
+    }
+    ApiVision v = { .tokens = vision_tokens_per_image(c), .token_id = c->image_token_index,
+                    .size = (size_t)c->vision_config.image_size };
+    for (int j = 0; j < 3; j++) {
+        v.mean[j] = (float)c->vision_config.image_mean[j];
+        v.std[j] = (float)c->vision_config.image_std[j];
+    }
+    const size_t px = 3 * v.size * v.size;
+    *pixels = td_malloc(k * px * sizeof(float));
+    for (size_t i = 0; i < k; i++) {
+        const char *path = files[i];
+        Image im;
+        char why[256];
+        if (image_load(path, NULL, &im, why, sizeof why)) {
+            snprintf(err, n, "--image: %s", why);   /* why names the file */
+            td_free(*pixels);
+            *pixels = NULL;
+            return -1;
+        }
+        image_to_pixels(&im, v.size, v.mean, v.std, *pixels + i * px);
+        image_free(&im);
+    }
+    size_t found = 0;
+    for (size_t i = 0; i < ids->n; i++) found += ids->ids[i] == v.token_id;
+    if (found == 0) {   /* the images first */
+        int32_t *x = td_malloc((ids->n + k) * sizeof(int32_t));
+        for (size_t i = 0; i < k; i++) x[i] = v.token_id;
+        memcpy(x + k, ids->ids, ids->n * sizeof(int32_t));
+        td_free(ids->ids);
+        ids->ids = x;
+        ids->n = ids->cap = ids->n + k;
+    }
+    *n_img = k;
+    if (api_images_expand(ids, &v, k, err, n)) {
+        td_free(*pixels);
+        *pixels = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 static int generate_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "ckpt=", "prompt=", "prompt-ids=", "max-tokens=", "temperature=",
                                         "top-k=", "top-p=", "seed=", "stop+", "logprobs=", "json", "ignore-eos",
-                                        "dtype=", "kv-dtype=", "no-prefix-cache", NULL };
+                                        "dtype=", "kv-dtype=", "no-prefix-cache", "image+", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("generate: %s", err);
@@ -149,7 +210,20 @@ static int generate_run(Args *ap, int argc, char **argv)
         pv.ids = td_malloc(cap * sizeof(int32_t));
         pv.cap = cap;
         n_ids = parse_ids(pids, pv.ids, cap);
+        pv.n = n_ids > 0 ? (size_t)n_ids : 0;
     }
+    float *pixels = NULL;
+    size_t n_img = 0;
+    const char *const *img_files = NULL;
+    if (n_ids > 0 && args_multi(ap, "image", &img_files) > 0 &&
+        load_images(ap, &m, &pv, &pixels, &n_img, err, sizeof err)) {
+        td_error("generate: %s", err);
+        td_free(pv.ids);
+        ckpt_text_free(&tx);
+        model_free(&m);
+        return 2;
+    }
+    n_ids = n_ids > 0 ? (long)pv.n : n_ids;
     int32_t *ids = pv.ids;
     int rc = 1;
     if (n_ids <= 0) {
@@ -174,6 +248,7 @@ static int generate_run(Args *ap, int argc, char **argv)
     Engine e;
     engine_init(&e, &m, &eo);
     Request *r = request_new(ids, (size_t)n_ids, &gp);
+    if (n_img) request_set_images(r, pixels, n_img);
     StreamState ss = { !json, 0 };
     r->cb = stream_cb;
     r->user = &ss;
@@ -226,6 +301,7 @@ out:
     request_free(r);
     engine_free(&e);
     td_free(ids);
+    td_free(pixels);
     ckpt_text_free(&tx);
     model_free(&m);
     return rc;

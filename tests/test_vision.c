@@ -341,3 +341,116 @@ Test(vision, a_tiny_vlm_trained_on_shapes_names_the_colour_of_held_out_images, .
     td_free(targets);
     EXPECT_NO_LEAKS();
 }
+
+/* ------------------------------------------------------------ serving images (infer/engine.h) */
+
+#include "infer/engine.h"
+
+#define TV_MAX_STEPS 20000
+
+static void engine_open(Engine *e, const Model *m)
+{
+    EngineOpts o;
+    engine_opts_default(&o);
+    o.max_running = 4;
+    o.max_batch_tokens = 64;
+    o.prefill_chunk = 16;   /* an image's 25 placeholders span prefill chunks and KV blocks */
+    o.kv_budget_bytes = 40 * (size_t)m->cfg.num_hidden_layers * attn_block_bytes(&m->attn);
+    engine_init(e, m, &o);
+}
+
+static Request *image_request(const int32_t *prompt, size_t n, const float *pixels, size_t n_img, int max_tokens)
+{
+    GenParams gp;
+    memset(&gp, 0, sizeof gp);
+    gp.max_tokens = max_tokens;
+    gp.sp.temperature = 0;
+    gp.sp.top_p = 1;
+    gp.ignore_eos = true;
+    Request *r = request_new(prompt, n, &gp);
+    if (n_img) request_set_images(r, pixels, n_img);
+    return r;
+}
+
+static bool drain(Engine *e)
+{
+    for (int s = 0; s < TV_MAX_STEPS; s++)
+        if (engine_step(e) == 0) return true;
+    return false;
+}
+
+Test(vision, image_requests_generate_the_trainer_forward_bits_alone_or_batched_with_text)
+{
+    Vlm c;
+    vlm_open(&c, RECOMPUTE_NONE);
+    const size_t T = c.T, S = c.m.vis.S, img_px = 3 * S * S, NT = 4;
+    /* sequence 0 of the fixture (image 0's placeholders at 2..26) as a prompt */
+    Engine e;
+    engine_open(&e, &c.m);
+    Request *alone = image_request(c.ids, T, c.pixels, 1, (int)NT);
+    cr_assert_eq(engine_submit(&e, alone), 0, "%s", alone->error);
+    cr_assert(drain(&e), "the image request did not end");
+    cr_assert_eq(alone->n_out, NT);
+    /* the same request beside a text request, itself with the other image,
+     * and sequence 1 with its own image, all in one batch */
+    Request *rs[4] = { image_request(c.ids + T, T, NULL, 0, (int)NT), image_request(c.ids, T, c.pixels, 1, (int)NT),
+                       image_request(c.ids, T, c.pixels + img_px, 1, (int)NT),
+                       image_request(c.ids + T, T, c.pixels + img_px, 1, (int)NT) };
+    /* sequence 1 holds image placeholders: as a text request it is refused by name */
+    cr_expect_eq(engine_submit(&e, rs[0]), -2, "placeholders without images accepted");
+    cr_expect(rs[0]->refusal == ENGINE_BAD_IMAGE && strstr(rs[0]->error, "image placeholder"), "%s", rs[0]->error);
+    request_free(rs[0]);
+    int32_t text[T];
+    for (size_t i = 0; i < T; i++) text[i] = (int32_t)(i * 7 % 60);
+    rs[0] = image_request(text, T, NULL, 0, (int)NT);
+    for (int i = 0; i < 4; i++) cr_assert_eq(engine_submit(&e, rs[i]), 0, "%s", rs[i]->error);
+    cr_assert(drain(&e), "the batch did not end");
+    cr_expect_arr_eq(rs[1]->out, alone->out, NT * sizeof(int32_t), "image request batched vs alone: tokens");
+    cr_expect_arr_eq(rs[1]->out_logp, alone->out_logp, NT * sizeof(float), "image request batched vs alone: logp");
+    /* the same tokens with another image: not the first image's cached keys */
+    cr_expect(memcmp(rs[2]->out_logp, alone->out_logp, NT * sizeof(float)) != 0,
+              "another image, same tokens: the same log-probabilities (image ignored or cache shared)");
+    /* the trainer's forward over prompt + output scores the generated tokens
+     * with the engine's bits: sequence 0 then (rs[3]) sequence 1 with image 1 */
+    const Request *want[2] = { alone, rs[3] };
+    const size_t TT = T + NT - 1;
+    TrainActs a;
+    VisionActs va;
+    model_train_acts_init(&a, &c.m, 2, TT, RECOMPUTE_NONE);
+    vision_acts_init(&va, &c.m, 2);
+    int32_t *ids = td_malloc(2 * TT * sizeof(int32_t)), *tg = td_malloc(2 * TT * sizeof(int32_t));
+    float *px = td_malloc(2 * img_px * sizeof(float));
+    memcpy(px, c.pixels, img_px * sizeof(float));
+    memcpy(px + img_px, c.pixels + img_px, img_px * sizeof(float));
+    for (size_t b = 0; b < 2; b++)
+        for (size_t t = 0; t < TT; t++) {
+            const Request *r = want[b];
+            ids[b * TT + t] = t < T ? r->prompt[t] : r->out[t - T];
+            tg[b * TT + t] = t + 1 < T ? r->prompt[t + 1] : r->out[t + 1 - T];
+        }
+    a.vis = &va;
+    a.pixels = px;
+    a.n_img = 2;
+    model_train_forward(&c.m, &a, ids, tg, 2 * TT, NULL);
+    for (size_t b = 0; b < 2; b++)
+        cr_expect_arr_eq(a.logp + b * TT + T - 1, want[b]->out_logp, NT * sizeof(float),
+                         "sequence %zu: the trainer's log-probabilities of the generated tokens", b);
+    model_train_acts_free(&a);
+    vision_acts_free(&va);
+    td_free(ids);
+    td_free(tg);
+    td_free(px);
+    for (int i = 0; i < 4; i++) request_free(rs[i]);
+    request_free(alone);
+    /* an image for a prompt without placeholders, two images for one image's */
+    Request *bad[2] = { image_request(text, T, c.pixels, 1, 1), image_request(c.ids, T, c.pixels, 2, 1) };
+    for (int i = 0; i < 2; i++) {
+        cr_expect_eq(engine_submit(&e, bad[i]), -2, "bad image request %d accepted", i);
+        cr_expect_eq(bad[i]->refusal, ENGINE_BAD_IMAGE, "%s", bad[i]->error);
+        cr_expect(strstr(bad[i]->error, "image placeholder tokens (id 63)") != NULL, "%s", bad[i]->error);
+        request_free(bad[i]);
+    }
+    engine_free(&e);
+    vlm_close(&c);
+    EXPECT_NO_LEAKS();
+}
