@@ -378,6 +378,7 @@ static int completion_submit(Completion *c, ApiError *err)
             ch->seed = gp.seed;
             atomic_store(&ch->weights_step, -1);
             Request *r = request_new(q->tokens + q->offs[p], q->offs[p + 1] - q->offs[p], &gp);
+            if (q->n_img) request_set_images(r, q->pixels, q->n_img);   /* chat: one prompt holds them all */
             r->cb = on_token;
             r->user = ch;
             r->id = atomic_fetch_add(&s->counter, 1);
