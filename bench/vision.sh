@@ -12,9 +12,14 @@
 #     `tandem serve --no-prefix-cache`, median of 7 of each, alternated, as
 #     the server measures it (submit to first token: the image's encoding
 #     at admission included);
-#   - VLM training tokens/s against PyTorch: not measured yet (the trainer's
-#     data path for images is not in `tandem train`; see docs/vision.md,
-#     "Not yet"); the line says so.
+#   - VLM training tokens/s: tandem's training step (build/bench/vision_train:
+#     the trainer's forward, backward, clipping, AdamW and packing on
+#     micro-batches of 8 sequences of 96 tokens, each opening with an
+#     image's 64 placeholders) against the same model in PyTorch
+#     (bench/torch_vlm.py: bench/torch_train.py's language model and the
+#     tower written with torch.nn.functional), 2 threads each, median step
+#     after 2 untimed, runs interleaved A B B A.  Target >= 1.3x.  (In
+#     process: `tandem train` has no image data path yet, docs/vision.md.)
 # Prints a table and one JSON line {"bench":"vision",...}.  Shared machines
 # are noisy: figures here are indicative.
 set -eu
@@ -24,8 +29,10 @@ BUILD=${BUILD:-build}
 T=${TANDEM:-./bin/tandem}
 PY=/usr/bin/python3
 B=$BUILD/bench/vision_bench
+VT=$BUILD/bench/vision_train
 [ -x "$T" ] || { echo "bench/vision.sh: $T missing (make)"; exit 1; }
-[ -x "$B" ] || { echo "bench/vision.sh: $B missing (make bench builds it)"; exit 1; }
+[ -x "$B" ] && [ -x "$VT" ] || { echo "bench/vision.sh: $B or $VT missing (make bench builds them)"; exit 1; }
+STEPS=${VISION_BENCH_STEPS:-6}
 need curl || exit 1
 export OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1
 W=$(mktemp -d /tmp/tandem-vision-bench.XXXXXX)
@@ -87,7 +94,14 @@ ttft() {   # ttft N-th-of-each-pair(1 image, 2 text): median ms over the 7 timed
 }
 t_img=$(ttft 1)
 t_txt=$(ttft 2)
-$PY - "$line" "$t_img" "$t_txt" "$W/ttft.json" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PYEOF'
+
+# ---------------------------------------------------------------- training
+tps() { sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p'; }
+a1=$(bounded 900 "$VT" "$W/model.json" 8 96 "$STEPS" 2 2 | tps)
+b1=$(bounded 900 $PY bench/torch_vlm.py "$W/model.json" 8 96 "$STEPS" 2 2 | tps)
+b2=$(bounded 900 $PY bench/torch_vlm.py "$W/model.json" 8 96 "$STEPS" 2 2 | tps)
+a2=$(bounded 900 "$VT" "$W/model.json" 8 96 "$STEPS" 2 2 | tps)
+$PY - "$line" "$t_img" "$t_txt" "$W/ttft.json" "$(cut -d' ' -f1-3 /proc/loadavg)" "$a1" "$a2" "$b1" "$b2" <<'PYEOF'
 import json, sys
 kv = dict(x.split("=") for x in sys.argv[1].split()[1:])
 f = {k: float(v) for k, v in kv.items()}
@@ -97,8 +111,11 @@ print("images per second (64 x 64, %d tokens each; 2 threads; best of 3):" % f["
 print("  decode PNG %10.0f   decode JPEG %10.0f   resize + normalise %10.0f" % (f["png_per_s"], f["jpeg_per_s"], f["pixels_per_s"]))
 print("  vision tower + projector: %.1f one at a time, %.1f in batches of 8" % (f["encode1_per_s"], f["encode8_per_s"]))
 print("TTFT (tandem serve, %d prompt tokens, median of 7): image + text %.1f ms, text %.1f ms (%.2fx)" % (n, ti, tt, ti / tt))
-print("VLM training tok/s vs PyTorch: not measured (tandem train has no image data path yet; docs/vision.md)")
+a1, a2, b1, b2 = (float(x) for x in sys.argv[6:10])
+ta, tb = (a1 + a2) / 2, (b1 + b2) / 2
+print("VLM training tok/s (2 threads, 8 x 96 tokens, 64 of them an image's): tandem %.1f (rounds %.1f %.1f), "
+      "PyTorch %.1f (%.1f %.1f): %.2fx (target >= 1.3x)" % (ta, a1, a2, tb, b1, b2, ta / tb))
 print("load average: %s" % sys.argv[5])
 print(json.dumps(dict(bench="vision", images_per_s=f, ttft_ms=dict(image=ti, text=tt, prompt_tokens=n),
-                      training=None, load=sys.argv[5])))
+                      training=dict(tandem=ta, torch=tb, ratio=round(ta / tb, 3)), load=sys.argv[5])))
 PYEOF
