@@ -618,7 +618,7 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
     fprintf(f, "{\"step\":%lld,\"loss\":%.9g,\"ce\":%.9g,\"aux\":%.6f,\"z\":%.6f,\"lr\":%.6e,"
                "\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"gemm_eff\":%.4f,\"sgemm_eff\":%.4f,"
                "\"step_s\":%.4f,\"comm_s\":%.4f,"
-               "\"tokens_seen\":%lld,\"peak_mem_mb\":%.1f,\"act_mem_mb\":%.1f",
+               "\"tokens_seen\":%lld,\"peak_mem_mb\":%.1f,\"act_mem_mb\":%.4f",
             (long long)tr->step, loss, ce, lp_sum->aux, lp_sum->z, lr, gnorm, tok_s, mfu, tr->gemm_eff, tr->sgemm_eff,
             step_s, comm_s,
             (long long)tr->tokens_seen, td_mem_peak() / 1048576.0, tr->slots[0].acts.arena.size / 1048576.0);

@@ -635,6 +635,8 @@ static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
 
     if (a->mode == RECOMPUTE_FULL) {
         model_layer_forward(m, l, &b, a->x[i], a->dtmp, la);
+        /* sp: the MoE block used h1g as its scratch (layer.c) */
+        if (m->topo.sp) model_sp_gather(m, la->h1g, la->h1, N);
     } else {
         /* sp: the gathered norms are scratch that later layers overwrote */
         if (m->topo.sp) {
