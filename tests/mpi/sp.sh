@@ -59,6 +59,25 @@ run 2 "$W/tp" configs/tiny.json $A tp=2
 run 2 "$W/sp" configs/tiny.json $A tp=2 sp=true
 cmp_runs "$W/tp" "$W/sp" "tiny tp=2 sp vs tp=2" 0 1e-7 5e-6 3e-3
 cmp_runs "$W/one" "$W/sp" "tiny tp=2 sp vs one" 1e-7 2e-5 1e-5 3e-3
+# every gradient but the replicated vectors sp sums from row halves is bit
+# for bit (the grad_norm above is too, so the clip factor is the same)
+$PY - "$W/tp/latest" "$W/sp/latest" <<'PYEOF' || fail=1
+import re, sys
+import h5py, numpy as np
+fa, fb = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+bad, n = [], [0]
+def visit(name, o):
+    if isinstance(o, h5py.Dataset) and name.startswith("optimizer/exp_avg/"):
+        if re.search(r"layernorm|o_proj\.bias", name):
+            return
+        n[0] += 1
+        if not np.array_equal(o[()], fb[name][()]):
+            bad.append(name)
+fa.visititems(visit)
+print("%s tiny tp=2 sp vs tp=2: %d gradients (all but the norms') bit for bit%s"
+      % ("FAIL" if bad or not n[0] else "ok  ", n[0] - len(bad), "; differ: " + ", ".join(bad) if bad else ""))
+sys.exit(1 if bad or not n[0] else 0)
+PYEOF
 a_tp=$(act "$W/tp"); a_sp=$(act "$W/sp")
 if $PY -c "import sys; sys.exit(not float(sys.argv[2]) < float(sys.argv[1]))" "$a_tp" "$a_sp"; then
     echo "ok   tiny activation arena per rank: tp=2 $a_tp MiB, tp=2 sp $a_sp MiB"
