@@ -15,6 +15,13 @@
  *          replicated down projections, whose input gradient is added after the tp sum
  *   shared expert with gate g = sigmoid(h2 . w_g):  ys = (g sh) Ws^T:  d(g sh) = dy Ws;  dsh = g d(g sh);
  *          dg = d(g sh) . sh (summed over tp);  dh2 += gate^T dg (after the tp sum: w_g is replicated)
+ * Sequence parallelism (core/model/layer.h): dx, x_mid and the norms are
+ * this rank's N/tp rows; each block starts from dx all-gathered (the
+ * backward of the forward's reduce-scatter) and ends with the
+ * column-parallel input gradient reduce-scattered (was: all-reduced), the
+ * replicated parts (router, shared gate, MLA's down projections) adding
+ * their dx for this rank's rows only; the norm weights' and o_proj bias's
+ * gradients, from N/tp rows, are summed over tp (vec_grad).
  */
 #include "core/model/backprop.h"
 #include "core/common.h"
@@ -354,13 +361,14 @@ static void tp_sum(const Model *m, float *buf, size_t n)
 }
 
 /* Sequence parallelism: the gradient of a replicated vector (a norm
- * weight, o_proj's bias) from this rank's rows is a part of the whole:
- * vec_grad gives where backward adds it (p->g without sp; a->dvec, zeroed,
- * with sp) and vec_grad_done sums that over tp into p->g.  Apart from the
- * head's, the only gradients sp leaves partial. */
+ * weight, o_proj's bias; d floats) from this rank's rows is a part of the
+ * whole: vec_grad gives where backward adds it (p->g without sp; a->dvec,
+ * zeroed, with sp) and vec_grad_done sums that over tp into p->g.  The
+ * only gradients sp leaves partial (the head runs on every row). */
 static float *vec_grad(const Model *m, TrainActs *a, const Param *p)
 {
     if (!m->topo.sp) return p->g;
+    TD_CHECK(p->numel <= m->d, "%s: %zu floats, dvec holds %zu", p->name, p->numel, m->d);
     memset(a->dvec, 0, p->numel * sizeof(float));
     return a->dvec;
 }
@@ -373,9 +381,10 @@ static void vec_grad_done(const Model *m, TrainActs *a, Param *p)
 }
 
 /* Backward of a replicated projection y = x W^T inside the tp region (its
- * input x the gathered rows, N of them; the router, the shared gate, MLA's
- * down projections): dW from all N rows, as every rank computes it
- * without sp; dx (Nl rows) only for this rank's rows under sp, else all. */
+ * input x the gathered rows, N of them; the router, MLA's down
+ * projections): dW from all N rows, as every rank computes it without sp;
+ * dx (Nl rows) only for this rank's rows under sp, else all.  The GEMMs
+ * are row-invariant: a row's dx has the bits of the N-row call's. */
 static void rep_linear_backward(const Model *m, float *dxl, float *dW, const float *dy, const float *xg,
                                 const float *W, size_t N, size_t n_out, size_t K)
 {
