@@ -1261,11 +1261,11 @@ int train_run(const RunConfig *rc)
     if (tr.rank0) {
         char pc[16];
         fmt_count(pc, sizeof pc, (double)config_param_count(c));
-        td_info("train: %s params, %d layers, %d experts top-%d | world %d (dp %d tp %d pp %d ep %d) | "
+        td_info("train: %s params, %d layers, %d experts top-%d | world %d (dp %d tp %d%s pp %d ep %d) | "
                 "batch %d x %d x %d accum | %d steps | weights %.1f MiB, activations %.1f MiB | "
                 "FMA peak %.0f, best GEMM %.0f GFLOP/s",
                 pc, c->num_hidden_layers, c->num_local_experts, c->num_experts_per_tok, tr.topo.world,
-                tr.topo.dp, tr.topo.tp, tr.topo.pp, tr.topo.ep, rc->micro_batch, rc->seq_len, rc->grad_accum,
+                tr.topo.dp, tr.topo.tp, tr.topo.sp ? " sp" : "", tr.topo.pp, tr.topo.ep, rc->micro_batch, rc->seq_len, rc->grad_accum,
                 rc->steps, model_weight_bytes(&tr.m) / 1048576.0, tr.n_slots * tr.slots[0].acts.arena.size / 1048576.0, tr.peak_fma,
                 fmax(tr.peak_kernel, tr.peak_sgemm));
     }
