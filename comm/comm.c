@@ -261,7 +261,9 @@ void comm_reduce_scatter_v_f32(CommGroup g, float *out, const float *in, const s
     if (fits_one_call(counts, NULL, n)) {
         int c[n];
         for (int i = 0; i < n; i++) c[i] = (int)counts[i];
-        TIMED(g, tot * 4, "Reduce_scatter", MPI_Reduce_scatter(in, out, c, MPI_FLOAT, MPI_SUM, C.g[g]));
+        /* what a rank sends in a ring: every block but its own, once */
+        TIMED(g, (tot - counts[C.grank[g]]) * 4, "Reduce_scatter",
+              MPI_Reduce_scatter(in, out, c, MPI_FLOAT, MPI_SUM, C.g[g]));
         return;
     }
     /* beyond an int: each block summed onto its owner, in chunks */

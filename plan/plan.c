@@ -88,6 +88,7 @@ static int train_stage(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
 {
     Topology t;
     if (topo_init(&t, cfg, l.dp, l.tp, l.pp, l.ep, s * l.dp * l.tp, NULL, err, err_len)) return -1;
+    t.sp = o->sp && l.tp > 1;   /* as the trainer sets it: the activation carve follows */
     model_init_shape(m, cfg, &t, 16, NULL);
     train_mem(m, (size_t)(o->micro_batch / l.dp), (size_t)o->seq_len, o->grad_accum, o->recompute, o->zero, tm);
     return 0;
@@ -106,6 +107,10 @@ static void plan_train(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
     r->micro_batch = mb;
     r->grad_accum = oo.grad_accum;
     if (mb % l.dp) return fail(r, "dp=%d does not divide micro_batch=%d", l.dp, mb);
+    const bool sp = o->sp && l.tp > 1;
+    if (sp && (long long)(mb / l.dp) * o->seq_len % l.tp)
+        return fail(r, "sp: tp=%d does not divide the %lld rows of a micro-batch per dp rank", l.tp,
+                    (long long)(mb / l.dp) * o->seq_len);
     if (o->seq_len > cfg->max_position_embeddings)
         return fail(r, "seq_len=%d exceeds max_position_embeddings=%d", o->seq_len, cfg->max_position_embeddings);
     double best = -1;
@@ -149,10 +154,21 @@ static void plan_train(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
     held_floats(m, &w_ne, &w_e);
     /* tp: o_proj and FFN output all-reduce per forward, two input-gradient all-reduces in backward */
     r->comm[PLAN_TP] = ga * nl * (2 * fw_tp + 2) * ring(N * d * 4, l.tp);
+    if (sp) {
+        /* sequence parallelism (docs/scaling.md): an all-gather and a
+         * reduce-scatter, half a ring each, for every all-reduce; backward
+         * gathers the two norms' rows again (only h1 after recompute=full's
+         * re-run), and the head (last stage: forward and backward) and the
+         * embedding's gradient (first stage) gather the stage's rows */
+        const double again = o->recompute == RECOMPUTE_FULL ? 0.5 : 1;
+        const double ends = (topo_is_first_stage(&m->topo) ? 0.5 : 0) + (topo_is_last_stage(&m->topo) ? 1 : 0);
+        r->comm[PLAN_TP] = ga * (nl * (2 * fw_tp + 2 + again) + ends) * ring(N * d * 4, l.tp);
+    }
     /* ep: dispatch and return per forward, and both again in backward */
     r->comm[PLAN_EP] = ga * nm * (2 * fw_ep + 2) * a2a(N * k * d * 4, l.ep);
     /* pp: activations forward, gradients backward, each micro-batch; tied embeddings once */
-    r->comm[PLAN_PP] = l.pp > 1 ? ga * 2 * N * d * 4 + (cfg->tie_word_embeddings ? 2.0 * m->V * d * 4 : 0) : 0;
+    r->comm[PLAN_PP] = l.pp > 1 ? ga * 2 * (sp ? N / l.tp : N) * d * 4 + (cfg->tie_word_embeddings ? 2.0 * m->V * d * 4 : 0)
+                                : 0;   /* sp: a stage sends its rows */
     /* dp: gradient sums once per step (ZeRO: reduce-scatter + all-gather, the same volume),
      * expert gradients over the dp / ep ranks holding the same experts; router statistics */
     r->comm[PLAN_DP] = ring(4 * w_ne, l.dp) + ring(4 * w_e, l.dp / l.ep) +

@@ -54,6 +54,7 @@ typedef struct {
                                    * (one sequence per rank) and grad_accum = global_batch / dp */
     Recompute recompute;
     bool zero;
+    bool sp;                      /* run key sp: sequence parallelism in layouts with tp > 1 */
     /* serving: per serving instance (tp x ep ranks; dp / ep instances) */
     int context, concurrency, max_batch_tokens, prefill_chunk;
     Dtype dtype, kv_dtype;

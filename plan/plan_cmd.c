@@ -24,8 +24,9 @@ static const char *const g_help =
     "weights exist.  CONFIG: a tandem model config, a run config, or a Hugging\n"
     "Face config.json (or its directory).  Training keys are run keys (seq_len,\n"
     "micro_batch, grad_accum, recompute, zero; defaults from the run config, else\n"
-    "tandem train's) and global_batch=G (sequences per step: every layout then\n"
-    "runs one sequence per dp rank, grad_accum = G / dp); serving keys: context (8192), concurrency (64 sequences per\n"
+    "tandem train's), global_batch=G (sequences per step: every layout then\n"
+    "runs one sequence per dp rank, grad_accum = G / dp) and sp=true (sequence\n"
+    "parallelism in the layouts with tp > 1); serving keys: context (8192), concurrency (64 sequences per\n"
     "instance), max_batch_tokens (512), prefill_chunk (256), dtype (bf16),\n"
     "kv_dtype (bf16).  Per rank: weights, gradients, optimizer, activations,\n"
     "kv_cache, comm, workspace, total (what tandem's allocator will count);\n"
@@ -250,10 +251,10 @@ static void print_json(const PlanResult *v, int n)
 static void print_best(const PlanResult *r, const PlanOpts *o)
 {
     if (o->mode == PLAN_TRAIN) {
-        printf("dp=%d tp=%d pp=%d ep=%d zero=%d recompute=%s seq_len=%d micro_batch=%d grad_accum=%d\n", r->l.dp,
+        printf("dp=%d tp=%d pp=%d ep=%d zero=%d recompute=%s seq_len=%d micro_batch=%d grad_accum=%d%s\n", r->l.dp,
                r->l.tp, r->l.pp, r->l.ep, o->zero ? 1 : 0,
                o->recompute == RECOMPUTE_FULL ? "full" : o->recompute == RECOMPUTE_SELECTIVE ? "selective" : "none",
-               o->seq_len, r->micro_batch, r->grad_accum);
+               o->seq_len, r->micro_batch, r->grad_accum, o->sp && r->l.tp > 1 ? " sp=true" : "");
         fprintf(stderr, "plan: mpirun -np %d tandem train RUN.json <the line above>\n", o->world);
     } else {
         /* the KV budget the plan counted, in the whole MiB serve takes */
@@ -343,7 +344,18 @@ int cmd_plan(int argc, char **argv)
             td_error("plan: unexpected argument \"%s\" (keys are key=value; tandem plan --help)", kv);
             goto out;
         }
-        if (!strncmp(kv, "global_batch=", 13)) {
+        if (!strcmp(kv, "sp=true") || !strcmp(kv, "sp=false")) {
+            /* not through the run config, which refuses sp at its tp = 1:
+             * here it applies to the layouts with tp > 1 */
+            if (o.mode != PLAN_TRAIN) {
+                td_error("plan: sp is a training key");
+                goto out;
+            }
+            o.sp = kv[3] == 't';
+        } else if (!strncmp(kv, "sp=", 3)) {
+            td_error("plan: sp must be true or false (got \"%s\")", kv + 3);
+            goto out;
+        } else if (!strncmp(kv, "global_batch=", 13)) {
             if (o.mode != PLAN_TRAIN || parse_int_key(kv, "global_batch", 1, 1 << 30, &o.global_batch, err, sizeof err)) {
                 td_error("%s", o.mode != PLAN_TRAIN ? "plan: global_batch is a training key" : err);
                 goto out;

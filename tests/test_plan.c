@@ -6,6 +6,7 @@
  * any rank's slice can be built in one process).  tests/cli/plan.sh checks
  * whole runs under mpirun. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <string.h>
 
 #include "core/common.h"
@@ -181,4 +182,71 @@ Test(plan, every_layout_once_ranked_refusals_named)
     for (int i = 0; i < n; i++) cr_expect(!v[i].feasible);
     cr_expect(strstr(v[0].reason, "needs"), "%s", v[0].reason);
     td_free(v);
+}
+
+/* Sequence parallelism (Topology.sp): the dry carve still sizes what
+ * model_train_acts_init allocates, and holds less than tp alone; the plan
+ * counts it per layout with tp > 1 (and ignores it at tp = 1), the
+ * pipeline's messages 1/tp of tp's. */
+Test(plan, sp_acts_bytes_are_allocated_and_below_tp)
+{
+    ModelConfig cfg = config();
+    for (int r = 0; r < 2; r++) {
+        Topology t = topo(&cfg, 1, 2, 1, 1, r);
+        Model s;
+        model_init_shape(&s, &cfg, &t, 16, NULL);
+        for (int mode = RECOMPUTE_NONE; mode <= RECOMPUTE_SELECTIVE; mode++) {
+            s.topo.sp = false;
+            const size_t tp_only = model_train_acts_bytes(&s, 3, 20, (Recompute)mode);
+            s.topo.sp = true;
+            TrainActs a;
+            size_t before = td_mem_current();
+            model_train_acts_init(&a, &s, 3, 20, (Recompute)mode);
+            size_t used = td_mem_current() - before;
+            size_t want = model_train_acts_bytes(&s, 3, 20, (Recompute)mode);
+            cr_expect_eq(used, want, "rank %d mode %d: allocated %zu, model_train_acts_bytes %zu", r, mode, used, want);
+            cr_expect(want < tp_only, "rank %d mode %d: sp %zu bytes, tp alone %zu", r, mode, want, tp_only);
+            model_train_acts_free(&a);
+        }
+        model_free(&s);
+    }
+    PlanOpts o;
+    plan_opts_default(&o);
+    o.world = 4;
+    o.device_bytes = 1e12;
+    o.seq_len = 32;
+    o.micro_batch = 4;
+    o.grad_accum = 2;
+    const PlanLayout lays[] = { { 2, 2, 1, 1, 1 }, { 1, 2, 2, 1, 1 }, { 4, 1, 1, 1, 1 } };
+    for (size_t i = 0; i < sizeof lays / sizeof lays[0]; i++) {
+        PlanResult a, b;
+        o.sp = false;
+        plan_layout(&cfg, &o, lays[i], &a);
+        o.sp = true;
+        plan_layout(&cfg, &o, lays[i], &b);
+        cr_assert(a.feasible && b.feasible, "layout %zu: %s %s", i, a.reason, b.reason);
+        const int tp = lays[i].tp;
+        if (tp == 1) {
+            cr_expect(b.bytes[PLAN_ACTIVATIONS] == a.bytes[PLAN_ACTIVATIONS] && b.comm[PLAN_TP] == 0,
+                      "tp=1: sp changes nothing");
+            continue;
+        }
+        cr_expect(b.bytes[PLAN_ACTIVATIONS] < a.bytes[PLAN_ACTIVATIONS], "layout %zu: activations %.0f vs %.0f", i,
+                  b.bytes[PLAN_ACTIVATIONS], a.bytes[PLAN_ACTIVATIONS]);
+        cr_expect(b.comm[PLAN_PP] * tp == a.comm[PLAN_PP], "layout %zu: pp %.0f vs %.0f", i, b.comm[PLAN_PP],
+                  a.comm[PLAN_PP]);
+        /* recompute=full (the default): per layer 2 x 2 + 2 all-reduces of
+         * tp; sp adds h1's gather again (half a ring), and the ends: stage 0
+         * gathers for the embedding, the last stage for the head */
+        const int nl = lays[i].pp == 1 ? 4 : 2;
+        const double ends = lays[i].pp == 1 ? 1.5 : 0.5;
+        const double want = a.comm[PLAN_TP] * (nl * 6.5 + ends) / (nl * 6.0);
+        cr_expect(fabs(b.comm[PLAN_TP] - want) <= 1e-9 * want, "layout %zu: tp %.0f, want %.0f", i, b.comm[PLAN_TP],
+                  want);
+    }
+    o.seq_len = 31;   /* one sequence of 31 rows per dp rank: tp=2 does not divide them */
+    o.micro_batch = 2;
+    PlanResult c;
+    plan_layout(&cfg, &o, (PlanLayout){ 2, 2, 1, 1, 1 }, &c);
+    cr_expect(!c.feasible && strstr(c.reason, "sp: tp=2 does not divide the 31 rows"), "%s", c.reason);
 }

@@ -53,6 +53,7 @@ static const struct key g_keys[] = {
     { "pp", K_INT, F(pp), 1, 64, "1", NULL },
     { "ep", K_INT, F(ep), 1, 65536, "1", NULL },
     { "zero", K_INT, F(zero), 0, 1, "0", NULL },
+    { "sp", K_BOOL, F(sp), 0, 0, "false", NULL },
     { "pp_layers", K_STR, F(pp_layers), 0, 0, "\"\"", NULL },
     { "init_from", K_STR, F(init_from), 0, 0, "\"\"", NULL },
     { "resume", K_STR, F(resume), 0, 0, "\"\"", NULL },
@@ -285,6 +286,16 @@ int runcfg_load(RunConfig *rc, const char *path, int n_over, char *const *over, 
     }
     if (rc->micro_batch % rc->dp) {
         snprintf(err, n, "run config: dp=%d does not divide micro_batch=%d", rc->dp, rc->micro_batch);
+        return -1;
+    }
+    if (rc->sp && rc->tp == 1) {
+        snprintf(err, n, "run config: sp=true splits rows over the tp group and needs tp > 1 (tp=1)");
+        return -1;
+    }
+    if (rc->sp && (long long)(rc->micro_batch / rc->dp) * rc->seq_len % rc->tp) {
+        snprintf(err, n, "run config: sp=true: tp=%d does not divide the %lld rows of a micro-batch per dp rank "
+                 "(micro_batch/dp x seq_len = %d x %d)", rc->tp, (long long)(rc->micro_batch / rc->dp) * rc->seq_len,
+                 rc->micro_batch / rc->dp, rc->seq_len);
         return -1;
     }
     cJSON *j = to_json(rc);

@@ -30,6 +30,7 @@ typedef struct {
     char out_dir[512];
     int save_every, keep_last, eval_every, eval_batches, log_every;
     int dp, tp, pp, ep, zero;
+    bool sp;                 /* sequence parallelism over the tp group (Topology.sp) */
     char pp_layers[128];     /* layers per pipeline stage, "2,2"; empty = even */
     char init_from[512], resume[512];
     char tokenizer[512];     /* HF directory or checkpoint whose tokenizer the run uses; "" = default */

@@ -143,6 +143,29 @@ static int mkdir_p(const char *dir)
 
 static void dp_stats_hook(void *ctx, double *buf, size_t n) { (void)ctx; comm_allreduce_f64(COMM_DP, buf, n); }
 static void tp_sum_hook(void *ctx, float *buf, size_t n) { (void)ctx; comm_allreduce_f32(COMM_TP, buf, n); }
+
+/* Sequence parallelism: tp equal blocks (core/model/model.h). */
+static void tp_blocks(size_t n, size_t *counts)
+{
+    const int P = comm_group_size(COMM_TP);
+    for (int r = 0; r < P; r++) counts[r] = n / (size_t)P;
+}
+
+static void tp_rs_hook(void *ctx, float *out, const float *in, size_t n)
+{
+    (void)ctx;
+    size_t counts[comm_group_size(COMM_TP)];
+    tp_blocks(n, counts);
+    comm_reduce_scatter_v_f32(COMM_TP, out, in, counts);
+}
+
+static void tp_ag_hook(void *ctx, float *buf, size_t n)
+{
+    (void)ctx;
+    size_t counts[comm_group_size(COMM_TP)];
+    tp_blocks(n, counts);
+    comm_allgather_v_f32(COMM_TP, buf, counts);
+}
 static void ep_a2a_hook(void *ctx, const void *send, const size_t *sc, const size_t *sd, void *recv,
                         const size_t *rc, const size_t *rd)
 {
@@ -310,9 +333,10 @@ static int setup_model(Trainer *tr, CkptState *st, bool *resumed)
         td_error("%s", err);
         return -1;
     }
+    tr->topo.sp = rc->sp;   /* runcfg_load checked tp > 1 and the rows */
     if (comm_setup(&tr->topo)) return -1;
     model_init(&tr->m, &cfg, &tr->topo, true, 16);
-    tr->m.comm = (ModelComm){ tr, tp_sum_hook, dp_stats_hook, ep_a2a_hook, grad_ready_hook };
+    tr->m.comm = (ModelComm){ tr, tp_sum_hook, dp_stats_hook, ep_a2a_hook, grad_ready_hook, tp_rs_hook, tp_ag_hook };
     build_buckets(tr);
     size_t zmax = 1;
     for (int i = 0; i < tr->n_buckets; i++) zmax = td_max(zmax, tr->buckets[i].hi - tr->buckets[i].lo);
@@ -422,7 +446,11 @@ static void progress(Trainer *tr, double loss, double lr, double tok_s, double m
 /* Pipeline neighbours in the pp group (-1: none). */
 static int pp_prev(const Trainer *tr) { return tr->topo.pp_rank > 0 ? tr->topo.pp_rank - 1 : -1; }
 static int pp_next(const Trainer *tr) { return tr->topo.pp_rank < tr->topo.pp - 1 ? tr->topo.pp_rank + 1 : -1; }
-static size_t act_bytes(const Trainer *tr) { return tr->slots[0].acts.N * tr->m.d * sizeof(float); }
+/* Bytes of a stage's input or output (sequence parallelism: this rank's rows). */
+static size_t act_bytes(const Trainer *tr)
+{
+    return model_sp_rows(&tr->m, tr->slots[0].acts.N) * tr->m.d * sizeof(float);
+}
 
 static double evaluate(Trainer *tr)
 {
@@ -590,7 +618,7 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
     fprintf(f, "{\"step\":%lld,\"loss\":%.9g,\"ce\":%.9g,\"aux\":%.6f,\"z\":%.6f,\"lr\":%.6e,"
                "\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"gemm_eff\":%.4f,\"sgemm_eff\":%.4f,"
                "\"step_s\":%.4f,\"comm_s\":%.4f,"
-               "\"tokens_seen\":%lld,\"peak_mem_mb\":%.1f,\"act_mem_mb\":%.1f",
+               "\"tokens_seen\":%lld,\"peak_mem_mb\":%.1f,\"act_mem_mb\":%.4f",
             (long long)tr->step, loss, ce, lp_sum->aux, lp_sum->z, lr, gnorm, tok_s, mfu, tr->gemm_eff, tr->sgemm_eff,
             step_s, comm_s,
             (long long)tr->tokens_seen, td_mem_peak() / 1048576.0, tr->slots[0].acts.arena.size / 1048576.0);
@@ -1233,11 +1261,11 @@ int train_run(const RunConfig *rc)
     if (tr.rank0) {
         char pc[16];
         fmt_count(pc, sizeof pc, (double)config_param_count(c));
-        td_info("train: %s params, %d layers, %d experts top-%d | world %d (dp %d tp %d pp %d ep %d) | "
+        td_info("train: %s params, %d layers, %d experts top-%d | world %d (dp %d tp %d%s pp %d ep %d) | "
                 "batch %d x %d x %d accum | %d steps | weights %.1f MiB, activations %.1f MiB | "
                 "FMA peak %.0f, best GEMM %.0f GFLOP/s",
                 pc, c->num_hidden_layers, c->num_local_experts, c->num_experts_per_tok, tr.topo.world,
-                tr.topo.dp, tr.topo.tp, tr.topo.pp, tr.topo.ep, rc->micro_batch, rc->seq_len, rc->grad_accum,
+                tr.topo.dp, tr.topo.tp, tr.topo.sp ? " sp" : "", tr.topo.pp, tr.topo.ep, rc->micro_batch, rc->seq_len, rc->grad_accum,
                 rc->steps, model_weight_bytes(&tr.m) / 1048576.0, tr.n_slots * tr.slots[0].acts.arena.size / 1048576.0, tr.peak_fma,
                 fmax(tr.peak_kernel, tr.peak_sgemm));
     }

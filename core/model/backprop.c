@@ -15,6 +15,13 @@
  *          replicated down projections, whose input gradient is added after the tp sum
  *   shared expert with gate g = sigmoid(h2 . w_g):  ys = (g sh) Ws^T:  d(g sh) = dy Ws;  dsh = g d(g sh);
  *          dg = d(g sh) . sh (summed over tp);  dh2 += gate^T dg (after the tp sum: w_g is replicated)
+ * Sequence parallelism (core/model/layer.h): dx, x_mid and the norms are
+ * this rank's N/tp rows; each block starts from dx all-gathered (the
+ * backward of the forward's reduce-scatter) and ends with the
+ * column-parallel input gradient reduce-scattered (was: all-reduced), the
+ * replicated parts (router, shared gate, MLA's down projections) adding
+ * their dx for this rank's rows only; the norm weights' and o_proj bias's
+ * gradients, from N/tp rows, are summed over tp (vec_grad).
  */
 #include "core/model/backprop.h"
 #include "core/model/vision.h"
@@ -50,6 +57,8 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
 {
     const size_t N = a->N, d = m->d, Hq = m->aq, Hk = m->ak, Hv = m->av, Ho = m->ao;
     const size_t E = m->E_global, k = m->k, Nk = N * k, V = m->V;
+    const size_t Nl = model_sp_rows(m, N);   /* residual-stream rows (sequence parallelism) */
+    const bool sp = m->topo.sp;
     const size_t nb = (a->T + m->attn.bs - 1) / m->attn.bs;
     /* KV blocks, in floats (f32 for training; a scorer may ask for a narrow
      * KV dtype: fewer bytes, still a whole number of floats) */
@@ -68,11 +77,14 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
     /* shared scratch: one of everything */
     LayerActs *s = &a->scratch;
     memset(s, 0, sizeof *s);
-    s->h1 = arena_floats(ar, N * d); s->rstd1 = arena_floats(ar, N);
+    s->h1 = arena_floats(ar, Nl * d); s->rstd1 = arena_floats(ar, Nl);
+    /* sp: the gathered norms are scratch, gathered again in backward */
+    s->h1g = sp ? arena_floats(ar, N * d) : s->h1;
     s->q = arena_floats(ar, N * Hq); s->k = arena_floats(ar, N * Hk); s->v = arena_floats(ar, N * Hv);
     s->att = arena_floats(ar, N * Ho); s->lse = arena_floats(ar, N * m->H);
     if (m->mla) layer_acts_carve_mla(s, ar, m, N);
-    s->x_mid = arena_floats(ar, N * d); s->h2 = arena_floats(ar, N * d); s->rstd2 = arena_floats(ar, N);
+    s->x_mid = arena_floats(ar, Nl * d); s->h2 = arena_floats(ar, Nl * d); s->rstd2 = arena_floats(ar, Nl);
+    s->h2g = sp ? arena_floats(ar, N * d) : s->h2;
     s->y = arena_floats(ar, N * d);
     s->kv = arena_floats(ar, kvf);
     layer_acts_carve_qkv(s, ar, m, N);
@@ -104,7 +116,7 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
 
     a->x = ar->base ? td_malloc((size_t)(nl + 1) * sizeof(float *)) : NULL;
     for (int i = 0; i <= nl; i++) {
-        float *x = arena_floats(ar, N * d);
+        float *x = arena_floats(ar, Nl * d);
         if (a->x) a->x[i] = x;
     }
     const unsigned mb = mode_bit(a->mode);
@@ -112,14 +124,15 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
         LayerActs tmp, *la = a->la ? &a->la[i] : &tmp;
         const Layer *L = &m->layers[m->topo.layer_begin + i];
         *la = *s;  /* start from scratch pointers; kept buffers replace them */
-        SLOT(h1, N * d, KEEP_NONE | KEEP_SEL);
-        SLOT(rstd1, N, KEEP_NONE | KEEP_SEL);
+        SLOT(h1, Nl * d, KEEP_NONE | KEEP_SEL);
+        SLOT(rstd1, Nl, KEEP_NONE | KEEP_SEL);
         SLOT(q, N * Hq, KEEP_NONE | KEEP_SEL);
         SLOT(att, N * Ho, KEEP_NONE);
         SLOT(lse, N * m->H, KEEP_NONE);
-        SLOT(x_mid, N * d, KEEP_NONE | KEEP_SEL);
-        SLOT(h2, N * d, KEEP_NONE | KEEP_SEL);
-        SLOT(rstd2, N, KEEP_NONE | KEEP_SEL);
+        SLOT(x_mid, Nl * d, KEEP_NONE | KEEP_SEL);
+        SLOT(h2, Nl * d, KEEP_NONE | KEEP_SEL);
+        SLOT(rstd2, Nl, KEEP_NONE | KEEP_SEL);
+        if (!sp) la->h1g = la->h1, la->h2g = la->h2;   /* else the scratch's */
         SLOT(kv, kvf, KEEP_NONE | KEEP_SEL);
         if (m->mla) {   /* what MLA's backward reads besides q, att, lse, kv */
             const MlaDims *md = &m->mla_dims;
@@ -188,6 +201,8 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
     a->hn = arena_floats(ar, N * d); a->rstdf = arena_floats(ar, N);
     a->logits = arena_floats(ar, N * V); a->logp = arena_floats(ar, N); a->lse_v = arena_floats(ar, N);
     a->dx = arena_floats(ar, N * d); a->dtmp = arena_floats(ar, N * d); a->dh = arena_floats(ar, N * d);
+    a->dxg = sp ? arena_floats(ar, N * d) : a->dx;
+    a->dvec = sp ? arena_floats(ar, d) : NULL;
     a->dq = arena_floats(ar, N * Hq); a->dk = arena_floats(ar, N * Hk); a->dv = arena_floats(ar, N * Hv);
     a->datt = arena_floats(ar, N * Ho);
     if (m->mla) {
@@ -287,9 +302,11 @@ void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const
     a->ids = ids;
     a->n_tot_last = n_tot;
     /* pipeline: later stages get x[0] from the previous stage (the caller) */
+    const size_t Nl = model_sp_rows(m, a->N);
     if (topo_is_first_stage(&m->topo)) {
-        model_embed(m, a->x[0], ids, a->N);
+        model_embed(m, a->x[0], ids + model_sp_row0(m, a->N), Nl);
         if (a->n_img) {   /* the image vectors take the placeholders' rows */
+            TD_CHECK(!m->topo.sp, "images under sequence parallelism (sp=true) are not supported");
             vision_forward(m, a->vis, a->pixels, a->n_img);
             model_vision_scatter(m, a->x[0], ids, a->N, a->vis->out, a->vis->R);
         }
@@ -323,7 +340,14 @@ void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const
     }
     double ce = 0;
     if (topo_is_last_stage(&m->topo)) {
-        model_head(m, a->logits, a->hn, a->rstdf, a->x[nl], a->N);
+        /* the head runs on every row (replicated over tp, as without sp):
+         * with sp the stage's output rows are gathered first */
+        const float *xh = a->x[nl];
+        if (m->topo.sp) {
+            model_sp_gather(m, a->scratch.h1g, a->x[nl], a->N);
+            xh = a->scratch.h1g;
+        }
+        model_head(m, a->logits, a->hn, a->rstdf, xh, a->N);
         logsoftmax_xent_forward(a->logp, a->lse_v, a->logits, targets, a->N, m->V);
         for (size_t t = 0; t < a->N; t++) ce -= (double)a->logp[t];
     }
@@ -342,6 +366,43 @@ static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
 static void tp_sum(const Model *m, float *buf, size_t n)
 {
     if (m->comm.tp_allreduce && m->topo.tp > 1) m->comm.tp_allreduce(m->comm.ctx, buf, n);
+}
+
+/* Sequence parallelism: the gradient of a replicated vector (a norm
+ * weight, o_proj's bias; d floats) from this rank's rows is a part of the
+ * whole: vec_grad gives where backward adds it (p->g without sp; a->dvec,
+ * zeroed, with sp) and vec_grad_done sums that over tp into p->g.  The
+ * only gradients sp leaves partial (the head runs on every row). */
+static float *vec_grad(const Model *m, TrainActs *a, const Param *p)
+{
+    if (!m->topo.sp) return p->g;
+    TD_CHECK(p->numel <= m->d, "%s: %zu floats, dvec holds %zu", p->name, p->numel, m->d);
+    memset(a->dvec, 0, p->numel * sizeof(float));
+    return a->dvec;
+}
+
+static void vec_grad_done(const Model *m, TrainActs *a, Param *p)
+{
+    if (!m->topo.sp) return;
+    tp_sum(m, a->dvec, p->numel);
+    for (size_t i = 0; i < p->numel; i++) p->g[i] += a->dvec[i];
+}
+
+/* Backward of a replicated projection y = x W^T inside the tp region (its
+ * input x the gathered rows, N of them; the router, MLA's down
+ * projections): dW from all N rows, as every rank computes it without sp;
+ * dx (Nl rows) only for this rank's rows under sp, else all.  The GEMMs
+ * are row-invariant: a row's dx has the bits of the N-row call's. */
+static void rep_linear_backward(const Model *m, float *dxl, float *dW, const float *dy, const float *xg,
+                                const float *W, size_t N, size_t n_out, size_t K)
+{
+    if (!m->topo.sp) {
+        linear_backward(dxl, dW, dy, xg, W, N, n_out, K);
+        return;
+    }
+    const size_t r0 = model_sp_row0(m, N);
+    linear_backward(NULL, dW, dy, xg, W, N, n_out, K);
+    linear_backward(dxl, NULL, dy + r0 * n_out, xg + r0 * K, W, model_sp_rows(m, N), n_out, K);
 }
 
 static const float *expert_w(const Param *p, size_t e) { return p->w + e * p->lshape[1] * p->lshape[2]; }
@@ -381,23 +442,25 @@ void model_experts_backward(Model *m, const Layer *L, const LayerActs *la, float
     gemm_bw_group(g, n);
 }
 
-/* FFN backward: adds into a->dh (= dh2, zeroed by the caller) and the
- * parameter gradients; dy = gradient of the FFN output (N, d). */
-static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, const float *dy,
-                         float daux, float dz)
+/* FFN backward: the parameter gradients, and the gradient of h2 summed
+ * over tp, returned: a->dh (zeroed by the caller) with all N rows, or
+ * under sequence parallelism a->dtmp with this rank's Nl rows.  dy =
+ * gradient of the FFN output (N, d, every row). */
+static float *ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, const float *dy,
+                           float daux, float dz)
 {
     const size_t N = a->N, d = m->d;
-    float *dh2 = a->dh;
+    float *dh2 = a->dh, *dhl = m->topo.sp ? a->dtmp : a->dh;
     if (!L->moe) {
         const size_t Fd = m->Fd;
         float *dfh = a->dfa, *dfg = a->dfb, *dfu = a->dfc;
         zero(dfh, N * Fd); zero(dfg, N * Fd); zero(dfu, N * Fd);
         linear_backward(dfh, L->down->g, dy, la->fh, L->down->w, N, d, Fd);
         swiglu_backward(dfg, dfu, dfh, la->fg, la->fu, N, Fd);
-        linear_backward(dh2, L->gate->g, dfg, la->h2, L->gate->w, N, Fd, d);
-        linear_backward(dh2, L->up->g, dfu, la->h2, L->up->w, N, Fd, d);
-        tp_sum(m, dh2, N * d);
-        return;
+        linear_backward(dh2, L->gate->g, dfg, la->h2g, L->gate->w, N, Fd, d);
+        linear_backward(dh2, L->up->g, dfu, la->h2g, L->up->w, N, Fd, d);
+        model_tp_reduce_rows(m, dhl, dh2, N);
+        return dhl;
     }
     const size_t E = m->E_global, k = m->k, Nk = N * k;
     if (L->sgate) {
@@ -418,8 +481,8 @@ static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
         }
         zero(dsg, N * S); zero(dsu, N * S);
         swiglu_backward(dsg, dsu, dsh, la->sg, la->su, N, S);
-        linear_backward(dh2, L->sgate->g, dsg, la->h2, L->sgate->w, N, S, d);
-        linear_backward(dh2, L->sup->g, dsu, la->h2, L->sup->w, N, S, d);
+        linear_backward(dh2, L->sgate->g, dsg, la->h2g, L->sgate->w, N, S, d);
+        linear_backward(dh2, L->sup->g, dsu, la->h2g, L->sup->w, N, S, d);
     }
     /* combine: y_t = sum_j w_tj eo_row(t,j) */
     zero(a->deo, Nk * d);
@@ -435,8 +498,9 @@ static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
     model_ep_from_experts(m, la, a->dxe, a->dxd, Nk);
     moe_dispatch_backward(dh2, a->dxd, &la->plan, N, k, d);
     /* experts and shared experts are column-parallel: sum their input
-     * gradients; the router is replicated, its part is added once, below */
-    tp_sum(m, dh2, N * d);
+     * gradients; the router is replicated, its part is added once, below
+     * (under sp, for this rank's rows) */
+    model_tp_reduce_rows(m, dhl, dh2, N);
     zero(a->dprobs, N * E);
     zero(a->dlogits_r, N * E);
     if (m->cfg.scoring_func == ROUTER_SIGMOID) {
@@ -456,8 +520,14 @@ static void ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
         softmax_backward(a->dlogits_r, a->dprobs, la->probs, N, E);
         if (dz != 0.0f) moe_z_backward(a->dlogits_r, dz, la->rlse, la->probs, N, a->n_tot_last, E);
     }
-    linear_backward(dh2, L->router->g, a->dlogits_r, la->h2, L->router->w, N, E, d);
-    if (L->sgw) sigmoid_gate_backward(dh2, L->sgw->g, a->dsgv, la->h2, L->sgw->w, la->sgv, N, d);
+    rep_linear_backward(m, dhl, L->router->g, a->dlogits_r, la->h2g, L->router->w, N, E, d);
+    if (L->sgw) {
+        const size_t r0 = model_sp_row0(m, N);
+        sigmoid_gate_backward(NULL, L->sgw->g, a->dsgv, la->h2g, L->sgw->w, la->sgv, N, d);
+        sigmoid_gate_backward(dhl, NULL, a->dsgv + r0, la->h2g + r0 * d, L->sgw->w, la->sgv + r0,
+                              model_sp_rows(m, N), d);
+    }
+    return dhl;
 }
 
 /* Gradients of the q/k/v projections (qr, kr, vr) from those of the q, k,
@@ -515,10 +585,12 @@ static void qk_pre_backward(Model *m, const Layer *L, TrainActs *a, const LayerA
     *dkr = a->dkr;
 }
 
-/* MLA's attention block backward (file comment): a->dx holds the gradient
- * of x_mid; adds the attention block's part of the gradient of h1 into a->dh
- * (zeroed here) and every attention tensor's gradient. */
-static void mla_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, const ModelBatch *b)
+/* MLA's attention block backward (file comment): dxo (N, d) holds the
+ * gradient of x_mid; returns the attention block's part of the gradient of
+ * h1 (a->dh with N rows, or under sp a->dtmp with this rank's Nl) and adds
+ * every attention tensor's gradient. */
+static float *mla_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, const ModelBatch *b,
+                           const float *dxo)
 {
     const MlaDims *md = &m->mla_dims;
     const size_t N = a->N, d = m->d, r = md->r, rope = md->rope, qk = md->nope + rope, kw = r + rope;
@@ -528,7 +600,7 @@ static void mla_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
      * recomputed here from the recomputed att (selective): the forward's bits */
     if (a->mode == RECOMPUTE_SELECTIVE) mla_absorb_o_forward(la->matt, la->att, L->kvb->w, N, md);
     zero(a->dmatt, N * Hv);
-    linear_backward(a->dmatt, L->o->g, a->dx, la->matt, L->o->w, N, d, Hv);
+    linear_backward(a->dmatt, L->o->g, dxo, la->matt, L->o->w, N, d, Hv);
     zero(a->datt, N * m->ao);
     mla_absorb_o_backward(a->datt, L->kvb->g, a->dmatt, la->att, L->kvb->w, N, md);
     zero(a->dq, N * m->aq); zero(a->dk, N * kw); zero(a->dv, N * r);
@@ -549,19 +621,22 @@ static void mla_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la, 
         memcpy(a->dkva + t * kw, a->dckv + t * r, r * sizeof(float));
         memcpy(a->dkva + t * kw + r, a->dk + t * kw + r, rope * sizeof(float));
     }
-    zero(a->dh, N * d);
+    float *dhl = m->topo.sp ? a->dtmp : a->dh;
     if (L->qa) {
         zero(a->dcqn, N * qr);
         linear_backward(a->dcqn, L->q->g, a->dmq, la->cqn, L->q->w, N, Hqk, qr);
         tp_sum(m, a->dcqn, N * qr);
         zero(a->dcq, N * qr);
         rmsnorm_backward(a->dcq, L->qan->g, a->dcqn, la->cq, L->qan->w, la->rstdcq, N, qr);
+        zero(dhl, model_sp_rows(m, N) * d);
     } else {
-        linear_backward(a->dh, L->q->g, a->dmq, la->h1, L->q->w, N, Hqk, d);
-        tp_sum(m, a->dh, N * d);   /* q_proj is column-parallel; what follows is replicated */
+        zero(a->dh, N * d);
+        linear_backward(a->dh, L->q->g, a->dmq, la->h1g, L->q->w, N, Hqk, d);
+        model_tp_reduce_rows(m, dhl, a->dh, N);   /* q_proj is column-parallel; what follows is replicated */
     }
-    linear_backward(a->dh, L->kva->g, a->dkva, la->h1, L->kva->w, N, kw, d);
-    if (L->qa) linear_backward(a->dh, L->qa->g, a->dcq, la->h1, L->qa->w, N, qr, d);
+    rep_linear_backward(m, dhl, L->kva->g, a->dkva, la->h1g, L->kva->w, N, kw, d);
+    if (L->qa) rep_linear_backward(m, dhl, L->qa->g, a->dcq, la->h1g, L->qa->w, N, qr, d);
+    return dhl;
 }
 
 /* Backward of local layer i; a->dx holds the gradient of its output and
@@ -572,30 +647,47 @@ static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
     const Layer *L = &m->layers[l];
     LayerActs *la = &a->la[i];
     const size_t N = a->N, d = m->d, hd = m->hd, Hq = m->H * hd, Hk = m->Hkv * hd;
+    const size_t Nl = model_sp_rows(m, N);   /* dx, x_mid, the norms: this rank's rows under sp */
     ModelBatch b = batch_of(a, a->ids, a->n_tot_last);
 
     if (a->mode == RECOMPUTE_FULL) {
         model_layer_forward(m, l, &b, a->x[i], a->dtmp, la);
-    } else if (a->mode == RECOMPUTE_SELECTIVE) {
-        const AttnShape sh = model_layer_attn(m, L);
-        attention_forward(la->att, la->lse, la->q, la->kv, b.seqs, b.n_seq, &sh);
-        model_ffn_recompute(m, l, &b, la);
+        /* sp: the MoE block used h1g as its scratch (layer.c) */
+        if (m->topo.sp) model_sp_gather(m, la->h1g, la->h1, N);
+    } else {
+        /* sp: the gathered norms are scratch that later layers overwrote */
+        if (m->topo.sp) {
+            model_sp_gather(m, la->h1g, la->h1, N);
+            model_sp_gather(m, la->h2g, la->h2, N);
+        }
+        if (a->mode == RECOMPUTE_SELECTIVE) {
+            const AttnShape sh = model_layer_attn(m, L);
+            attention_forward(la->att, la->lse, la->q, la->kv, b.seqs, b.n_seq, &sh);
+            model_ffn_recompute(m, l, &b, la);
+        }
     }
 
-    /* FFN block */
+    /* FFN block (sp: x_out = x_mid + reduce-scatter(y), so dy = all-gather(dx)) */
     zero(a->dh, N * d);
-    ffn_backward(m, L, a, la, a->dx, daux, dz);
-    rmsnorm_backward(a->dx, L->ln2->g, a->dh, la->x_mid, L->ln2->w, la->rstd2, N, d);
+    model_sp_gather(m, a->dxg, a->dx, N);
+    float *dhl = ffn_backward(m, L, a, la, a->dxg, daux, dz);
+    rmsnorm_backward(a->dx, vec_grad(m, a, L->ln2), dhl, la->x_mid, L->ln2->w, la->rstd2, Nl, d);
+    vec_grad_done(m, a, L->ln2);
 
-    /* attention block */
+    /* attention block (sp: again dx gathered for o_proj's backward) */
+    model_sp_gather(m, a->dxg, a->dx, N);
     if (m->mla) {
-        mla_backward(m, L, a, la, &b);
-        rmsnorm_backward(a->dx, L->ln1->g, a->dh, a->x[i], L->ln1->w, la->rstd1, N, d);
+        dhl = mla_backward(m, L, a, la, &b, a->dxg);
+        rmsnorm_backward(a->dx, vec_grad(m, a, L->ln1), dhl, a->x[i], L->ln1->w, la->rstd1, Nl, d);
+        vec_grad_done(m, a, L->ln1);
         return;
     }
-    if (L->ob) bias_backward(L->ob->g, a->dx, N, d);   /* replicated: dx is the summed gradient */
+    if (L->ob) {   /* replicated: dx is the summed gradient (sp: of this rank's rows) */
+        bias_backward(vec_grad(m, a, L->ob), a->dx, Nl, d);
+        vec_grad_done(m, a, L->ob);
+    }
     zero(a->datt, N * Hq);
-    linear_backward(a->datt, L->o->g, a->dx, la->att, L->o->w, N, d, Hq);
+    linear_backward(a->datt, L->o->g, a->dxg, la->att, L->o->w, N, d, Hq);
     zero(a->dq, N * Hq); zero(a->dk, N * Hk); zero(a->dv, N * Hk);
     const AttnShape sh = model_layer_attn(m, L);
     attention_backward(a->dq, a->dk, a->dv, a->datt, la->q, la->att, la->lse, la->kv, b.seqs, b.n_seq, &sh);
@@ -609,11 +701,13 @@ static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
         bias_backward(L->vb->g, a->dv, N, Hk);
     }
     zero(a->dh, N * d);
-    linear_backward(a->dh, L->q->g, dqr, la->h1, L->q->w, N, Hq, d);
-    linear_backward(a->dh, L->k->g, dkr, la->h1, L->k->w, N, Hk, d);
-    linear_backward(a->dh, L->v->g, a->dv, la->h1, L->v->w, N, Hk, d);
-    tp_sum(m, a->dh, N * d);   /* q/k/v are column-parallel */
-    rmsnorm_backward(a->dx, L->ln1->g, a->dh, a->x[i], L->ln1->w, la->rstd1, N, d);
+    linear_backward(a->dh, L->q->g, dqr, la->h1g, L->q->w, N, Hq, d);
+    linear_backward(a->dh, L->k->g, dkr, la->h1g, L->k->w, N, Hk, d);
+    linear_backward(a->dh, L->v->g, a->dv, la->h1g, L->v->w, N, Hk, d);
+    dhl = m->topo.sp ? a->dtmp : a->dh;
+    model_tp_reduce_rows(m, dhl, a->dh, N);   /* q/k/v are column-parallel */
+    rmsnorm_backward(a->dx, vec_grad(m, a, L->ln1), dhl, a->x[i], L->ln1->w, la->rstd1, Nl, d);
+    vec_grad_done(m, a, L->ln1);
 }
 
 void model_train_backward(Model *m, TrainActs *a, const int32_t *targets, const float *dlogp,
@@ -627,8 +721,17 @@ void model_train_backward(Model *m, TrainActs *a, const int32_t *targets, const 
         logsoftmax_xent_backward(a->dlogits, dlogp, a->logits, a->lse_v, targets, N, V);
         zero(a->dh, N * d);
         linear_backward(a->dh, m->lm_head->g, a->dlogits, a->hn, m->lm_head->w, N, V, d);
-        zero(a->dx, N * d);
-        rmsnorm_backward(a->dx, m->norm->g, a->dh, a->x[nl], m->norm->w, a->rstdf, N, d);
+        /* sp: the head ran on the gathered rows (replicated); its input
+         * gradient is every row's, of which this rank keeps its own */
+        const float *xh = a->x[nl];
+        if (m->topo.sp) {
+            model_sp_gather(m, a->scratch.h1g, a->x[nl], N);
+            xh = a->scratch.h1g;
+        }
+        zero(a->dxg, N * d);
+        rmsnorm_backward(a->dxg, m->norm->g, a->dh, xh, m->norm->w, a->rstdf, N, d);
+        if (m->topo.sp)
+            memcpy(a->dx, a->dxg + model_sp_row0(m, N) * d, model_sp_rows(m, N) * d * sizeof(float));
         if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, m->cfg.num_hidden_layers);
     }   /* else the caller put the next stage's gradient of x[nl] into a->dx */
     for (int i = nl - 1; i >= 0; i--) {
@@ -636,11 +739,12 @@ void model_train_backward(Model *m, TrainActs *a, const int32_t *targets, const 
         if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, m->topo.layer_begin + i);
     }
     if (topo_is_first_stage(&m->topo)) {
+        model_sp_gather(m, a->dxg, a->dx, N);   /* sp: every row's, as without sp */
         if (a->n_img) {
-            model_vision_gather(m, a->vis->dout, a->dx, a->ids, N, a->vis->R);
+            model_vision_gather(m, a->vis->dout, a->dxg, a->ids, N, a->vis->R);
             vision_backward(m, a->vis, a->vis->dout);
         }
-        embedding_backward(m->embed->g, a->dx, a->ids, N, d);
+        embedding_backward(m->embed->g, a->dxg, a->ids, N, d);
         if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, -1);
     }   /* else a->dx is the gradient of x[0], for the previous stage */
 }

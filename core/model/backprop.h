@@ -23,11 +23,16 @@ typedef struct {
     size_t B, T, N;
     Recompute mode;
     Arena arena;                 /* owned */
-    float **x;                   /* residual stream: x[i] input of local layer i, x[n_local] output */
+    float **x;                   /* residual stream: x[i] input of local layer i, x[n_local] output;
+                                  * (Nl, d): under sequence parallelism this rank's rows
+                                  * (core/model/layer.h), else all N */
     LayerActs *la;               /* per local layer (pointers into the arena / scratch) */
     LayerActs scratch;           /* shared buffers for recomputation and backward */
     float *hn, *rstdf, *logits, *logp, *lse_v;   /* head (N, d) (N) (N, V) (N) (N) */
-    float *dx, *dtmp;            /* backward: (N, d) residual gradient, (N, d) temp */
+    float *dx, *dtmp;            /* backward: (N, d) residual gradient (its first Nl rows, this
+                                  * rank's, under sequence parallelism), (N, d) temp */
+    float *dxg;                  /* (N, d) sp: dx gathered over tp; else aliases dx */
+    float *dvec;                 /* (d) sp: a replicated vector's gradient from this rank's rows */
     float *dq, *dk, *dv, *datt, *dh; /* backward scratch */
     float *dfa, *dfb, *dfc;      /* (N*k or N, max(F, Fd, S)) */
     float *dqr, *dkr;            /* (N, H*hd) (N, Hkv*hd) gradients of qr, kr (q/k norm or clamp on) */

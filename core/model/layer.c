@@ -35,6 +35,31 @@ static void tp_sum(const Model *m, float *buf, size_t n)
     if (m->comm.tp_allreduce && m->topo.tp > 1) m->comm.tp_allreduce(m->comm.ctx, buf, n);
 }
 
+void model_sp_gather(const Model *m, float *xg, const float *x, size_t N)
+{
+    const size_t d = m->d;
+    if (!m->topo.sp) {
+        if (xg != x) memcpy(xg, x, N * d * sizeof(float));
+        return;
+    }
+    TD_CHECK(m->comm.tp_allgather && N % (size_t)m->topo.tp == 0, "sequence parallelism: %zu rows over tp=%d",
+             N, m->topo.tp);
+    memcpy(xg + model_sp_row0(m, N) * d, x, model_sp_rows(m, N) * d * sizeof(float));
+    m->comm.tp_allgather(m->comm.ctx, xg, N * d);
+}
+
+void model_tp_reduce_rows(const Model *m, float *out, float *part, size_t N)
+{
+    if (!m->topo.sp) {
+        TD_CHECK(out == part, "tp reduce without sequence parallelism is in place");
+        tp_sum(m, part, N * m->d);
+        return;
+    }
+    TD_CHECK(m->comm.tp_reduce_scatter && out != part && N % (size_t)m->topo.tp == 0,
+             "sequence parallelism: reduce-scatter of %zu rows over tp=%d", N, m->topo.tp);
+    m->comm.tp_reduce_scatter(m->comm.ctx, out, part, N * m->d);
+}
+
 void model_embed(const Model *m, float *x, const int32_t *ids, size_t n)
 {
     if (m->embed->w) {
@@ -244,11 +269,11 @@ void model_ep_back_to_experts(const Model *m, LayerActs *a, const float *src, fl
  * as scaling its output: the projection is linear). */
 static void shared_forward(const Model *m, const Layer *L, LayerActs *a, size_t N, float *ys)
 {
-    pair_forward(a->sg, a->su, a->h2, L->sgate, L->sup, N, m->S, m->d);
+    pair_forward(a->sg, a->su, a->h2g, L->sgate, L->sup, N, m->S, m->d);
     swiglu_forward(a->sh, a->sg, a->su, N, m->S);
     const float *hs = a->sh;
     if (L->sgw) {
-        sigmoid_gate_forward(a->sgv, a->h2, L->sgw->w, N, m->d);
+        sigmoid_gate_forward(a->sgv, a->h2g, L->sgw->w, N, m->d);
         row_scale_forward(a->shg, a->sgv, a->sh, N, m->S);
         hs = a->shg;
     }
@@ -257,7 +282,7 @@ static void shared_forward(const Model *m, const Layer *L, LayerActs *a, size_t 
 
 static void dense_forward(const Model *m, const Layer *L, LayerActs *a, size_t N)
 {
-    pair_forward(a->fg, a->fu, a->h2, L->gate, L->up, N, m->Fd, m->d);
+    pair_forward(a->fg, a->fu, a->h2g, L->gate, L->up, N, m->Fd, m->d);
     swiglu_forward(a->fh, a->fg, a->fu, N, m->Fd);
     param_linear(a->y, a->fh, L->down, N);
 }
@@ -267,7 +292,7 @@ static void dense_forward(const Model *m, const Layer *L, LayerActs *a, size_t N
 static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, LayerActs *a, float *tmp)
 {
     const size_t N = b->n, d = m->d, E = m->E_global, k = m->k;
-    param_linear(a->rlogits, a->h2, L->router, N);
+    param_linear(a->rlogits, a->h2g, L->router, N);
     const bool sig = m->cfg.scoring_func == ROUTER_SIGMOID;
     if (sig) {
         const MoeSigmoidRouter r = model_sigmoid_router(&m->cfg);
@@ -289,7 +314,7 @@ static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, Lay
     a->z = (float)(st[2 * E] / (double)b->n_tot);
 
     moe_plan_build(&a->plan, a->topk_idx, N, E, k);
-    moe_dispatch_forward(a->xd, a->h2, &a->plan, N, k, d);
+    moe_dispatch_forward(a->xd, a->h2g, &a->plan, N, k, d);
     model_ep_to_experts(m, a, N * k);
     model_experts_forward(m, L, a);
     model_ep_from_experts(m, a, a->eoe, a->eo, N * k);
@@ -324,9 +349,9 @@ static void qk_norm_forward(const Model *m, const Layer *L, LayerActs *a, size_t
 static void qkv_forward(const Model *m, const Layer *L, LayerActs *a, size_t N)
 {
     const size_t d = m->d, Hq = m->H * m->hd, Hk = m->Hkv * m->hd;
-    GemmProblem qkv[3] = { { a->qr, Hq, a->h1, d, param_mat(L->q, 0), N },
-                           { a->kr, Hk, a->h1, d, param_mat(L->k, 0), N },
-                           { a->vr, Hk, a->h1, d, param_mat(L->v, 0), N } };
+    GemmProblem qkv[3] = { { a->qr, Hq, a->h1g, d, param_mat(L->q, 0), N },
+                           { a->kr, Hk, a->h1g, d, param_mat(L->k, 0), N },
+                           { a->vr, Hk, a->h1g, d, param_mat(L->v, 0), N } };
     gemm_xwt_group(qkv, 3);   /* one region for the three projections */
     if (L->qb) {
         bias_forward(a->qr, L->qb->w, N, Hq);
@@ -351,13 +376,13 @@ static void mla_forward(const Model *m, const Layer *L, const ModelBatch *b, Lay
     const float eps = (float)m->cfg.rms_norm_eps;
     const bool inter = m->cfg.rope_interleave;
     if (L->qa) {
-        param_linear(a->cq, a->h1, L->qa, N);
+        param_linear(a->cq, a->h1g, L->qa, N);
         rmsnorm_forward(a->cqn, a->rstdcq, a->cq, L->qan->w, N, qr, eps);
         param_linear(a->mq, a->cqn, L->q, N);
     } else {
-        param_linear(a->mq, a->h1, L->q, N);
+        param_linear(a->mq, a->h1g, L->q, N);
     }
-    param_linear(a->kva, a->h1, L->kva, N);
+    param_linear(a->kva, a->h1g, L->kva, N);
     for (size_t t = 0; t < N; t++) memcpy(a->ckv + t * r, a->kva + t * kw, r * sizeof(float));
     rmsnorm_forward(a->ckvn, a->rstdkv, a->ckv, L->kvan->w, N, r, eps);
     for (size_t t = 0; t < N; t++) {   /* key = [c_kv normed, k_rope] */
@@ -378,12 +403,18 @@ void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float
 {
     const Layer *L = &m->layers[l];
     const size_t N = b->n, d = m->d, hd = m->hd, H = m->H, Hkv = m->Hkv;
+    const size_t Nl = model_sp_rows(m, N);   /* residual rows held here (layer.h) */
+    const bool sp = m->topo.sp;
     const float eps = (float)m->cfg.rms_norm_eps;
 
-    rmsnorm_forward(a->h1, a->rstd1, x_in, L->ln1->w, N, d, eps);
+    rmsnorm_forward(a->h1, a->rstd1, x_in, L->ln1->w, Nl, d, eps);
+    model_sp_gather(m, a->h1g, a->h1, N);
+    /* o_proj's partial rows: in place without sp; with sp into y (free
+     * until the FFN), then reduce-scattered into this rank's x_mid rows */
+    float *part = sp ? a->y : a->x_mid;
     if (m->mla) {
         mla_forward(m, L, b, a);
-        param_linear(a->x_mid, a->matt, L->o, N);
+        param_linear(part, a->matt, L->o, N);
     } else {
         qkv_forward(m, L, a, N);
         rope_forward(a->q, b->pos, &m->rope, N, H, hd);
@@ -391,18 +422,24 @@ void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float
         const AttnShape sh = model_layer_attn(m, L);
         attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, a->v, &sh);
         attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &sh);
-        param_linear(a->x_mid, a->att, L->o, N);
+        param_linear(part, a->att, L->o, N);
     }
-    tp_sum(m, a->x_mid, N * d);
-    if (L->ob) bias_forward(a->x_mid, L->ob->w, N, d);   /* once, after the sum */
-    residual_add(a->x_mid, x_in, a->x_mid, N * d);
+    model_tp_reduce_rows(m, a->x_mid, part, N);
+    if (L->ob) bias_forward(a->x_mid, L->ob->w, Nl, d);   /* once, after the sum */
+    residual_add(a->x_mid, x_in, a->x_mid, Nl * d);
 
-    rmsnorm_forward(a->h2, a->rstd2, a->x_mid, L->ln2->w, N, d, eps);
-    /* x_in is not read again: x_out (which may alias it) is scratch here */
-    if (L->moe) moe_forward(m, L, b, a, x_out);
+    rmsnorm_forward(a->h2, a->rstd2, a->x_mid, L->ln2->w, Nl, d, eps);
+    model_sp_gather(m, a->h2g, a->h2, N);
+    /* x_in is not read again: x_out (which may alias it) is scratch here;
+     * with sp it holds Nl rows only, and h1g (read by nothing after the
+     * attention block) is the (N, d) scratch instead */
+    if (L->moe) moe_forward(m, L, b, a, sp ? a->h1g : x_out);
     else dense_forward(m, L, a, N);
-    tp_sum(m, a->y, N * d);
-    residual_add(x_out, a->x_mid, a->y, N * d);
+    /* x_out = x_mid + y (with sp, y's rows reduce-scattered into x_out
+     * first: the same sum, a + b = b + a) */
+    float *y = sp ? x_out : a->y;
+    model_tp_reduce_rows(m, y, a->y, N);
+    residual_add(x_out, a->x_mid, y, Nl * d);
 }
 
 void model_ffn_recompute(const Model *m, int l, const ModelBatch *b, LayerActs *a)
@@ -410,16 +447,16 @@ void model_ffn_recompute(const Model *m, int l, const ModelBatch *b, LayerActs *
     const Layer *L = &m->layers[l];
     const size_t N = b->n;
     if (!L->moe) {
-        pair_forward(a->fg, a->fu, a->h2, L->gate, L->up, N, m->Fd, m->d);
+        pair_forward(a->fg, a->fu, a->h2g, L->gate, L->up, N, m->Fd, m->d);
         swiglu_forward(a->fh, a->fg, a->fu, N, m->Fd);
         return;
     }
-    moe_dispatch_forward(a->xd, a->h2, &a->plan, N, m->k, m->d);
+    moe_dispatch_forward(a->xd, a->h2g, &a->plan, N, m->k, m->d);
     model_ep_to_experts(m, a, N * m->k);
     model_experts_forward(m, L, a);
     model_ep_from_experts(m, a, a->eoe, a->eo, N * m->k);
     if (L->sgate) {   /* sgv, the gate, is kept: backward rescales from it */
-        pair_forward(a->sg, a->su, a->h2, L->sgate, L->sup, N, m->S, m->d);
+        pair_forward(a->sg, a->su, a->h2g, L->sgate, L->sup, N, m->S, m->d);
         swiglu_forward(a->sh, a->sg, a->su, N, m->S);
     }
 }
@@ -458,12 +495,15 @@ void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N)
     }
     const size_t d = m->d;
     const size_t E = any_moe ? m->E_global : 0, Nk = N * m->k;
+    const size_t Nl = model_sp_rows(m, N);
     memset(a, 0, sizeof *a);
-    a->h1 = arena_floats(ar, N * d); a->rstd1 = arena_floats(ar, N);
+    a->h1 = arena_floats(ar, Nl * d); a->rstd1 = arena_floats(ar, Nl);
+    a->h1g = m->topo.sp ? arena_floats(ar, N * d) : a->h1;
     a->q = arena_floats(ar, N * m->aq); a->k = arena_floats(ar, N * m->ak); a->v = arena_floats(ar, N * m->av);
     a->att = arena_floats(ar, N * m->ao); a->lse = arena_floats(ar, N * m->H);
     if (m->mla) layer_acts_carve_mla(a, ar, m, N);
-    a->x_mid = arena_floats(ar, N * d); a->h2 = arena_floats(ar, N * d); a->rstd2 = arena_floats(ar, N);
+    a->x_mid = arena_floats(ar, Nl * d); a->h2 = arena_floats(ar, Nl * d); a->rstd2 = arena_floats(ar, Nl);
+    a->h2g = m->topo.sp ? arena_floats(ar, N * d) : a->h2;
     a->y = arena_floats(ar, N * d);
     layer_acts_carve_qkv(a, ar, m, N);
     a->qkss = m->cfg.qk_norm == QK_NORM_FULL ? arena_floats(ar, 2 * N) : NULL;

@@ -17,6 +17,16 @@
  *   x_out = x_mid + y
  * Every step is optional by the config (model->qk_pre, Layer's NULL
  * params); with none on, qr/kr/vr alias q/k/v.
+ *
+ * Sequence parallelism (Megatron, Korthikanti et al. 2022; Topology.sp,
+ * training with tp > 1): the residual stream and the two norms hold only
+ * this rank's Nl = N / tp rows, rows [tp_rank Nl, (tp_rank + 1) Nl) of the
+ * batch (x_in, x_out, x_mid, h1, h2, rstd1, rstd2).  Before the
+ * column-parallel projections the normed rows are all-gathered into h1g /
+ * h2g (N rows); the row-parallel outputs (o_proj, the FFN's down
+ * projections) are reduce-scattered instead of all-reduced.  The router,
+ * the experts and the shared experts read the gathered h2g: every rank
+ * routes all N rows, as without sp.  Without sp, h1g / h2g alias h1 / h2.
  */
 #ifndef TANDEM_CORE_MODEL_LAYER_H
 #define TANDEM_CORE_MODEL_LAYER_H
@@ -37,6 +47,8 @@ typedef struct {
  * shared scratch depends on the recompute mode (model_acts_*). */
 typedef struct {
     float *h1, *rstd1, *q, *k, *v, *att, *lse, *x_mid, *h2, *rstd2;
+    float *h1g, *h2g;                          /* (N, d) h1, h2 gathered over tp (sequence
+                                                * parallelism, layer.h), else aliases */
     /* projections before q/k norm and clamp (N, H*hd) (N, Hkv*hd) (N,
      * Hkv*hd); alias q, k, v when neither is on (vr: when no clamp) */
     float *qr, *kr, *vr;
@@ -76,7 +88,25 @@ typedef struct {
     void *kv;                                  /* this layer's KV block pool (m->attn.kv dtype) */
 } LayerActs;
 
-/* x_out = layer l applied to x_in (N, d) for batch b; a holds every buffer
+/* Rows of the batch of N rows this rank holds in the residual stream:
+ * N / tp from row tp_rank N / tp under sequence parallelism, else all N
+ * from 0. */
+static inline size_t model_sp_rows(const Model *m, size_t N) { return m->topo.sp ? N / (size_t)m->topo.tp : N; }
+static inline size_t model_sp_row0(const Model *m, size_t N)
+{
+    return m->topo.sp ? (size_t)m->topo.tp_rank * (N / (size_t)m->topo.tp) : 0;
+}
+/* Sequence parallelism: xg (N, d) = this rank's rows x (Nl, d) all-gathered
+ * over tp (all tp ranks call).  Without sp a copy when xg != x. */
+void model_sp_gather(const Model *m, float *xg, const float *x, size_t N);
+/* The sum over tp of the partial rows part (N, d) (a row-parallel
+ * output, or a column-parallel input gradient): without sp all N rows in
+ * place (out == part); with sp this rank's Nl rows into out (a
+ * reduce-scatter; out != part).  All tp ranks call. */
+void model_tp_reduce_rows(const Model *m, float *out, float *part, size_t N);
+
+/* x_out = layer l applied to x_in (N, d) for batch b (Nl rows of each
+ * under sequence parallelism); a holds every buffer
  * (a->kv the KV pool of this layer).  x_out may alias x_in. */
 void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float *x_in,
                          float *x_out, LayerActs *a);

@@ -154,6 +154,12 @@ typedef struct {
     /* backward has finished the gradients of layer l (-1: the embedding,
      * L: the final norm and lm_head); the trainer may start reducing them */
     void (*grad_ready)(void *ctx, int layer);
+    /* sequence parallelism (Topology.sp): over the tensor-parallel group,
+     * in (n floats, tp equal blocks of rows) summed and block tp_rank into
+     * out (n / tp); all-gather in place of buf (n floats), each rank's own
+     * block tp_rank already in place */
+    void (*tp_reduce_scatter)(void *ctx, float *out, const float *in, size_t n);
+    void (*tp_allgather)(void *ctx, float *buf, size_t n);
 } ModelComm;
 
 typedef struct {

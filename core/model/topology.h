@@ -12,6 +12,7 @@
 #ifndef TANDEM_CORE_MODEL_TOPOLOGY_H
 #define TANDEM_CORE_MODEL_TOPOLOGY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "core/model/config.h"
@@ -24,6 +25,11 @@ typedef struct {
     int dp_rank, tp_rank, pp_rank, ep_rank;
     int stage_begin[TOPO_MAX_PP + 1];  /* stage s owns layers [stage_begin[s], stage_begin[s+1]) */
     int layer_begin, layer_end;        /* this rank's stage */
+    /* sequence parallelism over the tp group (run key sp, training only):
+     * the residual stream and the norms hold rows [tp_rank N/tp, (tp_rank
+     * + 1) N/tp) of each micro-batch (core/model/layer.h).  topo_init
+     * leaves it false; the trainer sets it after. */
+    bool sp;
 } Topology;
 
 /* Single process. */
