@@ -591,7 +591,7 @@ static void engine_forward(Engine *e, size_t rows, size_t n_seq, size_t n_sel, i
 {
     const Model *m = e->m;
     const size_t d = m->d, per = (size_t)e->n_moe * m->k;
-    ModelBatch b = { rows, e->ids, e->pos, e->seqs, n_seq, rows };
+    ModelBatch b = { rows, e->ids, e->pos, e->seqs, n_seq, rows, NULL };
     model_embed(m, e->x, e->ids, rows);
     int mi = 0;
     for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {

@@ -86,7 +86,7 @@ static int train_stage(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
                        Model *m, char *err, size_t err_len)
 {
     Topology t;
-    if (topo_init(&t, cfg, l.dp, l.tp, l.pp, l.ep, s * l.dp * l.tp, NULL, err, err_len)) return -1;
+    if (topo_init(&t, cfg, l.dp, l.tp, l.pp, l.ep, 1, s * l.dp * l.tp, NULL, err, err_len)) return -1;
     model_init_shape(m, cfg, &t, 16, NULL);
     train_mem(m, (size_t)(o->micro_batch / l.dp), (size_t)o->seq_len, o->grad_accum, o->recompute, o->zero, tm);
     return 0;
@@ -183,7 +183,7 @@ static void plan_serve(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
     /* one serving instance: tp x ep ranks, dp = ep (serve_cmd.c); dp / ep instances */
     Topology t;
     if (l.dp % l.ep) return fail(r, "topology: ep=%d does not divide dp=%d (expert groups are carved from dp)", l.ep, l.dp);
-    if (topo_init(&t, cfg, l.ep, l.tp, 1, l.ep, 0, NULL, err, sizeof err)) return fail(r, "%s", err);
+    if (topo_init(&t, cfg, l.ep, l.tp, 1, l.ep, 1, 0, NULL, err, sizeof err)) return fail(r, "%s", err);
     ModelDtypes dt = model_dtypes_default(o->dtype);
     Model m;
     model_init_shape(&m, cfg, &t, 16, &dt);

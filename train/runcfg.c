@@ -52,6 +52,7 @@ static const struct key g_keys[] = {
     { "tp", K_INT, F(tp), 1, 65536, "1", NULL },
     { "pp", K_INT, F(pp), 1, 64, "1", NULL },
     { "ep", K_INT, F(ep), 1, 65536, "1", NULL },
+    { "cp", K_INT, F(cp), 1, 4096, "1", NULL },
     { "zero", K_INT, F(zero), 0, 1, "0", NULL },
     { "pp_layers", K_STR, F(pp_layers), 0, 0, "\"\"", NULL },
     { "init_from", K_STR, F(init_from), 0, 0, "\"\"", NULL },
@@ -295,6 +296,11 @@ int runcfg_load(RunConfig *rc, const char *path, int n_over, char *const *over, 
     if (rc->seq_len > rc->model.max_position_embeddings) {
         snprintf(err, n, "run config: seq_len %d exceeds the model's max_position_embeddings %d",
                  rc->seq_len, rc->model.max_position_embeddings);
+        return -1;
+    }
+    if (rc->cp > 1 && rc->seq_len % (2 * rc->cp)) {
+        snprintf(err, n, "run config: cp=%d needs seq_len divisible into 2*cp = %d chunks, seq_len=%d is not",
+                 rc->cp, 2 * rc->cp, rc->seq_len);
         return -1;
     }
     if (rc->micro_batch % rc->dp) {

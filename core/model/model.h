@@ -133,6 +133,12 @@ typedef struct {
     /* backward has finished the gradients of layer l (-1: the embedding,
      * L: the final norm and lm_head); the trainer may start reducing them */
     void (*grad_ready)(void *ctx, int layer);
+    /* context parallelism (core/model/layer.h, CpView), over the cp group:
+     * all-gather of n floats per rank in place (rank r's block at r n,
+     * its own block already there), and the sum of in (cp n) whose block r
+     * goes to rank r's out (n) */
+    void (*cp_allgather)(void *ctx, float *buf, size_t n);
+    void (*cp_reduce_scatter)(void *ctx, float *out, const float *in, size_t n);
 } ModelComm;
 
 typedef struct {
