@@ -1,6 +1,7 @@
 /* train/runcfg.c - run configuration parsing (runcfg.h). */
 #include "train/runcfg.h"
 #include "core/common.h"
+#include "core/ops/attention.h"
 
 #include <cJSON.h>
 #include <libgen.h>
@@ -298,9 +299,9 @@ int runcfg_load(RunConfig *rc, const char *path, int n_over, char *const *over, 
                  rc->seq_len, rc->model.max_position_embeddings);
         return -1;
     }
-    if (rc->cp > 1 && rc->seq_len % (2 * rc->cp)) {
-        snprintf(err, n, "run config: cp=%d needs seq_len divisible into 2*cp = %d chunks, seq_len=%d is not",
-                 rc->cp, 2 * rc->cp, rc->seq_len);
+    if (rc->cp > 1 && rc->seq_len % (2 * rc->cp * ATTN_TILE)) {
+        snprintf(err, n, "run config: cp=%d needs seq_len divisible into 2*cp = %d chunks of a multiple of %d "
+                 "positions, seq_len=%d is not", rc->cp, 2 * rc->cp, ATTN_TILE, rc->seq_len);
         return -1;
     }
     if (rc->micro_batch % rc->dp) {

@@ -219,9 +219,8 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
         const size_t BT = a->B * a->T, Hkv = m->attn.Hkv;
         a->cpv.gk = arena_floats(ar, BT * Hkv * m->attn.dk);
         a->cpv.gv = arena_floats(ar, BT * Hkv * m->attn.dv);
-        a->cq = arena_floats(ar, BT * Hq); a->co = arena_floats(ar, BT * Ho);
-        a->clse = arena_floats(ar, BT * m->H); a->cdo = arena_floats(ar, BT * Ho);
-        a->cdq = arena_floats(ar, BT * Hq);
+        a->cdk = arena_floats(ar, BT * Hkv * m->attn.dk);
+        a->cdv = arena_floats(ar, BT * Hkv * m->attn.dv);
     }
 }
 #undef SLOT
@@ -246,7 +245,8 @@ size_t model_train_acts_bytes(const Model *m, size_t B, size_t T, Recompute mode
     const size_t n_seq = cp > 1 ? 2 * B : B, n_cp_seqs = cp > 1 ? 2 * cp * B + B : 0;
     /* what model_train_acts_init allocates: the arena, then its tables */
     return td_round_up(acts_arena_need(&a, m), 64) + (nl + 1) * sizeof(float *) + nl * sizeof(LayerActs) +
-           B * nb * sizeof(int32_t) + (n_seq + n_cp_seqs) * sizeof(AttnSeq) + a.N * sizeof(int32_t);
+           B * nb * sizeof(int32_t) + (n_seq + n_cp_seqs) * sizeof(AttnSeq) + a.N * sizeof(int32_t) +
+           (cp > 1 ? 2 * B * sizeof(size_t) : 0);
 }
 
 /* Context parallelism: chunk j (0, 1) of cp rank q is chunk q or 2cp-1-q
@@ -257,7 +257,9 @@ void model_train_acts_init(TrainActs *a, const Model *m, size_t B, size_t T, Rec
 {
     memset(a, 0, sizeof *a);
     const size_t cp = (size_t)m->topo.cp, r = (size_t)m->topo.cp_rank;
-    TD_CHECK(cp == 1 || T % (2 * cp) == 0, "training: seq_len %zu does not divide into 2 cp = %zu chunks", T, 2 * cp);
+    TD_CHECK(cp == 1 || T % (2 * cp * ATTN_TILE) == 0,
+             "training: seq_len %zu does not divide into 2 cp = %zu chunks of a multiple of %d positions", T, 2 * cp,
+             ATTN_TILE);
     a->B = B;
     a->T = T;
     a->N = B * T / cp;
@@ -285,13 +287,16 @@ void model_train_acts_init(TrainActs *a, const Model *m, size_t B, size_t T, Rec
      * rank (rank-major, the same layout) and the whole sequences */
     const size_t C = T / (2 * cp), N = a->N;
     a->cp_seqs = td_malloc((2 * cp * B + B) * sizeof(AttnSeq));
+    a->cp_krow = td_malloc(2 * B * sizeof(size_t));
     for (size_t q = 0; q < cp; q++)
         for (size_t b = 0; b < B; b++)
             for (size_t j = 0; j < 2; j++) {
                 const AttnSeq s = { q * N + (2 * b + j) * C, C, cp_chunk(cp, q, j) * C, a->seq_blocks + b * nb };
                 a->cp_seqs[(q * B + b) * 2 + j] = s;
                 if (q != r) continue;
+                /* backward: its keys' gradients in whole-sequence rows (attn_backward) */
                 a->seqs[2 * b + j] = (AttnSeq){ s.row - q * N, C, s.pos, s.blocks };
+                a->cp_krow[2 * b + j] = b * T;
                 for (size_t t = 0; t < C; t++) a->pos[s.row - q * N + t] = (int32_t)(s.pos + t);
             }
     AttnSeq *full = a->cp_seqs + 2 * cp * B;
@@ -308,6 +313,7 @@ void model_train_acts_free(TrainActs *a)
     td_free(a->seqs);
     td_free(a->pos);
     td_free(a->cp_seqs);
+    td_free(a->cp_krow);
     memset(a, 0, sizeof *a);
 }
 
@@ -547,27 +553,24 @@ static void qk_pre_backward(Model *m, const Layer *L, TrainActs *a, const LayerA
 }
 
 /* Context parallelism: copies the rows of chunk j of each of rank q's B
- * sequences between a local layout (rows of width w, chunk j of sequence b
- * at row (2b + j) C, rank-major blocks of N rows when q_major) and the
- * whole sequences (row bT + position). */
-static void cp_rows(const CpView *cp, float *whole, float *part, size_t q, bool q_major, size_t w, bool to_whole)
+ * sequences (rows of width w; rank-major, N rows a rank, chunk j of
+ * sequence b at row q N + (2b + j) C) from the whole sequences (row bT +
+ * position). */
+static void cp_rank_rows(const CpView *cp, float *out, const float *whole, size_t q, size_t w)
 {
     const size_t C = cp->C, N = 2 * cp->B * C;
     for (size_t b = 0; b < cp->B; b++)
-        for (size_t j = 0; j < 2; j++) {
-            float *x = whole + (b * cp->T + cp_chunk((size_t)cp->cp, q, j) * C) * w;
-            float *y = part + ((q_major ? q * N : 0) + (2 * b + j) * C) * w;
-            if (to_whole) memcpy(x, y, C * w * sizeof(float));
-            else memcpy(y, x, C * w * sizeof(float));
-        }
+        for (size_t j = 0; j < 2; j++)
+            memcpy(out + (q * N + (2 * b + j) * C) * w, whole + (b * cp->T + cp_chunk((size_t)cp->cp, q, j) * C) * w,
+                   C * w * sizeof(float));
 }
 
 /* attention_backward for the batch: adds into a->dq, a->dk, a->dv (zeroed
  * by the caller) from dout = a->datt.  Under context parallelism this
- * rank's queries (their q, out, lse, dout; zero rows for the positions
- * other ranks hold, which add exact zeros to every gradient) run against
- * the whole sequences' blocks; dq is theirs, and every rank's dK, dV of
- * the whole sequences are summed onto the keys' owners (reduce-scatter). */
+ * rank's query chunks run against the whole sequences' keys (in la->kv
+ * since the forward's gather); their dK, dV land in whole-sequence rows
+ * (gk, gv: sequence b's key s at row bT + s), are laid out rank-major
+ * (cdk, cdv) and summed onto the keys' owners (reduce-scatter). */
 static void attn_backward(Model *m, TrainActs *a, const LayerActs *la, const ModelBatch *b)
 {
     const CpView *cp = b->cp;
@@ -577,24 +580,17 @@ static void attn_backward(Model *m, TrainActs *a, const LayerActs *la, const Mod
         return;
     }
     const AttnShape *sh = &m->attn;
-    const size_t BT = cp->B * cp->T, N = a->N, r = (size_t)cp->rank;
-    const size_t wq = sh->H * sh->dk, wo = sh->H * sh->dv, wk = sh->Hkv * sh->dk, wv = sh->Hkv * sh->dv;
-    zero(a->cq, BT * wq); zero(a->co, BT * wo); zero(a->clse, BT * sh->H); zero(a->cdo, BT * wo);
-    zero(a->cdq, BT * wq); zero(cp->gk, BT * wk); zero(cp->gv, BT * wv);
-    cp_rows(cp, a->cq, la->q, r, false, wq, true);
-    cp_rows(cp, a->co, la->att, r, false, wo, true);
-    cp_rows(cp, a->clse, la->lse, r, false, sh->H, true);
-    cp_rows(cp, a->cdo, a->datt, r, false, wo, true);
-    attention_backward(a->cdq, cp->gk, cp->gv, a->cdo, a->cq, a->co, a->clse, la->kv, cp->full, cp->B, sh);
-    cp_rows(cp, a->cdq, a->dq, r, false, wq, false);
-    /* dK, dV rank-major (rank q's rows of every sequence at q N), summed
-     * over the group onto each rank's own rows; cq, co are free again */
+    const size_t BT = cp->B * cp->T, N = a->N, wk = sh->Hkv * sh->dk, wv = sh->Hkv * sh->dv;
+    zero(cp->gk, BT * wk);
+    zero(cp->gv, BT * wv);
+    attention_backward_chunks(a->dq, cp->gk, cp->gv, a->datt, la->q, la->att, la->lse, la->kv, b->seqs, b->n_seq,
+                              a->cp_krow, sh);
     for (size_t q = 0; q < (size_t)cp->cp; q++) {
-        cp_rows(cp, cp->gk, a->cq, q, true, wk, false);
-        cp_rows(cp, cp->gv, a->co, q, true, wv, false);
+        cp_rank_rows(cp, a->cdk, cp->gk, q, wk);
+        cp_rank_rows(cp, a->cdv, cp->gv, q, wv);
     }
-    m->comm.cp_reduce_scatter(m->comm.ctx, a->dk, a->cq, N * wk);
-    m->comm.cp_reduce_scatter(m->comm.ctx, a->dv, a->co, N * wv);
+    m->comm.cp_reduce_scatter(m->comm.ctx, a->dk, a->cdk, N * wk);
+    m->comm.cp_reduce_scatter(m->comm.ctx, a->dv, a->cdv, N * wv);
 }
 
 /* MLA's attention block backward (file comment): a->dx holds the gradient

@@ -57,11 +57,12 @@ typedef struct {
     bool seq_bal;
     float dseq_bal;
     /* context parallelism (cp > 1 only): the view layers get, its tables
-     * (kv_seqs then full), and the backward's whole-sequence buffers: q,
-     * out, lse, dout and dq with this rank's rows filled, zero elsewhere */
+     * (kv_seqs then full), and backward's dK, dV of the whole sequences
+     * laid out rank-major for the reduce-scatter (B T rows) */
     CpView cpv;
     AttnSeq *cp_seqs;
-    float *cq, *co, *clse, *cdo, *cdq;
+    size_t *cp_krow;             /* (2B) each local chunk's sequence's first row in gk, gv */
+    float *cdk, *cdv;
 } TrainActs;
 
 /* Sizes and carves the arena for micro-batches of B x T (this rank's part
