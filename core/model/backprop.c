@@ -242,7 +242,7 @@ size_t model_train_acts_bytes(const Model *m, size_t B, size_t T, Recompute mode
     a.B = B, a.T = T, a.N = B * T / cp, a.mode = mode;
     const size_t nl = (size_t)(m->topo.layer_end - m->topo.layer_begin);
     const size_t nb = (T + m->attn.bs - 1) / m->attn.bs;
-    const size_t n_seq = cp > 1 ? 2 * B : B, n_cp_seqs = cp > 1 ? 2 * cp * B + B : 0;
+    const size_t n_seq = cp > 1 ? 2 * B : B, n_cp_seqs = cp > 1 ? 2 * cp * B : 0;
     /* what model_train_acts_init allocates: the arena, then its tables */
     return td_round_up(acts_arena_need(&a, m), 64) + (nl + 1) * sizeof(float *) + nl * sizeof(LayerActs) +
            B * nb * sizeof(int32_t) + (n_seq + n_cp_seqs) * sizeof(AttnSeq) + a.N * sizeof(int32_t) +
@@ -284,9 +284,9 @@ void model_train_acts_init(TrainActs *a, const Model *m, size_t B, size_t T, Rec
         return;
     }
     /* this rank's two chunks of each sequence, the gathered rows of every
-     * rank (rank-major, the same layout) and the whole sequences */
+     * rank (rank-major, the same layout) */
     const size_t C = T / (2 * cp), N = a->N;
-    a->cp_seqs = td_malloc((2 * cp * B + B) * sizeof(AttnSeq));
+    a->cp_seqs = td_malloc(2 * cp * B * sizeof(AttnSeq));
     a->cp_krow = td_malloc(2 * B * sizeof(size_t));
     for (size_t q = 0; q < cp; q++)
         for (size_t b = 0; b < B; b++)
@@ -299,9 +299,7 @@ void model_train_acts_init(TrainActs *a, const Model *m, size_t B, size_t T, Rec
                 a->cp_krow[2 * b + j] = b * T;
                 for (size_t t = 0; t < C; t++) a->pos[s.row - q * N + t] = (int32_t)(s.pos + t);
             }
-    AttnSeq *full = a->cp_seqs + 2 * cp * B;
-    for (size_t b = 0; b < B; b++) full[b] = (AttnSeq){ b * T, T, 0, a->seq_blocks + b * nb };
-    a->cpv = (CpView){ (int)cp, (int)r, B, T, C, a->cp_seqs, 2 * cp * B, full, a->cpv.gk, a->cpv.gv };
+    a->cpv = (CpView){ (int)cp, (int)r, B, T, C, a->cp_seqs, 2 * cp * B, a->cpv.gk, a->cpv.gv };
 }
 
 void model_train_acts_free(TrainActs *a)

@@ -56,8 +56,8 @@ typedef struct {
      * sequence's and layer's value (0: off) */
     bool seq_bal;
     float dseq_bal;
-    /* context parallelism (cp > 1 only): the view layers get, its tables
-     * (kv_seqs then full), and backward's dK, dV of the whole sequences
+    /* context parallelism (cp > 1 only): the view layers get, its table
+     * of kv_seqs, and backward's dK, dV of the whole sequences
      * laid out rank-major for the reduce-scatter (B T rows) */
     CpView cpv;
     AttnSeq *cp_seqs;

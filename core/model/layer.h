@@ -35,13 +35,13 @@
  * (kv_seqs: the gathered rows' chunks and positions) and runs each local
  * query chunk against them: the forward bits of one process.  Backward
  * (core/model/backprop.c) gives each rank's queries' dK/dV for the whole
- * sequence and reduce-scatters them back to the keys' owners. */
+ * sequence (gk, gv reused) and reduce-scatters them back to the keys'
+ * owners.  C must be a multiple of ATTN_TILE (attention_backward_chunks). */
 typedef struct {
     int cp, rank;
     size_t B, T, C;
     const AttnSeq *kv_seqs;    /* (cp 2B) the gathered rows as chunks, rank-major */
     size_t n_kv_seq;
-    const AttnSeq *full;       /* (B) each sequence whole: rows bT .., positions 0 .. T-1 */
     float *gk, *gv;            /* (cp N, Hkv dk) (cp N, Hkv dv) gather scratch */
 } CpView;
 
