@@ -3,9 +3,11 @@
 # tokens/s and memory per rank at seq_len 16k and 32k, cp = 1, 2, 4.
 # A small model (hidden 64, 2 layers, 8 heads of 8, 4 experts top-2) so that
 # attention dominates at these lengths; 2 steps, the second timed.
-# On this 2-core machine cp ranks share the cores one process would use:
-# the point is memory per rank and that the loss is one process's (printed
-# next to cp=1's), not speed.
+# cp = 1 runs 2 threads, each cp rank 1 (4 ranks oversubscribe the 2
+# cores).  On this 2-core machine cp ranks share the cores one process
+# would use: the point is memory per rank and that the loss is one
+# process's (printed next to cp=1's), not speed.  About 27 minutes on a
+# loaded machine (a 32k step of one process takes ~160 s there).
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
