@@ -198,7 +198,7 @@ static int plan_build(Plan *pl, const ModelConfig *cfg, const Topology *t, char 
     int cap = 0;
     for (int s = 0; s < t->pp; s++) {
         Topology ts;
-        if (topo_init(&ts, cfg, t->dp, t->tp, t->pp, t->ep, s * t->dp * t->tp, stages, err, err_len))
+        if (topo_init(&ts, cfg, t->dp, t->tp, t->pp, t->ep, t->cp, s * t->dp * t->cp * t->tp, stages, err, err_len))
             return -1;
         Param *ps;
         int np = model_param_table(cfg, &ts, &ps);
@@ -289,7 +289,7 @@ static char *dir_of(const char *path)
 static bool writes_param(const Param *p, const Topology *t)
 {
     int holders = p->ep_dim >= 0 ? t->ep : 1;
-    if (t->dp_rank >= holders) return false;
+    if (t->dp_rank >= holders || t->cp_rank != 0) return false;   /* cp ranks are replicas too */
     if (p->tp_dim < 0 && t->tp_rank != 0) return false;
     return true;
 }
@@ -412,7 +412,7 @@ static int write_root(Writer *w, const ModelConfig *model_cfg, const CkptState *
         for (int s = 0; s < rec->pp; s++) stages[s] = rec->stage_begin[s + 1] - rec->stage_begin[s];
         rc = g < 0 || ckpt_h5_put_i64(g, "world_size", rec->world) || ckpt_h5_put_i64(g, "dp", rec->dp) ||
              ckpt_h5_put_i64(g, "tp", rec->tp) || ckpt_h5_put_i64(g, "pp", rec->pp) ||
-             ckpt_h5_put_i64(g, "ep", rec->ep) || ckpt_h5_put_i64s(g, "stage_layers", stages, (size_t)rec->pp);
+             ckpt_h5_put_i64(g, "ep", rec->ep) || ckpt_h5_put_i64(g, "cp", rec->cp) || ckpt_h5_put_i64s(g, "stage_layers", stages, (size_t)rec->pp);
         if (g >= 0) H5Gclose(g);
     }
     if (rc) {
@@ -863,6 +863,13 @@ static int read_meta(hid_t f, const char *path, CkptMeta *meta, char *err, size_
             *dst[i] = (int)v;
         }
     }
+    /* cp (SPEC section 12): absent in checkpoints from before it, 1 */
+    int64_t cp = 1;
+    if (!rc && ckpt_h5_get_i64(g, "cp", &cp) == 0 && (cp < 1 || cp > INT32_MAX)) {
+        snprintf(err, err_len, "%s: attribute /topology/cp is invalid", path);
+        rc = -1;
+    }
+    meta->cp = (int)cp;
     if (g >= 0) H5Gclose(g);
     if (rc) return -1;
     CkptH5Desc d;
@@ -1367,9 +1374,9 @@ int ckpt_verify(const char *path, char *err, size_t err_len)
     CkptMeta meta;
     int rc = check_root(f, path, &cfg, NULL, err, err_len);
     if (!rc) rc = read_meta(f, path, &meta, err, err_len);
-    if (!rc && meta.world != meta.dp * meta.tp * meta.pp) {
-        snprintf(err, err_len, "%s: /topology: world_size %d is not dp*tp*pp = %d", path, meta.world,
-                 meta.dp * meta.tp * meta.pp);
+    if (!rc && meta.world != meta.dp * meta.tp * meta.pp * meta.cp) {
+        snprintf(err, err_len, "%s: /topology: world_size %d is not dp*tp*pp*cp = %d", path, meta.world,
+                 meta.dp * meta.tp * meta.pp * meta.cp);
         rc = -1;
     }
     Plan pl = { NULL, 0 };

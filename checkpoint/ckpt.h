@@ -132,6 +132,7 @@ typedef struct {
     int format_version;
     int64_t step, tokens_seen;
     int world, dp, tp, pp, ep;  /* topology that saved it */
+    int cp;                     /* its context parallelism (1 when /topology has no cp) */
     CkptDtype dtype;            /* of the weight matrices */
     bool has_optimizer, has_trainer;
 } CkptMeta;

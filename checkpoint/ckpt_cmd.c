@@ -165,6 +165,7 @@ static void print_info_json(const char *path, const CkptInfo *in)
     cJSON_AddNumberToObject(topo, "tp", in->meta.tp);
     cJSON_AddNumberToObject(topo, "pp", in->meta.pp);
     cJSON_AddNumberToObject(topo, "ep", in->meta.ep);
+    cJSON_AddNumberToObject(topo, "cp", in->meta.cp);
     add_state_json(o, in);
     cJSON *tok = cJSON_CreateObject();
     for (int i = 0; i < in->n_tensors; i++)
@@ -215,7 +216,8 @@ static void print_info_text(const char *path, const CkptInfo *in)
     printf("checkpoint  %s (%.1f MiB on disk)\n", path, mib(in->file_bytes));
     printf("format      %s, version %d\n", CKPT_FORMAT, m->format_version);
     printf("step        %lld (tokens seen %lld)\n", (long long)m->step, (long long)m->tokens_seen);
-    printf("topology    world %d = dp %d x tp %d x pp %d, ep %d\n", m->world, m->dp, m->tp, m->pp, m->ep);
+    printf("topology    world %d = dp %d x tp %d x pp %d x cp %d, ep %d\n", m->world, m->dp, m->tp, m->pp, m->cp,
+           m->ep);
     bool q8 = false;
     for (int i = 0; i < in->n_tensors; i++) q8 |= !strcmp(in->tensors[i].dtype, "int8");
     printf("weights     %s\n", q8 ? "int8 g32 (quantized: a float32 scale per 32 weights; routers, norms float32)"
@@ -338,7 +340,7 @@ static int reshard(Args *a, int argc, char **argv, bool export_mode)
     }
     bool weights_only = export_mode || args_flag(a, "weights-only") || !meta.has_optimizer || !meta.has_trainer;
     Topology as;
-    if (topo_init(&as, &cfg, dp, tp, pp, ep, 0, NULL, err, sizeof err)) {
+    if (topo_init(&as, &cfg, dp, tp, pp, ep, 1, 0, NULL, err, sizeof err)) {
         td_error("%s: %s", out, err);
         return 1;
     }

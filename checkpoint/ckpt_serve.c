@@ -722,7 +722,7 @@ static int write_root(QWriter *w, const ModelConfig *cfg, const CkptMeta *meta, 
     int64_t L = cfg->num_hidden_layers;
     rc = rc || g < 0 || ckpt_h5_put_i64(g, "world_size", 1) || ckpt_h5_put_i64(g, "dp", 1) ||
          ckpt_h5_put_i64(g, "tp", 1) || ckpt_h5_put_i64(g, "pp", 1) || ckpt_h5_put_i64(g, "ep", 1) ||
-         ckpt_h5_put_i64s(g, "stage_layers", &L, 1);
+         ckpt_h5_put_i64(g, "cp", 1) || ckpt_h5_put_i64s(g, "stage_layers", &L, 1);
     if (g >= 0) H5Gclose(g);
     if (rc) (void)td_snprintf(w->err, sizeof w->err, "cannot write the root attributes or /topology");
     return rc ? -1 : 0;

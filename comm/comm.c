@@ -16,7 +16,7 @@ static struct {
     CommStat st[COMM_N_GROUPS];
 } C = { .size = 1 };
 
-static const char *g_names[COMM_N_GROUPS] = { "world", "dp", "tp", "pp", "ep", "edp", "all", "sync" };
+static const char *g_names[COMM_N_GROUPS] = { "world", "dp", "tp", "pp", "ep", "edp", "all", "sync", "cp" };
 const char *comm_group_name(CommGroup g) { return g_names[g]; }
 
 static void abort_hook(void) { if (C.active) MPI_Abort(MPI_COMM_WORLD, 1); }
@@ -142,18 +142,21 @@ int comm_sync_group(bool member)
 int comm_setup(const Topology *t)
 {
     if (t->world != C.size) {
-        td_error("topology: dp*tp*pp = %d*%d*%d = %d ranks, but the job has %d", t->dp, t->tp,
-                 t->pp, t->world, C.size);
+        td_error("topology: dp*tp*pp*cp = %d*%d*%d*%d = %d ranks, but the job has %d", t->dp, t->tp,
+                 t->pp, t->cp, t->world, C.size);
         return -1;
     }
     if (!C.active) return 0;
-    /* rank = (pp_rank * dp + dp_rank) * tp + tp_rank */
-    split(COMM_DP, t->pp_rank * t->tp + t->tp_rank, t->dp_rank);
-    split(COMM_TP, t->pp_rank * t->dp + t->dp_rank, t->tp_rank);
-    split(COMM_PP, t->dp_rank * t->tp + t->tp_rank, t->pp_rank);
+    /* rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank; dp
+     * and edp span the cp ranks (comm.h) */
+    const int cp = t->cp, dpc = t->dp_rank * cp + t->cp_rank;
+    split(COMM_DP, t->pp_rank * t->tp + t->tp_rank, dpc);
+    split(COMM_TP, (t->pp_rank * t->dp + t->dp_rank) * cp + t->cp_rank, t->tp_rank);
+    split(COMM_PP, dpc * t->tp + t->tp_rank, t->pp_rank);
+    split(COMM_CP, (t->pp_rank * t->dp + t->dp_rank) * t->tp + t->tp_rank, t->cp_rank);
     int egroup = t->dp_rank / t->ep;
-    split(COMM_EP, (t->pp_rank * t->tp + t->tp_rank) * (t->dp / t->ep) + egroup, t->ep_rank);
-    split(COMM_EDP, (t->pp_rank * t->tp + t->tp_rank) * t->ep + t->ep_rank, egroup);
+    split(COMM_EP, ((t->pp_rank * cp + t->cp_rank) * t->tp + t->tp_rank) * (t->dp / t->ep) + egroup, t->ep_rank);
+    split(COMM_EDP, (t->pp_rank * t->tp + t->tp_rank) * t->ep + t->ep_rank, egroup * cp + t->cp_rank);
     return 0;
 }
 

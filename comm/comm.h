@@ -3,7 +3,13 @@
  * Process groups come from the topology (core/model/topology.h) with
  * MPI_Comm_split: world, dp, tp, pp, ep (the expert-parallel group, carved
  * from dp) and edp (ranks that hold the same experts: same tp and pp rank,
- * same ep_rank, across expert groups; expert gradients are reduced there).
+ * same ep_rank, across expert groups; expert gradients are reduced there),
+ * and cp (context parallelism, SPEC section 12: the ranks that share each
+ * sequence; same pp, dp and tp rank).  With cp > 1 the dp group is the dp x
+ * cp ranks of the same pp and tp rank (all hold the same weights and see
+ * different tokens of the micro-batch: gradients, token counts and router
+ * statistics are summed there), ordered dp_rank * cp + cp_rank; edp
+ * likewise spans the cp ranks, and ep stays within one cp rank.
  * Every collective is timed and its bytes counted per group (comm_stats).
  *
  * MPI is initialised only when the process was started by mpirun (or
@@ -29,7 +35,7 @@
  * part.  COMM_ALL is always every rank.  COMM_SYNC is what
  * comm_sync_group made (trainer rank 0 and the rollout ranks). */
 typedef enum {
-    COMM_WORLD, COMM_DP, COMM_TP, COMM_PP, COMM_EP, COMM_EDP, COMM_ALL, COMM_SYNC, COMM_N_GROUPS
+    COMM_WORLD, COMM_DP, COMM_TP, COMM_PP, COMM_EP, COMM_EDP, COMM_ALL, COMM_SYNC, COMM_CP, COMM_N_GROUPS
 } CommGroup;
 
 typedef struct {

@@ -687,7 +687,7 @@ static void engine_forward(Engine *e, size_t rows, size_t n_seq, size_t n_sel, i
 {
     const Model *m = e->m;
     const size_t d = m->d, per = (size_t)e->n_moe * m->k;
-    ModelBatch b = { rows, e->ids, e->pos, e->seqs, n_seq, rows };
+    ModelBatch b = { rows, e->ids, e->pos, e->seqs, n_seq, rows, NULL };
     model_embed(m, e->x, e->ids, rows);
     /* the image vectors take their placeholders' rows (prompt positions only) */
     for (size_t s = 0; s < n_seq && leader; s++) {   /* e->batch is the leader's */

@@ -300,7 +300,7 @@ static int serve_run(Args *ap, int argc, char **argv)
          * tokens and different experts */
         ModelConfig cfg;
         if (ckpt_read_config(file, &cfg, NULL, err, sizeof err) ||
-            topo_init(&topo, &cfg, ep, tp, 1, ep, comm_rank(), NULL, err, sizeof err) || comm_setup(&topo)) {
+            topo_init(&topo, &cfg, ep, tp, 1, ep, 1, comm_rank(), NULL, err, sizeof err) || comm_setup(&topo)) {
             td_error("serve: %s", err);
             return 1;
         }

@@ -28,6 +28,7 @@ void plan_opts_default(PlanOpts *o)
     o->grad_accum = 8;
     o->recompute = RECOMPUTE_FULL;
     o->zero = true;
+    o->cp = 1;
     o->context = 8192;
     o->concurrency = 64;
     o->max_batch_tokens = 512;
@@ -87,7 +88,7 @@ static int train_stage(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
                        Model *m, char *err, size_t err_len)
 {
     Topology t;
-    if (topo_init(&t, cfg, l.dp, l.tp, l.pp, l.ep, s * l.dp * l.tp, NULL, err, err_len)) return -1;
+    if (topo_init(&t, cfg, l.dp, l.tp, l.pp, l.ep, l.cp, s * l.dp * l.cp * l.tp, NULL, err, err_len)) return -1;
     t.sp = o->sp && l.tp > 1;   /* as the trainer sets it: the activation carve follows */
     model_init_shape(m, cfg, &t, 16, NULL);
     train_mem(m, (size_t)(o->micro_batch / l.dp), (size_t)o->seq_len, o->grad_accum, o->recompute, o->zero, tm);
@@ -113,6 +114,9 @@ static void plan_train(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
                     (long long)(mb / l.dp) * o->seq_len);
     if (o->seq_len > cfg->max_position_embeddings)
         return fail(r, "seq_len=%d exceeds max_position_embeddings=%d", o->seq_len, cfg->max_position_embeddings);
+    if (l.cp > 1 && o->seq_len % (2 * l.cp * ATTN_TILE))
+        return fail(r, "cp=%d needs seq_len divisible into 2*cp = %d chunks of a multiple of %d positions, "
+                    "seq_len=%d is not", l.cp, 2 * l.cp, ATTN_TILE, o->seq_len);
     double best = -1;
     Model keep;
     memset(&keep, 0, sizeof keep);
@@ -143,7 +147,8 @@ static void plan_train(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
     }
     /* communication per rank per step (docs/scaling.md, wire volumes) */
     const Model *m = &keep;
-    const double N = (double)(mb / l.dp) * o->seq_len, ga = oo.grad_accum, d = (double)m->d;
+    /* N: this rank's rows of a micro-batch (its 2 chunks of each sequence under cp) */
+    const double N = (double)(mb / l.dp) * o->seq_len / l.cp, ga = oo.grad_accum, d = (double)m->d;
     const double k = (double)m->k;
     const int nl = m->topo.layer_end - m->topo.layer_begin, nm = n_moe_local(m);
     /* forward passes of a layer per micro-batch: 1, plus the re-run of
@@ -171,9 +176,15 @@ static void plan_train(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
                                 : 0;   /* sp: a stage sends its rows */
     /* dp: gradient sums once per step (ZeRO: reduce-scatter + all-gather, the same volume),
      * expert gradients over the dp / ep ranks holding the same experts; router statistics */
-    r->comm[PLAN_DP] = ring(4 * w_ne, l.dp) + ring(4 * w_e, l.dp / l.ep) +
-                       ga * nm * ring(8.0 * (2 * (double)m->E_global + 1), l.dp);
-    r->comm[PLAN_CP] = 0;
+    r->comm[PLAN_DP] = ring(4 * w_ne, l.dp * l.cp) + ring(4 * w_e, l.dp / l.ep * l.cp) +
+                       ga * nm * ring(8.0 * (2 * (double)m->E_global + 1), l.dp * l.cp);
+    /* (dp: the cp ranks hold the same weights and sum their gradients with dp's, comm/comm.h) */
+    /* cp: every layer's keys and values all-gathered per forward (recompute
+     * full: twice), their gradients reduce-scattered in backward, each over
+     * the whole sequences of the rank's micro-batch (core/model/layer.h CpView) */
+    const double kv_fw = (double)m->attn.Hkv * attn_pos_values(&m->attn) * 4;   /* K (and V unless v_in_k) */
+    const double kv_bw = (double)m->attn.Hkv * (m->attn.dk + m->attn.dv) * 4;  /* dK and dV */
+    r->comm[PLAN_CP] = ga * nl * (fw_tp * kv_fw + kv_bw) * a2a(N * l.cp, l.cp);
     /* compute: the trainer's model FLOPs per token (6 active params + attention),
      * recompute's extra forward, over the world; 1F1B bubble */
     const double T = o->seq_len;
@@ -184,7 +195,8 @@ static void plan_train(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
     const double bubble = (ga + l.pp - 1) / ga;
     r->compute_s = tokens * fpt / ((double)o->world * o->flops) * bubble;
     r->comm_s = r->comm[PLAN_TP] / group_bps(o, l.tp) + r->comm[PLAN_EP] / group_bps(o, l.tp * l.ep) +
-                r->comm[PLAN_PP] / group_bps(o, o->world) + r->comm[PLAN_DP] / group_bps(o, l.tp * l.dp);
+                r->comm[PLAN_PP] / group_bps(o, o->world) + r->comm[PLAN_DP] / group_bps(o, l.tp * l.cp * l.dp) +
+                r->comm[PLAN_CP] / group_bps(o, l.tp * l.cp);
     r->est_step_s = r->compute_s + r->comm_s;
     r->tokens_per_s = tokens / r->est_step_s;
     model_free(&keep);
@@ -200,7 +212,7 @@ static void plan_serve(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, 
     /* one serving instance: tp x ep ranks, dp = ep (serve_cmd.c); dp / ep instances */
     Topology t;
     if (l.dp % l.ep) return fail(r, "topology: ep=%d does not divide dp=%d (expert groups are carved from dp)", l.ep, l.dp);
-    if (topo_init(&t, cfg, l.ep, l.tp, 1, l.ep, 0, NULL, err, sizeof err)) return fail(r, "%s", err);
+    if (topo_init(&t, cfg, l.ep, l.tp, 1, l.ep, 1, 0, NULL, err, sizeof err)) return fail(r, "%s", err);
     ModelDtypes dt = model_dtypes_default(o->dtype);
     Model m;
     if (o->expert_cache_bytes > 0) model_init_shape_offload(&m, cfg, &t, 16, &dt);
@@ -263,7 +275,8 @@ void plan_layout(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, PlanRe
     if ((long long)l.dp * l.tp * l.pp * l.cp != o->world)
         return fail(r, "dp*tp*pp*cp = %lld, not the world %d (ep ranks are carved from dp)",
                     (long long)l.dp * l.tp * l.pp * l.cp, o->world);
-    if (l.cp != 1) return fail(r, "cp=%d: tandem has no context parallelism (cp must be 1)", l.cp);
+    if (l.cp != 1 && o->mode == PLAN_SERVE)
+        return fail(r, "cp=%d: tandem serve has no context parallelism (cp must be 1)", l.cp);
     if (o->mode == PLAN_TRAIN) plan_train(cfg, o, l, r);
     else plan_serve(cfg, o, l, r);
     if (r->feasible && r->bytes[PLAN_TOTAL] > o->device_bytes)
@@ -292,7 +305,8 @@ int plan_all(const ModelConfig *cfg, const PlanOpts *o, PlanResult **out)
 {
     size_t cap = 64, n = 0;
     PlanResult *v = td_malloc(cap * sizeof *v);
-    const int W = o->world;
+    const int cp = o->mode == PLAN_TRAIN && o->cp > 1 ? o->cp : 1;
+    const int W = o->world % cp ? 0 : o->world / cp;   /* dp * tp * pp */
     for (int tp = 1; tp <= W; tp++) {
         if (W % tp) continue;
         for (int pp = 1; pp <= W / tp; pp++) {
@@ -307,7 +321,7 @@ int plan_all(const ModelConfig *cfg, const PlanOpts *o, PlanResult **out)
                     td_free(v);
                     v = nv;
                 }
-                plan_layout(cfg, o, (PlanLayout){ dp, tp, pp, ep, 1 }, &v[n++]);
+                plan_layout(cfg, o, (PlanLayout){ dp, tp, pp, ep, cp }, &v[n++]);
             }
         }
     }

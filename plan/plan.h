@@ -55,6 +55,7 @@ typedef struct {
     Recompute recompute;
     bool zero;
     bool sp;                      /* run key sp: sequence parallelism in layouts with tp > 1 */
+    int cp;                       /* run key cp: plan_all plans layouts of this cp (1: none) */
     /* serving: per serving instance (tp x ep ranks; dp / ep instances) */
     int context, concurrency, max_batch_tokens, prefill_chunk;
     Dtype dtype, kv_dtype;
@@ -93,8 +94,8 @@ typedef struct {
  * device.  cfg must have passed config_validate. */
 void plan_layout(const ModelConfig *cfg, const PlanOpts *o, PlanLayout l, PlanResult *r);
 
-/* Every layout dp * tp * pp * ep-divides-dp = world (cp = 1; serving:
- * pp = 1) planned and ranked: feasible first by est_step_s, then the rest
+/* Every layout dp * tp * pp * cp = world with ep dividing dp (cp =
+ * o->cp; serving: pp = 1, cp = 1) planned and ranked: feasible first by est_step_s, then the rest
  * by total bytes.  *out owned by the caller (td_free); returns the count. */
 int plan_all(const ModelConfig *cfg, const PlanOpts *o, PlanResult **out);
 

@@ -183,8 +183,11 @@ static void print_table(const PlanResult *v, int n, int top, const PlanOpts *o)
 {
     int n_ok = 0;
     for (int i = 0; i < n; i++) n_ok += v[i].feasible;
-    printf("%d layouts of %d devices of %.0f GiB (%s): %d fit\n", n, o->world, gib(o->device_bytes),
-           o->mode == PLAN_TRAIN ? "training" : "serving", n_ok);
+    const int cp = n > 0 ? v[0].l.cp : 1;   /* one cp for all: o->cp, or the --layout's */
+    char cps[16] = "";
+    if (cp > 1) snprintf(cps, sizeof cps, ", cp=%d", cp);
+    printf("%d layouts of %d devices of %.0f GiB (%s%s): %d fit\n", n, o->world, gib(o->device_bytes),
+           o->mode == PLAN_TRAIN ? "training" : "serving", cps, n_ok);
     printf("%4s %5s %4s %4s %5s | %8s %8s %8s %8s %8s %7s %7s %8s | %9s %10s %5s\n", "rank", "dp", "tp", "pp", "ep",
            "weights", "grads", "optim", "acts", "kv", "comm", "work", "total", "step_s",
            o->mode == PLAN_TRAIN ? "tokens/s" : "tok/s/inst", "comm");
@@ -251,8 +254,10 @@ static void print_json(const PlanResult *v, int n)
 static void print_best(const PlanResult *r, const PlanOpts *o)
 {
     if (o->mode == PLAN_TRAIN) {
-        printf("dp=%d tp=%d pp=%d ep=%d zero=%d recompute=%s seq_len=%d micro_batch=%d grad_accum=%d%s\n", r->l.dp,
-               r->l.tp, r->l.pp, r->l.ep, o->zero ? 1 : 0,
+        char cp[16] = "";
+        if (r->l.cp > 1) snprintf(cp, sizeof cp, " cp=%d", r->l.cp);
+        printf("dp=%d tp=%d pp=%d ep=%d%s zero=%d recompute=%s seq_len=%d micro_batch=%d grad_accum=%d%s\n", r->l.dp,
+               r->l.tp, r->l.pp, r->l.ep, cp, o->zero ? 1 : 0,
                o->recompute == RECOMPUTE_FULL ? "full" : o->recompute == RECOMPUTE_SELECTIVE ? "selective" : "none",
                o->seq_len, r->micro_batch, r->grad_accum, o->sp && r->l.tp > 1 ? " sp=true" : "");
         fprintf(stderr, "plan: mpirun -np %d tandem train RUN.json <the line above>\n", o->world);
@@ -393,6 +398,7 @@ int cmd_plan(int argc, char **argv)
         o.recompute = !strcmp(rc.recompute, "full") ? RECOMPUTE_FULL
                     : !strcmp(rc.recompute, "selective") ? RECOMPUTE_SELECTIVE : RECOMPUTE_NONE;
         o.zero = rc.zero != 0;
+        o.cp = rc.cp;
     }
     ret = 1;
     if (args_get(&ap, "layout")) {
@@ -409,10 +415,11 @@ int cmd_plan(int argc, char **argv)
             td_error("plan: dp=%d tp=%d pp=%d ep=%d cp=%d: %s", v[0].l.dp, v[0].l.tp, v[0].l.pp, v[0].l.ep, v[0].l.cp,
                      v[0].reason);
         else if (n == 0)
-            td_error("plan: no layout of %d devices passes the model's divisibility rules", o.world);
+            td_error("plan: no layout of %d devices passes the model's divisibility rules%s", o.world,
+                     o.world % o.cp ? " (cp does not divide the world)" : "");
         else
-            td_error("plan: no layout of %d devices fits: the smallest, dp=%d tp=%d pp=%d ep=%d, %s", o.world,
-                     v[0].l.dp, v[0].l.tp, v[0].l.pp, v[0].l.ep, v[0].reason);
+            td_error("plan: no layout of %d devices fits: the smallest, dp=%d tp=%d pp=%d ep=%d cp=%d, %s", o.world,
+                     v[0].l.dp, v[0].l.tp, v[0].l.pp, v[0].l.ep, v[0].l.cp, v[0].reason);
         goto out;
     }
     if (args_flag(&ap, "best")) print_best(&v[0], &o);

@@ -841,7 +841,7 @@ static int rl_setup(Rl *r)
         }
     }
     int dp = r->train_rank ? comm_size() : 1;
-    if (topo_init(&r->topo, &cfg, dp, 1, 1, 1, r->train_rank ? comm_rank() : 0, NULL, err, sizeof err)) {
+    if (topo_init(&r->topo, &cfg, dp, 1, 1, 1, 1, r->train_rank ? comm_rank() : 0, NULL, err, sizeof err)) {
         td_error("%s", err);
         return -1;
     }

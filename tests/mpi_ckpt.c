@@ -187,7 +187,7 @@ static int layout_topo(Topology *t, const ModelConfig *cfg, int l)
     const int *L = g_layouts[l];
     if (L[0] * L[1] * L[2] != g_world) return -1;
     char err[256];
-    return topo_init(t, cfg, L[0], L[1], L[2], L[3], g_rank, NULL, err, sizeof err);
+    return topo_init(t, cfg, L[0], L[1], L[2], L[3], 1, g_rank, NULL, err, sizeof err);
 }
 
 /* ---------------------------------------------------------------- matrix */

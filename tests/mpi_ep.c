@@ -43,7 +43,7 @@ int main(int argc, char **argv)
              "\"num_experts_per_tok\":2,\"moe_intermediate_size\":4,\"vocab_size\":16}", 2 * np);
     TD_CHECK(config_parse(&cfg, js, err, sizeof err) == 0, "%s", err);
     Topology t;
-    TD_CHECK(topo_init(&t, &cfg, np, 1, 1, np, me, NULL, err, sizeof err) == 0, "%s", err);
+    TD_CHECK(topo_init(&t, &cfg, np, 1, 1, np, 1, me, NULL, err, sizeof err) == 0, "%s", err);
     TD_CHECK(comm_setup(&t) == 0, "comm_setup");
     Model m;
     model_init(&m, &cfg, &t, false, 16);

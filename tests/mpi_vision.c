@@ -61,7 +61,7 @@ int main(int argc, char **argv)
     TD_CHECK(config_parse(&cfg, js, err, sizeof err) == 0, "%s", err);
     Topology t1, tt;
     topo_single(&t1, &cfg);
-    TD_CHECK(topo_init(&tt, &cfg, 1, np, 1, 1, me, NULL, err, sizeof err) == 0, "%s", err);
+    TD_CHECK(topo_init(&tt, &cfg, 1, np, 1, 1, 1, me, NULL, err, sizeof err) == 0, "%s", err);
     TD_CHECK(comm_setup(&tt) == 0, "comm_setup");
     Model m1, mt;
     model_init(&m1, &cfg, &t1, true, 16);

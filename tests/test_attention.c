@@ -23,10 +23,12 @@
 #define attention_kv_store portable_attention_kv_store
 #define attention_forward portable_attention_forward
 #define attention_backward portable_attention_backward
+#define attention_backward_chunks portable_attention_backward_chunks
 #include "core/ops/attention.c"
 #undef attention_kv_store
 #undef attention_forward
 #undef attention_backward
+#undef attention_backward_chunks
 #undef TANDEM_PORTABLE
 
 #include "core/common.h"
@@ -1771,4 +1773,44 @@ Test(attention, bidirectional_naive_reference_matches_finite_differences)
     qkv_free(&x);
     layout_free(&L);
     EXPECT_NO_LEAKS();
+}
+
+/* Context parallelism's backward (attention_backward_chunks): the query
+ * chunks of two sequences, at tile-aligned positions, each against its
+ * keys from 0, called chunk by chunk in position order into the same dK /
+ * dV rows, give the bits of the whole sequences' attention_backward: every
+ * gradient chain meets the same terms in the same order (dq over keys in
+ * order; dk, dv over query tiles in order). */
+Test(attention, backward_chunks_equal_whole_sequences)
+{
+    const size_t H = 4, Hkv = 2, hd = 16, bs = 32, lens[2] = { 64, 96 };
+    Layout L;
+    layout_init(&L, H, Hkv, hd, bs, lens, 2, 321);
+    Qkv x = qkv_rand(&L, 322);
+    float *out, *lse;
+    full_forward(&out, &lse, &L, &x);
+    const size_t rows = L.rows, qw = H * hd, kw = Hkv * hd;
+    float *dout = fixture_rand(rows * qw, 323, -1, 1);
+    float *dq = td_calloc(rows * qw * sizeof(float)), *dk = td_calloc(rows * kw * sizeof(float));
+    float *dv = td_calloc(rows * kw * sizeof(float));
+    attention_backward(dq, dk, dv, dout, x.q, out, lse, L.kv, L.seq, 2, &L.sh);
+    float *cq = td_calloc(rows * qw * sizeof(float)), *ck = td_calloc(rows * kw * sizeof(float));
+    float *cv = td_calloc(rows * kw * sizeof(float));
+    /* chunks of 16, 32 and 48 positions; one call per chunk, in order */
+    const size_t cuts[2][4] = { { 0, 16, 64, 64 }, { 0, 48, 64, 96 } };
+    for (size_t i = 0; i < 2; i++)
+        for (size_t j = 0; j + 1 < 4; j++) {
+            const size_t p0 = cuts[i][j], p1 = cuts[i][j + 1];
+            if (p1 == p0) continue;
+            const AttnSeq s = { L.seq[i].row + p0, p1 - p0, p0, L.table[i] };
+            const size_t krow = L.seq[i].row;
+            attention_backward_chunks(cq, ck, cv, dout, x.q, out, lse, L.kv, &s, 1, &krow, &L.sh);
+        }
+    cr_expect(memcmp(dq, cq, rows * qw * sizeof(float)) == 0, "dq of the chunks differs from the whole sequences'");
+    cr_expect(memcmp(dk, ck, rows * kw * sizeof(float)) == 0, "dk of the chunks differs from the whole sequences'");
+    cr_expect(memcmp(dv, cv, rows * kw * sizeof(float)) == 0, "dv of the chunks differs from the whole sequences'");
+    qkv_free(&x);
+    td_free(out); td_free(lse); td_free(dout);
+    td_free(dq); td_free(dk); td_free(dv); td_free(cq); td_free(ck); td_free(cv);
+    layout_free(&L);
 }

@@ -308,7 +308,7 @@ Test(ckpt, export_records_the_topology)
     const char *path = tmp_path("topo.h5");
     Topology as;
     char err[512];
-    cr_assert(topo_init(&as, &s.m.cfg, 2, 2, 3, 2, 0, NULL, err, sizeof err) == 0, "%s", err);
+    cr_assert(topo_init(&as, &s.m.cfg, 2, 2, 3, 2, 1, 0, NULL, err, sizeof err) == 0, "%s", err);
     cr_assert(ckpt_export(path, &s.m, s.ea, s.eas, &s.st, CKPT_F32, &as) == 0);
     CkptInfo info;
     cr_assert(ckpt_info(path, &info, err, sizeof err) == 0, "%s", err);
@@ -339,7 +339,7 @@ Test(ckpt, export_records_the_topology)
     model_free(&m);
 
     /* a topology that does not divide the model is refused by topo_init */
-    cr_expect(topo_init(&as, &s.m.cfg, 1, 4, 1, 1, 0, NULL, err, sizeof err) != 0);
+    cr_expect(topo_init(&as, &s.m.cfg, 1, 4, 1, 1, 1, 0, NULL, err, sizeof err) != 0);
     cr_expect(strstr(err, "tp=4 does not divide num_key_value_heads=2"), "%s", err);
     free_saved(&s);
 }
@@ -392,7 +392,7 @@ Test(ckpt, reads_arbitrary_boxes)
     Topology as;
     char err[512];
     /* chunks of the expert tensors: [1, 4, 16] (ep=4, tp=2) */
-    cr_assert(topo_init(&as, &s.m.cfg, 4, 2, 1, 4, 0, NULL, err, sizeof err) == 0, "%s", err);
+    cr_assert(topo_init(&as, &s.m.cfg, 4, 2, 1, 4, 1, 0, NULL, err, sizeof err) == 0, "%s", err);
     for (int dt = 0; dt < 3; dt++) {
         const char *path = tmp_path("boxes.h5");
         cr_assert(ckpt_export(path, &s.m, NULL, NULL, NULL, (CkptDtype)dt, &as) == 0);

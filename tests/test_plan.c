@@ -40,7 +40,7 @@ static Topology topo(const ModelConfig *cfg, int dp, int tp, int pp, int ep, int
 {
     Topology t;
     char err[256];
-    cr_assert(topo_init(&t, cfg, dp, tp, pp, ep, r, NULL, err, sizeof err) == 0, "%s", err);
+    cr_assert(topo_init(&t, cfg, dp, tp, pp, ep, 1, r, NULL, err, sizeof err) == 0, "%s", err);
     return t;
 }
 

@@ -112,10 +112,10 @@ double grad_sq_range(const Model *m, size_t lo, size_t hi, double holders_div)
         size_t a = td_max(lo, p->offset), b = td_min(hi, p->offset + p->numel);
         if (p->tied_copy || p->state || a >= b) continue;
         const double ps = param_sq(m->g + a, b - a);
-        /* the dp*tp ranks of this stage hold the slice; count each distinct
-         * slice once when the caller sums over the world */
+        /* the dp*cp*tp ranks of this stage hold the slice; count each
+         * distinct slice once when the caller sums over the world */
         double distinct = (p->tp_dim >= 0 ? t->tp : 1) * (p->ep_dim >= 0 ? t->ep : 1);
-        s += ps * distinct * holders_div / ((double)t->dp * t->tp);
+        s += ps * distinct * holders_div / ((double)t->dp * t->cp * t->tp);
     }
     return s;
 }

@@ -1,6 +1,7 @@
 /* train/runcfg.c - run configuration parsing (runcfg.h). */
 #include "train/runcfg.h"
 #include "core/common.h"
+#include "core/ops/attention.h"
 
 #include <cJSON.h>
 #include <libgen.h>
@@ -52,6 +53,7 @@ static const struct key g_keys[] = {
     { "tp", K_INT, F(tp), 1, 65536, "1", NULL },
     { "pp", K_INT, F(pp), 1, 64, "1", NULL },
     { "ep", K_INT, F(ep), 1, 65536, "1", NULL },
+    { "cp", K_INT, F(cp), 1, 4096, "1", NULL },
     { "zero", K_INT, F(zero), 0, 1, "0", NULL },
     { "sp", K_BOOL, F(sp), 0, 0, "false", NULL },
     { "pp_layers", K_STR, F(pp_layers), 0, 0, "\"\"", NULL },
@@ -284,8 +286,18 @@ int runcfg_load(RunConfig *rc, const char *path, int n_over, char *const *over, 
                  rc->seq_len, rc->model.max_position_embeddings);
         return -1;
     }
+    if (rc->cp > 1 && rc->seq_len % (2 * rc->cp * ATTN_TILE)) {
+        snprintf(err, n, "run config: cp=%d needs seq_len divisible into 2*cp = %d chunks of a multiple of %d "
+                 "positions, seq_len=%d is not", rc->cp, 2 * rc->cp, ATTN_TILE, rc->seq_len);
+        return -1;
+    }
     if (rc->micro_batch % rc->dp) {
         snprintf(err, n, "run config: dp=%d does not divide micro_batch=%d", rc->dp, rc->micro_batch);
+        return -1;
+    }
+    if (rc->sp && rc->cp > 1) {
+        snprintf(err, n, "run config: sp=true with cp=%d is not supported yet (sequence parallelism splits one "
+                 "rank's rows; under cp those are two chunks of each sequence)", rc->cp);
         return -1;
     }
     if (rc->sp && rc->tp == 1) {

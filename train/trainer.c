@@ -28,7 +28,8 @@ static void on_signal(int sig) { (void)sig; g_stop = 1; }
 
 typedef struct Bucket Bucket_t;
 
-/* One micro-batch in flight: its activations and its batch. */
+/* One micro-batch in flight: its activations and its batch (this rank's
+ * rows: under cp two chunks of each sequence, core/model/layer.h CpView). */
 typedef struct {
     TrainActs acts;
     int32_t *ids, *targets;
@@ -80,6 +81,7 @@ typedef struct {
     char last_ckpt[1200];
     char from_src[1024];   /* the checkpoint resumed or started from, "" for none */
     CkptText tx;           /* the run's tokenizer; its files go into every checkpoint */
+    int32_t *cp_ids, *cp_targets;   /* cp > 1: the loader's whole sequences, before this rank's chunks */
 } Trainer;
 
 /* ---------------------------------------------------------------- peak */
@@ -165,6 +167,21 @@ static void tp_ag_hook(void *ctx, float *buf, size_t n)
     size_t counts[comm_group_size(COMM_TP)];
     tp_blocks(n, counts);
     comm_allgather_v_f32(COMM_TP, buf, counts);
+}
+
+static void cp_allgather_hook(void *ctx, float *buf, size_t n)
+{
+    (void)ctx;
+    size_t counts[comm_group_size(COMM_CP)];
+    for (int r = 0; r < comm_group_size(COMM_CP); r++) counts[r] = n;
+    comm_allgather_v_f32(COMM_CP, buf, counts);
+}
+static void cp_reduce_scatter_hook(void *ctx, float *out, const float *in, size_t n)
+{
+    (void)ctx;
+    size_t counts[comm_group_size(COMM_CP)];
+    for (int r = 0; r < comm_group_size(COMM_CP); r++) counts[r] = n;
+    comm_reduce_scatter_v_f32(COMM_CP, out, in, counts);
 }
 static void ep_a2a_hook(void *ctx, const void *send, const size_t *sc, const size_t *sd, void *recv,
                         const size_t *rc, const size_t *rd)
@@ -328,7 +345,7 @@ static int setup_model(Trainer *tr, CkptState *st, bool *resumed)
             return -1;
         }
     }
-    if (topo_init(&tr->topo, &cfg, rc->dp, rc->tp, rc->pp, rc->ep, comm_rank(), n_st ? stages : NULL,
+    if (topo_init(&tr->topo, &cfg, rc->dp, rc->tp, rc->pp, rc->ep, rc->cp, comm_rank(), n_st ? stages : NULL,
                   err, sizeof err)) {
         td_error("%s", err);
         return -1;
@@ -336,7 +353,8 @@ static int setup_model(Trainer *tr, CkptState *st, bool *resumed)
     tr->topo.sp = rc->sp;   /* runcfg_load checked tp > 1 and the rows */
     if (comm_setup(&tr->topo)) return -1;
     model_init(&tr->m, &cfg, &tr->topo, true, 16);
-    tr->m.comm = (ModelComm){ tr, tp_sum_hook, dp_stats_hook, ep_a2a_hook, grad_ready_hook, tp_rs_hook, tp_ag_hook };
+    tr->m.comm = (ModelComm){ tr, tp_sum_hook, dp_stats_hook, ep_a2a_hook, grad_ready_hook, tp_rs_hook, tp_ag_hook,
+                              cp_allgather_hook, cp_reduce_scatter_hook };
     build_buckets(tr);
     size_t zmax = 1;
     for (int i = 0; i < tr->n_buckets; i++) zmax = td_max(zmax, tr->buckets[i].hi - tr->buckets[i].lo);
@@ -377,7 +395,9 @@ void train_mem(const Model *m, size_t B, size_t T, int grad_accum, Recompute mod
     int n_b;
     size_t n_mom;
     zero = zero && t->world > 1;
-    Bucket *bk = bucket_layout(m, t->dp, t->dp_rank, t->dp / t->ep, t->dp_rank / t->ep, &n_b, &n_mom);
+    /* comm/'s dp and edp groups span the cp ranks (comm.h) */
+    Bucket *bk = bucket_layout(m, t->dp * t->cp, t->dp_rank * t->cp + t->cp_rank, t->dp / t->ep * t->cp,
+                               t->dp_rank / t->ep * t->cp + t->cp_rank, &n_b, &n_mom);
     size_t zmax = 1;
     for (int i = 0; i < n_b; i++) zmax = td_max(zmax, bk[i].hi - bk[i].lo);
     td_free(bk);
@@ -389,9 +409,10 @@ void train_mem(const Model *m, size_t B, size_t T, int grad_accum, Recompute mod
     o->activations = (size_t)slots * model_train_acts_bytes(m, B, T, mode);
     /* tables and per-micro-batch token buffers, always held */
     const size_t L = (size_t)m->cfg.num_hidden_layers;
+    const size_t Nr = B * T / (size_t)t->cp;   /* this rank's rows */
     const size_t tables = model_table_bytes(m) +
-                          (size_t)slots * (sizeof(Slot) + B * T * (2 * sizeof(int32_t) + sizeof(float))) +
-                          2 * (L + 1) * sizeof(double);
+                          (size_t)slots * (sizeof(Slot) + Nr * (2 * sizeof(int32_t) + sizeof(float))) +
+                          (t->cp > 1 ? 2 * B * T * sizeof(int32_t) : 0) + 2 * (L + 1) * sizeof(double);
     const size_t held = o->weights + o->gradients + o->optimizer + o->comm + o->activations + tables;
     /* the peaks on top: the start-up GEMM measurement (train_measure_peak),
      * the tied embedding's gradient received by the first stage, and with
@@ -443,6 +464,26 @@ static void progress(Trainer *tr, double loss, double lr, double tok_s, double m
 
 /* ---------------------------------------------------------------- eval */
 
+/* The next micro-batch of loader l into the slot: the loader's B whole
+ * sequences, or under cp this rank's two chunks of each (layer.h, CpView). */
+static void next_batch(Trainer *tr, Loader *l, Slot *sl)
+{
+    const int cp = tr->topo.cp;
+    if (cp == 1) {
+        loader_next(l, sl->ids, sl->targets);
+        return;
+    }
+    loader_next(l, tr->cp_ids, tr->cp_targets);
+    const size_t T = (size_t)tr->rc->seq_len, C = T / (2 * (size_t)cp), B = sl->acts.B;
+    for (size_t b = 0; b < B; b++)
+        for (size_t j = 0; j < 2; j++) {
+            const size_t chunk = j ? 2 * (size_t)cp - 1 - (size_t)tr->topo.cp_rank : (size_t)tr->topo.cp_rank;
+            const size_t src = b * T + chunk * C, dst = (2 * b + j) * C;
+            memcpy(sl->ids + dst, tr->cp_ids + src, C * sizeof(int32_t));
+            memcpy(sl->targets + dst, tr->cp_targets + src, C * sizeof(int32_t));
+        }
+}
+
 /* Pipeline neighbours in the pp group (-1: none). */
 static int pp_prev(const Trainer *tr) { return tr->topo.pp_rank > 0 ? tr->topo.pp_rank - 1 : -1; }
 static int pp_next(const Trainer *tr) { return tr->topo.pp_rank < tr->topo.pp - 1 ? tr->topo.pp_rank + 1 : -1; }
@@ -464,7 +505,7 @@ static double evaluate(Trainer *tr)
     const int nl = tr->n_local;
     double ce = 0;
     for (int i = 0; i < rc->eval_batches; i++) {
-        loader_next(&vl, sl->ids, sl->targets);
+        next_batch(tr, &vl, sl);
         comm_sendrecv(COMM_PP, NULL, 0, -1, sl->acts.x[0], act_bytes(tr), pp_prev(tr), 1);
         LossParts lp = { 0 };
         model_train_forward(&tr->m, &sl->acts, sl->ids, sl->targets,
@@ -757,7 +798,7 @@ static void mb_forward(Trainer *tr, Slot *sl, StepAcc *acc)
 {
     const RunConfig *rc = tr->rc;
     const double ga = rc->grad_accum;
-    loader_next(&tr->loader, sl->ids, sl->targets);
+    next_batch(tr, &tr->loader, sl);
     LossParts lp = { 0 };
     double mn[tr->n_local + 1], mx[tr->n_local + 1];
     lp.expert_share_min = mn;
@@ -1048,11 +1089,11 @@ static void summary(Trainer *tr)
     fprintf(stderr,
             "---------------------------------------------------------------- tandem train\n"
             "  model        %s, %.2fM params (%.2fM active per token)\n"
-            "  topology     world %d = dp %d x tp %d x pp %d, ep %d, %d thread(s) per rank\n"
+            "  topology     world %d = dp %d x tp %d x pp %d x cp %d, ep %d, %d thread(s) per rank\n"
             "  steps        %lld of %d, %s tokens, %.1f s\n"
             "  loss         %.4f (last step)%s",
             rc->model_src, config_param_count(&tr->m.cfg) / 1e6, config_active_param_count(&tr->m.cfg) / 1e6,
-            tr->topo.world, tr->topo.dp, tr->topo.tp, tr->topo.pp, tr->topo.ep, pool_threads(),
+            tr->topo.world, tr->topo.dp, tr->topo.tp, tr->topo.pp, tr->topo.cp, tr->topo.ep, pool_threads(),
             (long long)tr->step, rc->steps, tk, el, tr->last_loss, isnan(tr->last_val) ? "\n" : "");
     if (!isnan(tr->last_val))
         fprintf(stderr, ", validation %.4f (perplexity %.2f)\n", tr->last_val, exp(tr->last_val));
@@ -1090,6 +1131,8 @@ static void trainer_free(Trainer *tr)
     td_free(tr->load);
     td_free(tr->buckets);
     td_free(tr->zbuf);
+    td_free(tr->cp_ids);
+    td_free(tr->cp_targets);
     tokfile_close(&tr->tf);
     ckpt_text_free(&tr->tx);
 }
@@ -1198,6 +1241,11 @@ int train_run(const RunConfig *rc)
                  "use router_aux_loss_coef", rc->router_seq_aux_loss_coef);
         goto out;
     }
+    if (rc->cp > 1 && rc->router_seq_aux_loss_coef > 0) {
+        td_error("router_seq_aux_loss_coef %g with cp=%d: the sequence-wise balance loss needs whole sequences on "
+                 "a rank (not implemented under context parallelism)", rc->router_seq_aux_loss_coef, rc->cp);
+        goto out;
+    }
     if (rc->seq_len > tr.m.cfg.max_position_embeddings) {
         td_error("seq_len %d exceeds the model's max_position_embeddings %d", rc->seq_len,
                  tr.m.cfg.max_position_embeddings);
@@ -1211,9 +1259,14 @@ int train_run(const RunConfig *rc)
     tr.slots = td_calloc((size_t)tr.n_slots * sizeof(Slot));
     for (int i = 0; i < tr.n_slots; i++) {
         model_train_acts_init(&tr.slots[i].acts, &tr.m, B, T, mode);
-        tr.slots[i].ids = td_malloc(B * T * sizeof(int32_t));
-        tr.slots[i].targets = td_malloc(B * T * sizeof(int32_t));
-        tr.slots[i].dlogp = td_malloc(B * T * sizeof(float));
+        const size_t Nr = tr.slots[i].acts.N;   /* this rank's rows */
+        tr.slots[i].ids = td_malloc(Nr * sizeof(int32_t));
+        tr.slots[i].targets = td_malloc(Nr * sizeof(int32_t));
+        tr.slots[i].dlogp = td_malloc(Nr * sizeof(float));
+    }
+    if (tr.topo.cp > 1) {
+        tr.cp_ids = td_malloc(B * T * sizeof(int32_t));
+        tr.cp_targets = td_malloc(B * T * sizeof(int32_t));
     }
     tr.n_local = tr.topo.layer_end - tr.topo.layer_begin;
     tr.n_moe_global = config_n_moe_layers(&tr.m.cfg);
@@ -1261,11 +1314,11 @@ int train_run(const RunConfig *rc)
     if (tr.rank0) {
         char pc[16];
         fmt_count(pc, sizeof pc, (double)config_param_count(c));
-        td_info("train: %s params, %d layers, %d experts top-%d | world %d (dp %d tp %d%s pp %d ep %d) | "
+        td_info("train: %s params, %d layers, %d experts top-%d | world %d (dp %d tp %d%s pp %d cp %d ep %d) | "
                 "batch %d x %d x %d accum | %d steps | weights %.1f MiB, activations %.1f MiB | "
                 "FMA peak %.0f, best GEMM %.0f GFLOP/s",
                 pc, c->num_hidden_layers, c->num_local_experts, c->num_experts_per_tok, tr.topo.world,
-                tr.topo.dp, tr.topo.tp, tr.topo.sp ? " sp" : "", tr.topo.pp, tr.topo.ep, rc->micro_batch, rc->seq_len, rc->grad_accum,
+                tr.topo.dp, tr.topo.tp, tr.topo.sp ? " sp" : "", tr.topo.pp, tr.topo.cp, tr.topo.ep, rc->micro_batch, rc->seq_len, rc->grad_accum,
                 rc->steps, model_weight_bytes(&tr.m) / 1048576.0, tr.n_slots * tr.slots[0].acts.arena.size / 1048576.0, tr.peak_fma,
                 fmax(tr.peak_kernel, tr.peak_sgemm));
     }

@@ -30,7 +30,7 @@ int hf_read_config(const char *dir, ModelConfig *cfg, CkptMeta *meta, char *err,
     if (meta) {
         memset(meta, 0, sizeof *meta);
         meta->format_version = CKPT_FORMAT_VERSION;
-        meta->world = meta->dp = meta->tp = meta->pp = meta->ep = 1;
+        meta->world = meta->dp = meta->tp = meta->pp = meta->ep = meta->cp = 1;
         meta->dtype = dtype_of_name(c.dtype);
     }
     hf_config_free(&c);

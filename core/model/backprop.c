@@ -231,6 +231,13 @@ static void carve(TrainActs *a, const Model *m, Arena *ar)
     }
     a->dlogits = arena_floats(ar, N * V);
     a->dlogp = arena_floats(ar, N);
+    if (m->topo.cp > 1) {   /* whole sequences: B T rows (layer.h, CpView) */
+        const size_t BT = a->B * a->T, Hkv = m->attn.Hkv;
+        a->cpv.gk = arena_floats(ar, BT * Hkv * m->attn.dk);
+        a->cpv.gv = arena_floats(ar, BT * Hkv * m->attn.dv);
+        a->cdk = arena_floats(ar, BT * Hkv * m->attn.dk);
+        a->cdv = arena_floats(ar, BT * Hkv * m->attn.dv);
+    }
 }
 #undef SLOT
 
@@ -247,20 +254,32 @@ size_t model_train_acts_bytes(const Model *m, size_t B, size_t T, Recompute mode
 {
     TrainActs a;
     memset(&a, 0, sizeof a);
-    a.B = B, a.T = T, a.N = B * T, a.mode = mode;
+    const size_t cp = (size_t)m->topo.cp;
+    a.B = B, a.T = T, a.N = B * T / cp, a.mode = mode;
     const size_t nl = (size_t)(m->topo.layer_end - m->topo.layer_begin);
     const size_t nb = (T + m->attn.bs - 1) / m->attn.bs;
+    const size_t n_seq = cp > 1 ? 2 * B : B, n_cp_seqs = cp > 1 ? 2 * cp * B : 0;
     /* what model_train_acts_init allocates: the arena, then its tables */
     return td_round_up(acts_arena_need(&a, m), 64) + (nl + 1) * sizeof(float *) + nl * sizeof(LayerActs) +
-           B * nb * sizeof(int32_t) + B * sizeof(AttnSeq) + a.N * sizeof(int32_t);
+           B * nb * sizeof(int32_t) + (n_seq + n_cp_seqs) * sizeof(AttnSeq) + a.N * sizeof(int32_t) +
+           (cp > 1 ? 2 * B * sizeof(size_t) : 0);
 }
+
+/* Context parallelism: chunk j (0, 1) of cp rank q is chunk q or 2cp-1-q
+ * of the sequence (layer.h, CpView). */
+static size_t cp_chunk(size_t cp, size_t q, size_t j) { return j ? 2 * cp - 1 - q : q; }
 
 void model_train_acts_init(TrainActs *a, const Model *m, size_t B, size_t T, Recompute mode)
 {
     memset(a, 0, sizeof *a);
+    const size_t cp = (size_t)m->topo.cp, r = (size_t)m->topo.cp_rank;
+    TD_CHECK(cp == 1 || T % (2 * cp * ATTN_TILE) == 0,
+             "training: seq_len %zu does not divide into 2 cp = %zu chunks of a multiple of %d positions", T, 2 * cp,
+             ATTN_TILE);
     a->B = B;
     a->T = T;
-    a->N = B * T;
+    a->N = B * T / cp;
+    a->n_seq = cp > 1 ? 2 * B : B;
     a->mode = mode;
     const int nl = m->topo.layer_end - m->topo.layer_begin;
     arena_init(&a->arena, acts_arena_need(a, m));
@@ -269,13 +288,34 @@ void model_train_acts_init(TrainActs *a, const Model *m, size_t B, size_t T, Rec
 
     const size_t nb = (T + m->attn.bs - 1) / m->attn.bs;
     a->seq_blocks = td_malloc(B * nb * sizeof(int32_t));
-    a->seqs = td_malloc(B * sizeof(AttnSeq));
+    a->seqs = td_malloc(a->n_seq * sizeof(AttnSeq));
     a->pos = td_malloc(a->N * sizeof(int32_t));
-    for (size_t b = 0; b < B; b++) {
+    for (size_t b = 0; b < B; b++)
         for (size_t j = 0; j < nb; j++) a->seq_blocks[b * nb + j] = (int32_t)(b * nb + j);
-        a->seqs[b] = (AttnSeq){ b * T, T, 0, a->seq_blocks + b * nb };
-        for (size_t t = 0; t < T; t++) a->pos[b * T + t] = (int32_t)t;
+    if (cp == 1) {
+        for (size_t b = 0; b < B; b++) {
+            a->seqs[b] = (AttnSeq){ b * T, T, 0, a->seq_blocks + b * nb };
+            for (size_t t = 0; t < T; t++) a->pos[b * T + t] = (int32_t)t;
+        }
+        return;
     }
+    /* this rank's two chunks of each sequence, the gathered rows of every
+     * rank (rank-major, the same layout) */
+    const size_t C = T / (2 * cp), N = a->N;
+    a->cp_seqs = td_malloc(2 * cp * B * sizeof(AttnSeq));
+    a->cp_krow = td_malloc(2 * B * sizeof(size_t));
+    for (size_t q = 0; q < cp; q++)
+        for (size_t b = 0; b < B; b++)
+            for (size_t j = 0; j < 2; j++) {
+                const AttnSeq s = { q * N + (2 * b + j) * C, C, cp_chunk(cp, q, j) * C, a->seq_blocks + b * nb };
+                a->cp_seqs[(q * B + b) * 2 + j] = s;
+                if (q != r) continue;
+                /* backward: its keys' gradients in whole-sequence rows (attn_backward) */
+                a->seqs[2 * b + j] = (AttnSeq){ s.row - q * N, C, s.pos, s.blocks };
+                a->cp_krow[2 * b + j] = b * T;
+                for (size_t t = 0; t < C; t++) a->pos[s.row - q * N + t] = (int32_t)(s.pos + t);
+            }
+    a->cpv = (CpView){ (int)cp, (int)r, B, T, C, a->cp_seqs, 2 * cp * B, a->cpv.gk, a->cpv.gv };
 }
 
 void model_train_acts_free(TrainActs *a)
@@ -286,12 +326,14 @@ void model_train_acts_free(TrainActs *a)
     td_free(a->seq_blocks);
     td_free(a->seqs);
     td_free(a->pos);
+    td_free(a->cp_seqs);
+    td_free(a->cp_krow);
     memset(a, 0, sizeof *a);
 }
 
 static ModelBatch batch_of(const TrainActs *a, const int32_t *ids, size_t n_tot)
 {
-    return (ModelBatch){ a->N, ids, a->pos, a->seqs, a->B, n_tot };
+    return (ModelBatch){ a->N, ids, a->pos, a->seqs, a->n_seq, n_tot, a->cpv.cp > 1 ? &a->cpv : NULL };
 }
 
 void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const int32_t *targets,
@@ -585,6 +627,46 @@ static void qk_pre_backward(Model *m, const Layer *L, TrainActs *a, const LayerA
     *dkr = a->dkr;
 }
 
+/* Context parallelism: copies the rows of chunk j of each of rank q's B
+ * sequences (rows of width w; rank-major, N rows a rank, chunk j of
+ * sequence b at row q N + (2b + j) C) from the whole sequences (row bT +
+ * position). */
+static void cp_rank_rows(const CpView *cp, float *out, const float *whole, size_t q, size_t w)
+{
+    const size_t C = cp->C, N = 2 * cp->B * C;
+    for (size_t b = 0; b < cp->B; b++)
+        for (size_t j = 0; j < 2; j++)
+            memcpy(out + (q * N + (2 * b + j) * C) * w, whole + (b * cp->T + cp_chunk((size_t)cp->cp, q, j) * C) * w,
+                   C * w * sizeof(float));
+}
+
+/* attention_backward for the batch: adds into a->dq, a->dk, a->dv (zeroed
+ * by the caller) from dout = a->datt.  Under context parallelism this
+ * rank's query chunks run against the whole sequences' keys (in la->kv
+ * since the forward's gather); their dK, dV land in whole-sequence rows
+ * (gk, gv: sequence b's key s at row bT + s), are laid out rank-major
+ * (cdk, cdv) and summed onto the keys' owners (reduce-scatter). */
+static void attn_backward(Model *m, const Layer *L, TrainActs *a, const LayerActs *la, const ModelBatch *b)
+{
+    const CpView *cp = b->cp;
+    const AttnShape shape = model_layer_attn(m, L), *sh = &shape;
+    if (!cp) {
+        attention_backward(a->dq, a->dk, a->dv, a->datt, la->q, la->att, la->lse, la->kv, b->seqs, b->n_seq, sh);
+        return;
+    }
+    const size_t BT = cp->B * cp->T, N = a->N, wk = sh->Hkv * sh->dk, wv = sh->Hkv * sh->dv;
+    zero(cp->gk, BT * wk);
+    zero(cp->gv, BT * wv);
+    attention_backward_chunks(a->dq, cp->gk, cp->gv, a->datt, la->q, la->att, la->lse, la->kv, b->seqs, b->n_seq,
+                              a->cp_krow, sh);
+    for (size_t q = 0; q < (size_t)cp->cp; q++) {
+        cp_rank_rows(cp, a->cdk, cp->gk, q, wk);
+        cp_rank_rows(cp, a->cdv, cp->gv, q, wv);
+    }
+    m->comm.cp_reduce_scatter(m->comm.ctx, a->dk, a->cdk, N * wk);
+    m->comm.cp_reduce_scatter(m->comm.ctx, a->dv, a->cdv, N * wv);
+}
+
 /* MLA's attention block backward (file comment): dxo (N, d) holds the
  * gradient of x_mid; returns the attention block's part of the gradient of
  * h1 (a->dh with N rows, or under sp a->dtmp with this rank's Nl) and adds
@@ -604,8 +686,7 @@ static float *mla_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la
     zero(a->datt, N * m->ao);
     mla_absorb_o_backward(a->datt, L->kvb->g, a->dmatt, la->att, L->kvb->w, N, md);
     zero(a->dq, N * m->aq); zero(a->dk, N * kw); zero(a->dv, N * r);
-    const AttnShape sh = model_layer_attn(m, L);
-    attention_backward(a->dq, a->dk, a->dv, a->datt, la->q, la->att, la->lse, la->kv, b->seqs, b->n_seq, &sh);
+    attn_backward(m, L, a, la, b);
     zero(a->dmq, N * Hqk);
     mla_absorb_q_backward(a->dmq, L->kvb->g, a->dq, la->mq, L->kvb->w, N, md);
     rope_backward_at(a->dmq, b->pos, &m->rope, N, md->H, qk, md->nope, rope, inter);
@@ -689,8 +770,7 @@ static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
     zero(a->datt, N * Hq);
     linear_backward(a->datt, L->o->g, a->dxg, la->att, L->o->w, N, d, Hq);
     zero(a->dq, N * Hq); zero(a->dk, N * Hk); zero(a->dv, N * Hk);
-    const AttnShape sh = model_layer_attn(m, L);
-    attention_backward(a->dq, a->dk, a->dv, a->datt, la->q, la->att, la->lse, la->kv, b.seqs, b.n_seq, &sh);
+    attn_backward(m, L, a, la, &b);
     rope_backward(a->dq, b.pos, &m->rope, N, m->H, hd);
     rope_backward(a->dk, b.pos, &m->rope, N, m->Hkv, hd);
     float *dqr, *dkr;

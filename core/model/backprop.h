@@ -18,9 +18,12 @@
 
 typedef enum { RECOMPUTE_NONE, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE } Recompute;
 
-/* Activations of a training micro-batch of B sequences of T tokens. */
+/* Activations of a training micro-batch of B sequences of T tokens: N =
+ * B T rows, or under context parallelism (m->topo.cp > 1, layer.h CpView)
+ * this rank's B T / cp rows, two chunks of each sequence. */
 typedef struct {
     size_t B, T, N;
+    size_t n_seq;                /* attention's query sequences: B, or 2B chunks under cp */
     Recompute mode;
     Arena arena;                 /* owned */
     float **x;                   /* residual stream: x[i] input of local layer i, x[n_local] output;
@@ -65,9 +68,17 @@ typedef struct {
     struct VisionActs *vis;
     const float *pixels;
     size_t n_img;
+    /* context parallelism (cp > 1 only): the view layers get, its table
+     * of kv_seqs, and backward's dK, dV of the whole sequences
+     * laid out rank-major for the reduce-scatter (B T rows) */
+    CpView cpv;
+    AttnSeq *cp_seqs;
+    size_t *cp_krow;             /* (2B) each local chunk's sequence's first row in gk, gv */
+    float *cdk, *cdv;
 } TrainActs;
 
-/* Sizes and carves the arena for micro-batches of B x T. */
+/* Sizes and carves the arena for micro-batches of B x T (this rank's part
+ * under cp: T must divide into 2 m->topo.cp chunks; the caller checks). */
 void model_train_acts_init(TrainActs *a, const Model *m, size_t B, size_t T, Recompute mode);
 void model_train_acts_free(TrainActs *a);
 /* Bytes model_train_acts_init(a, m, B, T, mode) allocates (its arena and
@@ -88,7 +99,7 @@ typedef struct {
 } LossParts;
 
 /* Forward of a micro-batch: ids, targets (N = B*T rows; sequence b is rows
- * [bT, bT+T)).  Pipeline stages: the first stage embeds ids, a later one
+ * [bT, bT+T); under cp this rank's N rows, layer.h's CpView order).  Pipeline stages: the first stage embeds ids, a later one
  * expects its input in a->x[0]; only the last stage computes the head and
  * the loss (ce_sum is 0 elsewhere); a->x[n_local] is the stage's output.  n_tot: tokens of the micro-batch over all dp ranks.  Fills
  * a->logp and returns the loss pieces (share arrays: caller-owned, n_local

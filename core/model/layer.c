@@ -307,7 +307,7 @@ static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, Lay
     double *st = a->count;
     moe_aux_stats(st, st + E, a->probs, a->topk_idx, N, E, k);
     st[2 * E] = sig ? 0.0 : (double)moe_z_sum(a->rlse, N);
-    if (m->comm.dp_allreduce_f64 && m->topo.dp > 1) m->comm.dp_allreduce_f64(m->comm.ctx, st, 2 * E + 1);
+    if (m->comm.dp_allreduce_f64 && m->topo.dp * m->topo.cp > 1) m->comm.dp_allreduce_f64(m->comm.ctx, st, 2 * E + 1);
     /* the aux and z losses are the softmax router's; a sigmoid router is
      * balanced by its bias update and the sequence-wise loss (train/) */
     a->aux = sig ? 0.0f : moe_aux_loss(a->count, a->psum, b->n_tot, E, k);
@@ -366,6 +366,30 @@ static void qkv_forward(const Model *m, const Layer *L, LayerActs *a, size_t N)
     }
 }
 
+/* Stores the batch's keys k and values v (NULL: values in the keys) into
+ * a->kv and attends a->q to them: the attention call of both attention
+ * blocks.  Under context parallelism (CpView) every cp rank's keys and
+ * values are gathered and stored first. */
+static void attend(const Model *m, const Layer *L, const ModelBatch *b, LayerActs *a, const float *k,
+                   const float *v)
+{
+    const CpView *cp = b->cp;
+    const AttnShape sh = model_layer_attn(m, L);
+    if (!cp) {
+        attention_kv_store(a->kv, b->seqs, b->n_seq, k, v, &sh);
+    } else {
+        const size_t N = b->n, wk = sh.Hkv * sh.dk, wv = sh.Hkv * sh.dv;
+        memcpy(cp->gk + (size_t)cp->rank * N * wk, k, N * wk * sizeof(float));
+        m->comm.cp_allgather(m->comm.ctx, cp->gk, N * wk);
+        if (v) {
+            memcpy(cp->gv + (size_t)cp->rank * N * wv, v, N * wv * sizeof(float));
+            m->comm.cp_allgather(m->comm.ctx, cp->gv, N * wv);
+        }
+        attention_kv_store(a->kv, cp->kv_seqs, cp->n_kv_seq, cp->gk, v ? cp->gv : NULL, &sh);
+    }
+    attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &sh);
+}
+
 /* MLA's attention block (docs/mla.md), absorbed: from a->h1 to the
  * output projection's input a->matt, through the KV blocks. */
 static void mla_forward(const Model *m, const Layer *L, const ModelBatch *b, LayerActs *a)
@@ -392,9 +416,7 @@ static void mla_forward(const Model *m, const Layer *L, const ModelBatch *b, Lay
     rope_forward_at(a->k, b->pos, &m->rope, N, 1, kw, r, rope, inter);
     rope_forward_at(a->mq, b->pos, &m->rope, N, md->H, qk, md->nope, rope, inter);
     mla_absorb_q_forward(a->q, a->mq, L->kvb->w, N, md);
-    const AttnShape sh = model_layer_attn(m, L);
-    attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, NULL, &sh);
-    attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &sh);
+    attend(m, L, b, a, a->k, NULL);
     mla_absorb_o_forward(a->matt, a->att, L->kvb->w, N, md);
 }
 
@@ -419,9 +441,7 @@ void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float
         qkv_forward(m, L, a, N);
         rope_forward(a->q, b->pos, &m->rope, N, H, hd);
         rope_forward(a->k, b->pos, &m->rope, N, Hkv, hd);
-        const AttnShape sh = model_layer_attn(m, L);
-        attention_kv_store(a->kv, b->seqs, b->n_seq, a->k, a->v, &sh);
-        attention_forward(a->att, a->lse, a->q, a->kv, b->seqs, b->n_seq, &sh);
+        attend(m, L, b, a, a->k, a->v);
         param_linear(part, a->att, L->o, N);
     }
     model_tp_reduce_rows(m, a->x_mid, part, N);

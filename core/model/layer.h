@@ -34,6 +34,27 @@
 #include "core/model/model.h"
 #include "core/ops/gemm.h"
 
+/* Context parallelism (SPEC section 12, docs/scaling.md), training: each
+ * sequence of T positions is cut into 2 cp chunks of C = T / (2 cp)
+ * positions, and cp rank r holds chunks r and 2cp-1-r (load-balanced under
+ * the causal mask): its rows of sequence b are [2bC, 2bC + C) at positions
+ * [rC, (r+1)C) and [2bC + C, 2bC + 2C) at positions [(2cp-1-r)C, (2cp-r)C);
+ * the batch's seqs are these 2B chunks.  Every op but attention is per
+ * row.  Attention gathers the keys and values of every cp rank into gk, gv
+ * (rank q's N rows at q N), stores them all into the sequence's blocks
+ * (kv_seqs: the gathered rows' chunks and positions) and runs each local
+ * query chunk against them: the forward bits of one process.  Backward
+ * (core/model/backprop.c) gives each rank's queries' dK/dV for the whole
+ * sequence (gk, gv reused) and reduce-scatters them back to the keys'
+ * owners.  C must be a multiple of ATTN_TILE (attention_backward_chunks). */
+typedef struct {
+    int cp, rank;
+    size_t B, T, C;
+    const AttnSeq *kv_seqs;    /* (cp 2B) the gathered rows as chunks, rank-major */
+    size_t n_kv_seq;
+    float *gk, *gv;            /* (cp N, Hkv dk) (cp N, Hkv dv) gather scratch */
+} CpView;
+
 typedef struct {
     size_t n;                  /* token rows N */
     const int32_t *ids;        /* (N) */
@@ -41,6 +62,7 @@ typedef struct {
     const AttnSeq *seqs;       /* attention view of the rows */
     size_t n_seq;
     size_t n_tot;              /* tokens of the micro-batch over all dp ranks (loss means) */
+    const CpView *cp;          /* context parallelism, NULL without */
 } ModelBatch;
 
 /* Buffers of one layer's forward; which are kept for backward and which are

@@ -160,6 +160,12 @@ typedef struct {
      * block tp_rank already in place */
     void (*tp_reduce_scatter)(void *ctx, float *out, const float *in, size_t n);
     void (*tp_allgather)(void *ctx, float *buf, size_t n);
+    /* context parallelism (core/model/layer.h, CpView), over the cp group:
+     * all-gather of n floats per rank in place (rank r's block at r n,
+     * its own block already there), and the sum of in (cp n) whose block r
+     * goes to rank r's out (n) */
+    void (*cp_allgather)(void *ctx, float *buf, size_t n);
+    void (*cp_reduce_scatter)(void *ctx, float *out, const float *in, size_t n);
 } ModelComm;
 
 typedef struct {

@@ -7,7 +7,7 @@
 void topo_single(Topology *t, const ModelConfig *cfg)
 {
     char err[16];
-    int rc = topo_init(t, cfg, 1, 1, 1, 1, 0, NULL, err, sizeof err);
+    int rc = topo_init(t, cfg, 1, 1, 1, 1, 1, 0, NULL, err, sizeof err);
     (void)rc;
 }
 
@@ -19,19 +19,20 @@ void topo_single(Topology *t, const ModelConfig *cfg)
         }                                                      \
     } while (0)
 
-int topo_init(Topology *t, const ModelConfig *c, int dp, int tp, int pp, int ep, int rank,
+int topo_init(Topology *t, const ModelConfig *c, int dp, int tp, int pp, int ep, int cp, int rank,
               const int *stages, char *err, size_t err_len)
 {
     memset(t, 0, sizeof *t);
-    REQUIRE(dp >= 1 && tp >= 1 && pp >= 1 && ep >= 1, "dp, tp, pp and ep must be >= 1");
+    REQUIRE(dp >= 1 && tp >= 1 && pp >= 1 && ep >= 1 && cp >= 1, "dp, tp, pp, ep and cp must be >= 1");
     REQUIRE(pp <= TOPO_MAX_PP, "pp=%d exceeds %d", pp, TOPO_MAX_PP);
-    t->dp = dp; t->tp = tp; t->pp = pp; t->ep = ep;
-    t->world = dp * tp * pp;
+    t->dp = dp; t->tp = tp; t->pp = pp; t->ep = ep; t->cp = cp;
+    t->world = dp * tp * pp * cp;
     REQUIRE(rank >= 0 && rank < t->world, "rank %d outside world %d", rank, t->world);
     t->rank = rank;
     t->tp_rank = rank % tp;
-    t->dp_rank = (rank / tp) % dp;
-    t->pp_rank = rank / (tp * dp);
+    t->cp_rank = (rank / tp) % cp;
+    t->dp_rank = (rank / (tp * cp)) % dp;
+    t->pp_rank = rank / (tp * cp * dp);
     t->ep_rank = t->dp_rank % ep;
 
     const int L = c->num_hidden_layers, H = c->num_attention_heads, Hkv = c->num_key_value_heads;

@@ -2,7 +2,11 @@
  * numbers: core/ computes which slice of every tensor a rank owns from it,
  * comm/ builds the MPI groups from it.
  *
- *   world = dp * pp * tp;   rank = (pp_rank * dp + dp_rank) * tp + tp_rank
+ *   world = dp * pp * cp * tp;
+ *   rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank
+ *   (SPEC sections 5 and 12; cp = 1 gives section 5's order)
+ *   context-parallel ranks (same pp, dp, tp rank) hold the same weights and
+ *   each a part of every sequence (train/trainer.c, docs/scaling.md);
  *   expert-parallel groups of size ep are carved from the dp group:
  *   ranks with the same dp_rank / ep form one, ep_rank = dp_rank % ep, and
  *   ep rank r owns experts [r E/ep, (r+1) E/ep).
@@ -23,6 +27,7 @@ typedef struct {
     int world, rank;
     int dp, tp, pp, ep;
     int dp_rank, tp_rank, pp_rank, ep_rank;
+    int cp, cp_rank;                   /* context parallelism (SPEC section 12) */
     int stage_begin[TOPO_MAX_PP + 1];  /* stage s owns layers [stage_begin[s], stage_begin[s+1]) */
     int layer_begin, layer_end;        /* this rank's stage */
     /* sequence parallelism over the tp group (run key sp, training only):
@@ -35,12 +40,12 @@ typedef struct {
 /* Single process. */
 void topo_single(Topology *t, const ModelConfig *cfg);
 
-/* Layout for `rank` of dp*tp*pp ranks.  stages (may be NULL: even split)
+/* Layout for `rank` of dp*tp*pp*cp ranks.  stages (may be NULL: even split)
  * gives the number of layers of each stage.  Checks that the topology
  * divides the model (heads, kv heads, expert and dense widths by tp,
  * experts by ep, ep divides dp, at least one layer per stage); on failure
  * writes one line naming the constraint into err and returns -1. */
-int topo_init(Topology *t, const ModelConfig *cfg, int dp, int tp, int pp, int ep, int rank,
+int topo_init(Topology *t, const ModelConfig *cfg, int dp, int tp, int pp, int ep, int cp, int rank,
               const int *stages, char *err, size_t err_len);
 
 static inline int topo_is_first_stage(const Topology *t) { return t->pp_rank == 0; }

@@ -34,7 +34,8 @@
  * are dealt to threads in a snake order (0 1 1 0 0 1 ...), which balances a
  * run of similar costs.  Which thread computes an item never matters.
  *
- * Backward (sequences from position 0), per (query tile, key tile) block,
+ * Backward (a sequence from position 0, or a chunk of queries at a tile-
+ * aligned pos > 0 against keys from 0), per (query tile, key tile) block,
  * p_ij = exp(s_ij - lse_i), D_i = dout_i . out_i:
  *
  *     dp_ij = dout_i . v_j       ds_ij = p_ij (dp_ij - D_i) scale
@@ -1157,6 +1158,7 @@ struct attn_bw {
     float *dq, *dk, *dv; const float *dout, *q, *out, *lse; const void *kv; const AttnSeq *seqs;
     size_t n_seq; const AttnShape *sh; float scale;
     size_t span;   /* tiles per span of the schedule (bw_span_tiles) */
+    const size_t *krow;   /* chunks (attention_backward_chunks): key s of sequence i at row krow[i] + s; NULL */
 };
 
 /* One key tile of a (sequence, kv head): K^T in the blocks, K and V^T copied
@@ -1190,12 +1192,13 @@ static void bw_keys(BwKeys *K, float *buf, const struct attn_bw *c, const AttnSe
     const size_t vj = sh->v_in_k ? 1 : dv, vd = sh->v_in_k ? bs : 1;   /* element (j, d) at j vj + d vd */
     K->krow = buf;
     K->vt = buf + ATTN_TILE * hd;
-    K->nk = td_min(ATTN_TILE, s->n - kt * ATTN_TILE);
+    K->nk = td_min(ATTN_TILE, s->pos + s->n - kt * ATTN_TILE);   /* keys 0 .. pos+n-1 */
+    const size_t row0 = c->krow ? c->krow[s - c->seqs] : s->row;  /* key 0's gradient row */
     for (size_t j = 0; j < ATTN_TILE; j++) {
         const int in = j < K->nk;
         for (size_t d = 0; d < hd; d++) K->krow[j * hd + d] = in ? K->kt[d * bs + j] : 0.0f;
         for (size_t d = 0; d < dv; d++) K->vt[d * ATTN_TILE + j] = in ? vtile[j * vj + d * vd] : 0.0f;
-        const size_t r = s->row + kt * ATTN_TILE + (in ? j : 0);
+        const size_t r = row0 + kt * ATTN_TILE + (in ? j : 0);
         K->dk[j] = c->dk + (r * sh->Hkv + g) * hd;
         K->dv[j] = c->dv + (r * sh->Hkv + g) * dv;
     }
@@ -1227,7 +1230,7 @@ static void bw_queries(BwQueries *Q, const struct attn_bw *c, const AttnSeq *s, 
         Q->dq[v] = c->dq + qh * hd;
         Q->lse[v] = c->lse[(s->row + r) * H + h];
         Q->D[v] = Dc ? Dc[r0 * R + v0 + v - d0] : bw_D(c, s, g, r0 * R + v0 + v);
-        Q->pos[v] = last_key_pos(sh, s->n, 0, r);
+        Q->pos[v] = last_key_pos(sh, s->n, s->pos, s->pos + r);
     }
 }
 
@@ -1267,13 +1270,15 @@ static void bw_block(const struct attn_bw *c, const BwQueries *Q, const BwKeys *
 
 static size_t seq_tiles(const AttnSeq *s) { return (s->n + ATTN_TILE - 1) / ATTN_TILE; }
 
-/* Window (sequences from 0): the first key tile query tile qt sees, and
- * one past the last query tile that sees key tile kt.  The blocks outside
- * are skipped: they would add exact zeros (p = ds = 0) to every chain. */
+/* Window: the first key tile the queries of position tile qt see, and one
+ * past the last position tile whose queries see key tile kt (tiles of
+ * positions: a cp chunk's queries start at a tile-aligned pos > 0).  The
+ * blocks outside are skipped: they would add exact zeros (p = ds = 0) to
+ * every chain. */
 static size_t bw_first_kt(const AttnShape *sh, size_t qt) { return attn_first_key(sh, qt * ATTN_TILE) / ATTN_TILE; }
 static size_t bw_end_qt(const AttnShape *sh, const AttnSeq *s, size_t kt)
 {
-    const size_t n = seq_tiles(s);
+    const size_t n = (s->pos + s->n + ATTN_TILE - 1) / ATTN_TILE;   /* position tiles (cp chunks: pos > 0) */
     return sh->window ? td_min(n, (kt * ATTN_TILE + ATTN_TILE - 1 + sh->window - 1) / ATTN_TILE + 1) : n;
 }
 
@@ -1293,9 +1298,11 @@ static void bw_key_tiles(const struct attn_bw *c, const AttnSeq *s, size_t g, si
     BwKeys K[BW_SPAN_MAX];
     BwQueries Q;
     for (size_t t = 0; t < nkt; t++) bw_keys(&K[t], buf + t * ATTN_TILE * (c->sh->dk + c->sh->dv), c, s, g, kt0 + t);
-    for (size_t qt = c->sh->bidir ? 0 : kt0; qt < bw_end_qt(c->sh, s, kt0 + nkt - 1); qt++) {
-        const size_t nvis = c->sh->bidir ? nkt : td_min(nkt, qt - kt0 + 1);   /* causal: tiles kt0 .. qt */
-        const size_t t0 = td_min(nvis, td_max(kt0, bw_first_kt(c->sh, qt)) - kt0);   /* window: from its first */
+    const size_t q0 = s->pos / ATTN_TILE;   /* query tile qt is position tile q0 + qt (cp chunks; else 0) */
+    for (size_t qa = c->sh->bidir ? q0 : td_max(kt0, q0); qa < bw_end_qt(c->sh, s, kt0 + nkt - 1); qa++) {
+        const size_t qt = qa - q0;
+        const size_t nvis = c->sh->bidir ? nkt : td_min(nkt, qa - kt0 + 1);   /* causal: tiles kt0 .. qa */
+        const size_t t0 = td_min(nvis, td_max(kt0, bw_first_kt(c->sh, qa)) - kt0);   /* window: from its first */
         for (size_t u = 0; u < bw_query_groups(s, c->sh, qt); u++) {
             bw_queries(&Q, c, s, g, qt, u * GQ_MAX, Dc, 0);
             for (size_t t = t0; t < nvis; t++) bw_block(c, &Q, &K[t], kt0 + t, 1, do_q);
@@ -1333,7 +1340,7 @@ static void bw_query_tiles(const struct attn_bw *c, const AttnSeq *s, size_t g, 
 static void bw_item(const struct attn_bw *c, const AttnSeq *s, size_t g)
 {
     float Dc[D_CACHE];
-    const size_t nq = s->n * (c->sh->H / c->sh->Hkv), n = seq_tiles(s);
+    const size_t nq = s->n * (c->sh->H / c->sh->Hkv), n = (s->pos + s->n + ATTN_TILE - 1) / ATTN_TILE;   /* key tiles */
     if (nq <= D_CACHE)
         for (size_t v = 0; v < nq; v++) Dc[v] = bw_D(c, s, g, v);
     for (size_t kt = 0; kt < n; kt += c->span)
@@ -1415,20 +1422,22 @@ static size_t bw_span_tiles(const AttnShape *sh)
     return td_min(BW_SPAN_MAX, BW_KEY_FLOATS / (ATTN_TILE * (sh->dk + sh->dv)));
 }
 
-void attention_backward(float *dq, float *dk, float *dv, const float *restrict dout,
-                        const float *restrict q, const float *restrict out,
-                        const float *restrict lse, const void *kv, const AttnSeq *seqs,
-                        size_t n_seq, const AttnShape *sh)
+static void backward(float *dq, float *dk, float *dv, const float *restrict dout, const float *restrict q,
+                     const float *restrict out, const float *restrict lse, const void *kv, const AttnSeq *seqs,
+                     size_t n_seq, const size_t *krow, const AttnShape *sh)
 {
     attn_check(sh);
     TD_CHECK(sh->kv == DTYPE_F32, "attention_backward: the KV blocks are %s, training needs f32", dtype_name(sh->kv));
     size_t n_tiles = 0;
+    bool chunks = false;   /* chunks: the one-pass schedule (its items walk their keys from 0) */
     for (size_t i = 0; i < n_seq; i++) {
-        TD_CHECK(seqs[i].pos == 0, "attention_backward: sequence %zu starts at %zu, not 0",
-                 i, seqs[i].pos);
+        TD_CHECK(krow ? seqs[i].pos % ATTN_TILE == 0 : seqs[i].pos == 0,
+                 "attention_backward: sequence %zu starts at %zu, not %s", i, seqs[i].pos,
+                 krow ? "a multiple of ATTN_TILE" : "0");
+        chunks |= krow != NULL;
         n_tiles += seq_tiles(&seqs[i]);
     }
-    struct attn_bw c = { dq, dk, dv, dout, q, out, lse, kv, seqs, n_seq, sh, sh->scale, bw_span_tiles(sh) };
+    struct attn_bw c = { dq, dk, dv, dout, q, out, lse, kv, seqs, n_seq, sh, sh->scale, bw_span_tiles(sh), krow };
     /* One pass over (sequence, kv head) items unless its busiest thread
      * would carry more than 1.3x an even share; the two-pass schedule costs
      * ~1.4x the work (s, p, dp are computed twice) but splits finely. */
@@ -1441,7 +1450,7 @@ void attention_backward(float *dq, float *dk, float *dv, const float *restrict d
         total += w;
     }
     for (size_t t = 0; t < nt && t < 64; t++) worst = load[t] > worst ? load[t] : worst;
-    if (nt <= 1 || nt > 64 || worst <= 1.3 * total / (double)nt) {
+    if (chunks || nt <= 1 || nt > 64 || worst <= 1.3 * total / (double)nt) {
         bw_run(&c, BW_ITEMS, n_items);
         return;
     }
@@ -1451,4 +1460,20 @@ void attention_backward(float *dq, float *dk, float *dv, const float *restrict d
     for (size_t i = 0; i < n_seq; i++) n_spans += seq_spans(&seqs[i], c.span);
     bw_run(&c, BW_KEYS, n_spans * sh->Hkv);
     bw_run(&c, BW_QUERIES, n_spans * sh->Hkv);
+}
+
+void attention_backward(float *dq, float *dk, float *dv, const float *restrict dout,
+                        const float *restrict q, const float *restrict out,
+                        const float *restrict lse, const void *kv, const AttnSeq *seqs,
+                        size_t n_seq, const AttnShape *sh)
+{
+    backward(dq, dk, dv, dout, q, out, lse, kv, seqs, n_seq, NULL, sh);
+}
+
+void attention_backward_chunks(float *dq, float *dk, float *dv, const float *restrict dout,
+                               const float *restrict q, const float *restrict out,
+                               const float *restrict lse, const void *kv, const AttnSeq *seqs,
+                               size_t n_seq, const size_t *krow, const AttnShape *sh)
+{
+    backward(dq, dk, dv, dout, q, out, lse, kv, seqs, n_seq, krow, sh);
 }

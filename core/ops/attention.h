@@ -153,4 +153,14 @@ void attention_backward(float *dq, float *dk, float *dv, const float *restrict d
                         const float *restrict lse, const void *kv, const AttnSeq *seqs,
                         size_t n_seq, const AttnShape *sh);
 
+/* The same backward for chunks of queries (context parallelism,
+ * core/model/layer.h CpView): sequence i is rows row .. row+n-1 of q,
+ * out, lse, dout, dq at positions pos .. pos+n-1 (pos a multiple of
+ * ATTN_TILE) against the keys 0 .. pos+n-1 in its blocks, whose gradients
+ * go to rows krow[i] + s of dk and dv. */
+void attention_backward_chunks(float *dq, float *dk, float *dv, const float *restrict dout,
+                               const float *restrict q, const float *restrict out,
+                               const float *restrict lse, const void *kv, const AttnSeq *seqs,
+                               size_t n_seq, const size_t *krow, const AttnShape *sh);
+
 #endif

@@ -67,7 +67,7 @@ if $PY - "$W/info.json" <<'EOF'
 import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["format"] == "tandem-checkpoint" and j["format_version"] == 1 and j["step"] == 5, j
-assert j["topology"] == {"world_size": 1, "dp": 1, "tp": 1, "pp": 1, "ep": 1}, j["topology"]
+assert j["topology"] == {"world_size": 1, "dp": 1, "tp": 1, "pp": 1, "ep": 1, "cp": 1}, j["topology"]
 assert j["config"]["hidden_size"] == 32 and j["optimizer"]["beta2"] == 0.95 and j["trainer"]["micro_batches"] == 15
 names = [t["name"] for t in j["tensors"]]
 assert names[0] == "model/embed_tokens" and "trainer/rank_rng" in names, names[:3]

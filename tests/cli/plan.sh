@@ -86,6 +86,7 @@ train_check 2 dp=2,ep=2
 train_check 2 pp=2
 train_check 4 dp=2,tp=2,ep=2 zero=1
 train_check 4 dp=2,pp=2 recompute=selective
+train_check 2 cp=2 seq_len=64   # context parallelism: 2 chunks of 16 positions a rank
 
 # ---------------------------------------------------------------- serving
 # serve_check NP TP EP KEYS...: started with the plan's --best line
@@ -186,7 +187,9 @@ expect_fail "layout not the world" "not the world 4" \
     $T plan "$W/run.json" --world 4 --device-mem-gb 80 --layout dp=2
 expect_fail "tp the heads refuse" "tp=4 does not divide num_key_value_heads=2" \
     $T plan "$W/run.json" --world 4 --device-mem-gb 80 --layout tp=4
-expect_fail "cp" "no context parallelism" \
+expect_fail "serve with cp" "tandem serve has no context parallelism" \
+    $T plan "$W/m.json" --mode serve --world 2 --device-mem-gb 80 --layout cp=2
+expect_fail "cp chunks not whole tiles" "cp=2 needs seq_len divisible into 2\*cp = 4 chunks of a multiple of 16" \
     $T plan "$W/run.json" --world 4 --device-mem-gb 80 --layout dp=2,cp=2
 expect_fail "serve with pp" "no pipeline parallelism" \
     $T plan "$W/m.json" --mode serve --world 2 --device-mem-gb 80 --layout pp=2
