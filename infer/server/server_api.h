@@ -34,7 +34,8 @@
  * cache are checked by the engine when the request is submitted
  * (engine_check), for every caller alike. */
 typedef struct {
-    size_t context;          /* max_position_embeddings: prompt + max_tokens <= context */
+    size_t context;          /* engine_context: prompt + max_tokens <= context */
+    const char *context_name;/* what sets it: "the model's context" or "the server's --max-context" */
     size_t kv_positions;     /* the whole KV cache, in positions (chat's default max_tokens fits it) */
     int max_n;               /* choices per request (n x number of prompts) */
     const Tokenizer *tok;    /* the model's tokenizer (borrowed) */
