@@ -14,9 +14,10 @@
  * same float in every path.  Then the engine itself: a long prompt
  * prefilled in chunks and decoded, alone and beside another long request,
  * and prompts of bs k - 1, bs k and bs k + 1 tokens, against the training
- * forward of the same tokens.  One layer, one kv head of 8 dims: the
- * smallest shape whose 32k forward still walks every kernel (GQA, the
- * online softmax over 2048 tiles, the experts), so the suite stays fast.
+ * forward of the same tokens.  One layer, one kv head of 8 dims, shaped as
+ * Qwen3-MoE (per-head q/k RMSNorm, renormalised top-k): the smallest shape
+ * whose 32k forward still walks every kernel (GQA, the online softmax over
+ * 2048 tiles, the experts), so the suite stays fast.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -45,6 +46,7 @@ static void tiny_long(Model *m)
                             " \"num_attention_heads\": 2, \"num_key_value_heads\": 1,"
                             " \"moe_intermediate_size\": 16, \"num_local_experts\": 4,"
                             " \"num_experts_per_tok\": 2, \"max_position_embeddings\": 33280,"
+                            " \"head_dim\": 8, \"qk_norm\": \"head\", \"norm_topk_prob\": true,"
                             " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 8.0,"
                             " \"original_max_position_embeddings\": 4160}}";
     ModelConfig cfg;
