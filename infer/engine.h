@@ -199,9 +199,9 @@ typedef struct {
 void engine_mem(const Model *m, const EngineOpts *o, EngineMem *out);
 
 /* The positions a request may come to hold: EngineOpts.max_context, or
- * the model's max_position_embeddings when that is 0 (engine_init caps
- * max_context there: positions past it have no RoPE angle the model was
- * given, so they are refused, never computed). */
+ * the model's max_position_embeddings when that is 0 or larger (positions
+ * past it have no RoPE angle the model was given: they are refused, never
+ * computed). */
 size_t engine_context(const Engine *e);
 
 /* Allocates a request for the given prompt (copied). */
