@@ -401,3 +401,40 @@ Test(longctx, refusals_name_the_length_and_the_limit)
     td_free(p);
     model_free(&m);
 }
+
+/* A long prompt that fits the cache alone but not beside a request admitted
+ * before it never takes that request's blocks: the older one runs to its
+ * end without being preempted, with the bits it gives alone; the long one
+ * waits (preempted, its own blocks freed) and then gives the training
+ * forward's bits. */
+Test(longctx, a_long_prompt_never_evicts_an_older_request)
+{
+    Model m;
+    tiny_long(&m);
+    int32_t *pa = tokens_of(100, 7), *pb = tokens_of(2000, 8);
+    GenParams ga = greedy(200), gb = greedy(8);
+    Engine e;
+    engine_open(&e, &m, 256, 2100, 0);   /* 132 blocks: 299 + 2007 positions do not fit together */
+    Request *alone = request_new(pa, 100, &ga);
+    cr_assert_eq(engine_submit(&e, alone), 0, "%s", alone->error);
+    run_engine(&e);
+    Request *ra = request_new(pa, 100, &ga), *rb = request_new(pb, 2000, &gb);
+    cr_assert_eq(engine_submit(&e, ra), 0, "%s", ra->error);
+    cr_assert_eq(engine_submit(&e, rb), 0, "%s", rb->error);
+    run_engine(&e);
+    EngineStats st;
+    engine_stats(&e, &st);
+    cr_expect_gt(st.preemptions, 0, "the cache was meant to be too small for both (no preemption happened)");
+    cr_expect_eq(ra->admit_order, alone->admit_order + 1, "the older request was preempted and readmitted");
+    cr_expect(ra->n_out == alone->n_out && !memcmp(ra->out, alone->out, ra->n_out * sizeof(int32_t)) &&
+                  !memcmp(ra->out_logp, alone->out_logp, ra->n_out * sizeof(float)),
+              "the older request's tokens or log-probabilities changed beside the long prompt");
+    expect_engine_is_score(&m, rb, "2000-token prompt that waited for the cache");
+    request_free(alone);
+    request_free(ra);
+    request_free(rb);
+    engine_free(&e);
+    td_free(pa);
+    td_free(pb);
+    model_free(&m);
+}
