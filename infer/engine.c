@@ -42,6 +42,12 @@ static void opts_fix(EngineOpts *o)
     if (o->prefill_chunk < 1) o->prefill_chunk = 1;
 }
 
+size_t engine_context(const Engine *e)
+{
+    const size_t model = (size_t)e->m->cfg.max_position_embeddings;
+    return e->o.max_context && e->o.max_context < model ? e->o.max_context : model;
+}
+
 /* The activation arena of a batch of max_batch_tokens rows (o fixed). */
 static size_t arena_need(const Model *m, const EngineOpts *o)
 {
@@ -233,7 +239,8 @@ EngineRefusal engine_check(const Engine *e, const int32_t *prompt, size_t n_prom
                            size_t err_len)
 {
     const int V = e->m->cfg.vocab_size;
-    const size_t ctx = (size_t)e->m->cfg.max_position_embeddings;
+    const size_t ctx = engine_context(e);
+    const bool own = ctx < (size_t)e->m->cfg.max_position_embeddings;   /* --max-context binds */
     for (size_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= V) {
             snprintf(err, err_len, "prompt token id %d at position %zu is outside the vocabulary (vocab_size %d)",
@@ -245,9 +252,8 @@ EngineRefusal engine_check(const Engine *e, const int32_t *prompt, size_t n_prom
         return ENGINE_EMPTY_PROMPT;
     }
     if (n_prompt >= ctx) {
-        snprintf(err, err_len,
-                 "the prompt has %zu tokens; the model's context of %zu positions leaves room for at most %zu",
-                 n_prompt, ctx, ctx - 1);
+        snprintf(err, err_len, "the prompt has %zu tokens; %s of %zu positions leaves room for at most %zu",
+                 n_prompt, own ? "the server's --max-context" : "the model's context", ctx, ctx - 1);
         return ENGINE_PROMPT_TOO_LONG;
     }
     /* positions whose keys and values are cached at most: every token but
@@ -255,6 +261,11 @@ EngineRefusal engine_check(const Engine *e, const int32_t *prompt, size_t n_prom
     size_t gen = max_tokens > 0 ? (size_t)max_tokens : 1;
     size_t held = td_min(n_prompt + gen, ctx) - 1;
     size_t whole = (size_t)e->kv.n_blocks * e->kv.bs;
+    if (!e->ring && n_prompt > whole) {   /* (a windowed model keeps a ring: its prompt may be longer) */
+        snprintf(err, err_len, "the prompt has %zu tokens; the whole KV cache holds %zu positions (%d blocks of %zu)",
+                 n_prompt, whole, (int)e->kv.n_blocks, e->kv.bs);
+        return ENGINE_PROMPT_NO_ROOM;
+    }
     if (kvcache_ring_blocks(&e->kv, e->ring, e->o.prefill_chunk, held) > e->kv.n_blocks) {
         snprintf(err, err_len,
                  "the prompt (%zu tokens) plus max_tokens (%d) needs %zu positions of KV cache; the whole cache "
@@ -957,7 +968,7 @@ size_t engine_step(Engine *e)
         }
         update_safe(r);
         if (r->cb) r->cb(r, false, r->user);
-        if ((int)r->n_out >= r->gp.max_tokens || r->n_prompt + r->n_out >= (size_t)m->cfg.max_position_embeddings)
+        if ((int)r->n_out >= r->gp.max_tokens || r->n_prompt + r->n_out >= engine_context(e))
             finish(e, r, "length");
     }
     pthread_mutex_lock(&e->mu);

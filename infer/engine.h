@@ -66,6 +66,7 @@ typedef enum {
     ENGINE_PROMPT_TOO_LONG, /* the prompt leaves no room in the context */
     ENGINE_NO_ROOM,         /* prompt + max_tokens cannot fit the whole KV cache */
     ENGINE_BAD_IMAGE,       /* images and image placeholders do not match, or the model has no vision tower */
+    ENGINE_PROMPT_NO_ROOM,  /* the prompt alone is longer than the whole KV cache */
 } EngineRefusal;
 
 typedef struct Request Request;
@@ -145,6 +146,8 @@ typedef struct {
     size_t n_stop_ids;
     bool prefix_cache;        /* share full KV blocks of equal prefixes (default on; kvcache.h) */
     uint64_t weights_version; /* seeds the blocks' hash chain: other weights, other keys */
+    size_t max_context;       /* positions a request may reach (prompt + max_tokens); 0 = the model's
+                               * max_position_embeddings, never more (`serve --max-context`) */
 } EngineOpts;
 
 typedef struct {
@@ -212,6 +215,12 @@ typedef struct {
 } EngineMem;
 void engine_mem(const Model *m, const EngineOpts *o, EngineMem *out);
 
+/* The positions a request may come to hold: EngineOpts.max_context, or
+ * the model's max_position_embeddings when that is 0 or larger (positions
+ * past it have no RoPE angle the model was given: they are refused, never
+ * computed). */
+size_t engine_context(const Engine *e);
+
 /* Allocates a request for the given prompt (copied). */
 Request *request_new(const int32_t *prompt, size_t n_prompt, const GenParams *gp);
 void request_free(Request *r);
@@ -227,9 +236,14 @@ int request_set_images(Request *r, const float *pixels, size_t n_img);
 
 /* Whether a request for prompt[0..n_prompt) generating up to max_tokens
  * can ever run on e: every id in [0, vocab_size), a prompt that is not
- * empty and shorter than max_position_embeddings, and the positions it can
+ * empty and shorter than the context (engine_context), a prompt that
+ * the whole KV cache can hold (ENGINE_PROMPT_NO_ROOM: the prompt's length
+ * and the cache's positions), and the positions it can
  * come to hold in the KV cache (prompt + max_tokens - 1, at most the
  * context less one: the last token is never fed) within the whole cache.
+ * A request that passes never needs another's blocks to finish: it runs
+ * alone if it must (older requests keep theirs; a newer one is the one
+ * preempted, see above).
  * Returns ENGINE_OK, or the first problem with one line in err naming it
  * (the token and the vocabulary size; the sizes and the cache).  Reads
  * only sizes fixed at engine_init: any thread. */

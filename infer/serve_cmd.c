@@ -22,7 +22,7 @@
 static const char *const g_serve_help =
     "usage: tandem serve (--ckpt CKPT | --follow DIR) --port P [--host 127.0.0.1] [--model-name NAME]\n"
     "                    [--kv-mb 256] [--max-running 64] [--max-queue 256]\n"
-    "                    [--max-batch-tokens 512] [--prefill-chunk 256]\n"
+    "                    [--max-batch-tokens 512] [--prefill-chunk 256] [--max-context N]\n"
     "                    [--max-body 1048576] [--max-n 16] [--max-connections 512]\n"
     "                    [--idle-timeout 60] [--drain-timeout 30] [--quiet]\n"
     "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--expert-cache-mb N]\n"
@@ -49,6 +49,11 @@ static const char *const g_serve_help =
     "Full KV blocks of a prompt prefix are kept and shared by later requests with\n"
     "that prefix (same output bits; /metrics tandem_prefix_cache_*);\n"
     "--no-prefix-cache computes every prompt anew.\n"
+    "--max-context N caps the positions a request may reach (prompt + max_tokens;\n"
+    "default and most: the model's max_position_embeddings, RoPE scaling included);\n"
+    "a longer prompt, or one the whole KV cache (--kv-mb) cannot hold, gets 400\n"
+    "naming its length and the limit.  Long prompts are prefilled --prefill-chunk\n"
+    "tokens a step (docs/long-context.md).\n"
     "Hot weight reload: --follow DIR serves DIR/latest and switches to each new\n"
     "latest; with --admin-token, POST /v1/admin/reload {\"checkpoint\": FILE} and\n"
     "\"Authorization: Bearer TOKEN\" switches to FILE.  Admission is held while\n"
@@ -218,7 +223,7 @@ static int serve_run(Args *ap, int argc, char **argv)
                                         "max-queue=", "max-batch-tokens=", "prefill-chunk=", "max-body=",
                                         "max-n=", "max-connections=", "idle-timeout=", "drain-timeout=",
                                         "quiet", "tp=", "ep=", "dtype=", "kv-dtype=", "expert-cache-mb=", "api-key+", "api-key-file=",
-                                        "no-prefix-cache", "follow=", "admin-token=", NULL };
+                                        "no-prefix-cache", "follow=", "admin-token=", "max-context=", NULL };
     char err[512];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("serve: %s", err);
@@ -247,7 +252,7 @@ static int serve_run(Args *ap, int argc, char **argv)
         td_error("serve: --follow and --admin-token (weight reload) need a single process for now, not mpirun");
         return 2;
     }
-    enum { PORT, KV, RUN, QUEUE, BATCH, CHUNK, BODY, MAXN, CONNS, IDLE, DRAIN, N_NUM };
+    enum { PORT, KV, RUN, QUEUE, BATCH, CHUNK, BODY, MAXN, CONNS, IDLE, DRAIN, MAXCTX, N_NUM };
     NumOpt num[N_NUM] = {
         [PORT] = { "port", 0, 0, 65535, 0 },
         [KV] = { "kv-mb", 256, 1, 1 << 20, 0 },
@@ -260,6 +265,7 @@ static int serve_run(Args *ap, int argc, char **argv)
         [CONNS] = { "max-connections", 512, 1, 65536, 0 },
         [IDLE] = { "idle-timeout", 60, 0, 1e7, 0 },
         [DRAIN] = { "drain-timeout", 30, 0, 1e7, 0 },
+        [MAXCTX] = { "max-context", 0, 2, 1 << 30, 0 },   /* 0: the model's max_position_embeddings */
     };
     for (int i = 0; i < N_NUM; i++)
         if (args_num(ap, num[i].name, num[i].dflt, num[i].lo, num[i].hi, &num[i].v, err, sizeof err) < 0) {
@@ -316,6 +322,16 @@ static int serve_run(Args *ap, int argc, char **argv)
         model_free(&m);
         return 1;
     }
+    if (num[MAXCTX].v > m.cfg.max_position_embeddings) {
+        /* positions past max_position_embeddings have no RoPE rule the
+         * model was given: refused, never computed */
+        td_error("serve: --max-context %.0f exceeds the model's max_position_embeddings %d (a longer context needs "
+                 "rope_scaling in the model config and max_position_embeddings raised to match)",
+                 num[MAXCTX].v, m.cfg.max_position_embeddings);
+        ckpt_text_free(&tx);
+        model_free(&m);
+        return 2;
+    }
     td_errors_rank0_only = 0;
     m.comm.tp_allreduce = serve_tp_sum;
     m.comm.ep_alltoallv = serve_ep_a2a;
@@ -326,6 +342,7 @@ static int serve_run(Args *ap, int argc, char **argv)
     eo.max_queue = (size_t)num[QUEUE].v;
     eo.max_batch_tokens = (size_t)num[BATCH].v;
     eo.prefill_chunk = (size_t)num[CHUNK].v;
+    eo.max_context = (size_t)num[MAXCTX].v;
     eo.tok = tx.tok;
     eo.stop_ids = tx.stop_ids;
     eo.n_stop_ids = tx.n_stop_ids;
@@ -407,7 +424,7 @@ static int serve_run(Args *ap, int argc, char **argv)
             "tandem: serving %s on http://%s%s%s:%d (model \"%s\", context %d, weights %s %.1f MiB, KV cache %s "
             "%d blocks of %zu positions = %zu MiB, %zu bytes per cached token, max running %zu, %d threads)\n",
             file, v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), so.model_name,
-            m.cfg.max_position_embeddings, dtype_name(m.dt.mat), (double)model_weight_bytes(&m) / 1048576.0,
+            (int)engine_context(&e), dtype_name(m.dt.mat), (double)model_weight_bytes(&m) / 1048576.0,
             dtype_name(m.attn.kv), e.kv.n_blocks, e.kv.bs, (kvcache_block_bytes(&e.kv) * (size_t)e.kv.n_blocks) >> 20,
             kvcache_token_bytes(&e.kv), e.o.max_running, pool_threads());
     if (m.ecache)

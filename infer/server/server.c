@@ -401,6 +401,8 @@ static int completion_submit(Completion *c, ApiError *err)
                           s->e->o.max_queue);
             else if (r->refusal == ENGINE_NO_ROOM)   /* the engine's check: ids, lengths, the cache */
                 api_error(err, 400, "max_tokens", "%s (the server's --kv-mb)", r->error);
+            else if (r->refusal == ENGINE_PROMPT_NO_ROOM)
+                api_error(err, 400, q->kind == API_CHAT ? "messages" : "prompt", "%s (the server's --kv-mb)", r->error);
             else
                 api_error(err, 400, q->kind == API_CHAT ? "messages" : "prompt", "%s", r->error);
             request_free(r);
@@ -1014,7 +1016,9 @@ int server_start(Server **out, Engine *e, const ServerOpts *o, char *err, size_t
     s->e = e;
     s->o = *o;
     s->model = td_strdup(o->model_name);
-    s->lim.context = (size_t)e->m->cfg.max_position_embeddings;
+    s->lim.context = engine_context(e);
+    s->lim.context_name = s->lim.context < (size_t)e->m->cfg.max_position_embeddings ? "the server's --max-context"
+                                                                                     : "the model's context";
     s->lim.kv_positions = (size_t)e->kv.n_blocks * e->kv.bs;
     s->lim.max_n = o->max_n;
     s->lim.tok = e->tok;

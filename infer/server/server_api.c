@@ -132,6 +132,11 @@ static int check_unsupported(const cJSON *o, int n, ApiError *err)
 
 /* ------------------------------------------------------------------ prompt */
 
+static const char *api_context_name(const ApiLimits *lim)
+{
+    return lim->context_name ? lim->context_name : "the model's context";
+}
+
 /* Tokens of one prompt (a string, encoded as HF's tokenizer(text) with its
  * special tokens, or an array of ids), validated and appended to out. */
 static int prompt_one(const cJSON *p, const ApiLimits *lim, TokIds *out, ApiError *err)
@@ -162,9 +167,8 @@ static int prompt_one(const cJSON *p, const ApiLimits *lim, TokIds *out, ApiErro
                              "image_url parts of /v1/chat/completions messages", lim->vision.token_id);
     if (k >= lim->context)
         return api_error(err, 400, "prompt",
-                         "the prompt has %zu tokens; the model's context of %zu positions leaves room for at "
-                         "most %zu prompt tokens",
-                         k, lim->context, lim->context - 1);
+                         "the prompt has %zu tokens; %s of %zu positions leaves room for at most %zu prompt tokens",
+                         k, api_context_name(lim), lim->context, lim->context - 1);
     return 0;
 }
 
@@ -236,8 +240,8 @@ static int parse_max_tokens(ApiCompletion *q, const cJSON *o, const ApiLimits *l
     q->gp.max_tokens = (int)v;
     if (longest + (size_t)q->gp.max_tokens > lim->context)
         return api_error(err, 400, key,
-                         "the prompt (%zu tokens) plus %s (%d) exceeds the model's context of %zu positions",
-                         longest, key, q->gp.max_tokens, lim->context);
+                         "the prompt (%zu tokens) plus %s (%d) exceeds %s of %zu positions", longest, key,
+                         q->gp.max_tokens, api_context_name(lim), lim->context);
     return 0;
 }
 
@@ -361,9 +365,9 @@ static int parse_chat_fields(ApiCompletion *q, cJSON *o, const ApiLimits *lim, A
     if (ids.n == 0) return api_error(err, 400, "messages", "the chat template rendered an empty prompt");
     if (ids.n >= lim->context)
         return api_error(err, 400, "messages",
-                         "the rendered chat has %zu tokens; the model's context of %zu positions leaves room for at "
-                         "most %zu prompt tokens",
-                         ids.n, lim->context, lim->context - 1);
+                         "the rendered chat has %zu tokens; %s of %zu positions leaves room for at most %zu "
+                         "prompt tokens",
+                         ids.n, api_context_name(lim), lim->context, lim->context - 1);
     if (parse_sampling(q, o, lim, err)) return -1;
     double v;
     if (get_bool(o, "logprobs", false, &q->logprobs, err) < 0) return -1;

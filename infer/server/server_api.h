@@ -35,13 +35,14 @@
  * cache are checked by the engine when the request is submitted
  * (engine_check), for every caller alike. */
 typedef struct {
-    size_t context;          /* max_position_embeddings: prompt + max_tokens <= context */
+    size_t context;          /* engine_context: prompt + max_tokens <= context */
     size_t kv_positions;     /* the whole KV cache, in positions (chat's default max_tokens fits it) */
     int max_n;               /* choices per request (n x number of prompts) */
     const Tokenizer *tok;    /* the model's tokenizer (borrowed) */
     const ChatTemplate *chat;/* its chat template, NULL when it has none ... */
     const char *chat_error;  /* ... and then why (one line) */
     ApiVision vision;        /* images in chat content parts (vision.tokens 0: none) */
+    const char *context_name;/* what sets context: "the model's context" (NULL too) or "the server's --max-context" */
 } ApiLimits;
 
 /* A 4xx answer: HTTP status, the offending field ("" for none), a message. */

@@ -12,6 +12,11 @@
 #     request whose prompt + max_tokens needs 2049 positions is refused
 #     (400, param max_tokens, naming both sizes); one that needs exactly
 #     2048 runs to its end; rollout refuses the same before generating.
+#     A prompt longer than the whole cache is refused (param prompt, its
+#     length and the cache's).  serve --max-context 100: a 100-token
+#     prompt and 90 + 11 tokens are refused naming both numbers, 90 + 10
+#     run; --max-context above max_position_embeddings is refused at
+#     start-up (no rope_scaling: positions past it would be wrong).
 #  3. data prepare with 1000 --input files, and with --input=F repeated
 #     1000 times: every byte of every file is in the token file (the 65th
 #     value was dropped, or written past the parser's table).
@@ -132,6 +137,12 @@ st, o = post({"prompt": [1] * 10, "max_tokens": 2039, "temperature": 0}, timeout
 ch = o["choices"][0] if st == 200 else {}
 check(st == 200 and ch.get("finish_reason") == "length" and len(ch.get("token_ids", [])) == 2039,
       "serve: 10 + 2039 tokens (exactly the cache) run to their end: %d %s" % (st, ch.get("finish_reason")))
+# a prompt the whole cache cannot hold: param prompt, its length and the cache's
+st, o = post({"prompt": [1] * 3000, "max_tokens": 1})
+e = o.get("error", {})
+m = e.get("message", "")
+check(st == 400 and e.get("param") == "prompt" and "the prompt has 3000 tokens" in m and "holds 2048 positions" in m
+      and "--kv-mb" in m, "serve: a 3000-token prompt in a 2048-position cache: %d %s" % (st, m))
 
 # 4. a long model name, whole
 c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -151,6 +162,63 @@ rc=0
 wait "$pid" || rc=$?
 pid=""
 [ "$rc" -eq 0 ] && ok "serve: exit 0 after SIGTERM" || bad "serve exit code $rc"
+
+# serve --max-context (SPEC 12): 100 positions of the model's 4096; above
+# max_position_embeddings (no rope_scaling) it is refused at start-up
+expect_fail "serve --max-context above max_position_embeddings" \
+    "max-context 5000 exceeds the model's max_position_embeddings 4096.*rope_scaling" \
+    "$T" serve --ckpt "$W/m64" --port 0 --max-context 5000
+"$T" serve --ckpt "$W/m64" --port 0 --kv-mb 1 --max-context 100 2>"$W/serve_ctx.log" &
+pid=$!
+port=""
+i=0
+while [ -z "$port" ]; do
+    kill -0 "$pid" 2>/dev/null || { cat "$W/serve_ctx.log"; bad "the server exited at start"; exit 1; }
+    [ $i -lt 300 ] || { cat "$W/serve_ctx.log"; bad "no start-up line from serve within 30 s"; exit 1; }
+    port=$(sed -n 's|^tandem: serving .* on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$W/serve_ctx.log" 2>/dev/null) || port=""
+    i=$((i + 1))
+    [ -n "$port" ] || sleep 0.1
+done
+grep -q "context 100," "$W/serve_ctx.log" && ok "serve --max-context 100: the start-up line says context 100" ||
+    bad "serve --max-context 100: start-up line: $(head -n 1 "$W/serve_ctx.log")"
+$PY - "$port" <<'EOF' || fail=1
+import http.client, json, sys
+port = int(sys.argv[1])
+
+def req(method, path, body=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    c.request(method, path, json.dumps(body) if body is not None else None, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, json.loads(data)
+
+bad = 0
+def check(cond, what):
+    global bad
+    print(("ok   " if cond else "FAIL ") + what)
+    bad |= not cond
+
+st, o = req("POST", "/v1/completions", {"prompt": [1] * 100, "max_tokens": 1})
+e = o.get("error", {})
+m = e.get("message", "")
+check(st == 400 and e.get("param") == "prompt" and "the prompt has 100 tokens" in m and "--max-context of 100" in m,
+      "serve --max-context 100, a 100-token prompt: %d %s" % (st, m))
+st, o = req("POST", "/v1/completions", {"prompt": [1] * 90, "max_tokens": 11})
+e = o.get("error", {})
+m = e.get("message", "")
+check(st == 400 and e.get("param") == "max_tokens" and "(90 tokens) plus max_tokens (11)" in m
+      and "--max-context of 100" in m, "serve --max-context 100, 90 + 11 tokens: %d %s" % (st, m))
+st, o = req("POST", "/v1/completions", {"prompt": [1] * 90, "max_tokens": 10, "temperature": 0})
+ch = o["choices"][0] if st == 200 else {}
+check(st == 200 and len(ch.get("token_ids", [])) == 10, "serve --max-context 100, 90 + 10 tokens run: %d" % st)
+st, o = req("GET", "/v1/models")
+check(st == 200 and o["data"][0].get("max_model_len") == 100, "/v1/models max_model_len 100: %s" % o["data"][0])
+sys.exit(bad)
+EOF
+kill -TERM "$pid"
+wait "$pid" || true
+pid=""
 
 # rollout refuses what cannot fit the cache, before generating anything
 printf '{"prompt_ids": [1, 2, 3]}\n' >"$W/p3.jsonl"
