@@ -5,6 +5,7 @@
  */
 #include "infer/server/server.h"
 #include "core/common.h"
+#include "core/model/vision.h"
 #include "infer/server/server_api.h"
 #include "infer/server/server_metrics.h"
 
@@ -377,6 +378,7 @@ static int completion_submit(Completion *c, ApiError *err)
             ch->seed = gp.seed;
             atomic_store(&ch->weights_step, -1);
             Request *r = request_new(q->tokens + q->offs[p], q->offs[p + 1] - q->offs[p], &gp);
+            if (q->n_img) request_set_images(r, q->pixels, q->n_img);   /* chat: one prompt holds them all */
             r->cb = on_token;
             r->user = ch;
             r->id = atomic_fetch_add(&s->counter, 1);
@@ -1016,6 +1018,17 @@ int server_start(Server **out, Engine *e, const ServerOpts *o, char *err, size_t
     s->lim.kv_positions = (size_t)e->kv.n_blocks * e->kv.bs;
     s->lim.max_n = o->max_n;
     s->lim.tok = e->tok;
+    /* images in chat content parts: what the model's vision tower takes */
+    const ModelConfig *mc = &e->m->cfg;
+    s->lim.vision.tokens = vision_tokens_per_image(mc);
+    s->lim.vision.token_id = mc->image_token_index;
+    s->lim.vision.size = (size_t)mc->vision_config.image_size;
+    for (int c = 0; c < 3; c++) {
+        s->lim.vision.mean[c] = (float)mc->vision_config.image_mean[c];
+        s->lim.vision.std[c] = (float)mc->vision_config.image_std[c];
+    }
+    s->lim.vision.limits = o->image_limits;
+    s->lim.vision.max_images = o->max_images;
     /* the chat template: chat requests get a 400 with chat_error when there
      * is none or it cannot be compiled; everything else still serves */
     size_t cl;

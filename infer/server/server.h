@@ -27,6 +27,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "core/image/image.h"
 #include "infer/engine.h"
 
 typedef struct {
@@ -54,6 +55,11 @@ typedef struct {
     const char *admin_token;  /* borrowed; NULL: no admin endpoint */
     const char *follow_dir;   /* borrowed; NULL: no following */
     int64_t weights_step;     /* the step of the weights served at start */
+    /* images in chat content parts (docs/vision.md): limits of one encoded
+     * image (0 fields: core/image's defaults, 16 MiB and 4096 x 4096
+     * pixels) and images per request (0: API_DEFAULT_MAX_IMAGES, 16) */
+    ImageLimits image_limits;
+    int max_images;
 } ServerOpts;
 
 typedef struct Server Server;
