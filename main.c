@@ -52,6 +52,7 @@ static const struct {
     { "eval", cmd_eval, "validation loss and perplexity of a checkpoint" },
     { "score", cmd_score_any, "per-token log-probabilities of windows to HDF5" },
     { "generate", cmd_generate, "sample a completion from a checkpoint" },
+    { "eval-vision", cmd_eval_vision, "a VLM's accuracy on image questions (tandem data images)" },
     { "serve", cmd_serve, "OpenAI-compatible HTTP server" },
     { "rollout", cmd_rollout, "RL rollout worker: samples, logprobs, routes, policy version" },
     { "ckpt", cmd_ckpt_any, "inspect, verify, reshard, export, diff, quantize checkpoints" },

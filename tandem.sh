@@ -1,6 +1,7 @@
 #!/bin/sh
 # tandem.sh - set up a fresh Debian 12 machine and hand over to make.
 #   ./tandem.sh demo     install what is missing, then `make demo`
+#   ./tandem.sh demo-vision   ... then `make demo-vision` (a small VLM on the shapes task)
 #   ./tandem.sh test     install what is missing, then `make test`
 #   ./tandem.sh deps     only install what is missing (what `make deps` runs)
 #   ./tandem.sh <target> any other make target (bench, asan-test, ...)

@@ -11,6 +11,8 @@
 
 int cmd_generate(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+/* `tandem eval-vision`: a VLM answers image questions (infer/eval_vision_cmd.c). */
+int cmd_eval_vision(int argc, char **argv);
 /* `tandem rollout`: the RL rollout worker (infer/rollout_cmd.c). */
 int cmd_rollout(int argc, char **argv);
 

@@ -25,6 +25,8 @@ struct key {
 static const struct key g_keys[] = {
     { "model", K_MODEL, 0, 0, 0, 0, NULL, NULL },
     { "data", K_STR, F(data), 0, 0, "\"\"", NULL },
+    { "images", K_STR, F(images), 0, 0, "\"\"", NULL },
+    { "image_fraction", K_NUM, F(image_fraction), 0, 1, "0.5", NULL },
     { "seq_len", K_INT, F(seq_len), 1, 1 << 20, "256", NULL },
     { "micro_batch", K_INT, F(micro_batch), 1, 1 << 20, "8", NULL },
     { "grad_accum", K_INT, F(grad_accum), 1, 1 << 20, "1", NULL },

@@ -17,6 +17,8 @@ typedef struct {
     ModelConfig model;
     char model_src[1024];     /* path the model config came from, or "inline" */
     char data[512];
+    char images[512];        /* image questions and answers (`tandem data images` DIR or a JSONL file); "" = none */
+    double image_fraction;   /* share of each micro-batch's rows that are image rows (train/image_data.h) */
     int seq_len, micro_batch, grad_accum, steps;
     double lr, min_lr;
     char lr_schedule[16];    /* cosine | constant */

@@ -8,7 +8,9 @@
 #include "core/fma_peak.h"
 #include "core/ops/gemm.h"
 #include "core/pool.h"
+#include "core/model/vision.h"
 #include "train/data.h"
+#include "train/image_data.h"
 #include "train/optim.h"
 
 #include <cJSON.h>
@@ -34,6 +36,8 @@ typedef struct {
     TrainActs acts;
     int32_t *ids, *targets;
     float *dlogp;
+    float *w;              /* images: 1 for a scored target, 0 otherwise (rows x T) */
+    double n_scored;       /* images: scored targets of the micro-batch over all dp ranks */
 } Slot;
 
 /* What a step's micro-batches add up (this rank's part). */
@@ -53,6 +57,10 @@ typedef struct {
     AdamHyper adam;
     TokenFile tf;
     Loader loader;
+    bool img;              /* run key images: image rows in the batches */
+    ImageLoader il;
+    VisionActs va;
+    float *pixels;         /* this rank's images of the micro-batch (rows, 3, S, S) */
     int64_t step, tokens_seen;
     int n_moe_global;      /* MoE layers of the whole model (aux/z means) */
     double peak_sgemm, peak_kernel, peak_fma, flops_per_token;   /* GFLOP/s per rank, measured at start-up */
@@ -506,6 +514,7 @@ static double evaluate(Trainer *tr)
     double ce = 0;
     for (int i = 0; i < rc->eval_batches; i++) {
         next_batch(tr, &vl, sl);
+        sl->acts.n_img = 0;   /* validation is the text's */
         comm_sendrecv(COMM_PP, NULL, 0, -1, sl->acts.x[0], act_bytes(tr), pp_prev(tr), 1);
         LossParts lp = { 0 };
         model_train_forward(&tr->m, &sl->acts, sl->ids, sl->targets,
@@ -798,13 +807,24 @@ static void mb_forward(Trainer *tr, Slot *sl, StepAcc *acc)
 {
     const RunConfig *rc = tr->rc;
     const double ga = rc->grad_accum;
+    const int64_t cursor = tr->loader.cursor;
     next_batch(tr, &tr->loader, sl);
+    if (tr->img) {
+        sl->acts.n_img = image_loader_fill(&tr->il, cursor, sl->ids, sl->targets, sl->w, tr->pixels, &sl->n_scored);
+        sl->acts.vis = &tr->va;
+        sl->acts.pixels = tr->pixels;
+    }
     LossParts lp = { 0 };
     double mn[tr->n_local + 1], mx[tr->n_local + 1];
     lp.expert_share_min = mn;
     lp.expert_share_max = mx;
-    model_train_forward(&tr->m, &sl->acts, sl->ids, sl->targets,
-                        (size_t)rc->micro_batch * (size_t)rc->seq_len, &lp);
+    const size_t n_tot = (size_t)rc->micro_batch * (size_t)rc->seq_len;
+    model_train_forward(&tr->m, &sl->acts, sl->ids, sl->targets, n_tot, &lp);
+    if (tr->img) {   /* the scored targets only, as a share of the micro-batch's mean */
+        double ce = 0;
+        for (size_t t = 0; t < sl->acts.N; t++) ce -= (double)sl->w[t] * sl->acts.logp[t];
+        lp.ce_sum = ce * (double)n_tot / sl->n_scored;
+    }
     acc->ce += lp.ce_sum;
     acc->aux_sum += lp.aux * lp.n_moe / ga;
     acc->z_sum += lp.z * lp.n_moe / ga;
@@ -827,7 +847,10 @@ static void mb_backward(Trainer *tr, Slot *sl, bool last_of_step)
     const RunConfig *rc = tr->rc;
     const Model *m = &tr->m;
     const double ga = rc->grad_accum, n_tot = (double)rc->micro_batch * rc->seq_len;
-    for (size_t t = 0; t < sl->acts.N; t++) sl->dlogp[t] = (float)(-1.0 / (n_tot * ga));
+    if (tr->img)   /* the mean over the micro-batch's scored targets */
+        for (size_t t = 0; t < sl->acts.N; t++) sl->dlogp[t] = (float)(-sl->w[t] / (sl->n_scored * ga));
+    else
+        for (size_t t = 0; t < sl->acts.N; t++) sl->dlogp[t] = (float)(-1.0 / (n_tot * ga));
     float daux = tr->n_moe_global ? (float)(m->cfg.router_aux_loss_coef / (tr->n_moe_global * ga)) : 0.0f;
     float dz = tr->n_moe_global ? (float)(m->cfg.router_z_loss_coef / (tr->n_moe_global * ga)) : 0.0f;
     /* sequence-wise balance: mean over the micro-batch's sequences (all dp
@@ -1122,7 +1145,13 @@ static void trainer_free(Trainer *tr)
         td_free(tr->slots[i].targets);
         td_free(tr->slots[i].dlogp);
     }
+    for (int i = 0; i < tr->n_slots; i++) td_free(tr->slots[i].w);
     td_free(tr->slots);
+    if (tr->img) {
+        image_loader_free(&tr->il);
+        vision_acts_free(&tr->va);
+        td_free(tr->pixels);
+    }
     model_free(&tr->m);
     td_free(tr->exp_avg);
     td_free(tr->exp_avg_sq);
@@ -1202,6 +1231,52 @@ static int setup_tokenizer(Trainer *tr)
     return 0;
 }
 
+/* Run key images (train/image_data.h): the examples, the tower's
+ * activations and the pixel buffer of slot 0.  0, or -1 after one line. */
+static int setup_images(Trainer *tr, size_t B, size_t T)
+{
+    const RunConfig *rc = tr->rc;
+    char err[1024];
+    if (tr->topo.pp > 1) {
+        td_error("images %s: pipeline parallelism (pp = %d) does not take images yet", rc->images, tr->topo.pp);
+        return -1;
+    }
+    if (tr->topo.cp > 1 || tr->topo.sp) {
+        td_error("images %s: %s does not take images yet", rc->images,
+                 tr->topo.cp > 1 ? "context parallelism (cp > 1)" : "sequence parallelism (sp=true)");
+        return -1;
+    }
+    if (image_loader_init(&tr->il, rc->images, &tr->m.cfg, tr->tx.tok, rc->image_fraction, (size_t)rc->micro_batch,
+                          T, (size_t)tr->topo.dp, (size_t)tr->topo.dp_rank, rc->shuffle, (uint64_t)rc->seed, err,
+                          sizeof err)) {
+        td_error("%s", err);
+        return -1;
+    }
+    if (tr->il.K == 0) {
+        td_error("images %s: image_fraction %g of micro_batch %d gives no image rows", rc->images, rc->image_fraction,
+                 rc->micro_batch);
+        image_loader_free(&tr->il);
+        return -1;
+    }
+    const TokenStream ts = tokfile_train(&tr->tf);
+    for (uint64_t i = 0; i < ts.len; i++)   /* text rows must not hold placeholders */
+        if (tokfile_get(&tr->tf, ts.begin + i) == tr->m.cfg.image_token_index) {
+            td_error("data %s holds the image placeholder id %d (token %llu): its text rows would take images",
+                     rc->data, tr->m.cfg.image_token_index, (unsigned long long)i);
+            image_loader_free(&tr->il);
+            return -1;
+        }
+    tr->img = true;
+    const size_t S = (size_t)tr->m.cfg.vision_config.image_size;
+    vision_acts_init(&tr->va, &tr->m, B);
+    tr->pixels = td_malloc(B * 3 * S * S * sizeof(float));
+    tr->slots[0].w = td_malloc(B * T * sizeof(float));
+    if (tr->rank0)
+        td_info("train: %zu image examples (%zu images) from %s, %zu of %d rows per micro-batch", tr->il.set.n,
+                tr->il.set.n_img, rc->images, tr->il.K, rc->micro_batch);
+    return 0;
+}
+
 int train_run(const RunConfig *rc)
 {
     Trainer tr;
@@ -1276,6 +1351,7 @@ int train_run(const RunConfig *rc)
     for (int i = 0; i < tr.n_slots; i++) tr.slots[i].acts.seq_bal = rc->router_seq_aux_loss_coef > 0;
     loader_init(&tr.loader, tokfile_train(&tr.tf), (size_t)rc->micro_batch, T, (size_t)tr.topo.dp,
                 (size_t)tr.topo.dp_rank, rc->shuffle, (uint64_t)rc->seed);
+    if (rc->images[0] && setup_images(&tr, B, T)) goto out;
     if (resumed) {
         tr.step = st.step;
         tr.tokens_seen = st.tokens_seen;

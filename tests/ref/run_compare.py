@@ -4,7 +4,7 @@ global batch and seed, per step and per tensor (h5py alone).
 
     run_compare.py REF_DIR RUN_DIR LABEL --steps N --loss-tol R --gnorm-tol R
                    [--ckpt REF.h5 RUN.h5 --moment-tol R --weight-tol R]
-                   [--show KEY]
+                   [--skip SUFFIX] [--show KEY]
 
 Compares, all as relative differences:
   - REF_DIR/metrics.jsonl and RUN_DIR/metrics.jsonl: `loss` and `grad_norm`
@@ -70,7 +70,7 @@ def compare_ckpt(a, bad, worst):
 
     def visit(name, obj):
         k = kind_of(name)
-        if k is None or not isinstance(obj, h5py.Dataset):
+        if k is None or not isinstance(obj, h5py.Dataset) or any(name.endswith(e) for e in a.skip):
             return
         seen.add(k)
         if name not in fb:
@@ -109,6 +109,8 @@ def main():
     ap.add_argument("--ckpt", nargs=2, metavar=("REF_H5", "RUN_H5"), help="checkpoints to compare per tensor")
     ap.add_argument("--moment-tol", type=float, help="exp_avg and exp_avg_sq, per tensor")
     ap.add_argument("--weight-tol", type=float, help="the weights, per tensor")
+    ap.add_argument("--skip", action="append", default=[],
+                    help="leave out the datasets whose name ends so (a gradient that is zero in exact arithmetic)")
     ap.add_argument("--show", action="append", default=[], help="also print this key of the run's last row")
     a = ap.parse_args()
     if a.ckpt and (a.moment_tol is None or a.weight_tol is None):
