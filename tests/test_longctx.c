@@ -165,7 +165,7 @@ static bool cached_step(Cached *c, Stream *const *ss, size_t n)
         rows += t;
     }
     if (!rows) return false;
-    ModelBatch b = { rows, c->ids, c->pos, c->seqs, n_seq, rows };
+    ModelBatch b = { rows, c->ids, c->pos, c->seqs, n_seq, rows, NULL };
     model_embed(m, c->x, c->ids, rows);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
         c->la.kv = kvcache_layer(&c->kv, l);
