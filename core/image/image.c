@@ -56,32 +56,30 @@ int image_load(const char *path, const ImageLimits *lim, Image *out, char *err, 
 {
     memset(out, 0, sizeof *out);
     ImageLimits l = image_limits(lim);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    /* the size is checked before anything is read (a bomb of a file is
+     * never loaded); td_read_file bounds it again should the file grow */
+    struct stat st;
+    if (stat(path, &st)) {
         snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
-    struct stat st;
-    if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+    if (!S_ISREG(st.st_mode)) {
         snprintf(err, err_len, "%s: not a regular file", path);
-        fclose(f);
         return -1;
     }
-    size_t n = (size_t)st.st_size;
-    if (n > l.max_bytes) {
-        snprintf(err, err_len, "%s: image of %zu bytes is over the limit of %zu bytes", path, n, l.max_bytes);
-        fclose(f);
+    if ((size_t)st.st_size > l.max_bytes) {
+        snprintf(err, err_len, "%s: image of %zu bytes is over the limit of %zu bytes", path, (size_t)st.st_size,
+                 l.max_bytes);
         return -1;
     }
-    uint8_t *buf = td_malloc(n ? n : 1);
-    size_t got = fread(buf, 1, n, f);
-    int rerr = ferror(f);
-    fclose(f);
-    if (got != n || rerr) {
-        snprintf(err, err_len, "%s: read failed: %s", path, rerr ? strerror(errno) : "file changed size");
-        td_free(buf);
+    char *text = NULL;
+    size_t n = 0;
+    int r = td_read_file(path, l.max_bytes, &text, &n, err, err_len);
+    if (r) {
+        if (r > 0) snprintf(err, err_len, "%s: cannot open: %s", path, strerror(ENOENT));
         return -1;
     }
+    uint8_t *buf = (uint8_t *)text;
     char e[256];
     int rc = image_decode(buf, n, &l, out, e, sizeof e);
     td_free(buf);
