@@ -48,6 +48,7 @@ static const struct key g_keys[] = {
     { "out_dir", K_STR, F(out_dir), 0, 0, "\"runs/default\"", NULL },
     { "save_every", K_INT, F(save_every), 0, 1e9, "0", NULL },
     { "keep_last", K_INT, F(keep_last), 0, 1e6, "3", NULL },
+    { "save_at", K_STR, F(save_at), 0, 0, "\"\"", NULL },
     { "eval_every", K_INT, F(eval_every), 0, 1e9, "0", NULL },
     { "eval_batches", K_INT, F(eval_batches), 1, 1e6, "8", NULL },
     { "log_every", K_INT, F(log_every), 1, 1e9, "10", NULL },
@@ -292,6 +293,15 @@ int runcfg_load(RunConfig *rc, const char *path, int n_over, char *const *over, 
         snprintf(err, n, "run config: cp=%d needs seq_len divisible into 2*cp = %d chunks of a multiple of %d "
                  "positions, seq_len=%d is not", rc->cp, 2 * rc->cp, ATTN_TILE, rc->seq_len);
         return -1;
+    }
+    for (const char *a = rc->save_at; *a;) {   /* "1,50,200": positive step numbers */
+        char *end;
+        long long v = strtoll(a, &end, 10);
+        if (end == a || v < 1 || (*end && *end != ',')) {
+            snprintf(err, n, "run config: save_at \"%s\" must be comma-separated step numbers >= 1", rc->save_at);
+            return -1;
+        }
+        a = *end ? end + 1 : end;
     }
     if (rc->micro_batch % rc->dp) {
         snprintf(err, n, "run config: dp=%d does not divide micro_batch=%d", rc->dp, rc->micro_batch);

@@ -31,6 +31,7 @@ typedef struct {
     bool shuffle;
     char out_dir[512];
     int save_every, keep_last, eval_every, eval_batches, log_every;
+    char save_at[256];       /* steps also saved, "1,50"; empty = none (runcfg_load checked it) */
     int dp, tp, pp, ep, cp, zero;   /* cp: context parallel size (SPEC section 12) */
     bool sp;                 /* sequence parallelism over the tp group (Topology.sp) */
     char pp_layers[128];     /* layers per pipeline stage, "2,2"; empty = even */

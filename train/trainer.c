@@ -659,6 +659,17 @@ static int debug_nan_init(Trainer *tr, char *err, size_t n)
 
 /* ---------------------------------------------------------------- the loop */
 
+/* Whether STEP is one of save_at's comma-separated steps. */
+static bool save_at_step(const char *list, int64_t step)
+{
+    for (const char *a = list; *a;) {
+        char *end;
+        if (strtoll(a, &end, 10) == step) return true;
+        a = *end ? end + 1 : end;
+    }
+    return false;
+}
+
 static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, double loss, double lr,
                           double gnorm, double tok_s, double mfu, double step_s, double comm_s,
                           double val)
@@ -1420,7 +1431,8 @@ int train_run(const RunConfig *rc)
             ret = 1;
             goto out;
         }
-        if (rc->save_every > 0 && tr.step % rc->save_every == 0 && tr.step < rc->steps && save(&tr)) {
+        bool due = (rc->save_every > 0 && tr.step % rc->save_every == 0) || save_at_step(rc->save_at, tr.step);
+        if (due && tr.step < rc->steps && save(&tr)) {
             ret = 1;
             goto out;
         }
