@@ -79,20 +79,30 @@ EOF
     t2=$(date +%s)
     if $PY tests/ref/tok_compare.py --name "$name" --lines "$W/c/lines.txt" --groups "$W/c/groups.txt" \
         --ref "$W/ref_$name.jsonl" --special "$W/s_$name.jsonl" --plain "$W/p_$name.jsonl" \
-        --decode "$W/d_$name.jsonl" --skip "$W/k_$name.jsonl" --round "$W/r_$name.jsonl" "$@" >"$W/cmp" 2>&1; then
-        ok "$(cat "$W/cmp") [reference $((t1 - t0))s, tandem $((t2 - t1))s]"
+        --decode "$W/d_$name.jsonl" --skip "$W/k_$name.jsonl" --round "$W/r_$name.jsonl" "$@" >"$W/cmp_$name" 2>&1; then
+        ok "$(cat "$W/cmp_$name") [reference $((t1 - t0))s, tandem $((t2 - t1))s]"
     else
-        bad "$name:"; cat "$W/cmp"
+        bad "$name:"; cat "$W/cmp_$name"
     fi
 }
 
-compare qwen3 "$QWEN"
-compare llama2 "$LLAMA"
+# The three comparisons are independent single-threaded processes (the
+# reference port, then tandem): Qwen3's (the slowest) on one core, the
+# other two after each other on the second, each writing its own files and
+# log; a FAIL line in a log fails the test.
 # transformers' LlamaTokenizerFast rebuilds DeepSeek-V3's post-processor from
 # add_bos_token=true, so HF prepends <｜begin▁of▁sentence｜> (id 0); the port
 # keeps the file's ByteLevel post-processor and adds nothing
 # (docs/tokenizer.md).
-compare deepseek_v3 "$DSV3" --bos-added 0
+(compare qwen3 "$QWEN" >"$W/log_qwen3" 2>&1) &
+(compare llama2 "$LLAMA" >"$W/log_llama2" 2>&1
+ compare deepseek_v3 "$DSV3" --bos-added 0 >"$W/log_deepseek_v3" 2>&1) &
+wait
+for name in qwen3 llama2 deepseek_v3; do
+    cat "$W/log_$name"
+    grep -q '^FAIL' "$W/log_$name" && fail=1
+    grep -q . "$W/log_$name" || bad "$name: the comparison printed nothing"
+done
 
 # ---------------------------------------------------------------- data prepare
 head -c 20000 /usr/share/games/fortunes/fortunes >"$W/doc.txt"
