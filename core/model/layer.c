@@ -209,34 +209,6 @@ static void ep_counts(const Model *m, const LayerActs *a, size_t *disp_c, size_t
     }
 }
 
-/* Serving (Topology.ep_shared_rows): ep rank r's share of a batch of N
- * rows every ep rank holds, the contiguous rows [N r / ep, N (r+1) / ep). */
-static void ep_share(const Model *m, size_t N, int r, size_t *r0, size_t *n)
-{
-    const size_t ep = (size_t)m->topo.ep;
-    *r0 = N * (size_t)r / ep;
-    *n = N * (size_t)(r + 1) / ep - *r0;
-}
-
-/* y (N, d) on every ep rank = the ranks' shares in rank order, this
- * rank's being mine (its ep_share rows, (n, d)): an all-gather through
- * the all-to-all, the same block sent to every rank (mine must not alias
- * y).  All ep ranks call. */
-static void ep_gather_rows(const Model *m, float *y, const float *mine, size_t N)
-{
-    const size_t ep = (size_t)m->topo.ep, row = m->d * sizeof(float);
-    size_t sc[ep], sd[ep], rc[ep], rd[ep], r0, n, mine_n;
-    ep_share(m, N, m->topo.ep_rank, &r0, &mine_n);
-    for (size_t r = 0; r < ep; r++) {
-        ep_share(m, N, (int)r, &r0, &n);
-        sc[r] = mine_n * row;
-        sd[r] = 0;
-        rc[r] = n * row;
-        rd[r] = r0 * row;
-    }
-    m->comm.ep_alltoallv(m->comm.ctx, mine, sc, sd, y, rc, rd);
-}
-
 void model_ep_to_experts(const Model *m, LayerActs *a, size_t n_rows)
 {
     const size_t El = m->E;
@@ -292,16 +264,44 @@ void model_ep_back_to_experts(const Model *m, LayerActs *a, const float *src, fl
     ep_permute(dst, a->ep_stage, a->ep_recv, ep, m->E, m->d, true);
 }
 
-/* ys (N, d) = shared SwiGLU of h2 (N, d); with the gate, its hidden rows are
+/* Serving under ep (Topology.ep_shared_rows): every ep rank holds the
+ * same N rows (h2g) and routing (plan), so no rows need sending: this
+ * rank gathers the rows of its own experts from its h2g (rows
+ * [offsets[r El], offsets[(r+1) El]) of the dispatch order, each (token,
+ * choice) once over the ranks), computes them, and the expert outputs are
+ * all-gathered into a->eo (N k, d) in dispatch order: one collective a
+ * layer, and every rank combines the whole batch.  The rows' bits are the
+ * single process's (the kernels are row-invariant). */
+static void ep_shared_experts(const Model *m, const Layer *L, LayerActs *a)
+{
+    const size_t ep = (size_t)m->topo.ep, El = m->E, row = m->d * sizeof(float);
+    const size_t r = (size_t)m->topo.ep_rank, lo = (size_t)a->plan.offsets[r * El];
+    MoePlan mine = a->plan;
+    mine.src += lo;
+    for (size_t e = 0; e <= El; e++) a->e_off[e] = a->plan.offsets[r * El + e] - (int32_t)lo;
+    a->n_recv = (size_t)a->e_off[El];
+    moe_dispatch_forward(a->xe, a->h2g, &mine, a->n_recv, 1, m->d);
+    model_experts_forward(m, L, a);
+    size_t sc[ep], sd[ep], rc[ep], rd[ep];
+    for (size_t s = 0; s < ep; s++) {
+        sc[s] = a->n_recv * row;
+        sd[s] = 0;
+        rc[s] = (size_t)(a->plan.offsets[(s + 1) * El] - a->plan.offsets[s * El]) * row;
+        rd[s] = (size_t)a->plan.offsets[s * El] * row;
+    }
+    m->comm.ep_alltoallv(m->comm.ctx, a->eoe, sc, sd, a->eo, rc, rd);
+}
+
+/* ys (N, d) = shared SwiGLU of h2; with the gate, its hidden rows are
  * scaled by g_t = sigmoid(h2_t . w_g) before the down projection (the same
  * as scaling its output: the projection is linear). */
-static void shared_forward(const Model *m, const Layer *L, LayerActs *a, const float *h2, size_t N, float *ys)
+static void shared_forward(const Model *m, const Layer *L, LayerActs *a, size_t N, float *ys)
 {
-    pair_forward(a->sg, a->su, h2, L->sgate, L->sup, N, m->S, m->d);
+    pair_forward(a->sg, a->su, a->h2g, L->sgate, L->sup, N, m->S, m->d);
     swiglu_forward(a->sh, a->sg, a->su, N, m->S);
     const float *hs = a->sh;
     if (L->sgw) {
-        sigmoid_gate_forward(a->sgv, h2, L->sgw->w, N, m->d);
+        sigmoid_gate_forward(a->sgv, a->h2g, L->sgw->w, N, m->d);
         row_scale_forward(a->shg, a->sgv, a->sh, N, m->S);
         hs = a->shg;
     }
@@ -341,23 +341,20 @@ static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, Lay
     a->aux = sig ? 0.0f : moe_aux_loss(a->count, a->psum, b->n_tot, E, k);
     a->z = (float)(st[2 * E] / (double)b->n_tot);
 
-    /* the rows whose experts this rank sends for: all N, or its share
-     * [r0, r0 + n) when every ep rank holds the same batch (serving) */
-    const bool share = ep_on(m) && m->topo.ep_shared_rows;
-    size_t r0 = 0, n = N;
-    if (share) ep_share(m, N, m->topo.ep_rank, &r0, &n);
-    float *y = share ? a->ep_stage : a->y;   /* (n, d) */
-    moe_plan_build(&a->plan, a->topk_idx + r0 * k, n, E, k);
-    moe_dispatch_forward(a->xd, a->h2g + r0 * d, &a->plan, n, k, d);
-    model_ep_to_experts(m, a, n * k);
-    model_experts_forward(m, L, a);
-    model_ep_from_experts(m, a, a->eoe, a->eo, n * k);
-    moe_combine_forward(y, a->eo, a->topk_w + r0 * k, &a->plan, n, k, d);
-    if (L->sgate) {
-        shared_forward(m, L, a, a->h2g + r0 * d, n, tmp);
-        residual_add(y, y, tmp, n * d);
+    moe_plan_build(&a->plan, a->topk_idx, N, E, k);
+    if (ep_on(m) && m->topo.ep_shared_rows) {
+        ep_shared_experts(m, L, a);   /* serving: every ep rank holds the batch */
+    } else {
+        moe_dispatch_forward(a->xd, a->h2g, &a->plan, N, k, d);
+        model_ep_to_experts(m, a, N * k);
+        model_experts_forward(m, L, a);
+        model_ep_from_experts(m, a, a->eoe, a->eo, N * k);
     }
-    if (share) ep_gather_rows(m, a->y, y, N);
+    moe_combine_forward(a->y, a->eo, a->topk_w, &a->plan, N, k, d);
+    if (L->sgate) {
+        shared_forward(m, L, a, N, tmp);
+        residual_add(a->y, a->y, tmp, N * d);
+    }
 }
 
 /* q, k (N, H*hd) (N, Hkv*hd) = q/k norm of qr, kr: per head (one weight

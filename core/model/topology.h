@@ -36,10 +36,10 @@ typedef struct {
      * leaves it false; the trainer sets it after. */
     bool sp;
     /* serving under ep (infer/): every rank of an ep group holds the same
-     * batch; each sends only its share of the rows to the experts and the
-     * MoE outputs are all-gathered (core/model/layer.c, moe_forward), so
-     * each expert computes each token once.  topo_init leaves it false;
-     * the server sets it after. */
+     * batch, so each computes its own experts' rows from its copy and the
+     * expert outputs are all-gathered (core/model/layer.c,
+     * ep_shared_experts): each expert computes each token once.  topo_init
+     * leaves it false; the server sets it after. */
     bool ep_shared_rows;
 } Topology;
 
