@@ -2,7 +2,7 @@
 # bench/ep_serve.sh - expert-parallel serving: prefill and decode tok/s of
 # `tandem serve` at ep=2 (mpirun, 2 ranks of 1 thread) against one process
 # (ep=1 at 1 and at 2 threads), on configs/moe128.json (128 experts, top-8,
-# hidden 512, 4 layers: the routed experts are ~97% of the weights)
+# hidden 512, 4 layers: the routed experts are ~98% of the weights)
 # (run by bench/run.sh, i.e. `make bench`).
 #
 # Weights: moe128 trained 1 step on fortunes (their values do not change
