@@ -715,6 +715,8 @@ static void engine_forward(Engine *e, size_t rows, size_t n_seq, size_t n_sel, i
         e->la.kv = kvcache_layer(&e->kv, l - m->topo.layer_begin);
         model_layer_forward(m, l, &b, e->x, e->x, &e->la);
         if (m->layers[l].moe) {
+            e->expert_rows += (long)e->la.n_recv;   /* this rank's experts' rows (la.n_recv) */
+            e->token_rows += (long)rows;
             for (size_t s = 0; s < n_sel; s++)
                 memcpy(routes + s * per + (size_t)mi * m->k, e->la.topk_idx + (size_t)e->sel_rows[s] * m->k,
                        m->k * sizeof(int32_t));

@@ -189,6 +189,11 @@ typedef struct {
     uint64_t admit_counter;
     EngineStats st;
     bool distributed;         /* rank 0 of a tp/ep job: broadcast every step */
+    /* rows this rank's routed experts computed, and token rows forwarded,
+     * summed over MoE layers and steps: under ep (Topology.ep_shared_rows)
+     * the ranks' expert_rows sum to token_rows x top-k (serve prints them
+     * at exit) */
+    long expert_rows, token_rows;
     bool hold;                /* admission held (engine_hold), guarded by mu */
     const Tokenizer *tok;     /* o.tok, or own_tok */
     Tokenizer *own_tok;       /* the byte-level tokenizer when o.tok is NULL */

@@ -108,6 +108,18 @@ static int serve_reload(void *user, const char *file, int64_t *step, char *err, 
     return 0;
 }
 
+/* Under ep, at exit: the rows this rank's routed experts computed; over
+ * the ranks they sum to token rows x top-k, each token's expert work done
+ * once (tests/mpi/serve_tp.sh adds them up). */
+static void ep_report(const Engine *e)
+{
+    const Model *m = e->m;
+    if (m->topo.ep <= 1) return;
+    fprintf(stderr, "tandem: serve: rank %d (ep rank %d of %d): routed experts computed %ld rows for %ld token rows "
+            "x top-%zu (over the MoE layers)\n", comm_rank(), m->topo.ep_rank, m->topo.ep, e->expert_rows,
+            e->token_rows, m->k);
+}
+
 /* Base name of a checkpoint file without ".h5". */
 static void model_name_of(char *out, size_t n, const char *file)
 {
@@ -335,6 +347,7 @@ static int serve_run(Args *ap, int argc, char **argv)
     td_errors_rank0_only = 0;
     m.comm.tp_allreduce = serve_tp_sum;
     m.comm.ep_alltoallv = serve_ep_a2a;
+    m.topo.ep_shared_rows = m.topo.ep > 1;   /* each rank sends only its share of the rows to the experts */
     EngineOpts eo;
     engine_opts_default(&eo);
     eo.kv_budget_bytes = (size_t)num[KV].v << 20;
@@ -350,7 +363,12 @@ static int serve_run(Args *ap, int argc, char **argv)
     Engine e;
     engine_init(&e, &m, &eo);
     if (comm_rank() > 0) {   /* followers run rank 0's schedule on their shards */
+        /* mpirun passes SIGTERM / SIGINT to every rank: rank 0 drains and
+         * then releases the followers, which must live until it does */
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGINT, SIG_IGN);
         engine_follow(&e);
+        ep_report(&e);
         engine_free(&e);
         ckpt_text_free(&tx);
         model_free(&m);
@@ -440,6 +458,7 @@ static int serve_run(Args *ap, int argc, char **argv)
                 keys.n, keys.n > 1 ? "s" : "");
     server_run(srv, &g_stop);
     engine_release_followers(&e);
+    ep_report(&e);
     server_free(srv);
     api_keys_free(&keys);
     engine_free(&e);

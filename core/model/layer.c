@@ -264,6 +264,34 @@ void model_ep_back_to_experts(const Model *m, LayerActs *a, const float *src, fl
     ep_permute(dst, a->ep_stage, a->ep_recv, ep, m->E, m->d, true);
 }
 
+/* Serving under ep (Topology.ep_shared_rows): every ep rank holds the
+ * same N rows (h2g) and routing (plan), so no rows need sending: this
+ * rank gathers the rows of its own experts from its h2g (rows
+ * [offsets[r El], offsets[(r+1) El]) of the dispatch order, each (token,
+ * choice) once over the ranks), computes them, and the expert outputs are
+ * all-gathered into a->eo (N k, d) in dispatch order: one collective a
+ * layer, and every rank combines the whole batch.  The rows' bits are the
+ * single process's (the kernels are row-invariant). */
+static void ep_shared_experts(const Model *m, const Layer *L, LayerActs *a)
+{
+    const size_t ep = (size_t)m->topo.ep, El = m->E, row = m->d * sizeof(float);
+    const size_t r = (size_t)m->topo.ep_rank, lo = (size_t)a->plan.offsets[r * El];
+    MoePlan mine = a->plan;
+    mine.src += lo;
+    for (size_t e = 0; e <= El; e++) a->e_off[e] = a->plan.offsets[r * El + e] - (int32_t)lo;
+    a->n_recv = (size_t)a->e_off[El];
+    moe_dispatch_forward(a->xe, a->h2g, &mine, a->n_recv, 1, m->d);
+    model_experts_forward(m, L, a);
+    size_t sc[ep], sd[ep], rc[ep], rd[ep];
+    for (size_t s = 0; s < ep; s++) {
+        sc[s] = a->n_recv * row;
+        sd[s] = 0;
+        rc[s] = (size_t)(a->plan.offsets[(s + 1) * El] - a->plan.offsets[s * El]) * row;
+        rd[s] = (size_t)a->plan.offsets[s * El] * row;
+    }
+    m->comm.ep_alltoallv(m->comm.ctx, a->eoe, sc, sd, a->eo, rc, rd);
+}
+
 /* ys (N, d) = shared SwiGLU of h2; with the gate, its hidden rows are
  * scaled by g_t = sigmoid(h2_t . w_g) before the down projection (the same
  * as scaling its output: the projection is linear). */
@@ -314,10 +342,14 @@ static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, Lay
     a->z = (float)(st[2 * E] / (double)b->n_tot);
 
     moe_plan_build(&a->plan, a->topk_idx, N, E, k);
-    moe_dispatch_forward(a->xd, a->h2g, &a->plan, N, k, d);
-    model_ep_to_experts(m, a, N * k);
-    model_experts_forward(m, L, a);
-    model_ep_from_experts(m, a, a->eoe, a->eo, N * k);
+    if (ep_on(m) && m->topo.ep_shared_rows) {
+        ep_shared_experts(m, L, a);   /* serving: every ep rank holds the batch */
+    } else {
+        moe_dispatch_forward(a->xd, a->h2g, &a->plan, N, k, d);
+        model_ep_to_experts(m, a, N * k);
+        model_experts_forward(m, L, a);
+        model_ep_from_experts(m, a, a->eoe, a->eo, N * k);
+    }
     moe_combine_forward(a->y, a->eo, a->topk_w, &a->plan, N, k, d);
     if (L->sgate) {
         shared_forward(m, L, a, N, tmp);

@@ -91,7 +91,9 @@ typedef struct {
     MoePlan plan;
     float *xd, *eo;                            /* dispatched rows (N*k, d), in plan order */
     /* expert side: the rows this rank's experts compute, grouped by local
-     * expert; with ep == 1 xe/eoe alias xd/eo and e_off the plan's offsets */
+     * expert; with ep == 1 xe/eoe alias xd/eo and e_off the plan's offsets
+     * (serving under ep, Topology.ep_shared_rows: xe is taken from h2g
+     * directly and eoe all-gathered into eo; xd, ep_send, ep_recv unused) */
     float *xe, *eoe;                           /* (R, d), R <= ep*N*k */
     float *eg, *eu, *eh;                       /* (R, F) */
     int32_t *e_off;                            /* (E_local + 1) */

@@ -35,6 +35,12 @@ typedef struct {
      * + 1) N/tp) of each micro-batch (core/model/layer.h).  topo_init
      * leaves it false; the trainer sets it after. */
     bool sp;
+    /* serving under ep (infer/): every rank of an ep group holds the same
+     * batch, so each computes its own experts' rows from its copy and the
+     * expert outputs are all-gathered (core/model/layer.c,
+     * ep_shared_experts): each expert computes each token once.  topo_init
+     * leaves it false; the server sets it after. */
+    bool ep_shared_rows;
 } Topology;
 
 /* Single process. */

@@ -1,8 +1,10 @@
 #!/bin/sh
 # tests/mpi/serve_tp.sh - a checkpoint trained at pp=2, served by one process
 # and by `mpirun -np N tandem serve ... tp=.. ep=..`: the same tokens and
-# log-probabilities (within 1e-5) for greedy and seeded requests, several of
-# them concurrent (so the followers track a real continuous batch).  For
+# log-probabilities (within 1e-5 at tp=2, bit-identical at ep=2) for greedy
+# and seeded requests, several of them concurrent (so the followers track a
+# real continuous batch); at ep=2 each token's expert work is done once
+# (the ranks' expert rows sum to token rows x top-k).  For
 # configs/tiny.json and configs/tiny_olmoe.json (q/k norm over the whole
 # width: its sums all-reduced over tp inside the engine; biases; clip_qkv).
 set -eu
@@ -81,7 +83,8 @@ for label, port in (("tp=2", ports[1]), ("ep=2", ports[2])):
                 print("FAIL %s: tokens differ:" % label, ca["token_ids"], cb["token_ids"]); fail = 1
             la, lb = ca["logprobs"]["token_logprobs"], cb["logprobs"]["token_logprobs"]
             worst = max([worst] + [abs(x - y) for x, y in zip(la, lb)])
-    ok = worst <= 1e-5 and not fail
+    # tp sums in another order (1e-5); ep computes each row as one process does: bit-identical
+    ok = worst <= (0.0 if label == "ep=2" else 1e-5) and not fail
     print("%s %s served at %s from a pp=2 checkpoint: same tokens, logprobs max abs diff %.2e vs one process"
           % ("ok  " if ok else "FAIL", sys.argv[4], label, worst))
     fail |= not ok
@@ -90,6 +93,21 @@ PYEOF
     rc=$?
     set -e
     stop_servers
+    # no duplicated expert work at ep=2: each rank prints at exit the rows
+    # its routed experts computed; over the ranks they must sum to token
+    # rows x top-k (each rank computed all of them before, 2x the sum)
+    $PY - "$W/s3.log" "$(basename "$1" .json)" <<'PYEOF' || rc=1
+import re, sys
+got = re.findall(r"ep rank (\d) of 2\): routed experts computed (\d+) rows for (\d+) token rows x top-(\d+)",
+                 open(sys.argv[1]).read())
+ranks = sorted(int(g[0]) for g in got)
+rows = sum(int(g[1]) for g in got)
+tok = {int(g[2]) * int(g[3]) for g in got}
+ok = ranks == [0, 1] and len(tok) == 1 and rows == tok.pop() > 0 and all(int(g[1]) > 0 for g in got)
+print("%s %s at ep=2: expert rows computed per rank %s sum to token rows x top-k %s (each token's expert work once)"
+      % ("ok  " if ok else "FAIL", sys.argv[2], [int(g[1]) for g in got], [int(g[2]) * int(g[3]) for g in got]))
+sys.exit(0 if ok else 1)
+PYEOF
     [ $rc -eq 0 ] || fail=1
 }
 serve_case configs/tiny.json
