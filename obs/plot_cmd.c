@@ -14,6 +14,7 @@
 #include "core/common.h"
 #include "obs/chart.h"
 #include "obs/runlog.h"
+#include "obs/serve_plot.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -326,6 +327,8 @@ static int write_index(const Output *o, cJSON *root)
 
 int cmd_plot(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)   /* the serving figures: obs/serve_plot.c */
+        if (!strcmp(argv[i], "--serve") || !strncmp(argv[i], "--serve=", 8)) return cmd_plot_serve(argc, argv);
     static const char *const spec[] = { "out=", NULL };
     Args a = { 0 };
     char err[4200];
