@@ -339,6 +339,7 @@ int cmd_plot(int argc, char **argv)
     if (a.help || !a.n_pos) {
         FILE *f = a.help ? stdout : stderr;
         fprintf(f, "usage: tandem plot RUN_DIR [RUN_DIR ...] [--out DIR]\n"
+                   "       tandem plot --serve SCRAPE_LOG [--out DIR]   (a server's figures: --serve --help)\n"
                    "Draws the figures of each run's RUN_DIR/metrics.jsonl as PNG and SVG into DIR\n"
                    "(default: the first RUN_DIR/plots): loss against steps and tokens, router\n"
                    "losses, learning rate, gradient norm, throughput, MFU, communication per\n"
