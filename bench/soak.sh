@@ -11,7 +11,8 @@
 # peak resident memory per minute and a JSON line {"bench":"soak", ...};
 # with --check it fails on any error, a probe answer that changed under
 # load, p99 drift over 3x, or resident memory growing more than 1% after
-# the warm-up (the first 2 minutes).
+# the warm-up (the first 2 minutes).  /metrics is scraped every second into
+# SOAK_DIR/scrape.log, drawn by `tandem plot --serve` into SOAK_DIR/plots.
 #   SOAK_S (600) seconds, SOAK_CLIENTS (32), TANDEM_THREADS (2).
 # tests/cli/serve.sh runs the same load for 30 s on the tiny model.
 set -eu
@@ -51,8 +52,12 @@ done
 rc=0
 timeout $((S + 960)) $PY bench/soak_load.py --port "$port" --pid "$pid" --duration "$S" --window 60 \
     --warmup $((S / 5)) --clients "${SOAK_CLIENTS:-32}" --context 1024 \
-    --admin-token soak-bench --reload "$DIR/run/step_00000005.h5" --check --check-drift || rc=$?
+    --admin-token soak-bench --reload "$DIR/run/step_00000005.h5" --check --check-drift \
+    --scrape-log "$DIR/scrape.log" --scrape-every 1 || rc=$?
 kill -TERM "$pid"
 wait "$pid" || rc=1
 pid=""
 [ $rc -eq 0 ] || { echo "bench/soak.sh: FAILED (server log: $DIR/serve.log)"; exit 1; }
+"$TANDEM" plot --serve "$DIR/scrape.log" --out "$DIR/plots" >/dev/null ||
+    { echo "bench/soak.sh: tandem plot --serve $DIR/scrape.log failed"; exit 1; }
+echo "bench/soak.sh: figures in $DIR/plots (tandem plot --serve $DIR/scrape.log)"

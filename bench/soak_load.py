@@ -5,7 +5,7 @@
     soak_load.py --port P --pid PID --duration S [--clients 32] [--warmup S]
                  [--window S] [--vocab 256] [--context 1024]
                  [--admin-token T --reload FILE] [--seed 1] [--check [--check-drift]]
-                 [--max-rss-growth 0.01]
+                 [--max-rss-growth 0.01] [--scrape-log FILE [--scrape-every 1]]
 
 --clients threads, each with its own seeded random stream, send requests
 back to back until --duration seconds have passed.  Each request is one of
@@ -23,6 +23,13 @@ back to back until --duration seconds have passed.  Each request is one of
             not depend on the batch around them, whatever the load)
 With --reload FILE, POST /v1/admin/reload switches to FILE at half time.
 The server's resident memory (VmRSS of --pid) is read every second.
+With --scrape-log FILE, GET /metrics is scraped every --scrape-every
+seconds into FILE, each scrape after a line "# scrape <unix time>" (what
+`tandem plot --serve FILE` draws); the last scrape is taken once the
+clients are done and the server has nothing running or waiting (30 s at
+most).  The JSON line then also holds "sent": what the clients sent and
+saw (choices, prompt tokens, usage, cancellations), for a test to hold the
+server's histograms and counters against.
 
 Prints a table per --window seconds (requests, p50 / p99 latency, errors)
 and one JSON line {"bench":"soak", ...} with rss_growth (peak RSS of the
@@ -52,6 +59,10 @@ MISMATCH = []
 RSS = []            # (t, bytes)
 CPU = []            # (t, server CPU seconds so far)
 RELOAD = {}
+# per request: kind, choices, prompt tokens per choice, usage.prompt_tokens
+# (None when not reported), completion tokens seen per choice, finish
+# reasons seen (None for a cancelled one)
+SENT = []
 
 
 def post(path, body, timeout=300, headers=None):
@@ -81,6 +92,17 @@ def complete(body):
     return json.loads(data)
 
 
+def record(kind, n, prompt, usage_prompt, completion, finish):
+    with LOCK:
+        SENT.append(dict(kind=kind, n=n, prompt=prompt, usage_prompt=usage_prompt, completion=completion,
+                         finish=finish))
+
+
+def record_o(kind, body, o):
+    record(kind, len(o["choices"]), len(body["prompt"]), o["usage"]["prompt_tokens"],
+           o["usage"]["completion_tokens"], [c["finish_reason"] for c in o["choices"]])
+
+
 def stream(body, cancel_after_first=False):
     c = http.client.HTTPConnection(A.host, A.port, timeout=300)
     c.request("POST", "/v1/completions", body=json.dumps(dict(body, stream=True)),
@@ -90,7 +112,7 @@ def stream(body, cancel_after_first=False):
         data = r.read()
         c.close()
         raise RuntimeError(f"status {r.status}: {data[:200]!r}")
-    got = 0
+    got, finish = 0, None
     for line in r:
         line = line.strip()
         if not line.startswith(b"data: ") or line == b"data: [DONE]":
@@ -101,10 +123,14 @@ def stream(body, cancel_after_first=False):
             raise RuntimeError(f"stream error: {str(ev['error'])[:200]}")
         for ch in ev.get("choices", []):
             got += len(ch.get("token_ids") or [])
+            finish = ch.get("finish_reason") or finish
         if cancel_after_first and got:
             c.close()
+            record("cancel", 1, len(body["prompt"]), None, got, None)
             return got
     c.close()
+    record("long" if not cancel_after_first else "cancel", 1, len(body["prompt"]), None, got,
+           [finish] if finish else None)
     return got
 
 
@@ -115,12 +141,15 @@ def probe_prompt(k):
 def one(rng, conv):
     kind = rng.choices(["short", "long", "group", "cancel", "agent", "probe"], [4, 2, 1, 1, 3, 1])[0]
     if kind == "short":
-        complete({"prompt": ids(rng, rng.randint(10, L(0.06))), "max_tokens": rng.randint(4, 16), "temperature": 0})
+        b = {"prompt": ids(rng, rng.randint(10, L(0.06))), "max_tokens": rng.randint(4, 16), "temperature": 0}
+        record_o(kind, b, complete(b))
     elif kind == "long":
         stream({"prompt": ids(rng, rng.randint(L(0.3), L(0.65))), "max_tokens": rng.randint(8, 24), "temperature": 0})
     elif kind == "group":
-        o = complete({"prompt": ids(rng, rng.randint(L(0.1), L(0.3))), "max_tokens": 8, "n": 4, "temperature": 1,
-                      "seed": rng.randrange(1 << 30)})
+        b = {"prompt": ids(rng, rng.randint(L(0.1), L(0.3))), "max_tokens": 8, "n": 4, "temperature": 1,
+             "seed": rng.randrange(1 << 30)}
+        o = complete(b)
+        record_o(kind, b, o)
         if len(o["choices"]) != 4:
             raise RuntimeError(f"group: {len(o['choices'])} choices, want 4")
     elif kind == "cancel":
@@ -131,11 +160,15 @@ def one(rng, conv):
         if len(conv) + len(turn) + 16 > A.context:
             conv.clear()
         conv.extend(turn)
-        o = complete({"prompt": list(conv), "max_tokens": rng.randint(8, 16), "temperature": 0})
+        b = {"prompt": list(conv), "max_tokens": rng.randint(8, 16), "temperature": 0}
+        o = complete(b)
+        record_o(kind, b, o)
         conv.extend(o["choices"][0]["token_ids"])
     else:
         k = rng.randrange(4)
-        o = complete({"prompt": probe_prompt(k), "max_tokens": 12, "temperature": 0})
+        b = {"prompt": probe_prompt(k), "max_tokens": 12, "temperature": 0}
+        o = complete(b)
+        record_o(kind, b, o)
         ch = o["choices"][0]
         key = (k, ch.get("weights_step"))
         with LOCK:
@@ -202,6 +235,36 @@ def reloader(t0):
             ERRORS.append(f"reload: status {st}: {data[:200]!r}")
 
 
+def get_metrics():
+    c = http.client.HTTPConnection(A.host, A.port, timeout=30)
+    c.request("GET", "/metrics")
+    r = c.getresponse()
+    text = r.read().decode()
+    c.close()
+    if r.status != 200:
+        raise RuntimeError(f"/metrics: status {r.status}")
+    return text
+
+
+def scrape(f):
+    """one scrape into the log: one write, so that a reader sees whole lines"""
+    t = time.time()
+    text = get_metrics()
+    f.write(f"# scrape {t:.3f}\n{text}" + ("" if text.endswith("\n") else "\n"))
+    f.flush()
+    return text
+
+
+def scraper(f, stop):
+    while not stop.wait(A.scrape_every):
+        try:
+            scrape(f)
+        except Exception as e:  # noqa: BLE001
+            with LOCK:
+                ERRORS.append(f"scrape: {type(e).__name__}: {str(e)[:200]}")
+            return
+
+
 def metric(text, name):
     for line in text.splitlines():
         if line.startswith(name + " "):
@@ -232,6 +295,8 @@ def main():
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--check-drift", action="store_true")
     ap.add_argument("--max-rss-growth", type=float, default=0.01)
+    ap.add_argument("--scrape-log")
+    ap.add_argument("--scrape-every", type=float, default=1.0)
     A = ap.parse_args()
     if A.warmup is None:
         A.warmup = A.duration / 5
@@ -240,6 +305,12 @@ def main():
     th = [threading.Thread(target=client, args=(i, t0)) for i in range(A.clients)]
     sm = threading.Thread(target=sampler, args=(t0, stop))
     sm.start()
+    slog, sc_stop, sc = None, threading.Event(), None
+    if A.scrape_log:
+        slog = open(A.scrape_log, "w")
+        scrape(slog)
+        sc = threading.Thread(target=scraper, args=(slog, sc_stop))
+        sc.start()
     if A.reload:
         th.append(threading.Thread(target=reloader, args=(t0,)))
     for t in th:
@@ -251,10 +322,23 @@ def main():
             sys.exit(1)
     stop.set()
     sm.join(10)
-    c = http.client.HTTPConnection(A.host, A.port, timeout=30)
-    c.request("GET", "/metrics")
-    mtext = c.getresponse().read().decode()
-    c.close()
+    if slog:
+        sc_stop.set()
+        sc.join(60)
+        # the last scrape: after the server has ended every choice (a
+        # cancelled stream ends at its next engine step)
+        t_end = time.monotonic() + 30
+        while True:
+            mtext = get_metrics()
+            idle = metric(mtext, "tandem_requests_running") == 0 and metric(mtext, "tandem_requests_waiting") == 0
+            if idle or time.monotonic() > t_end:
+                break
+            time.sleep(0.1)
+        if not idle:
+            ERRORS.append("the server still runs or queues choices 30 s after the clients ended")
+        scrape(slog)
+        slog.close()
+    mtext = get_metrics()
 
     n_win = max(1, int(-(-A.duration // A.window)))
     rows = []
@@ -284,6 +368,8 @@ def main():
                rss_warmup_peak_bytes=base, rss_last_window_peak_bytes=last, rss_growth=round(growth, 5),
                prefix_cache_hit_rate=metric(mtext, "tandem_prefix_cache_hit_rate"),
                probes_seen=len(PROBES), reload=RELOAD or None)
+    if A.scrape_log:
+        out["sent"] = SENT
     print(json.dumps(out))
     for e in (ERRORS + MISMATCH)[:10]:
         print("soak:", e, file=sys.stderr)

@@ -71,6 +71,7 @@ void engine_mem(const Model *m, const EngineOpts *opts, EngineMem *out)
     out->activations = td_round_up(arena_need(m, &o), 64);
     /* engine_init's tables, in its order */
     out->workspace = 2 * N * sizeof(int32_t) + R * sizeof(int32_t) + (R * n_moe * m->k + 1) * sizeof(int32_t) +
+                     (n_moe * m->E_global + 1) * sizeof(int64_t) + (n_moe + 1) * sizeof(int) /* expert load */ +
                      R * sizeof(AttnSeq) + 2 * R * sizeof(Request *) + sampler_scratch_bytes(m->V) +
                      (o.n_stop_ids + 1) * sizeof(int32_t) + 2 * (size_t)m->attn.bs * sizeof(int32_t) /* blk_tok */;
 }
@@ -94,6 +95,10 @@ void engine_init(Engine *e, const Model *m, const EngineOpts *o)
     e->pos = td_malloc(N * sizeof(int32_t));
     e->sel_rows = td_malloc(e->o.max_running * sizeof(int32_t));
     e->routes = td_malloc((e->o.max_running * (size_t)e->n_moe * m->k + 1) * sizeof(int32_t));
+    e->expert_tok = td_calloc(((size_t)e->n_moe * m->E_global + 1) * sizeof(int64_t));
+    e->moe_layer = td_malloc(((size_t)e->n_moe + 1) * sizeof(int));
+    for (int l = m->topo.layer_begin, mi = 0; l < m->topo.layer_end; l++)
+        if (m->layers[l].moe) e->moe_layer[mi++] = l;
     e->seqs = td_malloc(e->o.max_running * sizeof(AttnSeq));
     e->batch = td_malloc(e->o.max_running * sizeof(Request *));
     e->running = td_malloc(e->o.max_running * sizeof(Request *));
@@ -140,6 +145,8 @@ void engine_free(Engine *e)
     td_free(e->pos);
     td_free(e->sel_rows);
     td_free(e->routes);
+    td_free(e->expert_tok);
+    td_free(e->moe_layer);
     td_free(e->seqs);
     td_free(e->batch);
     td_free(e->running);
@@ -317,12 +324,19 @@ void engine_wait(Engine *e, int timeout_ms)
     pthread_mutex_unlock(&e->mu);
 }
 
+const int64_t *engine_expert_tokens(const Engine *e, const int **layers)
+{
+    if (layers) *layers = e->moe_layer;
+    return e->n_moe ? e->expert_tok : NULL;
+}
+
 void engine_stats(Engine *e, EngineStats *out)
 {
     pthread_mutex_lock(&e->mu);
     *out = e->st;
     out->kv_used = kvcache_used(&e->kv);
     out->kv_cached = e->kv.n_cached;
+    out->prefix_blocks = e->kv.n_reg;
     out->running = e->n_running;
     pthread_mutex_unlock(&e->mu);
 }
@@ -545,6 +559,7 @@ static void admit(Engine *e)
         e->st.waiting--;
         r->next = NULL;
         r->admit_order = ++e->admit_counter;
+        if (r->t_admit == 0) r->t_admit = td_now();
         e->running[e->n_running++] = r;
         if (r->n_img && !r->img) admit_images(e, r);
         atomic_store(&r->state, REQ_RUNNING);
@@ -717,6 +732,11 @@ static void engine_forward(Engine *e, size_t rows, size_t n_seq, size_t n_sel, i
         if (m->layers[l].moe) {
             e->expert_rows += (long)e->la.n_recv;   /* this rank's experts' rows (la.n_recv) */
             e->token_rows += (long)rows;
+            if (leader) {   /* expert load: reads the router's choice, changes nothing */
+                int64_t *cnt = e->expert_tok + (size_t)mi * m->E_global;
+                const int32_t *ti = e->la.topk_idx;
+                for (size_t i = 0; i < rows * m->k; i++) cnt[ti[i]]++;
+            }
             for (size_t s = 0; s < n_sel; s++)
                 memcpy(routes + s * per + (size_t)mi * m->k, e->la.topk_idx + (size_t)e->sel_rows[s] * m->k,
                        m->k * sizeof(int32_t));
@@ -938,11 +958,15 @@ size_t engine_step(Engine *e)
 
     /* sample, append, finish */
     double now = td_now();
-    size_t si = 0, new_tokens = 0, prompt_tokens = 0;
+    size_t si = 0, new_tokens = 0, prompt_tokens = 0, recomputed = 0;
     for (size_t s = 0; s < n_seq; s++) {
         Request *r = e->batch[s];
         size_t total = r->n_prompt + r->n_out;
-        if (r->n_fed < r->n_prompt) prompt_tokens += td_min(seq_take[s], r->n_prompt - r->n_fed);
+        size_t in_prompt = r->n_fed < r->n_prompt ? td_min(seq_take[s], r->n_prompt - r->n_fed) : 0;
+        prompt_tokens += in_prompt;
+        /* generated tokens in the rows, but for the last one (fed for the
+         * first time) when the rows reach it: a preempted request's again */
+        recomputed += seq_take[s] - in_prompt - (r->n_fed + seq_take[s] == total && r->n_out > 0 ? 1 : 0);
         r->n_fed += seq_take[s];
         if (e->o.prefix_cache) prefix_register(e, r);
         ring_trim(e, r);
@@ -978,6 +1002,7 @@ size_t engine_step(Engine *e)
     if (m->ecache) e->st.experts = m->ecache->st;
     e->st.tokens_generated += (long)new_tokens;
     e->st.prompt_tokens += (long)prompt_tokens;
+    e->st.recomputed_tokens += (long)recomputed;
     size_t left = e->n_running + e->st.waiting;
     pthread_mutex_unlock(&e->mu);
     return left;

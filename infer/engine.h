@@ -120,6 +120,7 @@ struct Request {
     EngineRefusal refusal;                /* why engine_submit returned -2 */
     char error[256];                      /* one line: why it was refused or ended with "error" */
     double t_submit, t_first, t_last;     /* seconds (td_now) */
+    double t_admit;                       /* first admission (td_now; 0: never admitted) */
     double itl_sum;                       /* sum of inter-token gaps */
     /* engine state */
     _Atomic ReqState state;
@@ -152,6 +153,9 @@ typedef struct {
 
 typedef struct {
     long steps, tokens_generated, prompt_tokens, requests_done, preemptions;
+    /* generated tokens fed again after a preemption (the prompt's part of a
+     * recomputation is in prompt_tokens) */
+    long recomputed_tokens;
     /* prefix cache: tokens known at each admission (a prompt; a preempted
      * request's prompt and output when it comes back) and those of them
      * found cached instead of computed */
@@ -159,6 +163,7 @@ typedef struct {
     size_t running, waiting;
     int32_t kv_used, kv_total;  /* blocks held by requests; all blocks */
     int32_t kv_cached;          /* blocks only the prefix cache holds (evicted on demand) */
+    int32_t prefix_blocks;      /* blocks registered in the prefix cache, held by requests or not */
     size_t kv_token_bytes;    /* one cached position, all local layers (the KV dtype's) */
     size_t weight_bytes;      /* the model's weights as held (model_weight_bytes) */
     /* routed-expert cache (--expert-cache-mb; core/model/expert_cache.h):
@@ -181,6 +186,11 @@ typedef struct {
     Request **batch;          /* requests in the current batch */
     void *sample_scratch;
     int n_moe;                /* MoE layers (routes) */
+    /* rows routed to each expert, (n_moe, E_global), over every forward
+     * the leader ran: written and read on the engine thread only
+     * (engine_expert_tokens) */
+    int64_t *expert_tok;
+    int *moe_layer;           /* (n_moe) the model layer index of each */
     pthread_mutex_t mu;       /* guards the queue and stats */
     pthread_cond_t cv;        /* signalled on submit */
     Request *q_head, *q_tail; /* waiting (FIFO, preempted go to the front) */
@@ -271,6 +281,16 @@ size_t engine_step(Engine *e);
  * thread when idle). */
 void engine_wait(Engine *e, int timeout_ms);
 void engine_stats(Engine *e, EngineStats *out);
+/* Tokens (batch rows) the router sent to each expert, (n_moe, E_global)
+ * row-major, summed over every forward of this engine since engine_init:
+ * k per row per MoE layer, the rows being each step's prompt tokens
+ * computed (not found in the prefix cache), generated tokens fed back and
+ * recomputed ones (EngineStats prompt_tokens, recomputed_tokens).
+ * *layers (if not NULL) gets the model layer index of each of the n_moe
+ * rows.  Read-only of what engine_forward counted: the routing and every
+ * output bit are the same with or without it.  Engine thread only (the one
+ * that runs engine_step), between steps; NULL without MoE layers. */
+const int64_t *engine_expert_tokens(const Engine *e, const int **layers);
 
 /* Admission hold, for swapping the weights between steps (tandem rollout
  * --follow).  While held, engine_step admits no new request; requests that

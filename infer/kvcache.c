@@ -111,6 +111,7 @@ static void unregister(KvCache *c, int32_t b)
     while (*at != b) at = &c->chain[*at];
     *at = c->chain[b];
     c->reg[b] = false;
+    c->n_reg--;
 }
 
 uint64_t kvcache_block_hash(uint64_t parent, const int32_t *tokens, size_t bs)
@@ -143,6 +144,7 @@ void kvcache_register(KvCache *c, int32_t b, uint64_t hash, uint64_t parent, con
     c->chain[b] = c->bucket[k];
     c->bucket[k] = b;
     c->reg[b] = true;
+    c->n_reg++;
 }
 
 void kvcache_drop_cached(KvCache *c)

@@ -69,6 +69,7 @@ typedef struct {
     size_t n_buckets;
     /* registered, unreferenced blocks: least recently released first */
     int32_t lru_head, lru_tail, n_cached;
+    int32_t n_reg;             /* registered blocks, held by sequences or not */
 } KvCache;
 
 typedef struct {

@@ -14,6 +14,7 @@
 #include "core/common.h"
 #include "obs/chart.h"
 #include "obs/runlog.h"
+#include "obs/serve_plot.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -326,6 +327,8 @@ static int write_index(const Output *o, cJSON *root)
 
 int cmd_plot(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)   /* the serving figures: obs/serve_plot.c */
+        if (!strcmp(argv[i], "--serve") || !strncmp(argv[i], "--serve=", 8)) return cmd_plot_serve(argc, argv);
     static const char *const spec[] = { "out=", NULL };
     Args a = { 0 };
     char err[4200];
@@ -336,6 +339,7 @@ int cmd_plot(int argc, char **argv)
     if (a.help || !a.n_pos) {
         FILE *f = a.help ? stdout : stderr;
         fprintf(f, "usage: tandem plot RUN_DIR [RUN_DIR ...] [--out DIR]\n"
+                   "       tandem plot --serve SCRAPE_LOG [--out DIR]   (a server's figures: --serve --help)\n"
                    "Draws the figures of each run's RUN_DIR/metrics.jsonl as PNG and SVG into DIR\n"
                    "(default: the first RUN_DIR/plots): loss against steps and tokens, router\n"
                    "losses, learning rate, gradient norm, throughput, MFU, communication per\n"

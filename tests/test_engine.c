@@ -258,6 +258,23 @@ Test(engine, requests_that_fit_alone_all_finish_with_their_own_tokens)
             request_free(rs[i]);
         }
         cr_assert_eq(st.kv_used, 0, "case %d: %d blocks still held", c, st.kv_used);
+        /* expert load: every row computed (prompt tokens not found cached,
+         * each request's generated tokens but its last, and the generated
+         * tokens recomputed after preemptions) sent top_k tokens to the
+         * experts of each MoE layer; without the prefix cache a resumed
+         * request recomputes what it had generated */
+        if (!pc) cr_assert(st.recomputed_tokens > 0, "case %d: preempted, but no generated token recomputed", c);
+        const int *layers = NULL;
+        const int64_t *cnt = engine_expert_tokens(&b.e, &layers);
+        cr_assert(cnt && b.e.n_moe == 2 && layers[0] == 0 && layers[1] == 1, "case %d: expert counters of 2 MoE layers", c);
+        const int64_t rows = st.prompt_tokens + st.recomputed_tokens + 2 * NR * (NT - 1);
+        for (int l = 0; l < b.e.n_moe; l++) {
+            int64_t sum = 0;
+            for (size_t x = 0; x < b.m.E_global; x++) sum += cnt[(size_t)l * b.m.E_global + x];
+            cr_assert_eq(sum, 2 * rows, "case %d, layer %d: %lld tokens routed, want top_k 2 x %lld rows (prompt %ld + "
+                         "recomputed %ld + generated fed %d)", c, l, (long long)sum, (long long)rows, st.prompt_tokens,
+                         st.recomputed_tokens, 2 * NR * (NT - 1));
+        }
         bench_close(&b);
     }
 }

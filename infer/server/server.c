@@ -55,6 +55,7 @@ typedef struct {
     bool done;
     char finish[16];
     double t_submit, t_first, t_last;
+    bool queue_seen;                   /* its queue wait observed (engine thread) */
     /* stream progress and the copy of what a chunk sends: the HTTP thread
      * only (the copy is taken under c->mu: the engine may reallocate text) */
     size_t sent, sent_bytes;
@@ -310,7 +311,11 @@ static void on_token(Request *r, bool done, void *user)
     Choice *ch = user;
     Completion *c = ch->c;
     Server *s = c->s;
-    double ttft = -1, gap = -1;
+    double ttft = -1, gap = -1, qwait = -1;
+    if (r->t_admit > 0 && !ch->queue_seen) {   /* the first callback after its admission */
+        ch->queue_seen = true;
+        qwait = r->t_admit - r->t_submit;
+    }
     /* the weights it runs under: fixed from admission to its end (a reload
      * waits for every admitted request) */
     if (atomic_load(&ch->weights_step) < 0) atomic_store(&ch->weights_step, atomic_load(&s->weights_step));
@@ -355,10 +360,12 @@ static void on_token(Request *r, bool done, void *user)
     c->version++;
     if (done || c->q.stream) pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
+    if (qwait >= 0) metrics_queue_wait(&s->m, qwait);
     if (ttft >= 0) metrics_ttft(&s->m, ttft);
     if (gap >= 0) metrics_itl(&s->m, gap);
     if (done) {
         metrics_finished(&s->m, r->finish_reason);
+        metrics_lengths(&s->m, r->n_prompt, n);
         completion_release(c, true);
     }
 }
@@ -1103,6 +1110,9 @@ static size_t step(Server *s)
     EngineStats st;
     engine_stats(s->e, &st);
     metrics_engine(&s->m, &st);
+    const int *layers = NULL;
+    const int64_t *ex = engine_expert_tokens(s->e, &layers);
+    metrics_experts(&s->m, ex, layers, s->e->n_moe, s->e->m->E_global);
     free_graveyard(s);
     return left;
 }

@@ -7,9 +7,13 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Upper bounds (seconds) of the latency buckets; the last is +Inf. */
+/* Upper bounds of the buckets (the last is +Inf): latencies in seconds,
+ * and token counts (powers of 4 up to 65536, then +Inf; the slots past
+ * them stay empty and are not rendered). */
 static const double g_bounds[METRICS_N_BUCKETS - 1] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                         0.25,  0.5,    1.0,   2.5,  5.0,   10.0 };
+static const double g_tok_bounds[] = { 1, 4, 16, 64, 256, 1024, 4096, 16384, 65536 };
+#define N_TOK_BOUNDS ((int)(sizeof g_tok_bounds / sizeof g_tok_bounds[0]))
 
 void metrics_init(Metrics *m)
 {
@@ -21,17 +25,53 @@ void metrics_init(Metrics *m)
 void metrics_free(Metrics *m)
 {
     if (!m->d.start) return;
+    td_free(m->d.expert_tok);
+    td_free(m->d.expert_layer);
     pthread_mutex_destroy(&m->mu);
     memset(m, 0, sizeof *m);
 }
 
-static void observe(Histogram *h, double x)
+static void observe_in(Histogram *h, double x, const double *bounds, int n_bounds)
 {
     int b = 0;
-    while (b < METRICS_N_BUCKETS - 1 && x > g_bounds[b]) b++;
+    while (b < n_bounds && x > bounds[b]) b++;
     h->count[b]++;
     h->sum += x;
     h->n++;
+}
+
+static void observe(Histogram *h, double x) { observe_in(h, x, g_bounds, METRICS_N_BUCKETS - 1); }
+
+void metrics_queue_wait(Metrics *m, double seconds)
+{
+    pthread_mutex_lock(&m->mu);
+    observe(&m->d.qwait, seconds);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_lengths(Metrics *m, size_t prompt_tokens, size_t generation_tokens)
+{
+    pthread_mutex_lock(&m->mu);
+    observe_in(&m->d.prompt_tok, (double)prompt_tokens, g_tok_bounds, N_TOK_BOUNDS);
+    observe_in(&m->d.gen_tok, (double)generation_tokens, g_tok_bounds, N_TOK_BOUNDS);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_experts(Metrics *m, const int64_t *counts, const int *layers, int n_moe, size_t n_experts)
+{
+    if (!counts || n_moe <= 0 || !n_experts) return;
+    size_t n = (size_t)n_moe * n_experts;
+    pthread_mutex_lock(&m->mu);
+    MetricsData *d = &m->d;
+    if (!d->expert_tok) {   /* the shape is the engine's, fixed for its life */
+        d->expert_tok = td_malloc(n * sizeof(int64_t));
+        d->expert_layer = td_malloc((size_t)n_moe * sizeof(int));
+        memcpy(d->expert_layer, layers, (size_t)n_moe * sizeof(int));
+        d->n_moe = n_moe;
+        d->n_experts = n_experts;
+    }
+    memcpy(d->expert_tok, counts, n * sizeof(int64_t));
+    pthread_mutex_unlock(&m->mu);
 }
 
 void metrics_ttft(Metrics *m, double seconds)
@@ -156,16 +196,22 @@ static void header(Buf *b, const char *name, const char *type, const char *help)
     put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void histogram(Buf *b, const char *name, const char *help, const Histogram *h)
+static void histogram_in(Buf *b, const char *name, const char *help, const Histogram *h, const double *bounds,
+                         int n_bounds)
 {
     header(b, name, "histogram", help);
     uint64_t cum = 0;
-    for (int i = 0; i < METRICS_N_BUCKETS; i++) {
+    for (int i = 0; i <= n_bounds; i++) {
         cum += h->count[i];
-        if (i < METRICS_N_BUCKETS - 1) put(b, "%s_bucket{le=\"%g\"} %llu\n", name, g_bounds[i], (unsigned long long)cum);
+        if (i < n_bounds) put(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], (unsigned long long)cum);
         else put(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
     }
     put(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->n);
+}
+
+static void histogram(Buf *b, const char *name, const char *help, const Histogram *h)
+{
+    histogram_in(b, name, help, h, g_bounds, METRICS_N_BUCKETS - 1);
 }
 
 static void gauge(Buf *b, const char *name, const char *type, const char *help, double v)
@@ -178,12 +224,26 @@ char *metrics_render(Metrics *m, size_t *len)
 {
     pthread_mutex_lock(&m->mu);
     MetricsData c = m->d;   /* a consistent copy; format without the lock */
+    size_t n_ex = (size_t)c.n_moe * c.n_experts;
+    int64_t *ex = NULL;
+    if (n_ex) {
+        ex = td_malloc(n_ex * sizeof(int64_t));
+        memcpy(ex, m->d.expert_tok, n_ex * sizeof(int64_t));
+    }
     pthread_mutex_unlock(&m->mu);
     Buf b = { td_malloc(8192), 0, 8192 };
     histogram(&b, "tandem_time_to_first_token_seconds", "Time from submission to the first generated token.",
               &c.ttft);
     histogram(&b, "tandem_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.",
               &c.itl);
+    histogram(&b, "tandem_queue_wait_seconds",
+              "Time from submission to the first scheduling of a choice (admission into the running batch).",
+              &c.qwait);
+    histogram_in(&b, "tandem_request_prompt_tokens", "Prompt tokens of each finished choice.", &c.prompt_tok,
+                 g_tok_bounds, N_TOK_BOUNDS);
+    histogram_in(&b, "tandem_request_generation_tokens",
+                 "Tokens generated for each finished choice (its completion_tokens).", &c.gen_tok, g_tok_bounds,
+                 N_TOK_BOUNDS);
     gauge(&b, "tandem_generation_tokens_total", "counter", "Tokens generated.", (double)c.st.tokens_generated);
     gauge(&b, "tandem_prompt_tokens_total", "counter", "Prompt tokens prefilled (recomputation included).",
           (double)c.st.prompt_tokens);
@@ -199,6 +259,13 @@ char *metrics_render(Metrics *m, size_t *len)
     gauge(&b, "tandem_kv_blocks_used", "gauge", "KV-cache blocks in use.", (double)c.st.kv_used);
     gauge(&b, "tandem_kv_blocks_free", "gauge", "KV-cache blocks free (tandem_kv_blocks_cached of them hold a cached prefix).", (double)(c.st.kv_total - c.st.kv_used));
     gauge(&b, "tandem_kv_blocks_total", "gauge", "KV-cache blocks in the pool.", (double)c.st.kv_total);
+    gauge(&b, "tandem_kv_occupancy_ratio", "gauge",
+          "tandem_kv_blocks_used / tandem_kv_blocks_total: the share of the pool held by requests (cached-only "
+          "blocks are free to them and not counted).",
+          c.st.kv_total ? (double)c.st.kv_used / (double)c.st.kv_total : 0.0);
+    gauge(&b, "tandem_prefix_cache_blocks", "gauge",
+          "KV-cache blocks registered in the prefix cache, held by requests or only cached.",
+          (double)c.st.prefix_blocks);
     gauge(&b, "tandem_kv_blocks_cached", "gauge",
           "Free KV-cache blocks that still hold a cached prefix (evicted least recently used first).",
           (double)c.st.kv_cached);
@@ -239,6 +306,18 @@ char *metrics_render(Metrics *m, size_t *len)
     gauge(&b, "tandem_preemptions_total", "counter", "Requests preempted for cache space (and recomputed).",
           (double)c.st.preemptions);
     gauge(&b, "tandem_engine_steps_total", "counter", "Engine steps (batched forwards).", (double)c.st.steps);
+    gauge(&b, "tandem_recomputed_tokens_total", "counter",
+          "Generated tokens computed again after a preemption (the prompt's part is in tandem_prompt_tokens_total).",
+          (double)c.st.recomputed_tokens);
+    if (n_ex) {
+        header(&b, "tandem_expert_tokens_total", "counter",
+               "Tokens the router sent to each expert of each MoE layer (top_k per computed token per layer).");
+        for (int l = 0; l < c.n_moe; l++)
+            for (size_t x = 0; x < c.n_experts; x++)
+                put(&b, "tandem_expert_tokens_total{layer=\"%d\",expert=\"%zu\"} %lld\n", c.expert_layer[l], x,
+                    (long long)ex[(size_t)l * c.n_experts + x]);
+    }
+    td_free(ex);
     gauge(&b, "tandem_weights_step", "gauge", "Training step of the weights being served.", (double)c.weights_step);
     header(&b, "tandem_weight_reloads_total", "counter", "Weight reloads by result.");
     put(&b, "tandem_weight_reloads_total{result=\"ok\"} %llu\ntandem_weight_reloads_total{result=\"failed\"} %llu\n",

@@ -16,7 +16,7 @@
 
 #include "infer/engine.h"
 
-#define METRICS_N_BUCKETS 14   /* 1 ms .. 10 s, then +Inf */
+#define METRICS_N_BUCKETS 14   /* seconds: 1 ms .. 10 s, then +Inf; tokens: 1, 4, .. 65536, then +Inf */
 #define METRICS_N_CODES 10
 #define METRICS_RATE_WINDOW 11 /* one-second samples: the rate spans up to 10 s */
 
@@ -27,7 +27,14 @@ typedef struct {
 } Histogram;
 
 typedef struct {
-    Histogram ttft, itl;                  /* seconds */
+    Histogram ttft, itl, qwait;           /* seconds */
+    Histogram prompt_tok, gen_tok;        /* tokens per finished choice */
+    /* tokens routed to each expert, (n_moe, n_experts), and the model
+     * layer of each row: the engine's counters as of its last step */
+    int64_t *expert_tok;
+    int *expert_layer;
+    int n_moe;
+    size_t n_experts;
     uint64_t finished[4];                 /* length, stop, cancelled, error (anything else) */
     int codes[METRICS_N_CODES];           /* HTTP status codes seen ... */
     uint64_t code_count[METRICS_N_CODES]; /* ... and how often */
@@ -56,6 +63,15 @@ void metrics_free(Metrics *m);
 /* One request's first token (seconds after submission) / one inter-token gap. */
 void metrics_ttft(Metrics *m, double seconds);
 void metrics_itl(Metrics *m, double seconds);
+/* One choice was first scheduled seconds after its submission. */
+void metrics_queue_wait(Metrics *m, double seconds);
+/* A choice finished with prompt_tokens in its prompt and generation_tokens
+ * generated (the completion_tokens it reports). */
+void metrics_lengths(Metrics *m, size_t prompt_tokens, size_t generation_tokens);
+/* Engine thread, after each step: the tokens routed to each expert,
+ * counts (n_moe, n_experts) with layers (n_moe) their model layers
+ * (engine_expert_tokens); copied. */
+void metrics_experts(Metrics *m, const int64_t *counts, const int *layers, int n_moe, size_t n_experts);
 /* A choice finished with the engine's finish_reason. */
 void metrics_finished(Metrics *m, const char *finish_reason);
 /* A request's preparation (parse, chat template, tokenize) took seconds;

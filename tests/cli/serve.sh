@@ -51,11 +51,16 @@ echo "ok   SIGTERM: exit 0"
 # growing conversations and fixed probes, a weight reload at half time; no
 # error, every probe answered with the same tokens under load, resident
 # memory after the warm-up within 10% (seen: +2%; a leak of a prompt's bytes
-# per request is more over its thousands of requests; bench/soak.sh holds 1%)
+# per request is more over its thousands of requests; bench/soak.sh holds 1%).
+# /metrics is scraped every second
+# into a scrape log, the last scrape once the server is idle: its histograms
+# and counters are held to what the clients sent and saw
+# (tests/ref/serve_metrics_check.py), and `tandem plot --serve` draws it
 start_server "$TMP/run" --admin-token soak
 ck=$(ls "$TMP/run"/step_*.h5 | tail -n 1)
 bounded 300 $PY bench/soak_load.py --port "$port" --pid "$pid" --duration 20 --window 5 --warmup 5 --clients 16 \
-    --context 256 --admin-token soak --reload "$ck" --check --max-rss-growth 0.10 >"$TMP/soak.out" ||
+    --context 256 --admin-token soak --reload "$ck" --check --max-rss-growth 0.10 \
+    --scrape-log "$TMP/scrape.log" --scrape-every 1 >"$TMP/soak.out" ||
     { cat "$TMP/soak.out"; fail "the soak's short form (bench/soak_load.py)"; }
 $PY - "$TMP/soak.out" <<'EOF'
 import json, sys
@@ -64,6 +69,40 @@ print(f"ok   soak: {o['requests']} requests from {o['clients']} clients in {o['d
       f"a reload, RSS {100 * o['rss_growth']:+.2f}% after warm-up, prefix-cache hit rate {o['prefix_cache_hit_rate']:.2f}")
 EOF
 stop_server
+# tiny: 4 MoE layers of 4 experts, top_k 2
+$PY tests/ref/serve_metrics_check.py "$TMP/scrape.log" "$TMP/soak.out" --top-k 2 --min-scrapes 15 ||
+    fail "the soak's /metrics against what its clients sent (tests/ref/serve_metrics_check.py)"
+bounded 60 "$TANDEM" plot --serve "$TMP/scrape.log" --out "$TMP/splots" >"$TMP/splots.out" 2>"$TMP/splots.err" ||
+    { cat "$TMP/splots.err"; fail "tandem plot --serve"; }
+[ "$(wc -l <"$TMP/splots.out")" -eq 15 ] || { cat "$TMP/splots.out"; fail "plot --serve: want 15 paths (7 figures x png/svg + index.json)"; }
+B='[31,119,180]' O='[255,127,14]'
+cat >"$TMP/srules.json" <<EOF
+{ "figures": ["serve_ttft", "serve_itl", "serve_queue_wait", "serve_tokens_per_s", "serve_requests_per_s", "serve_cache", "serve_expert_load"],
+  "size": { "serve_expert_load": [900, 499] },
+  "colours": { "serve_ttft": [$B, $O], "serve_itl": [$B, $O], "serve_queue_wait": [$B, $O], "serve_tokens_per_s": [$B, $O],
+               "serve_requests_per_s": [$B, $O], "serve_cache": [$B, $O] } }
+EOF
+$PY tests/png_check.py "$TMP/splots/index.json" "$TMP/srules.json" || fail "plot --serve: the figures (tests/png_check.py)"
+# bad scrape logs: one line naming the file (and line), exit 2, nothing written
+plot_bad() {   # DESC PATTERN FILE
+    rc=0
+    "$TANDEM" plot --serve "$3" --out "$TMP/splots_bad" >/dev/null 2>"$TMP/bad.err" || rc=$?
+    [ "$rc" -eq 2 ] && [ "$(wc -l <"$TMP/bad.err")" -eq 1 ] && grep -q -- "$2" "$TMP/bad.err" && [ ! -e "$TMP/splots_bad" ] ||
+        { cat "$TMP/bad.err"; fail "plot --serve on $1: want exit 2 and one line matching '$2' (got $rc)"; }
+    echo "ok   plot --serve, $1: $(cat "$TMP/bad.err")"
+}
+: >"$TMP/empty.log"
+plot_bad "an empty file" "empty.log: no scrapes" "$TMP/empty.log"
+printf '# HELP tandem_uptime_seconds x\ntandem_uptime_seconds 3\n' >"$TMP/noscrape.log"
+plot_bad "/metrics without '# scrape' lines" "noscrape.log:1: not a scrape log" "$TMP/noscrape.log"
+printf '{"step": 1, "loss": 2.5}\n' >"$TMP/notlog.log"
+plot_bad "a metrics.jsonl" "notlog.log:1: not a scrape log" "$TMP/notlog.log"
+head -c $(($(wc -c <"$TMP/scrape.log") - 300)) "$TMP/scrape.log" >"$TMP/cut.log"
+plot_bad "a cut-short last scrape" "cut.log:[0-9]*: the last scrape is cut short" "$TMP/cut.log"
+awk '/^# scrape/ { n++ } n == 3 { exit } { print }' "$TMP/scrape.log" | sed '$d' >"$TMP/cut2.log"
+plot_bad "a last scrape cut at a line's end" "cut2.log:[0-9]*: the last scrape is cut short ([0-9]* samples, the one before has" "$TMP/cut2.log"
+awk '/^# scrape/ { n++ } n == 2 { exit } { print }' "$TMP/scrape.log" >"$TMP/one.log"
+plot_bad "one scrape" "one.log: one scrape" "$TMP/one.log"
 
 # the Hugging Face families' ops (configs/tiny_*.json): served log-probabilities
 # equal tandem score's, and a request's bits do not depend on its batch
