@@ -25,44 +25,53 @@ static void tp_sum(const Model *m, float *buf, size_t n)
 
 static float *fbuf(size_t n) { return td_calloc(td_max(n, 1) * sizeof(float)); }
 
-static float **fbufs(size_t L, size_t n)
+/* L buffers of n floats; with share, one buffer that every l points at (a
+ * forward-only encode reuses one layer's activations for the next). */
+static float **fbufs(size_t L, size_t n, bool share)
 {
     float **b = td_calloc(td_max(L, 1) * sizeof(float *));
-    for (size_t l = 0; l < L; l++) b[l] = fbuf(n);
+    for (size_t l = 0; l < L; l++) b[l] = share && l > 0 ? b[0] : fbuf(n);
     return b;
 }
 
-static void fbufs_free(float **b, size_t L)
+static void fbufs_free(float **b, size_t L, bool share)
 {
-    for (size_t l = 0; b && l < L; l++) td_free(b[l]);
+    for (size_t l = 0; b && l < L; l++)
+        if (!share || l == 0) td_free(b[l]);
     td_free(b);
 }
 
-void vision_acts_init(VisionActs *a, const Model *m, size_t max_img)
+/* train: every layer's activations and the backward scratch; otherwise one
+ * layer's, shared by all (x[l + 1] may overwrite x[l]: vision_forward reads
+ * x[l] for the last time in x_mid's residual add, before fc2 writes
+ * x[l + 1]), and no backward buffers. */
+static void acts_init(VisionActs *a, const Model *m, size_t max_img, bool train)
 {
     memset(a, 0, sizeof *a);
     const VisionTower *t = &m->vis;
     if (t->n_layers == 0 || max_img == 0) return;
     const size_t L = (size_t)t->n_layers, R = max_img * t->P, D = t->D, Dl = t->H * t->hd, F = t->F;
+    const bool sh = !train;
     a->max_img = max_img;
+    a->shared = sh;
     a->patches = fbuf(R * t->K);
-    a->x = fbufs(L + 1, R * D);
-    a->h1 = fbufs(L, R * D);
-    a->mu1 = fbufs(L, R);
-    a->rs1 = fbufs(L, R);
-    a->q = fbufs(L, R * Dl);
-    a->k = fbufs(L, R * Dl);
-    a->v = fbufs(L, R * Dl);
-    a->att = fbufs(L, R * Dl);
-    a->lse = fbufs(L, R * t->H);
-    a->x_mid = fbufs(L, R * D);
-    a->h2 = fbufs(L, R * D);
-    a->mu2 = fbufs(L, R);
-    a->rs2 = fbufs(L, R);
-    a->f1 = fbufs(L, R * F);
-    a->g1 = fbufs(L, R * F);
+    a->x = fbufs(L + 1, R * D, sh);
+    a->h1 = fbufs(L, R * D, sh);
+    a->mu1 = fbufs(L, R, sh);
+    a->rs1 = fbufs(L, R, sh);
+    a->q = fbufs(L, R * Dl, sh);
+    a->k = fbufs(L, R * Dl, sh);
+    a->v = fbufs(L, R * Dl, sh);
+    a->att = fbufs(L, R * Dl, sh);
+    a->lse = fbufs(L, R * t->H, sh);
+    a->x_mid = fbufs(L, R * D, sh);
+    a->h2 = fbufs(L, R * D, sh);
+    a->mu2 = fbufs(L, R, sh);
+    a->rs2 = fbufs(L, R, sh);
+    a->f1 = fbufs(L, R * F, sh);
+    a->g1 = fbufs(L, R * F, sh);
     a->kv = td_calloc(L * sizeof(void *));
-    for (size_t l = 0; l < L; l++) a->kv[l] = td_calloc(max_img * attn_block_bytes(&t->attn));
+    for (size_t l = 0; l < L; l++) a->kv[l] = sh && l > 0 ? a->kv[0] : td_calloc(max_img * attn_block_bytes(&t->attn));
     a->blocks = td_calloc(max_img * sizeof(int32_t));
     a->seqs = td_calloc(max_img * sizeof(AttnSeq));
     for (size_t i = 0; i < max_img; i++) {
@@ -75,6 +84,8 @@ void vision_acts_init(VisionActs *a, const Model *m, size_t max_img)
     a->a1 = fbuf(R * t->dp);
     a->ga1 = fbuf(R * t->dp);
     a->out = fbuf(R * m->d);
+    a->n_layers = L;
+    if (!train) return;
     a->dout = fbuf(R * m->d);
     a->dx = fbuf(R * D);
     a->dxm = fbuf(R * D);
@@ -88,16 +99,19 @@ void vision_acts_init(VisionActs *a, const Model *m, size_t max_img)
     a->dhp = fbuf(R * D);
     a->da1 = fbuf(R * t->dp);
     a->dga1 = fbuf(R * t->dp);
-    a->n_layers = L;
 }
+
+void vision_acts_init(VisionActs *a, const Model *m, size_t max_img) { acts_init(a, m, max_img, true); }
 
 void vision_acts_free(VisionActs *a)
 {
     const size_t L = a->n_layers;
+    const bool sh = a->shared;
     float ***lists[] = { &a->x, &a->h1, &a->mu1, &a->rs1, &a->q, &a->k, &a->v, &a->att, &a->lse, &a->x_mid,
                          &a->h2, &a->mu2, &a->rs2, &a->f1, &a->g1 };
-    for (size_t i = 0; i < sizeof lists / sizeof *lists; i++) fbufs_free(*lists[i], i == 0 ? L + 1 : L);
-    for (size_t l = 0; a->kv && l < L; l++) td_free(a->kv[l]);
+    for (size_t i = 0; i < sizeof lists / sizeof *lists; i++) fbufs_free(*lists[i], i == 0 ? L + 1 : L, sh);
+    for (size_t l = 0; a->kv && l < L; l++)
+        if (!sh || l == 0) td_free(a->kv[l]);
     td_free(a->kv);
     float *bufs[] = { a->patches, a->hp, a->mup, a->rsp, a->a1, a->ga1, a->out, a->dout, a->dx, a->dxm, a->dh, a->dq,
                       a->dk, a->dv, a->datt, a->df, a->dg, a->dhp, a->da1, a->dga1 };
@@ -292,7 +306,7 @@ void vision_backward(Model *m, VisionActs *a, const float *dout)
 void model_vision_encode(const Model *m, const float *pixels, size_t n_img, float *out)
 {
     VisionActs a;
-    vision_acts_init(&a, m, n_img);
+    acts_init(&a, m, n_img, false);
     vision_forward(m, &a, pixels, n_img);
     memcpy(out, a.out, n_img * m->vis.P * m->d * sizeof(float));
     vision_acts_free(&a);
