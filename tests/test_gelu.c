@@ -116,7 +116,7 @@ Test(gelu, in_place_and_two_threads_give_the_same_bits)
 static float *strided_floats(size_t *n)
 {
     const uint64_t stride = 4099;
-    *n = (size_t)((UINT64_C(1) << 32) / stride) + 4;
+    *n = (size_t)(((UINT64_C(1) << 32) + stride - 1) / stride) + 4;
     float *x = td_malloc(*n * sizeof(float));
     size_t i = 0;
     for (uint64_t u = 0; u < (UINT64_C(1) << 32); u += stride) x[i++] = verf_f((uint32_t)u);
