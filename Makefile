@@ -108,10 +108,10 @@ unit: $(BIN) $(UNIT_BIN) $(MPI_BIN) $(TOOL_BIN)
 # -march=native alone never compiles them.  Only what the kernel suites
 # need is built there: core/ and the optimizer, and the unit tests of the
 # code with ISA-specific paths (grep __AVX512F__ and vexp: GEMM, attention,
-# the exp of softmax / cross-entropy / SwiGLU, and their users, MoE and
-# the model), linked as $(BUILD)/tests/kernels.
+# the exp of softmax / cross-entropy / SwiGLU, GELU's erf and exp, and
+# their users, MoE and the model), linked as $(BUILD)/tests/kernels.
 KERNEL_TESTS := tests/test_gemm.c tests/test_attention.c tests/test_softmax.c tests/test_swiglu.c \
-                tests/test_moe.c tests/test_model.c tests/fixture.c
+                tests/test_moe.c tests/test_model.c tests/test_gelu.c tests/fixture.c
 KERNEL_SRC   := $(foreach d,core core/ops core/model,$(wildcard $(d)/*.c)) train/optim.c
 KERNEL_OBJ   := $(KERNEL_TESTS:%.c=$(BUILD)/obj/%.o) $(KERNEL_SRC:%.c=$(BUILD)/obj/%.o)
 ISA_AVX2_FLAGS     := -mno-avx512f

@@ -19,7 +19,7 @@
 #     (bench/torch_vlm.py: bench/torch_train.py's language model and the
 #     tower written with torch.nn.functional), 2 threads each, median step
 #     after 2 untimed, runs interleaved A B B A.  Target >= 1.3x.  (In
-#     process: `tandem train` has no image data path yet, docs/vision.md.)
+#     process: the functions `tandem train` calls, docs/vision.md.)
 # Prints a table and one JSON line {"bench":"vision",...}.  Shared machines
 # are noisy: figures here are indicative.
 set -eu

@@ -3,9 +3,11 @@
 #include "core/model/vision.h"
 #include "core/common.h"
 #include "core/ops/bias.h"
+#include "core/ops/gemm.h"
 #include "core/ops/gelu.h"
 #include "core/ops/layernorm.h"
 #include "core/ops/linear.h"
+#include "core/pool.h"
 
 #include <string.h>
 
@@ -23,44 +25,53 @@ static void tp_sum(const Model *m, float *buf, size_t n)
 
 static float *fbuf(size_t n) { return td_calloc(td_max(n, 1) * sizeof(float)); }
 
-static float **fbufs(size_t L, size_t n)
+/* L buffers of n floats; with share, one buffer that every l points at (a
+ * forward-only encode reuses one layer's activations for the next). */
+static float **fbufs(size_t L, size_t n, bool share)
 {
     float **b = td_calloc(td_max(L, 1) * sizeof(float *));
-    for (size_t l = 0; l < L; l++) b[l] = fbuf(n);
+    for (size_t l = 0; l < L; l++) b[l] = share && l > 0 ? b[0] : fbuf(n);
     return b;
 }
 
-static void fbufs_free(float **b, size_t L)
+static void fbufs_free(float **b, size_t L, bool share)
 {
-    for (size_t l = 0; b && l < L; l++) td_free(b[l]);
+    for (size_t l = 0; b && l < L; l++)
+        if (!share || l == 0) td_free(b[l]);
     td_free(b);
 }
 
-void vision_acts_init(VisionActs *a, const Model *m, size_t max_img)
+/* train: every layer's activations and the backward scratch; otherwise one
+ * layer's, shared by all (x[l + 1] may overwrite x[l]: vision_forward reads
+ * x[l] for the last time in x_mid's residual add, before fc2 writes
+ * x[l + 1]), and no backward buffers. */
+static void acts_init(VisionActs *a, const Model *m, size_t max_img, bool train)
 {
     memset(a, 0, sizeof *a);
     const VisionTower *t = &m->vis;
     if (t->n_layers == 0 || max_img == 0) return;
     const size_t L = (size_t)t->n_layers, R = max_img * t->P, D = t->D, Dl = t->H * t->hd, F = t->F;
+    const bool sh = !train;
     a->max_img = max_img;
+    a->shared = sh;
     a->patches = fbuf(R * t->K);
-    a->x = fbufs(L + 1, R * D);
-    a->h1 = fbufs(L, R * D);
-    a->mu1 = fbufs(L, R);
-    a->rs1 = fbufs(L, R);
-    a->q = fbufs(L, R * Dl);
-    a->k = fbufs(L, R * Dl);
-    a->v = fbufs(L, R * Dl);
-    a->att = fbufs(L, R * Dl);
-    a->lse = fbufs(L, R * t->H);
-    a->x_mid = fbufs(L, R * D);
-    a->h2 = fbufs(L, R * D);
-    a->mu2 = fbufs(L, R);
-    a->rs2 = fbufs(L, R);
-    a->f1 = fbufs(L, R * F);
-    a->g1 = fbufs(L, R * F);
+    a->x = fbufs(L + 1, R * D, sh);
+    a->h1 = fbufs(L, R * D, sh);
+    a->mu1 = fbufs(L, R, sh);
+    a->rs1 = fbufs(L, R, sh);
+    a->q = fbufs(L, R * Dl, sh);
+    a->k = fbufs(L, R * Dl, sh);
+    a->v = fbufs(L, R * Dl, sh);
+    a->att = fbufs(L, R * Dl, sh);
+    a->lse = fbufs(L, R * t->H, sh);
+    a->x_mid = fbufs(L, R * D, sh);
+    a->h2 = fbufs(L, R * D, sh);
+    a->mu2 = fbufs(L, R, sh);
+    a->rs2 = fbufs(L, R, sh);
+    a->f1 = fbufs(L, R * F, sh);
+    a->g1 = fbufs(L, R * F, sh);
     a->kv = td_calloc(L * sizeof(void *));
-    for (size_t l = 0; l < L; l++) a->kv[l] = td_calloc(max_img * attn_block_bytes(&t->attn));
+    for (size_t l = 0; l < L; l++) a->kv[l] = sh && l > 0 ? a->kv[0] : td_calloc(max_img * attn_block_bytes(&t->attn));
     a->blocks = td_calloc(max_img * sizeof(int32_t));
     a->seqs = td_calloc(max_img * sizeof(AttnSeq));
     for (size_t i = 0; i < max_img; i++) {
@@ -73,6 +84,8 @@ void vision_acts_init(VisionActs *a, const Model *m, size_t max_img)
     a->a1 = fbuf(R * t->dp);
     a->ga1 = fbuf(R * t->dp);
     a->out = fbuf(R * m->d);
+    a->n_layers = L;
+    if (!train) return;
     a->dout = fbuf(R * m->d);
     a->dx = fbuf(R * D);
     a->dxm = fbuf(R * D);
@@ -86,16 +99,19 @@ void vision_acts_init(VisionActs *a, const Model *m, size_t max_img)
     a->dhp = fbuf(R * D);
     a->da1 = fbuf(R * t->dp);
     a->dga1 = fbuf(R * t->dp);
-    a->n_layers = L;
 }
+
+void vision_acts_init(VisionActs *a, const Model *m, size_t max_img) { acts_init(a, m, max_img, true); }
 
 void vision_acts_free(VisionActs *a)
 {
     const size_t L = a->n_layers;
+    const bool sh = a->shared;
     float ***lists[] = { &a->x, &a->h1, &a->mu1, &a->rs1, &a->q, &a->k, &a->v, &a->att, &a->lse, &a->x_mid,
                          &a->h2, &a->mu2, &a->rs2, &a->f1, &a->g1 };
-    for (size_t i = 0; i < sizeof lists / sizeof *lists; i++) fbufs_free(*lists[i], i == 0 ? L + 1 : L);
-    for (size_t l = 0; a->kv && l < L; l++) td_free(a->kv[l]);
+    for (size_t i = 0; i < sizeof lists / sizeof *lists; i++) fbufs_free(*lists[i], i == 0 ? L + 1 : L, sh);
+    for (size_t l = 0; a->kv && l < L; l++)
+        if (!sh || l == 0) td_free(a->kv[l]);
     td_free(a->kv);
     float *bufs[] = { a->patches, a->hp, a->mup, a->rsp, a->a1, a->ga1, a->out, a->dout, a->dx, a->dxm, a->dh, a->dq,
                       a->dk, a->dv, a->datt, a->df, a->dg, a->dhp, a->da1, a->dga1 };
@@ -130,9 +146,35 @@ static void proj(const Model *m, float *y, const float *x, const Param *W, const
     bias_forward(y, b->w, R, n);
 }
 
+struct ew { float *y; const float *a, *b; };
+
+static void add_range(void *vc, size_t i0, size_t i1, int tid)
+{
+    (void)tid;
+    const struct ew *c = vc;
+    for (size_t i = i0; i < i1; i++) c->y[i] = c->a[i] + c->b[i];
+}
+
+/* y = a + b elementwise, over the pool (y may alias a or b). */
 static void add_rows(float *y, const float *a, const float *b, size_t n)
 {
-    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+    struct ew c = { y, a, b };
+    pool_for(n, 4096, add_range, &c);
+}
+
+static void zero_range(void *vc, size_t i0, size_t i1, int tid)
+{
+    (void)tid;
+    const struct ew *c = vc;
+    memset(c->y + i0, 0, (i1 - i0) * sizeof(float));
+}
+
+/* p = 0, n floats, over the pool (the backward's accumulators: a serial
+ * memset leaves the helpers idle) */
+static void zero(float *p, size_t n)
+{
+    struct ew c = { p, NULL, NULL };
+    pool_for(n, 16384, zero_range, &c);
 }
 
 void vision_forward(const Model *m, VisionActs *a, const float *pixels, size_t n_img)
@@ -154,9 +196,15 @@ void vision_forward(const Model *m, VisionActs *a, const float *pixels, size_t n
     for (int l = 0; l < t->n_layers; l++) {
         const VisionLayer *L = &t->layers[l];
         layernorm_forward(a->h1[l], a->mu1[l], a->rs1[l], a->x[l], L->ln1->w, L->ln1b->w, R, D, t->eps);
-        proj(m, a->q[l], a->h1[l], L->q, L->qb, R, false);
-        proj(m, a->k[l], a->h1[l], L->k, L->kb, R, false);
-        proj(m, a->v[l], a->h1[l], L->v, L->vb, R, false);
+        /* q, k and v in one pool region (the same bits as three gemm_xwt) */
+        const size_t Dl = L->q->lshape[0];
+        const GemmProblem g[3] = { { a->q[l], Dl, a->h1[l], D, param_mat(L->q, 0), R },
+                                   { a->k[l], Dl, a->h1[l], D, param_mat(L->k, 0), R },
+                                   { a->v[l], Dl, a->h1[l], D, param_mat(L->v, 0), R } };
+        gemm_xwt_group(g, 3);
+        bias_forward(a->q[l], L->qb->w, R, Dl);
+        bias_forward(a->k[l], L->kb->w, R, Dl);
+        bias_forward(a->v[l], L->vb->w, R, Dl);
         attention_kv_store(a->kv[l], a->seqs, n_img, a->k[l], a->v[l], &t->attn);
         attention_forward(a->att[l], a->lse[l], a->q[l], a->kv[l], a->seqs, n_img, &t->attn);
         proj(m, a->x_mid[l], a->att[l], L->o, L->ob, R, true);
@@ -173,15 +221,25 @@ void vision_forward(const Model *m, VisionActs *a, const float *pixels, size_t n
     proj(m, a->out, a->ga1, t->p2, t->p2b, R, true);
 }
 
-static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
-
-/* Backward of proj: adds into dW, db and (dx != NULL) into dx (R, in);
- * dy (R, out).  For a column-parallel W the caller sums dx over tp. */
-static void proj_backward(float *dx, const Param *W, const Param *b, const float *dy, const float *x, size_t R)
+/* The products of proj's backward: dW += dy^T x and (dx != NULL) dx += dy W,
+ * appended to g (the same bits as linear_backward's two calls). */
+static int proj_bw_problems(GemmBwProblem *g, float *dx, const Param *W, const float *dy, const float *x, size_t R)
 {
     const size_t n = W->lshape[0], k = W->lshape[1];
-    bias_backward(b->g, dy, R, n);
-    linear_backward(dx, W->g, dy, x, W->w, R, n, k);
+    int c = 0;
+    if (dx) g[c++] = (GemmBwProblem){ 0, dx, k, dy, n, W->w, k, R, n, k };
+    g[c++] = (GemmBwProblem){ 1, W->g, k, dy, n, x, k, R, n, k };
+    return c;
+}
+
+/* Backward of proj: adds into dW, db and (dx != NULL) into dx (R, in);
+ * dy (R, out); dW and dx in one pool region.  For a column-parallel W the
+ * caller sums dx over tp. */
+static void proj_backward(float *dx, const Param *W, const Param *b, const float *dy, const float *x, size_t R)
+{
+    bias_backward(b->g, dy, R, W->lshape[0]);
+    GemmBwProblem g[2];
+    gemm_bw_group(g, proj_bw_problems(g, dx, W, dy, x, R));
 }
 
 void vision_backward(Model *m, VisionActs *a, const float *dout)
@@ -221,9 +279,18 @@ void vision_backward(Model *m, VisionActs *a, const float *dout)
         attention_backward(a->dq, a->dk, a->dv, a->datt, a->q[l], a->att[l], a->lse[l], a->kv[l], a->seqs,
                            a->n_img, &t->attn);
         zero(a->dh, R * D);
-        proj_backward(a->dh, L->q, L->qb, a->dq, a->h1[l], R);
-        proj_backward(a->dh, L->k, L->kb, a->dk, a->h1[l], R);
-        proj_backward(a->dh, L->v, L->vb, a->dv, a->h1[l], R);
+        /* dh += dq Wq, then dk Wk, then dv Wv (in that order: they add into
+         * one buffer), the three dW beside the first */
+        bias_backward(L->qb->g, a->dq, R, L->q->lshape[0]);
+        bias_backward(L->kb->g, a->dk, R, L->k->lshape[0]);
+        bias_backward(L->vb->g, a->dv, R, L->v->lshape[0]);
+        GemmBwProblem g[4];
+        int n = proj_bw_problems(g, a->dh, L->q, a->dq, a->h1[l], R);
+        n += proj_bw_problems(g + n, NULL, L->k, a->dk, a->h1[l], R);
+        n += proj_bw_problems(g + n, NULL, L->v, a->dv, a->h1[l], R);
+        gemm_bw_group(g, n);
+        gemm_bw_group(g, proj_bw_problems(g, a->dh, L->k, a->dk, a->h1[l], R) - 1);
+        gemm_bw_group(g, proj_bw_problems(g, a->dh, L->v, a->dv, a->h1[l], R) - 1);
         tp_sum(m, a->dh, R * D);
         layernorm_backward(a->dx, L->ln1->g, L->ln1b->g, a->dh, a->x[l], L->ln1->w, a->mu1[l], a->rs1[l], R, D);
     }
@@ -239,7 +306,7 @@ void vision_backward(Model *m, VisionActs *a, const float *dout)
 void model_vision_encode(const Model *m, const float *pixels, size_t n_img, float *out)
 {
     VisionActs a;
-    vision_acts_init(&a, m, n_img);
+    acts_init(&a, m, n_img, false);
     vision_forward(m, &a, pixels, n_img);
     memcpy(out, a.out, n_img * m->vis.P * m->d * sizeof(float));
     vision_acts_free(&a);

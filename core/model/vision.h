@@ -37,6 +37,7 @@ size_t vision_tokens_per_image(const ModelConfig *cfg);
 typedef struct VisionActs {
     size_t max_img, n_img, R;   /* capacity, images of the last forward, their rows */
     size_t n_layers;            /* Lv of the buffers */
+    bool shared;                /* model_vision_encode's: one layer's buffers for every layer, no backward */
     float *patches;             /* (R, 3 p p) */
     float **x;                  /* Lv + 1 residual streams (R, Dv) */
     float **h1, **mu1, **rs1, **q, **k, **v, **att, **lse, **x_mid, **h2, **mu2, **rs2, **f1, **g1;
@@ -65,7 +66,8 @@ void vision_backward(Model *m, VisionActs *a, const float *dout);
 
 /* pixels: n_img x 3 x S x S (S = vision_config.image_size), out: n_img x
  * tokens x hidden (overwritten).  The serving entry point: vision_forward
- * on buffers of its own (allocated for the call). */
+ * on buffers of its own, allocated for the call: one layer's activations,
+ * reused by every layer, and no backward scratch. */
 void model_vision_encode(const Model *m, const float *pixels, size_t n_img, float *out);
 
 /* x (n, d): each row whose id is image_token_index takes the next row of img

@@ -3,7 +3,9 @@
  * the projector, docs/vision.md):
  *   gelu(x)  = x Phi(x),  Phi(x) = (1 + erf(x / sqrt 2)) / 2
  *   gelu'(x) = Phi(x) + x phi(x),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
- * Elementwise, libm's erff and expf: the same bits on every kernel path.
+ * Elementwise, with core/ops/verf.h's erff and expf (glibc 2.36's, bit for
+ * bit, vectorised with AVX-512): the same bits on every kernel path, and
+ * the same as when this called libm.
  */
 #ifndef TANDEM_CORE_OPS_GELU_H
 #define TANDEM_CORE_OPS_GELU_H
