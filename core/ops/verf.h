@@ -24,6 +24,14 @@
  * 2.36-9, Debian 12, on AVX-512), vector and portable bit for bit;
  * tests/test_gelu.c samples both (and compares with libm where it is that
  * glibc).  The AVX2 build uses the portable form.
+ *
+ * Origins and their notices: the erff algorithm and coefficients are
+ * fdlibm's s_erff.c, "Copyright (C) 1993 by Sun Microsystems, Inc. All
+ * rights reserved. Developed at SunPro, a Sun Microsystems, Inc. business.
+ * Permission to use, copy, modify, and distribute this software is freely
+ * granted, provided that this notice is preserved."  The expf method and
+ * table are those of Arm's optimized-routines (math/expf.c, Copyright (c)
+ * 2017-2018 Arm Limited, MIT licence), which glibc ships.
  */
 #ifndef TANDEM_CORE_OPS_VERF_H
 #define TANDEM_CORE_OPS_VERF_H
