@@ -110,15 +110,27 @@ int hf_load(const char *dir, Model *m, char *err, size_t err_len)
     print_notes(dir, h.notes);
     hint_huge(m->w, m->n_w * sizeof(float));
     Boxes x = { bs, offs, cnts };
-    HfAhead *ra = hf_ahead_start(&h, READ_AHEAD, n, box_at, &x);
+    void **dst = td_calloc((size_t)td_max((size_t)n, 1) * sizeof *dst);
+    size_t *dst_bytes = td_calloc((size_t)td_max((size_t)n, 1) * sizeof *dst_bytes);
+    for (int i = 0; i < n; i++) {
+        size_t numel = 1;
+        for (int d = 0; d < m->params[i].ndim; d++) numel *= m->params[i].lshape[d];
+        dst[i] = m->params[i].w;
+        dst_bytes[i] = numel * sizeof(float);
+    }
+    HfAhead *ra = hf_ahead_start(&h, READ_AHEAD, n, box_at, &x, dst, dst_bytes);
     for (int i = 0; i < n; i++) {
         hf_ahead_at(ra, i);
         if (hf_read_box(&h, bs[i], offs[i], cnts[i], m->params[i].w, false, err, err_len)) {
             hf_ahead_stop(ra);
+            td_free(dst);
+            td_free(dst_bytes);
             goto out;
         }
     }
     hf_ahead_stop(ra);
+    td_free(dst);
+    td_free(dst_bytes);
     rc = 0;
 out:
     td_free(bs);
@@ -221,7 +233,7 @@ int hf_import(const char *dir, const char *out, const CkptDtype *dtype_opt, HfIm
     buf2 = n > 1 ? td_malloc(buf_bytes) : NULL;
     void *bufs[2] = { buf, buf2 };
     Boxes x = { bs, offs, cnts };
-    ra = hf_ahead_start(&h, READ_AHEAD, n, box_at, &x);
+    ra = hf_ahead_start(&h, READ_AHEAD, n, box_at, &x, NULL, NULL);
     hf_ahead_at(ra, 0);
     if (n > 0 && hf_read_box(&h, bs[0], zero, shapes[0], buf, import_raw(bs[0], dtype), err, err_len)) goto out;
     for (int i = 0; i < n; i++) {

@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #if (defined(__AVX512F__) || defined(__AVX2__)) && !defined(TANDEM_PORTABLE)
 #include <immintrin.h>
@@ -673,6 +674,8 @@ struct HfAhead {
     int n;
     HfBoxFn at;
     void *ctx;
+    void *const *dst;    /* per box: where it will be read to (or NULL: not touched) */
+    const size_t *dst_bytes;
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t moved;
@@ -681,6 +684,24 @@ struct HfAhead {
     size_t beyond;       /* sum of sz over boxes (cur, next) */
     bool stop;
 };
+
+/* Faults in (allocates and zeroes) the fresh pages of [p, p + n) without
+ * writing them, as a write would (MADV_POPULATE_WRITE, Linux 5.14; a
+ * no-op where unsupported): the page faults of a load's destination then
+ * happen on the read-ahead thread while the reader waits for the disk,
+ * not in the conversion.  The pages at either end may hold other data
+ * being written meanwhile: populating never changes what a page holds. */
+static void populate(void *p, size_t n)
+{
+#ifdef MADV_POPULATE_WRITE
+    const uintptr_t pg = 4096;
+    uintptr_t a = (uintptr_t)p & ~(pg - 1), e = ((uintptr_t)p + n + pg - 1) & ~(pg - 1);
+    if (p && n) madvise((void *)a, e - a, MADV_POPULATE_WRITE);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
 
 static void *ahead_main(void *arg)
 {
@@ -694,6 +715,7 @@ static void *ahead_main(void *arg)
         const size_t *off, *cnt;
         const HfBinding *b = a->at(a->ctx, k, &off, &cnt);
         size_t bytes = hf_prefetch(a->h, b, off, cnt);
+        if (a->dst) populate(a->dst[k], a->dst_bytes[k]);
         pthread_mutex_lock(&a->mu);
         a->sz[k] = bytes;
         if (k > a->cur) a->beyond += bytes;
@@ -702,11 +724,13 @@ static void *ahead_main(void *arg)
     return NULL;
 }
 
-HfAhead *hf_ahead_start(const HfModel *h, size_t ahead, int n, HfBoxFn at, void *ctx)
+HfAhead *hf_ahead_start(const HfModel *h, size_t ahead, int n, HfBoxFn at, void *ctx, void *const *dst,
+                        const size_t *dst_bytes)
 {
     if (n <= 0 || ahead == 0) return NULL;
     HfAhead *a = td_calloc(sizeof *a);
-    *a = (HfAhead){ .h = h, .ahead = ahead, .n = n, .at = at, .ctx = ctx, .cur = -1 };
+    *a = (HfAhead){ .h = h, .ahead = ahead, .n = n, .at = at, .ctx = ctx, .dst = dst, .dst_bytes = dst_bytes,
+                    .cur = -1 };
     a->sz = td_calloc((size_t)n * sizeof *a->sz);
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->moved, NULL);

@@ -105,7 +105,11 @@ size_t hf_prefetch(const HfModel *h, const HfBinding *b, const size_t *off, cons
  * 0 .. n-1 (their binding and box given by at(), called on that thread:
  * it must be thread-safe) are requested in order with hf_prefetch while
  * the bytes requested beyond the box being read stay under `ahead`; the
- * reader says which box it reads with hf_ahead_at (from one thread).  The
+ * reader says which box it reads with hf_ahead_at (from one thread).
+ * dst (or NULL), with dst_bytes: per box, the memory it will be read
+ * into, faulted in by the thread with the box's bytes requested (fresh
+ * memory's page faults then overlap the disk, not the conversion; never
+ * written by the thread; both arrays borrowed until hf_ahead_stop).  The
  * thread sleeps while the window is full and only hints: reads are
  * correct whatever it has done.  hf_ahead_start returns NULL (and reads go
  * without read-ahead) when n or ahead is 0 or no thread starts;
@@ -113,7 +117,8 @@ size_t hf_prefetch(const HfModel *h, const HfBinding *b, const size_t *off, cons
  * frees it. */
 typedef struct HfAhead HfAhead;
 typedef const HfBinding *(*HfBoxFn)(void *ctx, int i, const size_t **off, const size_t **cnt);
-HfAhead *hf_ahead_start(const HfModel *h, size_t ahead, int n, HfBoxFn at, void *ctx);
+HfAhead *hf_ahead_start(const HfModel *h, size_t ahead, int n, HfBoxFn at, void *ctx, void *const *dst,
+                        const size_t *dst_bytes);
 void hf_ahead_at(HfAhead *a, int i);
 void hf_ahead_stop(HfAhead *a);
 
