@@ -6,10 +6,11 @@
  * the files stays in the process, which holds the model it builds, a
  * load, or two tensors, an import), while a read-ahead thread
  * (hf_ahead_start) keeps about READ_AHEAD bytes of the next tensors
- * requested from the disk (posix_fadvise WILLNEED), so the disk never
- * waits for the conversion and the conversion rarely for the disk.  A
- * load widens bf16 straight into the model's weights (streaming stores,
- * hf_map.c), which it first asks to be backed by huge pages.
+ * requested from the disk (posix_fadvise WILLNEED), so the disk keeps
+ * reading while the pool converts.  A load widens bf16 straight into the
+ * model's weights (streaming stores, hf_map.c), which it first asks to be
+ * backed by huge pages, and which the read-ahead thread faults in ahead
+ * of the reads.
  */
 #include "checkpoint/hf/hf_load.h"
 #include "checkpoint/hf/hf_map.h"
