@@ -2,10 +2,15 @@
  * directories (hf_load.h).
  *
  * Both validate the whole directory first (hf_model_open), then read
- * tensor by tensor through the mapping, prefetching each tensor's pages
- * (madvise WILLNEED) and dropping them from the resident set once read, so
- * the process holds the model it builds (a load) or one tensor (an
- * import), not the files.
+ * tensor by tensor through the mapping with pread (hf_read_box: nothing of
+ * the files stays in the process, which holds the model it builds, a
+ * load, or two tensors, an import), while a read-ahead thread
+ * (hf_ahead_start) keeps about READ_AHEAD bytes of the next tensors
+ * requested from the disk (posix_fadvise WILLNEED), so the disk keeps
+ * reading while the pool converts.  A load widens bf16 straight into the
+ * model's weights (streaming stores, hf_map.c), which it first asks to be
+ * backed by huge pages, and which the read-ahead thread faults in ahead
+ * of the reads.
  */
 #include "checkpoint/hf/hf_load.h"
 #include "checkpoint/hf/hf_map.h"
@@ -16,6 +21,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static CkptDtype dtype_of_name(const char *s)
 {
@@ -40,6 +46,22 @@ int hf_read_config(const char *dir, ModelConfig *cfg, CkptMeta *meta, char *err,
 static void print_notes(const char *dir, const char *notes)
 {
     if (notes[0] && comm_rank() == 0) td_info("note: %s: %s", dir, notes);
+}
+
+/* The weights a load writes are usually fresh memory (model_init's
+ * calloc, never touched): faulting them in 4 KiB at a time costs more CPU
+ * than the reads on a virtual machine; ask for 2 MiB pages (a hint:
+ * ignored where unsupported, and for pages already there). */
+static void hint_huge(void *p, size_t n)
+{
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = 2u << 20;
+    uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1), e = ((uintptr_t)p + n) & ~(huge - 1);
+    if (e > a) madvise((void *)a, e - a, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)n;
+#endif
 }
 
 /* Bytes kept requested from the disk ahead of the tensor being read. */
@@ -87,10 +109,29 @@ int hf_load(const char *dir, Model *m, char *err, size_t err_len)
         }
     }
     print_notes(dir, h.notes);
+    hint_huge(m->w, m->n_w * sizeof(float));
     Boxes x = { bs, offs, cnts };
-    HfStream s = { &h, READ_AHEAD, 0, 0 };
-    for (int i = 0; i < n; i++)
-        if (hf_stream_read(&s, i, n, box_at, &x, m->params[i].w, false, err, err_len)) goto out;
+    void **dst = td_calloc((size_t)td_max((size_t)n, 1) * sizeof *dst);
+    size_t *dst_bytes = td_calloc((size_t)td_max((size_t)n, 1) * sizeof *dst_bytes);
+    for (int i = 0; i < n; i++) {
+        size_t numel = 1;
+        for (int d = 0; d < m->params[i].ndim; d++) numel *= m->params[i].lshape[d];
+        dst[i] = m->params[i].w;
+        dst_bytes[i] = numel * sizeof(float);
+    }
+    HfAhead *ra = hf_ahead_start(&h, READ_AHEAD, n, box_at, &x, dst, dst_bytes);
+    for (int i = 0; i < n; i++) {
+        hf_ahead_at(ra, i);
+        if (hf_read_box(&h, bs[i], offs[i], cnts[i], m->params[i].w, false, err, err_len)) {
+            hf_ahead_stop(ra);
+            td_free(dst);
+            td_free(dst_bytes);
+            goto out;
+        }
+    }
+    hf_ahead_stop(ra);
+    td_free(dst);
+    td_free(dst_bytes);
     rc = 0;
 out:
     td_free(bs);
@@ -148,6 +189,7 @@ int hf_import(const char *dir, const char *out, const CkptDtype *dtype_opt, HfIm
     CkptTokFiles tok;
     CkptStream *s = NULL;
     void *buf = NULL, *buf2 = NULL;
+    HfAhead *ra = NULL;
     const HfBinding **bs = NULL;
     size_t (*shapes)[PARAM_MAX_DIMS] = NULL;
     const size_t **offs = NULL, **cnts = NULL;
@@ -192,8 +234,9 @@ int hf_import(const char *dir, const char *out, const CkptDtype *dtype_opt, HfIm
     buf2 = n > 1 ? td_malloc(buf_bytes) : NULL;
     void *bufs[2] = { buf, buf2 };
     Boxes x = { bs, offs, cnts };
-    HfStream hs = { &h, READ_AHEAD, 0, 0 };
-    if (n > 0 && hf_stream_read(&hs, 0, n, box_at, &x, buf, import_raw(bs[0], dtype), err, err_len)) goto out;
+    ra = hf_ahead_start(&h, READ_AHEAD, n, box_at, &x, NULL, NULL);
+    hf_ahead_at(ra, 0);
+    if (n > 0 && hf_read_box(&h, bs[0], zero, shapes[0], buf, import_raw(bs[0], dtype), err, err_len)) goto out;
     for (int i = 0; i < n; i++) {
         const HfBinding *b = bs[i];
         for (int k = 0; k < b->n_src; k++) read += b->src[k]->nbytes;
@@ -202,11 +245,7 @@ int hf_import(const char *dir, const char *out, const CkptDtype *dtype_opt, HfIm
         pthread_t th;
         bool threaded = false;
         if (job.b) {
-            /* keep the read-ahead window beyond the tensor the reader takes */
-            for (; hs.next < n && hs.requested < hs.ahead; hs.next++)
-                hs.requested += hf_prefetch(&h, bs[hs.next], zero, shapes[hs.next]);
-            hs.requested = hs.requested > job.b->src[0]->nbytes * (size_t)job.b->n_src
-                               ? hs.requested - job.b->src[0]->nbytes * (size_t)job.b->n_src : 0;
+            hf_ahead_at(ra, i + 1);
             threaded = pthread_create(&th, NULL, read_job, &job) == 0;
         }
         int w = ckpt_stream_put(s, b->tandem, bufs[i & 1], import_raw(b, dtype), dtype, "hf_dtype",
@@ -219,6 +258,8 @@ int hf_import(const char *dir, const char *out, const CkptDtype *dtype_opt, HfIm
             goto out;
         }
     }
+    hf_ahead_stop(ra);
+    ra = NULL;
     rc = ckpt_stream_close(s, true, err, err_len);
     s = NULL;
     if (!rc && rep) {
@@ -233,6 +274,7 @@ int hf_import(const char *dir, const char *out, const CkptDtype *dtype_opt, HfIm
         rep->tokenizer = tok.tokenizer_json != NULL;
     }
 out:
+    hf_ahead_stop(ra);
     td_free(buf);
     td_free(buf2);
     td_free(bs);

@@ -18,9 +18,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
+#if (defined(__AVX512F__) || defined(__AVX2__)) && !defined(TANDEM_PORTABLE)
+#include <immintrin.h>
+#endif
 
 #define HF_NAME_MAX 256
 
@@ -344,6 +349,42 @@ static int read_full(int fd, void *dst, size_t n, off_t at)
     return 0;
 }
 
+/* bf16 -> float32 as dtype_bf16_to_f32 (the bits shifted up by 16, so
+ * every path gives the same bits), with non-temporal stores: the
+ * destination of a load is far larger than the caches and is not read
+ * again soon, so streaming stores skip reading each line before writing
+ * it.  The fence makes the stores visible before the pool's hand-off. */
+static void widen_bf16_stream(float *restrict y, const uint16_t *restrict x, size_t n)
+{
+#if (defined(__AVX512F__) || defined(__AVX2__)) && !defined(TANDEM_PORTABLE)
+#if defined(__AVX512F__)
+    enum { V = 16 };
+#else
+    enum { V = 8 };
+#endif
+    size_t i = 0;
+    while (i < n && ((uintptr_t)(y + i) & (V * 4 - 1))) i++;
+    if (n - i < 4 * V) {
+        dtype_bf16_to_f32(y, x, n);
+        return;
+    }
+    dtype_bf16_to_f32(y, x, i);
+    for (; i + V <= n; i += V) {
+#if defined(__AVX512F__)
+        __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(x + i)));
+        _mm512_stream_si512((void *)(y + i), _mm512_slli_epi32(v, 16));
+#else
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(x + i)));
+        _mm256_stream_si256((__m256i *)(void *)(y + i), _mm256_slli_epi32(v, 16));
+#endif
+    }
+    _mm_sfence();
+    dtype_bf16_to_f32(y + i, x + i, n - i);
+#else
+    dtype_bf16_to_f32(y, x, n);
+#endif
+}
+
 /* n elements of t's dtype at file offset `at` -> out: raw bytes, or float32. */
 static int read_run(const HfModel *h, const StTensor *t, off_t at, size_t n, void *out, bool raw, char *err,
                     size_t err_len)
@@ -360,7 +401,7 @@ static int read_run(const HfModel *h, const StTensor *t, off_t at, size_t n, voi
             size_t m = td_min(BOUNCE / 2, n - i);
             e = read_full(fd, bounce, m * 2, at + (off_t)(i * 2));
             if (e) break;
-            if (t->dtype == ST_BF16) dtype_bf16_to_f32(y + i, bounce, m);
+            if (t->dtype == ST_BF16) widen_bf16_stream(y + i, bounce, m);
             else dtype_f16_to_f32(y + i, bounce, m);
         }
     }
@@ -589,11 +630,17 @@ int hf_read_box_serial(const HfModel *h, const HfBinding *b, const size_t *off, 
 
 /* ---------------------------------------------------------------- read-ahead */
 
+#define ADVISE_PIECE (2u << 20)   /* bytes per posix_fadvise(WILLNEED) call */
+
 static size_t advise_range(const HfModel *h, const StTensor *t, size_t from, size_t n)
 {
     if (!n) return 0;
     off_t base = (off_t)(t->data - h->st.files[t->file].map);
-    posix_fadvise(h->fd[t->file], base + (off_t)from, (off_t)n, POSIX_FADV_WILLNEED);
+    /* Linux reads at most the device's read-ahead size (read_ahead_kb) per
+     * WILLNEED call; a tensor's bytes are asked for in pieces below it */
+    for (size_t at = 0; at < n; at += ADVISE_PIECE)
+        posix_fadvise(h->fd[t->file], base + (off_t)(from + at), (off_t)td_min(ADVISE_PIECE, n - at),
+                      POSIX_FADV_WILLNEED);
     return n;
 }
 
@@ -617,32 +664,107 @@ size_t hf_prefetch(const HfModel *h, const HfBinding *b, const size_t *off, cons
     return advise_range(h, t, r0 * row, (r1 - r0) * row);
 }
 
-int hf_stream_read(HfStream *s, int i, int n, HfBoxFn at, void *ctx, void *out, bool raw, char *err, size_t err_len)
+/* The read-ahead thread: it requests boxes next, next + 1, ... while
+ * the bytes requested beyond the box being read (cur) stay under `ahead`,
+ * and sleeps on `moved` when the window is full until the reader moves on
+ * or stops. */
+struct HfAhead {
+    const HfModel *h;
+    size_t ahead;
+    int n;
+    HfBoxFn at;
+    void *ctx;
+    void *const *dst;    /* per box: where it will be read to (or NULL: not touched) */
+    const size_t *dst_bytes;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t moved;
+    int cur, next;       /* box being read; first box not yet requested */
+    size_t *sz;          /* bytes requested per box (0 until requested) */
+    size_t beyond;       /* sum of sz over boxes (cur, next) */
+    bool stop;
+};
+
+/* Faults in (allocates and zeroes) the fresh pages of [p, p + n) without
+ * writing them, as a write would (MADV_POPULATE_WRITE, Linux 5.14; a
+ * no-op where unsupported): the page faults of a load's destination then
+ * happen on the read-ahead thread while the reader waits for the disk,
+ * not in the conversion.  The pages at either end may hold other data
+ * being written meanwhile: populating never changes what a page holds. */
+static void populate(void *p, size_t n)
 {
-    const size_t *off, *cnt;
-    const HfBinding *b = at(ctx, i, &off, &cnt);
-    if (s->next <= i) {   /* start (or fell behind): this box first */
-        hf_prefetch(s->h, b, off, cnt);
-        s->next = i + 1;
-        s->requested = 0;
+#ifdef MADV_POPULATE_WRITE
+    const uintptr_t pg = 4096;
+    uintptr_t a = (uintptr_t)p & ~(pg - 1), e = ((uintptr_t)p + n + pg - 1) & ~(pg - 1);
+    if (p && n) madvise((void *)a, e - a, MADV_POPULATE_WRITE);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
+static void *ahead_main(void *arg)
+{
+    HfAhead *a = arg;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (!a->stop && (a->next >= a->n || a->beyond >= a->ahead)) pthread_cond_wait(&a->moved, &a->mu);
+        if (a->stop) break;
+        int k = a->next++;
+        pthread_mutex_unlock(&a->mu);
+        const size_t *off, *cnt;
+        const HfBinding *b = a->at(a->ctx, k, &off, &cnt);
+        size_t bytes = hf_prefetch(a->h, b, off, cnt);
+        if (a->dst) populate(a->dst[k], a->dst_bytes[k]);
+        pthread_mutex_lock(&a->mu);
+        a->sz[k] = bytes;
+        if (k > a->cur) a->beyond += bytes;
     }
-    while (s->next < n && s->requested < s->ahead) {
-        const size_t *o2, *c2;
-        const HfBinding *b2 = at(ctx, s->next, &o2, &c2);
-        s->requested += hf_prefetch(s->h, b2, o2, c2);
-        s->next++;
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+HfAhead *hf_ahead_start(const HfModel *h, size_t ahead, int n, HfBoxFn at, void *ctx, void *const *dst,
+                        const size_t *dst_bytes)
+{
+    if (n <= 0 || ahead == 0) return NULL;
+    HfAhead *a = td_calloc(sizeof *a);
+    *a = (HfAhead){ .h = h, .ahead = ahead, .n = n, .at = at, .ctx = ctx, .dst = dst, .dst_bytes = dst_bytes,
+                    .cur = -1 };
+    a->sz = td_calloc((size_t)n * sizeof *a->sz);
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->moved, NULL);
+    if (pthread_create(&a->th, NULL, ahead_main, a) != 0) {
+        pthread_cond_destroy(&a->moved);
+        pthread_mutex_destroy(&a->mu);
+        td_free(a->sz);
+        td_free(a);
+        return NULL;
     }
-    int rc = hf_read_box(s->h, b, off, cnt, out, raw, err, err_len);
-    /* the next box's bytes leave the window: it is now the one being read */
-    if (i + 1 < n) {
-        const size_t *o3, *c3;
-        const HfBinding *b3 = at(ctx, i + 1, &o3, &c3);
-        size_t sz = 0;
-        if (b3->rule->how == HFT_STACK)
-            for (size_t e = o3[0]; e < o3[0] + c3[0] && e < (size_t)b3->n_src; e++) sz += b3->src[e]->nbytes;
-        else
-            sz = b3->src[0]->nbytes;
-        s->requested = s->requested > sz ? s->requested - sz : 0;
-    }
-    return rc;
+    return a;
+}
+
+void hf_ahead_at(HfAhead *a, int i)
+{
+    if (!a) return;
+    pthread_mutex_lock(&a->mu);
+    for (int k = a->cur + 1; k <= i && k < a->next; k++) a->beyond -= a->sz[k];
+    if (i > a->cur) a->cur = i;
+    if (a->next < a->cur) a->next = a->cur;   /* fell behind: from the box being read on */
+    pthread_cond_signal(&a->moved);
+    pthread_mutex_unlock(&a->mu);
+}
+
+void hf_ahead_stop(HfAhead *a)
+{
+    if (!a) return;
+    pthread_mutex_lock(&a->mu);
+    a->stop = true;
+    pthread_cond_signal(&a->moved);
+    pthread_mutex_unlock(&a->mu);
+    pthread_join(a->th, NULL);
+    pthread_cond_destroy(&a->moved);
+    pthread_mutex_destroy(&a->mu);
+    td_free(a->sz);
+    td_free(a);
 }

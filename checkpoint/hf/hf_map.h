@@ -99,17 +99,27 @@ int hf_read_box_serial(const HfModel *h, const HfBinding *b, const size_t *off, 
  * box are not touched), returning about how many bytes that is. */
 size_t hf_prefetch(const HfModel *h, const HfBinding *b, const size_t *off, const size_t *cnt);
 
-/* Reads of many boxes in a row with the next ones prefetched: a window of
- * about `ahead` bytes is kept requested ahead of the box being read. */
-typedef struct {
-    const HfModel *h;
-    size_t ahead;
-    int next;            /* first box not yet prefetched */
-    size_t requested;    /* bytes prefetched beyond the box being read */
-} HfStream;
-/* box i of n: its binding and box are given by the caller's at(); reads
- * box i into out after topping the window up over boxes i+1 .. */
+/* Read-ahead on its own thread, so that the work of requesting the bytes
+ * (page-cache pages allocated, disk requests queued: a tenth of a second
+ * per 256 MB here) overlaps the reads instead of preceding them.  Boxes
+ * 0 .. n-1 (their binding and box given by at(), called on that thread:
+ * it must be thread-safe) are requested in order with hf_prefetch while
+ * the bytes requested beyond the box being read stay under `ahead`; the
+ * reader says which box it reads with hf_ahead_at (from one thread).
+ * dst (or NULL), with dst_bytes: per box, the memory it will be read
+ * into, faulted in by the thread with the box's bytes requested (fresh
+ * memory's page faults then overlap the disk, not the conversion; never
+ * written by the thread; both arrays borrowed until hf_ahead_stop).  The
+ * thread sleeps while the window is full and only hints: reads are
+ * correct whatever it has done.  hf_ahead_start returns NULL (and reads go
+ * without read-ahead) when n or ahead is 0 or no thread starts;
+ * hf_ahead_at and hf_ahead_stop accept NULL.  hf_ahead_stop joins and
+ * frees it. */
+typedef struct HfAhead HfAhead;
 typedef const HfBinding *(*HfBoxFn)(void *ctx, int i, const size_t **off, const size_t **cnt);
-int hf_stream_read(HfStream *s, int i, int n, HfBoxFn at, void *ctx, void *out, bool raw, char *err, size_t err_len);
+HfAhead *hf_ahead_start(const HfModel *h, size_t ahead, int n, HfBoxFn at, void *ctx, void *const *dst,
+                        const size_t *dst_bytes);
+void hf_ahead_at(HfAhead *a, int i);
+void hf_ahead_stop(HfAhead *a);
 
 #endif
