@@ -867,6 +867,18 @@ static int metrics_rewind(const char *path, int64_t step)
 
 /* ---------------------------------------------------------------- observability */
 
+struct absmax_ctx { const float *v; size_t cols; double *out; };
+
+/* Rows [r0, r1) of a (rows, cols) matrix: their largest |value| into the
+ * thread's slot (a maximum: the same whatever the split). */
+static void absmax_rows(void *vc, size_t r0, size_t r1, int tid)
+{
+    const struct absmax_ctx *c = vc;
+    float mx = 0;
+    for (size_t i = r0 * c->cols; i < r1 * c->cols; i++) mx = fmaxf(mx, fabsf(c->v[i]));
+    c->out[tid] = fmax(c->out[tid], (double)mx);
+}
+
 /* After a micro-batch's forward: the largest |logit| (last stage) and, on
  * a health step, each local layer's sum of squares of its output rows
  * (this rank's: under sp its rows; replicated rows count on each rank
@@ -874,10 +886,13 @@ static int metrics_rewind(const char *path, int64_t step)
 static void health_forward(Trainer *tr, const TrainActs *a)
 {
     const Model *m = &tr->m;
-    if (topo_is_last_stage(&tr->topo)) {
-        double mx = tr->logit_max;
-        for (size_t i = 0; i < a->N * m->V; i++) mx = fmax(mx, fabs((double)a->logits[i]));
-        tr->logit_max = mx;
+    if (topo_is_last_stage(&tr->topo)) {   /* (N, V): on the pool, a large vocabulary makes it a real pass */
+        const int nt = pool_threads();
+        double mx[nt];
+        for (int t = 0; t < nt; t++) mx[t] = 0;
+        struct absmax_ctx c = { a->logits, m->V, mx };
+        pool_for(a->N, 16, absmax_rows, &c);
+        for (int t = 0; t < nt; t++) tr->logit_max = fmax(tr->logit_max, mx[t]);
     }
     if (!tr->health) return;
     const int L = m->cfg.num_hidden_layers;
