@@ -29,6 +29,7 @@ typedef enum {
     KEYS_COMM_TIME,  /* comm_<group>_s, one per parallel group of more than one rank */
     KEYS_COMM_MB,    /* comm_<group>_mb */
     KEYS_MEMORY,     /* every key holding "mem" and ending in _mb */
+    KEYS_PREFIX,     /* every key starting with one of keys[] (the elements of arrays: "fwd_s[") */
 } KeyFamily;
 
 typedef struct {
@@ -52,11 +53,22 @@ static const FigSpec g_figs[] = {
       "no tokens_per_s" },
     { "mfu", "utilisation", "step", "step", "fraction of the peak", KEYS_LISTED, { "mfu", "gemm_eff", "sgemm_eff" },
       "no mfu, gemm_eff or sgemm_eff" },
-    { "comm_time", "communication time per group", "step", "step", "seconds per step", KEYS_COMM_TIME, { 0 },
+    { "comm_time", "communication time per group (rank 0; _max: the slowest rank)", "step", "step", "seconds per step", KEYS_COMM_TIME, { 0 },
       "no comm_<group>_s (a single rank has no communication groups)" },
     { "comm_bytes", "communication volume per group", "step", "step", "MiB per step", KEYS_COMM_MB, { 0 },
       "no comm_<group>_mb (a single rank has no communication groups)" },
     { "memory", "memory", "step", "step", "MiB", KEYS_MEMORY, { 0 }, "no *mem*_mb keys" },
+    { "memory_rank", "memory per rank", "step", "step", "MiB", KEYS_PREFIX,
+      { "mem_rank_mb.rss[", "mem_rank_mb.alloc_peak[", "mem_rank_mb.act[" }, "no mem_rank_mb" },
+    { "stage_time", "forward and backward per pipeline stage (slowest rank)", "step", "step", "seconds per step",
+      KEYS_PREFIX, { "fwd_s[", "bwd_s[" }, "no fwd_s or bwd_s" },
+    { "layer_time", "time per layer kind, forward + backward (slowest rank)", "step", "step", "seconds per step",
+      KEYS_LISTED, { "time_attn_s", "time_router_s", "time_experts_s", "time_head_s" }, "no time_<kind>_s" },
+    { "act_rms", "activation RMS per layer (each layer's output)", "step", "step", "RMS", KEYS_PREFIX,
+      { "act_rms[" }, "no act_rms (health_every=0?)" },
+    { "logit_max", "largest |logit|", "step", "step", "|logit|", KEYS_LISTED, { "logit_max" }, "no logit_max" },
+    { "expert_entropy", "routing balance: entropy of each MoE layer's expert load", "step", "step", "nats",
+      KEYS_PREFIX, { "expert_entropy[" }, "no expert_entropy (a dense model?)" },
 };
 #define N_FIGS (sizeof g_figs / sizeof g_figs[0])
 
@@ -73,9 +85,14 @@ static bool key_in_family(const FigSpec *f, const char *k)
         for (int i = 0; i < 4 && f->keys[i]; i++)
             if (!strcmp(f->keys[i], k)) return true;
         return false;
-    case KEYS_COMM_TIME: return !strncmp(k, "comm_", 5) && ends_with(k, "_s") && strcmp(k, "comm_s");
+    case KEYS_COMM_TIME:
+        return !strncmp(k, "comm_", 5) && (ends_with(k, "_s") || ends_with(k, "_s_max")) && strcmp(k, "comm_s");
     case KEYS_COMM_MB: return !strncmp(k, "comm_", 5) && ends_with(k, "_mb");
     case KEYS_MEMORY: return strstr(k, "mem") && ends_with(k, "_mb");
+    case KEYS_PREFIX:
+        for (int i = 0; i < 4 && f->keys[i]; i++)
+            if (!strncmp(k, f->keys[i], strlen(f->keys[i]))) return true;
+        return false;
     }
     return false;
 }
@@ -343,8 +360,9 @@ int cmd_plot(int argc, char **argv)
                    "Draws the figures of each run's RUN_DIR/metrics.jsonl as PNG and SVG into DIR\n"
                    "(default: the first RUN_DIR/plots): loss against steps and tokens, router\n"
                    "losses, learning rate, gradient norm, throughput, MFU, communication per\n"
-                   "group, memory, and an expert-load heatmap per run.  Several runs are drawn\n"
-                   "over each other.  Prints the paths written (docs/observability.md).\n");
+                   "group, memory (per rank), time per stage and layer kind, activation RMS,\n"
+                   "largest logit, routing entropy, and an expert-load heatmap per run.  Several\n"
+                   "runs are drawn over each other.  Prints the paths written (docs/observability.md).\n");
         int rc = a.help ? 0 : 2;
         args_free(&a);
         return rc;

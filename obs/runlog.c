@@ -92,6 +92,30 @@ static int read_load(RunLog *r, const cJSON *a, size_t row, size_t cap, char *er
     return 0;
 }
 
+/* An array of numbers (nulls skipped) into columns "key[i]", an object
+ * of such into "key.sub[i]" (mem_rank_mb, fwd_s, act_rms ...: per rank,
+ * stage or layer).  Arrays of arrays (expert_load) are read_load's. */
+static void add_flat(RunLog *r, const char *key, const cJSON *it, size_t row, size_t cap)
+{
+    char name[300];
+    if (cJSON_IsNumber(it)) {
+        column(r, key, cap)[row] = it->valuedouble;
+    } else if (cJSON_IsArray(it)) {
+        size_t i = 0;
+        const cJSON *c;
+        cJSON_ArrayForEach(c, it) {
+            if (cJSON_IsNumber(c) && !td_snprintf(name, sizeof name, "%s[%zu]", key, i))
+                column(r, name, cap)[row] = c->valuedouble;
+            i++;
+        }
+    } else if (cJSON_IsObject(it)) {
+        const cJSON *c;
+        cJSON_ArrayForEach(c, it)
+            if (!cJSON_IsObject(c) && !td_snprintf(name, sizeof name, "%s.%s", key, c->string))
+                add_flat(r, name, c, row, cap);
+    }
+}
+
 /* Adds one parsed row.  Returns 0 or -1 with err (without the location). */
 static int add_row(RunLog *r, const cJSON *o, size_t cap, char *err, size_t n)
 {
@@ -101,10 +125,10 @@ static int add_row(RunLog *r, const cJSON *o, size_t cap, char *err, size_t n)
     const size_t row = r->n_rows;
     const cJSON *it;
     cJSON_ArrayForEach(it, o) {
-        if (cJSON_IsNumber(it)) {
-            column(r, it->string, cap)[row] = it->valuedouble;
-        } else if (!strcmp(it->string, "expert_load")) {
+        if (!strcmp(it->string, "expert_load")) {
             if (read_load(r, it, row, cap, err, n)) return -1;
+        } else {
+            add_flat(r, it->string, it, row, cap);
         }
     }
     r->n_rows++;

@@ -3,6 +3,8 @@
  *
  * Every numeric top-level key of any row becomes a series of n_rows values
  * (NAN in the rows that lack it: val_loss appears at evaluations only);
+ * each number of an array becomes "key[i]" (fwd_s[1], act_rms[3]; nulls
+ * skipped) and of an object's arrays "key.sub[i]" (mem_rank_mb.rss[0]);
  * "expert_load" (an array over layers of per-expert token counts, null for
  * dense layers; docs/config.md) becomes one (n_rows, L, E) block.  Nothing
  * here knows the trainer: the file is the contract.

@@ -105,6 +105,27 @@ Test(runlog, errors_name_the_line)
     cr_assert(strstr(err, "/nonexistent/run: No such file"), "%s", err);
 }
 
+Test(runlog, arrays_and_objects_become_element_series)
+{
+    char *dir = run_with("{\"step\":1,\"fwd_s\":[0.5,0.25],\"act_rms\":[1,null,3],"
+                         "\"mem_rank_mb\":{\"rss\":[10,20],\"act\":[1,2]},\"loss_spike\":false}\n"
+                         "{\"step\":2,\"fwd_s\":[0.75,0.5]}\n");
+    RunLog r;
+    char err[512];
+    cr_assert_eq(runlog_read(&r, dir, err, sizeof err), 0, "%s", err);
+    const double *f0 = runlog_get(&r, "fwd_s[0]"), *f1 = runlog_get(&r, "fwd_s[1]");
+    cr_assert(f0 && f1 && f0[0] == 0.5 && f1[0] == 0.25 && f0[1] == 0.75 && f1[1] == 0.5);
+    cr_assert_null(runlog_get(&r, "fwd_s"), "an array is not itself a series");
+    const double *a0 = runlog_get(&r, "act_rms[0]"), *a2 = runlog_get(&r, "act_rms[2]");
+    cr_assert(a0 && a2 && a0[0] == 1 && a2[0] == 3 && isnan(a0[1]), "act_rms absent in row 2: NAN");
+    cr_assert_null(runlog_get(&r, "act_rms[1]"), "a null element is no series");
+    const double *rss1 = runlog_get(&r, "mem_rank_mb.rss[1]"), *act0 = runlog_get(&r, "mem_rank_mb.act[0]");
+    cr_assert(rss1 && act0 && rss1[0] == 20 && act0[0] == 1);
+    cr_assert_null(runlog_get(&r, "loss_spike"), "booleans are not series");
+    runlog_free(&r);
+    run_rm(dir);
+}
+
 Test(runlog, expert_load)
 {
     char *dir = run_with("{\"step\":1,\"expert_load\":[null,[1,2,5]]}\n{\"step\":2}\n"

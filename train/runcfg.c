@@ -66,6 +66,8 @@ static const struct key g_keys[] = {
     { "threads", K_INT, F(threads), 0, 1024, "0", NULL },
     { "on_nonfinite", K_STR, F(on_nonfinite), 0, 0, "\"stop\"", "stop|skip" },
     { "debug_nan_grad", K_STR, F(debug_nan_grad), 0, 0, "\"\"", NULL },
+    { "debug_lr_spike", K_STR, F(debug_lr_spike), 0, 0, "\"\"", NULL },
+    { "health_every", K_INT, F(health_every), 0, 1e9, "10", NULL },
     { "task", K_STR, F(task), 0, 0, "\"vowels\"", "vowels|target_length|prompts" },
     { "prompts", K_STR, F(prompts), 0, 0, "\"\"", NULL },
     { "prompts_per_step", K_INT, F(prompts_per_step), 1, 1e6, "8", NULL },

@@ -40,6 +40,8 @@ typedef struct {
     int threads;             /* 0 = automatic */
     char on_nonfinite[8];    /* stop | skip: a step whose loss or gradient is not finite */
     char debug_nan_grad[160];/* tests: "STEP:TENSOR" sets one gradient element of TENSOR to NaN at STEP */
+    char debug_lr_spike[64]; /* tests: "STEP:FACTOR" multiplies the learning rate of STEP by FACTOR */
+    int health_every;        /* act_rms in metrics.jsonl at step 1 and every health_every steps (0: never) */
     /* RL (tandem rl); ignored by tandem train */
     char task[32], prompts[512], reward_cmd[512], loss_agg[16], reward_on_error[8], rollout_dtype[8];
     int prompts_per_step, group_size, max_new_tokens, ppo_epochs, rollout_ranks;

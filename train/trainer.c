@@ -30,6 +30,18 @@ static void on_signal(int sig) { (void)sig; g_stop = 1; }
 
 typedef struct Bucket Bucket_t;
 
+/* Loss spikes (docs/observability.md): a step's loss is a spike when it
+ * exceeds the mean of the last SPIKE_WINDOW losses by more than SPIKE_SD
+ * of their standard deviations and by more than SPIKE_REL of the mean,
+ * once SPIKE_MIN_HIST of them are known. */
+#define SPIKE_WINDOW 50
+#define SPIKE_MIN_HIST 10
+#define SPIKE_SD 4.0
+#define SPIKE_REL 0.1
+/* mem_rank_mb: the kinds per rank, in write_metrics' order */
+enum { MEM_RSS, MEM_RSS_PEAK, MEM_ALLOC, MEM_ALLOC_PEAK, MEM_ACT, MEM_KINDS };
+static const char *const g_mem_kind[MEM_KINDS] = { "rss", "rss_peak", "alloc", "alloc_peak", "act" };
+
 /* One micro-batch in flight: its activations and its batch (this rank's
  * rows: under cp two chunks of each sequence, core/model/layer.h CpView). */
 typedef struct {
@@ -82,6 +94,19 @@ typedef struct {
     int64_t nan_step;      /* debug_nan_grad: the step whose gradient gets a NaN (0: none) */
     Param *nan_param;      /* ... in this tensor, when this rank holds it */
     int64_t n_skipped;     /* steps skipped for a non-finite loss or gradient (on_nonfinite=skip) */
+    int64_t lr_spike_step; /* debug_lr_spike: the step whose lr is multiplied (0: none) */
+    double lr_spike_mul;   /* ... by this */
+    /* observability (docs/observability.md): this step's figures */
+    double t_fwd, t_bwd;   /* this rank's seconds in forward and backward compute */
+    bool health;           /* act_rms this step (health_every) */
+    double *act_ss;        /* (2L) per layer: sum of squares of its output rows, then their count */
+    double logit_max;      /* largest |logit| this rank's head computed */
+    double *obs_max;       /* (COMM_N_GROUPS + 2 pp + 4 + 1) maxima over the world, write_metrics' layout */
+    double *mem_rank;      /* (MEM_KINDS world) per-rank memory, MiB */
+    CommStat cs[COMM_N_GROUPS];   /* this step's communication, before the metrics' own reductions */
+    double loss_hist[SPIKE_WINDOW];   /* the last finite losses (ring) */
+    int n_hist;
+    bool spike;
     /* summary */
     double t_start, last_loss, last_val, tok_s_sum, mfu_sum;
     double gemm_eff, sgemm_eff, gemm_eff_sum, sgemm_eff_sum;   /* this step's, and the sums for the summary */
@@ -685,11 +710,29 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
             (long long)tr->tokens_seen, td_mem_peak() / 1048576.0, tr->slots[0].acts.arena.size / 1048576.0);
     for (int g = COMM_DP; g < COMM_N_GROUPS; g++) {
         if (comm_group_size((CommGroup)g) <= 1) continue;
-        CommStat cs;
-        comm_stats((CommGroup)g, &cs);
-        fprintf(f, ",\"comm_%s_s\":%.4f,\"comm_%s_mb\":%.3f", comm_group_name((CommGroup)g), cs.seconds,
-                comm_group_name((CommGroup)g), cs.bytes / 1048576.0);
+        const CommStat *cs = &tr->cs[g];
+        const char *gn = comm_group_name((CommGroup)g);
+        fprintf(f, ",\"comm_%s_s\":%.4f,\"comm_%s_s_max\":%.4f,\"comm_%s_mb\":%.3f", gn, cs->seconds, gn,
+                tr->obs_max[g], gn, cs->bytes / 1048576.0);
     }
+    /* per world rank (mem_rank_mb), per pipeline stage (fwd_s, bwd_s),
+     * per layer kind: the slowest rank's */
+    const int W = comm_size(), P = tr->topo.pp;
+    fprintf(f, ",\"mem_rank_mb\":{");
+    for (int k = 0; k < MEM_KINDS; k++) {
+        fprintf(f, "%s\"%s\":[", k ? "," : "", g_mem_kind[k]);
+        for (int r = 0; r < W; r++) fprintf(f, "%s%.3f", r ? "," : "", tr->mem_rank[(size_t)r * MEM_KINDS + k]);
+        fprintf(f, "]");
+    }
+    const double *st = tr->obs_max + COMM_N_GROUPS;
+    for (int which = 0; which < 2; which++) {
+        fprintf(f, which ? "],\"bwd_s\":[" : "},\"fwd_s\":[");
+        for (int p = 0; p < P; p++) fprintf(f, "%s%.5f", p ? "," : "", st[which * P + p]);
+    }
+    const double *kind = st + 2 * P;
+    fprintf(f, "],\"time_attn_s\":%.5f,\"time_router_s\":%.5f,\"time_experts_s\":%.5f,\"time_head_s\":%.5f,"
+               "\"logit_max\":%.6g,\"loss_spike\":%s", kind[0], kind[1], kind[2], kind[3], kind[4],
+            tr->spike ? "true" : "false");
     if (tr->topo.ep > 1) fprintf(f, ",\"ep_rows_min\":%.0f,\"ep_rows_max\":%.0f", tr->ep_min, tr->ep_max);
     if (tr->rc->router_seq_aux_loss_coef > 0) fprintf(f, ",\"seq_aux\":%.6f", tr->seq_bal);
     if (tr->topo.pp > 1) fprintf(f, ",\"pp_bubble\":%.4f", tr->bubble);
@@ -711,7 +754,27 @@ static void write_metrics(Trainer *tr, const LossParts *lp_sum, double ce, doubl
             fprintf(f, "%s%.0f", e ? "," : l ? ",[" : "[", tr->load[(size_t)l * tr->m.E_global + e]);
         fprintf(f, "]");
     }
+    fprintf(f, "],\"expert_entropy\":[");
+    for (int l = 0; l < L; l++) {
+        if (!config_layer_is_moe(&tr->m.cfg, l)) {
+            fprintf(f, "%snull", l ? "," : "");
+            continue;
+        }
+        /* of the layer's load distribution p_e = load_e / sum: ln E when balanced */
+        const double *ld = tr->load + (size_t)l * tr->m.E_global;
+        double tot = 0, h = 0;
+        for (size_t e = 0; e < tr->m.E_global; e++) tot += ld[e];
+        for (size_t e = 0; e < tr->m.E_global; e++)
+            if (ld[e] > 0) h -= ld[e] / tot * log(ld[e] / tot);
+        fprintf(f, "%s%.6f", l ? "," : "", h);
+    }
     fprintf(f, "]");
+    if (tr->health) {
+        fprintf(f, ",\"act_rms\":[");
+        for (int l = 0; l < L; l++)
+            fprintf(f, "%s%.6g", l ? "," : "", sqrt(tr->act_ss[l] / fmax(tr->act_ss[L + l], 1)));
+        fprintf(f, "]");
+    }
     if (!isnan(val)) fprintf(f, ",\"val_loss\":%.6f", val);
     fprintf(f, "}\n");
     fflush(f);
@@ -813,6 +876,148 @@ static int metrics_rewind(const char *path, int64_t step)
     return rc;
 }
 
+/* ---------------------------------------------------------------- observability */
+
+struct absmax_ctx { const float *v; size_t cols; double *out; };
+
+/* Rows [r0, r1) of a (rows, cols) matrix: their largest |value| into the
+ * thread's slot (a maximum: the same whatever the split). */
+static void absmax_rows(void *vc, size_t r0, size_t r1, int tid)
+{
+    const struct absmax_ctx *c = vc;
+    float mx = 0;
+    for (size_t i = r0 * c->cols; i < r1 * c->cols; i++) mx = fmaxf(mx, fabsf(c->v[i]));
+    c->out[tid] = fmax(c->out[tid], (double)mx);
+}
+
+/* After a micro-batch's forward: the largest |logit| (last stage) and, on
+ * a health step, each local layer's sum of squares of its output rows
+ * (this rank's: under sp its rows; replicated rows count on each rank
+ * holding them, in the sum and the count alike). */
+static void health_forward(Trainer *tr, const TrainActs *a)
+{
+    const Model *m = &tr->m;
+    if (topo_is_last_stage(&tr->topo)) {   /* (N, V): on the pool, a large vocabulary makes it a real pass */
+        const int nt = pool_threads();
+        double mx[nt];
+        for (int t = 0; t < nt; t++) mx[t] = 0;
+        struct absmax_ctx c = { a->logits, m->V, mx };
+        pool_for(a->N, 16, absmax_rows, &c);
+        for (int t = 0; t < nt; t++) tr->logit_max = fmax(tr->logit_max, mx[t]);
+    }
+    if (!tr->health) return;
+    const int L = m->cfg.num_hidden_layers;
+    const size_t rows = model_sp_rows(m, a->N), n = rows * m->d;
+    for (int i = 0; i < tr->n_local; i++) {
+        const float *x = a->x[i + 1];
+        double ss = 0;
+        for (size_t j = 0; j < n; j++) ss += (double)x[j] * x[j];
+        tr->act_ss[tr->topo.layer_begin + i] += ss;
+        tr->act_ss[L + tr->topo.layer_begin + i] += (double)n;
+    }
+}
+
+static void obs_step_begin(Trainer *tr)
+{
+    const int L = tr->m.cfg.num_hidden_layers, he = tr->rc->health_every;
+    tr->t_fwd = tr->t_bwd = tr->logit_max = 0;
+    tr->health = he > 0 && (tr->step == 0 || (tr->step + 1) % he == 0);
+    memset(tr->act_ss, 0, 2 * (size_t)L * sizeof(double));
+    for (int s = 0; s < tr->n_slots; s++) {
+        TrainActs *a = &tr->slots[s].acts;
+        a->bt_attn = a->bt_router = a->bt_ffn = a->t_head = 0;
+        for (int i = 0; i < tr->n_local; i++) a->la[i].t_attn = a->la[i].t_router = a->la[i].t_ffn = 0;
+    }
+}
+
+/* RSS now and its high-water mark, bytes (/proc/self/status). */
+static void rss_now(size_t *cur, size_t *peak)
+{
+    *cur = *peak = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return;
+    char line[256];
+    size_t kb;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) *peak = kb * 1024;
+        if (sscanf(line, "VmRSS: %zu kB", &kb) == 1) *cur = kb * 1024;
+    }
+    fclose(f);
+}
+
+/* The step's figures over the world (every rank calls it, after the
+ * step's own communication, whose statistics it keeps first): maxima
+ * (comm seconds per group, forward and backward per stage, time per layer
+ * kind, |logit|), per-rank memory, and on a health step the activation
+ * sums.  Two or three small all-reduces on the world group, whose own
+ * statistics are not reported. */
+static void obs_step_end(Trainer *tr)
+{
+    const int L = tr->m.cfg.num_hidden_layers, P = tr->topo.pp, W = comm_size();
+    for (int g = 0; g < COMM_N_GROUPS; g++) comm_stats((CommGroup)g, &tr->cs[g]);
+    double *mx = tr->obs_max;
+    const size_t n_max = COMM_N_GROUPS + 2 * (size_t)P + 5;
+    for (size_t i = 0; i < n_max; i++) mx[i] = 0;
+    for (int g = 0; g < COMM_N_GROUPS; g++) mx[g] = tr->cs[g].seconds;
+    double *st = mx + COMM_N_GROUPS;
+    st[tr->topo.pp_rank] = tr->t_fwd;
+    st[P + tr->topo.pp_rank] = tr->t_bwd;
+    double attn = 0, router = 0, ffn = 0, head = 0;
+    for (int s = 0; s < tr->n_slots; s++) {
+        const TrainActs *a = &tr->slots[s].acts;
+        attn += a->bt_attn;
+        router += a->bt_router;
+        ffn += a->bt_ffn;
+        head += a->t_head;
+        for (int i = 0; i < tr->n_local; i++) {
+            attn += a->la[i].t_attn;
+            router += a->la[i].t_router;
+            ffn += a->la[i].t_ffn;
+        }
+    }
+    double *kind = st + 2 * P;
+    kind[0] = attn;
+    kind[1] = router;
+    kind[2] = ffn - router;
+    kind[3] = head;
+    kind[4] = tr->logit_max;
+    comm_allreduce_max_f64(COMM_WORLD, mx, n_max);
+    double *mem = tr->mem_rank;
+    for (size_t i = 0; i < (size_t)W * MEM_KINDS; i++) mem[i] = 0;
+    size_t rss, rss_peak;
+    rss_now(&rss, &rss_peak);
+    double *me = mem + (size_t)comm_rank() * MEM_KINDS, act = 0;
+    for (int s = 0; s < tr->n_slots; s++) act += (double)tr->slots[s].acts.arena.size;
+    me[MEM_RSS] = (double)rss / 1048576.0;
+    me[MEM_RSS_PEAK] = (double)rss_peak / 1048576.0;
+    me[MEM_ALLOC] = (double)td_mem_current() / 1048576.0;
+    me[MEM_ALLOC_PEAK] = (double)td_mem_peak() / 1048576.0;
+    me[MEM_ACT] = act / 1048576.0;
+    comm_allreduce_f64(COMM_WORLD, mem, (size_t)W * MEM_KINDS);
+    if (tr->health) comm_allreduce_f64(COMM_WORLD, tr->act_ss, 2 * (size_t)L);
+}
+
+/* The loss-spike rule (SPIKE_* above) against the losses before this
+ * step; then this loss joins them.  A one-line warning on rank 0. */
+static void spike_check(Trainer *tr, double loss)
+{
+    const int n = tr->n_hist < SPIKE_WINDOW ? tr->n_hist : SPIKE_WINDOW;
+    tr->spike = false;
+    if (n >= SPIKE_MIN_HIST) {
+        double mean = 0, var = 0;
+        for (int i = 0; i < n; i++) mean += tr->loss_hist[i];
+        mean /= n;
+        for (int i = 0; i < n; i++) var += (tr->loss_hist[i] - mean) * (tr->loss_hist[i] - mean);
+        const double sd = sqrt(var / (n - 1));
+        tr->spike = loss > mean + SPIKE_SD * sd && loss > mean * (1 + SPIKE_REL);
+        if (tr->spike && tr->rank0)
+            td_info("warning: step %lld: loss spike: %.4f against a mean of %.4f (sd %.4f) over the last %d steps",
+                    (long long)tr->step, loss, mean, sd, n);
+    }
+    tr->loss_hist[tr->n_hist % SPIKE_WINDOW] = loss;
+    tr->n_hist++;
+}
+
 /* Forward of the next micro-batch into slot sl. */
 static void mb_forward(Trainer *tr, Slot *sl, StepAcc *acc)
 {
@@ -830,7 +1035,10 @@ static void mb_forward(Trainer *tr, Slot *sl, StepAcc *acc)
     lp.expert_share_min = mn;
     lp.expert_share_max = mx;
     const size_t n_tot = (size_t)rc->micro_batch * (size_t)rc->seq_len;
+    const double t0 = td_now();
     model_train_forward(&tr->m, &sl->acts, sl->ids, sl->targets, n_tot, &lp);
+    tr->t_fwd += td_now() - t0;
+    health_forward(tr, &sl->acts);
     if (tr->img) {   /* the scored targets only, as a share of the micro-batch's mean */
         double ce = 0;
         for (size_t t = 0; t < sl->acts.N; t++) ce -= (double)sl->w[t] * sl->acts.logp[t];
@@ -869,7 +1077,9 @@ static void mb_backward(Trainer *tr, Slot *sl, bool last_of_step)
     sl->acts.dseq_bal = tr->n_moe_global ? (float)(rc->router_seq_aux_loss_coef /
                                                    ((double)tr->n_moe_global * rc->micro_batch * ga)) : 0.0f;
     tr->reduce_now = comm_size() > 1 && last_of_step;
+    const double t0 = td_now();
     model_train_backward(&tr->m, &sl->acts, sl->targets, sl->dlogp, daux, dz);
+    tr->t_bwd += td_now() - t0;
 }
 
 /* 1F1B (PipeDream-flush / Megatron): stage s runs min(p-s-1, m) warm-up
@@ -976,6 +1186,7 @@ static int train_step(Trainer *tr)
     const int L = m->cfg.num_hidden_layers;
     double t0 = td_now();
     comm_stats_reset();
+    obs_step_begin(tr);
     tr->ep_rows = 0;
     memset(tr->m.g, 0, tr->m.n_w * sizeof(float));
     StepAcc acc = { 0 };
@@ -1042,6 +1253,7 @@ static int train_step(Trainer *tr)
     const float gscale = rc->grad_clip > 0 && gnorm > rc->grad_clip ? (float)(rc->grad_clip / gnorm) : 1.0f;
     double lr = lr_schedule(rc->lr, rc->min_lr, rc->warmup_steps, rc->steps,
                             !strcmp(rc->lr_schedule, "cosine"), tr->step);
+    if (tr->step + 1 == tr->lr_spike_step) lr *= tr->lr_spike_mul;   /* debug_lr_spike */
     tr->step++;
     if (tr->zero) {
         for (int i = 0; i < tr->n_buckets; i++) {
@@ -1092,6 +1304,8 @@ static int train_step(Trainer *tr)
     double mfu = model_flops / tr->peak_fma;
     tr->gemm_eff = model_flops / fmax(tr->peak_kernel, tr->peak_sgemm);
     tr->sgemm_eff = model_flops / tr->peak_sgemm;
+    obs_step_end(tr);
+    spike_check(tr, loss);
     double val = NAN;
     if (rc->eval_every > 0 && (tr->step % rc->eval_every == 0 || tr->step == rc->steps)) {
         val = evaluate(tr);
@@ -1169,6 +1383,9 @@ static void trainer_free(Trainer *tr)
     td_free(tr->share_min);
     td_free(tr->share_max);
     td_free(tr->load);
+    td_free(tr->act_ss);
+    td_free(tr->obs_max);
+    td_free(tr->mem_rank);
     td_free(tr->buckets);
     td_free(tr->zbuf);
     td_free(tr->cp_ids);
@@ -1359,6 +1576,9 @@ int train_run(const RunConfig *rc)
     tr.share_min = td_calloc((size_t)(tr.m.cfg.num_hidden_layers + 1) * sizeof(double));
     tr.share_max = td_calloc((size_t)(tr.m.cfg.num_hidden_layers + 1) * sizeof(double));
     tr.load = td_calloc(((size_t)tr.m.cfg.num_hidden_layers * tr.m.E_global + 1) * sizeof(double));
+    tr.act_ss = td_calloc(2 * (size_t)tr.m.cfg.num_hidden_layers * sizeof(double));
+    tr.obs_max = td_calloc((COMM_N_GROUPS + 2 * (size_t)tr.topo.pp + 5) * sizeof(double));
+    tr.mem_rank = td_calloc((size_t)comm_size() * MEM_KINDS * sizeof(double));
     for (int i = 0; i < tr.n_slots; i++) tr.slots[i].acts.seq_bal = rc->router_seq_aux_loss_coef > 0;
     loader_init(&tr.loader, tokfile_train(&tr.tf), (size_t)rc->micro_batch, T, (size_t)tr.topo.dp,
                 (size_t)tr.topo.dp_rank, rc->shuffle, (uint64_t)rc->seed);
@@ -1370,6 +1590,17 @@ int train_run(const RunConfig *rc)
         memcpy(tr.loader.rng.s, st.data_rng, sizeof st.data_rng);
     }
 
+    if (rc->debug_lr_spike[0]) {   /* STEP:FACTOR */
+        char *end;
+        long long stp = strtoll(rc->debug_lr_spike, &end, 10);
+        double mul = *end == ':' ? strtod(end + 1, &end) : 0;
+        if (stp < 1 || *end || !(mul > 0)) {
+            td_error("debug_lr_spike: want STEP:FACTOR (a step >= 1, a factor > 0), got \"%s\"", rc->debug_lr_spike);
+            goto out;
+        }
+        tr.lr_spike_step = stp;
+        tr.lr_spike_mul = mul;
+    }
     {
         char e[300];
         if (debug_nan_init(&tr, e, sizeof e)) {

@@ -384,6 +384,7 @@ void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const
     if (topo_is_last_stage(&m->topo)) {
         /* the head runs on every row (replicated over tp, as without sp):
          * with sp the stage's output rows are gathered first */
+        const double t0 = td_now();
         const float *xh = a->x[nl];
         if (m->topo.sp) {
             model_sp_gather(m, a->scratch.h1g, a->x[nl], a->N);
@@ -392,6 +393,7 @@ void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const
         model_head(m, a->logits, a->hn, a->rstdf, xh, a->N);
         logsoftmax_xent_forward(a->logp, a->lse_v, a->logits, targets, a->N, m->V);
         for (size_t t = 0; t < a->N; t++) ce -= (double)a->logp[t];
+        a->t_head += td_now() - t0;
     }
     if (!lp) return;
     lp->ce_sum = ce;
@@ -543,6 +545,7 @@ static float *ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la
      * gradients; the router is replicated, its part is added once, below
      * (under sp, for this rank's rows) */
     model_tp_reduce_rows(m, dhl, dh2, N);
+    const double t_r = td_now();
     zero(a->dprobs, N * E);
     zero(a->dlogits_r, N * E);
     if (m->cfg.scoring_func == ROUTER_SIGMOID) {
@@ -563,6 +566,7 @@ static float *ffn_backward(Model *m, const Layer *L, TrainActs *a, LayerActs *la
         if (dz != 0.0f) moe_z_backward(a->dlogits_r, dz, la->rlse, la->probs, N, a->n_tot_last, E);
     }
     rep_linear_backward(m, dhl, L->router->g, a->dlogits_r, la->h2g, L->router->w, N, E, d);
+    a->bt_router += td_now() - t_r;
     if (L->sgw) {
         const size_t r0 = model_sp_row0(m, N);
         sigmoid_gate_backward(NULL, L->sgw->g, a->dsgv, la->h2g, L->sgw->w, la->sgv, N, d);
@@ -749,11 +753,14 @@ static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
     }
 
     /* FFN block (sp: x_out = x_mid + reduce-scatter(y), so dy = all-gather(dx)) */
+    const double t0 = td_now();
     zero(a->dh, N * d);
     model_sp_gather(m, a->dxg, a->dx, N);
     float *dhl = ffn_backward(m, L, a, la, a->dxg, daux, dz);
     rmsnorm_backward(a->dx, vec_grad(m, a, L->ln2), dhl, la->x_mid, L->ln2->w, la->rstd2, Nl, d);
     vec_grad_done(m, a, L->ln2);
+    const double t1 = td_now();
+    a->bt_ffn += t1 - t0;
 
     /* attention block (sp: again dx gathered for o_proj's backward) */
     model_sp_gather(m, a->dxg, a->dx, N);
@@ -761,6 +768,7 @@ static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
         dhl = mla_backward(m, L, a, la, &b, a->dxg);
         rmsnorm_backward(a->dx, vec_grad(m, a, L->ln1), dhl, a->x[i], L->ln1->w, la->rstd1, Nl, d);
         vec_grad_done(m, a, L->ln1);
+        a->bt_attn += td_now() - t1;
         return;
     }
     if (L->ob) {   /* replicated: dx is the summed gradient (sp: of this rank's rows) */
@@ -788,6 +796,7 @@ static void layer_backward(Model *m, TrainActs *a, int i, float daux, float dz)
     model_tp_reduce_rows(m, dhl, a->dh, N);   /* q/k/v are column-parallel */
     rmsnorm_backward(a->dx, vec_grad(m, a, L->ln1), dhl, a->x[i], L->ln1->w, la->rstd1, Nl, d);
     vec_grad_done(m, a, L->ln1);
+    a->bt_attn += td_now() - t1;
 }
 
 void model_train_backward(Model *m, TrainActs *a, const int32_t *targets, const float *dlogp,
@@ -797,6 +806,7 @@ void model_train_backward(Model *m, TrainActs *a, const int32_t *targets, const 
     const int nl = m->topo.layer_end - m->topo.layer_begin;
     if (topo_is_last_stage(&m->topo)) {
         /* head: logp = logsoftmax(hn lm_head^T)[target], hn = rmsnorm(x_L) */
+        const double t0 = td_now();
         zero(a->dlogits, N * V);
         logsoftmax_xent_backward(a->dlogits, dlogp, a->logits, a->lse_v, targets, N, V);
         zero(a->dh, N * d);
@@ -812,6 +822,7 @@ void model_train_backward(Model *m, TrainActs *a, const int32_t *targets, const 
         rmsnorm_backward(a->dxg, m->norm->g, a->dh, xh, m->norm->w, a->rstdf, N, d);
         if (m->topo.sp)
             memcpy(a->dx, a->dxg + model_sp_row0(m, N) * d, model_sp_rows(m, N) * d * sizeof(float));
+        a->t_head += td_now() - t0;
         if (m->comm.grad_ready) m->comm.grad_ready(m->comm.ctx, m->cfg.num_hidden_layers);
     }   /* else the caller put the next stage's gradient of x[nl] into a->dx */
     for (int i = nl - 1; i >= 0; i--) {

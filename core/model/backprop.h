@@ -75,6 +75,11 @@ typedef struct {
     AttnSeq *cp_seqs;
     size_t *cp_krow;             /* (2B) each local chunk's sequence's first row in gk, gv */
     float *cdk, *cdv;
+    /* wall seconds of backward in the attention block, the router and the
+     * whole FFN block (router included), and of the head (forward and
+     * backward): added to, zeroed by the caller (training's metrics; the
+     * forward's are in la[i].t_attn ...) */
+    double bt_attn, bt_router, bt_ffn, t_head;
 } TrainActs;
 
 /* Sizes and carves the arena for micro-batches of B x T (this rank's part

@@ -320,6 +320,7 @@ static void dense_forward(const Model *m, const Layer *L, LayerActs *a, size_t N
 static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, LayerActs *a, float *tmp)
 {
     const size_t N = b->n, d = m->d, E = m->E_global, k = m->k;
+    const double t0 = td_now();
     param_linear(a->rlogits, a->h2g, L->router, N);
     const bool sig = m->cfg.scoring_func == ROUTER_SIGMOID;
     if (sig) {
@@ -340,6 +341,7 @@ static void moe_forward(const Model *m, const Layer *L, const ModelBatch *b, Lay
      * balanced by its bias update and the sequence-wise loss (train/) */
     a->aux = sig ? 0.0f : moe_aux_loss(a->count, a->psum, b->n_tot, E, k);
     a->z = (float)(st[2 * E] / (double)b->n_tot);
+    a->t_router += td_now() - t0;
 
     moe_plan_build(&a->plan, a->topk_idx, N, E, k);
     if (ep_on(m) && m->topo.ep_shared_rows) {
@@ -460,6 +462,7 @@ void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float
     const size_t Nl = model_sp_rows(m, N);   /* residual rows held here (layer.h) */
     const bool sp = m->topo.sp;
     const float eps = (float)m->cfg.rms_norm_eps;
+    const double t0 = td_now();
 
     rmsnorm_forward(a->h1, a->rstd1, x_in, L->ln1->w, Nl, d, eps);
     model_sp_gather(m, a->h1g, a->h1, N);
@@ -479,6 +482,8 @@ void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float
     model_tp_reduce_rows(m, a->x_mid, part, N);
     if (L->ob) bias_forward(a->x_mid, L->ob->w, Nl, d);   /* once, after the sum */
     residual_add(a->x_mid, x_in, a->x_mid, Nl * d);
+    const double t1 = td_now();
+    a->t_attn += t1 - t0;
 
     rmsnorm_forward(a->h2, a->rstd2, a->x_mid, L->ln2->w, Nl, d, eps);
     model_sp_gather(m, a->h2g, a->h2, N);
@@ -492,6 +497,7 @@ void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float
     float *y = sp ? x_out : a->y;
     model_tp_reduce_rows(m, y, a->y, N);
     residual_add(x_out, a->x_mid, y, Nl * d);
+    a->t_ffn += td_now() - t1;
 }
 
 void model_ffn_recompute(const Model *m, int l, const ModelBatch *b, LayerActs *a)
@@ -540,6 +546,7 @@ void layer_acts_carve_mla(LayerActs *a, Arena *ar, const Model *m, size_t N)
 
 void layer_acts_carve(LayerActs *a, Arena *ar, const Model *m, size_t N)
 {
+    a->t_attn = a->t_router = a->t_ffn = 0;
     bool any_dense = false, any_moe = false;
     for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {
         any_dense |= !m->layers[l].moe;

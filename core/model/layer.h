@@ -110,6 +110,11 @@ typedef struct {
     GemmBwProblem *bprob;                      /* (3 E_local) and their backward products (scratch) */
     float aux, z;                              /* this layer's router losses */
     void *kv;                                  /* this layer's KV block pool (m->attn.kv dtype) */
+    /* wall seconds model_layer_forward spent in the attention block, the
+     * router (with its statistics' dp sum) and the whole FFN block (router
+     * included): added to, never reset here (training's metrics read and
+     * zero them, docs/observability.md) */
+    double t_attn, t_router, t_ffn;
 } LayerActs;
 
 /* Rows of the batch of N rows this rank holds in the residual stream:

@@ -8,7 +8,8 @@
 # the run naming it, or with on_nonfinite=skip skips exactly that step: no
 # update (the checkpoint after it holds the bits of the one before, AdamW
 # moments included), a "skipped" row in metrics.jsonl, training goes on.
-# On 1 rank and on 2 (dp).  ~15 s.
+# On 1 rank and on 2 (dp).  A learning-rate jump (debug_lr_spike) is
+# flagged as a loss spike on the step after it, and only there.  ~16 s.
 set -eu
 cd "$(dirname "$0")/../.."
 . tests/bounds.sh
@@ -109,6 +110,34 @@ if bounded 120 $TRAIN out_dir="$W/s" steps=5 save_every=1 keep_last=10 debug_nan
 else
     tail -3 "$W/s.log"; bad "skip run"
 fi
+
+# ---------------------------------------------------------------- a loss spike
+# debug_lr_spike=13:300 multiplies step 13's learning rate by 300: the loss
+# of step 14 (computed before its update) jumps; loss_spike is true there
+# and nowhere else, one warning line names the step, and the flags follow
+# the documented rule (docs/observability.md) recomputed from the losses
+if bounded 120 $TRAIN out_dir="$W/sp" steps=16 debug_lr_spike=13:300 >"$W/sp.log" 2>&1; then
+    n=$(grep -c 'warning: .*loss spike' "$W/sp.log" || true)
+    [ "$n" -eq 1 ] && grep -q 'warning: step 14: loss spike' "$W/sp.log" &&
+        ok "spike: one warning line: $(grep 'loss spike' "$W/sp.log")" || { bad "spike: want one warning for step 14"; cat "$W/sp.log"; }
+    $PY - "$W/sp/metrics.jsonl" <<'PYEOF' || fail=1
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+flags = [r["loss_spike"] for r in rows]
+want, hist = [], []
+for r in rows:   # the rule: > mean + 4 sd and > 1.1 mean of the last 50 losses, once 10 are known
+    w = hist[-50:]
+    want.append(len(w) >= 10 and r["loss"] > statistics.mean(w) + 4 * statistics.stdev(w) and r["loss"] > 1.1 * statistics.mean(w))
+    hist.append(r["loss"])
+ok = flags == want and [i + 1 for i, f in enumerate(flags) if f] == [14]
+print(("ok   " if ok else "FAIL ") + f"spike: loss_spike true at steps {[i + 1 for i, f in enumerate(flags) if f]} (want [14]), "
+      f"as the rule gives; loss {rows[12]['loss']:.3f} -> {rows[13]['loss']:.3f}")
+sys.exit(not ok)
+PYEOF
+else
+    tail -3 "$W/sp.log"; bad "spike run"
+fi
+expect_stop "debug_lr_spike malformed" 'debug_lr_spike: want STEP:FACTOR' $TRAIN out_dir="$W/x" steps=2 debug_lr_spike=3
 
 # ---------------------------------------------------------------- two ranks (dp)
 expect_stop "2 ranks: NaN gradient, stop" "step 3: the gradient of $Q\[0\] = nan is not finite" \
