@@ -7,7 +7,10 @@
 # micro-batch, image rows and text rows alike, and scales its answer
 # tokens' gradient by the global count of scored tokens; taking the global
 # batch's first examples on both ranks, or the local count, fails it (loss
-# rel > 1e-3).  Both data orders: shuffle=false and shuffle=true.  ~15 s.
+# rel > 1e-3).  Both data orders: shuffle=false and shuffle=true.  Then
+# configs/vision_demo.json itself, run as `make demo-vision` runs it
+# (mpirun -np 2 ... dp=2), equals the same config in one process for 3
+# steps: the demo's recipe (docs/vision.md) is one process's run.  ~20 s.
 set -eu
 cd "$(dirname "$0")/../.."
 . tests/bounds.sh
@@ -53,4 +56,16 @@ for sh in false true; do
     $PY tests/ref/run_compare.py "$W/ref_$sh" "$W/dp_$sh" "images dp=2 shuffle=$sh" $TOL \
         --ckpt "$W/ref_$sh/latest" "$W/dp_$sh/latest" || fail=1
 done
+
+# the demo's config as the demo-vision target runs it (Makefile), 3 steps
+D="configs/vision_demo.json data=$DATA images=$W/img steps=3 log_every=1 save_every=0"
+if ! bounded 120 $T train $D out_dir="$W/demo_ref" >"$W/log" 2>&1; then
+    cat "$W/log"; echo "FAIL configs/vision_demo.json in one process"; fail=1
+elif ! $MPI -np 2 $T train $D dp=2 out_dir="$W/demo_dp" >"$W/log" 2>&1; then
+    cat "$W/log"; echo "FAIL configs/vision_demo.json under dp=2: the run failed"; fail=1
+else
+    $PY tests/ref/run_compare.py "$W/demo_ref" "$W/demo_dp" "configs/vision_demo.json dp=2" --steps 3 \
+        --loss-tol 1e-6 --gnorm-tol 1e-6 --moment-tol 3e-5 --weight-tol 1e-3 --skip self_attn/k_proj.bias \
+        --ckpt "$W/demo_ref/latest" "$W/demo_dp/latest" || fail=1
+fi
 exit $fail
