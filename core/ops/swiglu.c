@@ -38,7 +38,11 @@ static void swiglu_fw_range(void *vc, size_t i0, size_t i1, int tid)
 void swiglu_forward(float *restrict h, const float *restrict g, const float *restrict u, size_t N, size_t F)
 {
     struct sw_ctx c = { h, NULL, g, u, NULL };
-    pool_for(N * F, 1024, swiglu_fw_range, &c);
+    /* A grain of 32 blocks: a decode step's few rows (top-k x F) run on
+     * the calling thread instead of paying a pool hand-off for a few
+     * microseconds of work.  Chunk boundaries stay multiples of SW_BLK, so
+     * the blocks, and the bits, are those of any other split. */
+    pool_for(N * F, 32 * SW_BLK, swiglu_fw_range, &c);
 }
 
 static void swiglu_bw_range(void *vc, size_t i0, size_t i1, int tid)
