@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <stdatomic.h>
 
 void (*td_abort_hook)(void) = NULL;
@@ -239,5 +240,21 @@ int td_read_file(const char *path, size_t max, char **out, size_t *len, char *er
     buf[n] = 0;
     *out = buf;
     if (len) *len = n;
+    return 0;
+}
+
+int td_mkdir_p(const char *path)
+{
+    char buf[4096];
+    if (td_snprintf(buf, sizeof buf, "%s", path)) return errno = ENAMETOOLONG, -1;
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+    struct stat st;
+    if (stat(buf, &st) || !S_ISDIR(st.st_mode)) return errno = ENOTDIR, -1;
     return 0;
 }

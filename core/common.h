@@ -79,6 +79,10 @@ char *td_json_string(const char *s, size_t len);
  * files whose size is not known beforehand are read too. */
 int td_read_file(const char *path, size_t max, char **out, size_t *len, char *err, size_t err_len);
 
+/* mkdir -p PATH (mode 0755): 0 when PATH is a directory afterwards, else -1
+ * with errno (ENOTDIR when it names a file, ENAMETOOLONG past 4095 bytes). */
+int td_mkdir_p(const char *path);
+
 /* Monotonic seconds. */
 double td_now(void);
 

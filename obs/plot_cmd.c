@@ -132,23 +132,6 @@ static size_t n_finite(const double *v, size_t n)
     return c;
 }
 
-/* mkdir -p; 0 or -1 with errno. */
-static int make_dirs(const char *path)
-{
-    char buf[4096];
-    if (td_snprintf(buf, sizeof buf, "%s", path)) return errno = ENAMETOOLONG, -1;
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) && errno != EEXIST) return -1;
-    struct stat st;
-    if (stat(buf, &st) || !S_ISDIR(st.st_mode)) return errno = ENOTDIR, -1;
-    return 0;
-}
-
 /* Legend name of each run: its directory's last component, or the whole
  * path as given when two runs share that. */
 static char **run_names(const RunLog *runs, size_t n_runs)
@@ -382,7 +365,7 @@ int cmd_plot(int argc, char **argv)
     char *out = NULL;
     if (!rc) {
         out = args_get(&a, "out") ? td_strdup(args_get(&a, "out")) : td_sprintf("%s/plots", a.pos[0]);
-        if (make_dirs(out)) {
+        if (td_mkdir_p(out)) {
             td_error("plot: %s: %s", out, strerror(errno));
             rc = 1;
         }

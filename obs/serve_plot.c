@@ -461,23 +461,6 @@ static int expert_figure(Output *o, const ScrapeLog *g, const double *x)
     return rc;
 }
 
-/* mkdir -p; 0 or -1 with errno. */
-static int make_dirs(const char *path)
-{
-    char buf[4096];
-    if (td_snprintf(buf, sizeof buf, "%s", path)) return errno = ENAMETOOLONG, -1;
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) && errno != EEXIST) return -1;
-    struct stat st;
-    if (stat(buf, &st) || !S_ISDIR(st.st_mode)) return errno = ENOTDIR, -1;
-    return 0;
-}
-
 int cmd_plot_serve(int argc, char **argv)
 {
     static const char *const spec[] = { "serve=", "out=", NULL };
@@ -512,7 +495,7 @@ int cmd_plot_serve(int argc, char **argv)
             const char *slash = strrchr(path, '/');
             out = slash ? td_sprintf("%.*s/plots", (int)(slash - path), path) : td_strdup("plots");
         }
-        if (make_dirs(out)) {
+        if (td_mkdir_p(out)) {
             td_error("plot: %s: %s", out, strerror(errno));
             rc = 1;
         }

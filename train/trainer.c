@@ -163,19 +163,6 @@ void train_measure_peak(double *sgemm_gflops, double *kernel_gflops)
 
 /* ---------------------------------------------------------------- set-up */
 
-static int mkdir_p(const char *dir)
-{
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", dir);
-    for (char *s = buf + 1; *s; s++)
-        if (*s == '/') {
-            *s = 0;
-            if (mkdir(buf, 0755) && errno != EEXIST) return -1;
-            *s = '/';
-        }
-    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
-}
-
 static void dp_stats_hook(void *ctx, double *buf, size_t n) { (void)ctx; comm_allreduce_f64(COMM_DP, buf, n); }
 static void tp_sum_hook(void *ctx, float *buf, size_t n) { (void)ctx; comm_allreduce_f32(COMM_TP, buf, n); }
 
@@ -1608,7 +1595,7 @@ int train_run(const RunConfig *rc)
             goto out;
         }
     }
-    if (tr.rank0 && mkdir_p(rc->out_dir)) {
+    if (tr.rank0 && td_mkdir_p(rc->out_dir)) {
         td_error("cannot create out_dir %s: %s", rc->out_dir, strerror(errno));
         goto out;
     }

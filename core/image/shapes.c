@@ -50,7 +50,7 @@ static const char *const QUESTIONS[3] = { "What color is the shape?", "What shap
 
 static int data_images(const char *dir, long n, uint64_t seed)
 {
-    if (mkdir(dir, 0755) && errno != EEXIST) {
+    if (td_mkdir_p(dir)) {
         td_error("data images: %s: cannot create: %s", dir, strerror(errno));
         return 1;
     }
