@@ -186,16 +186,27 @@ void td_free(void *p)
 size_t td_mem_current(void) { return atomic_load(&g_mem_current); }
 size_t td_mem_peak(void) { return atomic_load(&g_mem_peak); }
 
+void td_rss(size_t *cur, size_t *peak)
+{
+    size_t c = 0, p = 0, kb;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f)) {
+            if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) p = kb * 1024;
+            if (sscanf(line, "VmRSS: %zu kB", &kb) == 1) c = kb * 1024;
+        }
+        fclose(f);
+    }
+    if (cur) *cur = c;
+    if (peak) *peak = p;
+}
+
 size_t td_rss_peak(void)
 {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return 0;
-    char line[256];
-    size_t kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
-    fclose(f);
-    return kb * 1024;
+    size_t p;
+    td_rss(NULL, &p);
+    return p;
 }
 
 double td_now(void)

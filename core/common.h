@@ -57,6 +57,9 @@ size_t td_mem_current(void);
 size_t td_mem_peak(void);
 /* Resident set size high-water mark of the process, bytes (from /proc). */
 size_t td_rss_peak(void);
+/* The resident set size now and its high-water mark, bytes (either may be
+ * NULL; 0 where /proc/self/status cannot be read). */
+void td_rss(size_t *cur, size_t *peak);
 
 /* snprintf that says whether the whole result fitted: 0, or -1 when out
  * (n bytes) holds only a prefix.  For paths and names built from input:

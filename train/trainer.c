@@ -917,21 +917,6 @@ static void obs_step_begin(Trainer *tr)
     }
 }
 
-/* RSS now and its high-water mark, bytes (/proc/self/status). */
-static void rss_now(size_t *cur, size_t *peak)
-{
-    *cur = *peak = 0;
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return;
-    char line[256];
-    size_t kb;
-    while (fgets(line, sizeof line, f)) {
-        if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) *peak = kb * 1024;
-        if (sscanf(line, "VmRSS: %zu kB", &kb) == 1) *cur = kb * 1024;
-    }
-    fclose(f);
-}
-
 /* The step's figures over the world (every rank calls it, after the
  * step's own communication, whose statistics it keeps first): maxima
  * (comm seconds per group, forward and backward per stage, time per layer
@@ -972,7 +957,7 @@ static void obs_step_end(Trainer *tr)
     double *mem = tr->mem_rank;
     for (size_t i = 0; i < (size_t)W * MEM_KINDS; i++) mem[i] = 0;
     size_t rss, rss_peak;
-    rss_now(&rss, &rss_peak);
+    td_rss(&rss, &rss_peak);
     double *me = mem + (size_t)comm_rank() * MEM_KINDS, act = 0;
     for (int s = 0; s < tr->n_slots; s++) act += (double)tr->slots[s].acts.arena.size;
     me[MEM_RSS] = (double)rss / 1048576.0;

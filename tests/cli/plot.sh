@@ -70,91 +70,12 @@ sys.exit(bad)
 PYEOF
 
 # ---------------------------------------------------------------- the PNG/SVG checker
-# check.py INDEX.json RULES.json: every figure the rules name is in the
-# index and has a PNG that decodes (signature, IHDR, CRCs, zlib, the five
-# filters) at the size expected, with more than 1% non-white pixels, more
-# than 20 distinct colours, and at least 100 pixels of each colour the rules
-# name; its SVG parses as XML with an <svg> root of the same size.
-cat >"$W/check.py" <<'PYEOF'
-import json, struct, sys, zlib
-import numpy as np
-import xml.etree.ElementTree as ET
-
-def png_pixels(path):
-    data = open(path, "rb").read()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
-    pos, chunks = 8, []
-    while pos < len(data):
-        n, = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
-        crc, = struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])
-        assert zlib.crc32(kind + body) == crc, f"bad CRC in {kind}"
-        chunks.append((kind, body))
-        pos += 12 + n
-    assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND"
-    w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", chunks[0][1])
-    assert depth == 8 and ctype in (2, 6) and interlace == 0, f"depth {depth} type {ctype}"
-    bpp = 4 if ctype == 6 else 3
-    raw = zlib.decompress(b"".join(b for k, b in chunks if k == b"IDAT"))
-    stride = w * bpp
-    assert len(raw) == h * (stride + 1), "IDAT size"
-    # None, Sub and Up rows vectorised (numpy); Average and Paeth byte by byte
-    img = np.zeros((h, stride), dtype=np.int64)
-    prev = np.zeros(stride, dtype=np.int64)
-    for y in range(h):
-        f = raw[y * (stride + 1)]
-        line = np.frombuffer(raw, dtype=np.uint8, count=stride, offset=y * (stride + 1) + 1).astype(np.int64)
-        if f == 0: pass
-        elif f == 1: line = line.reshape(w, bpp).cumsum(axis=0).reshape(stride) & 255
-        elif f == 2: line = (line + prev) & 255
-        elif f in (3, 4):
-            cur, up = line.tolist(), prev.tolist()
-            for i in range(stride):
-                a = cur[i - bpp] if i >= bpp else 0
-                b, c = up[i], up[i - bpp] if i >= bpp else 0
-                if f == 3: cur[i] = (cur[i] + (a + b) // 2) & 255
-                else:
-                    p = a + b - c
-                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                    cur[i] = (cur[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-            line = np.array(cur, dtype=np.int64)
-        else: raise AssertionError(f"filter {f}")
-        img[y] = prev = line
-    rgb = img.reshape(h, w, bpp)[:, :, :3]
-    pixels = (rgb[:, :, 0] << 16 | rgb[:, :, 1] << 8 | rgb[:, :, 2]).reshape(-1)
-    return w, h, pixels
-
-index, rules = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-bad = 0
-for fig in index["figures"]:
-    name = fig["name"]
-    if name not in rules["figures"]: continue
-    try:
-        w, h, px = png_pixels(fig["png"])
-        keys, counts = np.unique(px, return_counts=True)
-        colours = {(int(k) >> 16, (int(k) >> 8) & 255, int(k) & 255): int(c) for k, c in zip(keys, counts)}
-        ink = 1 - colours.get((255, 255, 255), 0) / len(px)
-        want_w, want_h = rules.get("size", {}).get(name, [900, 540])
-        problems = []
-        if (w, h) != (want_w, want_h): problems.append(f"size {w}x{h}, want {want_w}x{want_h}")
-        if ink < 0.01: problems.append(f"blank: {ink:.2%} non-white")
-        if len(colours) <= 20: problems.append(f"{len(colours)} colours")
-        for rgb in rules.get("colours", {}).get(name, []):
-            if colours.get(tuple(rgb), 0) < 100: problems.append(f"colour {rgb}: {colours.get(tuple(rgb), 0)} pixels")
-        root = ET.parse(fig["svg"]).getroot()
-        if root.tag != "{http://www.w3.org/2000/svg}svg": problems.append(f"svg root {root.tag}")
-        if root.get("width", "").rstrip("pt") != str(w) or root.get("height", "").rstrip("pt") != str(h):
-            problems.append(f"svg size {root.get('width')}x{root.get('height')}")
-        print(("FAIL " if problems else "ok   ") + f"{name}: {w}x{h}, {len(colours)} colours, {ink:.1%} ink"
-              + (": " + "; ".join(problems) if problems else ""))
-        bad |= bool(problems)
-    except Exception as e:
-        print(f"FAIL {name}: {fig['png']} / {fig['svg']}: {e}")
-        bad = 1
-missing = set(rules.get("figures", [])) - {f["name"] for f in index["figures"]}
-if missing: print(f"FAIL figures not written: {sorted(missing)}"); bad = 1
-sys.exit(bad)
-PYEOF
+# tests/png_check.py INDEX.json RULES.json (shared with serve.sh's plot
+# --serve check): every figure the rules name is in the index and has a PNG
+# that decodes (signature, IHDR, CRCs, zlib, the five filters) at the size
+# expected, with more than 1% non-white pixels, more than 20 distinct
+# colours, and at least 100 pixels of each colour the rules name; its SVG
+# parses as XML with an <svg> root of the same size.
 
 # ---------------------------------------------------------------- one run
 BLUE='[31,119,180]' ORANGE='[255,127,14]' GREEN='[44,160,44]'
@@ -174,7 +95,7 @@ cat >"$W/rules.json" <<EOF
                "layer_time": [$BLUE, $ORANGE, $GREEN], "act_rms": [$BLUE, $ORANGE, $GREEN], "logit_max": [$BLUE],
                "expert_entropy": [$BLUE, $ORANGE, $GREEN] } }
 EOF
-$PY "$W/check.py" "$W/a/plots/index.json" "$W/rules.json" || fail=1
+$PY tests/png_check.py "$W/a/plots/index.json" "$W/rules.json" || fail=1
 $PY - "$W/a/plots/index.json" <<'PYEOF' || fail=1
 import json, sys
 ix = json.load(open(sys.argv[1]))
@@ -201,7 +122,7 @@ cat >"$W/rules.json" <<EOF
   "size": { "expert_load-a": [900, 499], "expert_load-b": [900, 499] },
   "colours": { "lr": [$BLUE, $ORANGE], "grad_norm": [$BLUE, $ORANGE], "loss_steps": [$BLUE, $ORANGE] } }
 EOF
-$PY "$W/check.py" "$W/ov/deep/index.json" "$W/rules.json" || fail=1
+$PY tests/png_check.py "$W/ov/deep/index.json" "$W/rules.json" || fail=1
 $PY - "$W/ov/deep/index.json" <<'PYEOF' || fail=1
 import json, sys
 f = {x["name"]: x for x in json.load(open(sys.argv[1]))["figures"]}
@@ -296,11 +217,16 @@ check(abs(r1["logit_max"] - lm) / lm < 1e-5, f"logit_max step 1 {r1['logit_max']
 sys.exit(bad)
 PYEOF
     bounded 60 $T plot "$W/dp" >"$W/paths" 2>"$W/notes" || bad "plot dp: exit $?"
+    # the first line of comm_time (rank 0's dp seconds) and of memory_rank
+    # (rank 0's RSS) is drawn under the second (the group's slowest rank,
+    # rank 1's RSS) wherever the two are equal, which depends on timing and
+    # on the allocator: only the second line's colour is required there;
+    # the legends below name both
     cat >"$W/rules.json" <<EOF
 { "figures": ["comm_time", "comm_bytes", "memory_rank"], "size": { "expert_load": [900, 499] },
-  "colours": { "comm_time": [$BLUE, $ORANGE], "comm_bytes": [$BLUE], "memory_rank": [$BLUE, $ORANGE] } }
+  "colours": { "comm_time": [$ORANGE], "comm_bytes": [$BLUE], "memory_rank": [$ORANGE] } }
 EOF
-    $PY "$W/check.py" "$W/dp/plots/index.json" "$W/rules.json" || fail=1
+    $PY tests/png_check.py "$W/dp/plots/index.json" "$W/rules.json" || fail=1
     $PY - "$W/dp/plots/index.json" <<'PYEOF' || fail=1
 import json, sys
 f = {x["name"]: x for x in json.load(open(sys.argv[1]))["figures"]}
