@@ -3,7 +3,7 @@
 # `make demo` trains it (400 steps on fortunes), starts at a loss of about
 # ln 256 = 5.55 (an untrained byte-level model) and ends with a validation
 # loss below 2.0, both in the trainer's metrics and in `tandem eval` of the
-# checkpoint it saved; `tandem plot` draws its nine figures.  ~5 minutes on
+# checkpoint it saved; `tandem plot` draws its 15 figures.  ~5 minutes on
 # 2 cores: the longest test, and the only one that trains a model to a
 # quality bar.
 set -eu
@@ -48,10 +48,10 @@ check(ev["loss"] < 2.0, "tandem eval of the saved checkpoint: loss %.4f (perplex
       % (ev["loss"], ev["perplexity"], ev["windows"]))
 sys.exit(fail)
 PYEOF
-# make demo ends with the run's figures: the nine of a 1-rank MoE run
+# make demo ends with the run's figures: the 15 of a 1-rank MoE run (docs/observability.md)
 bounded 120 $T plot "$W/run" >"$W/plots.txt" 2>"$W/plots.err" || { cat "$W/plots.err"; echo "demo: FAIL: tandem plot"; exit 1; }
 n=$(grep -c '\.png$' "$W/plots.txt")
-[ "$n" -eq 9 ] && grep -q "/expert_load.png$" "$W/plots.txt" ||
-    { cat "$W/plots.txt"; echo "demo: FAIL: tandem plot wrote $n PNGs, want 9 with expert_load"; exit 1; }
+[ "$n" -eq 15 ] && grep -q "/expert_load.png$" "$W/plots.txt" && grep -q "/act_rms.png$" "$W/plots.txt" ||
+    { cat "$W/plots.txt"; echo "demo: FAIL: tandem plot wrote $n PNGs, want 15 with expert_load and act_rms"; exit 1; }
 echo "ok   tandem plot of the demo run: $n figures in $W/run/plots"
 echo "demo: all passed in $(($(date +%s) - t0)) s"
