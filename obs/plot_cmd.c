@@ -13,6 +13,7 @@
 #include "core/args.h"
 #include "core/common.h"
 #include "obs/chart.h"
+#include "obs/plot_out.h"
 #include "obs/runlog.h"
 #include "obs/serve_plot.h"
 
@@ -125,13 +126,6 @@ static size_t figure_keys(const FigSpec *f, const RunLog *runs, size_t n_runs, c
     return n;
 }
 
-static size_t n_finite(const double *v, size_t n)
-{
-    size_t c = 0;
-    for (size_t i = 0; i < n; i++) c += isfinite(v[i]) != 0;
-    return c;
-}
-
 /* Legend name of each run: its directory's last component, or the whole
  * path as given when two runs share that. */
 static char **run_names(const RunLog *runs, size_t n_runs)
@@ -155,46 +149,12 @@ static char **run_names(const RunLog *runs, size_t n_runs)
     return names;
 }
 
-typedef struct {
-    const char *out;
-    cJSON *figures, *skipped;
-} Output;
-
-static void note_skipped(Output *o, const char *name, const char *why)
-{
-    td_info("plot: no %s figure: %s", name, why);
-    cJSON *s = cJSON_CreateObject();
-    cJSON_AddStringToObject(s, "name", name);
-    cJSON_AddStringToObject(s, "why", why);
-    cJSON_AddItemToArray(o->skipped, s);
-}
-
-/* Records a written figure in index.json and prints its two paths. */
-static void note_written(Output *o, const char *name, const char *base, const char *const *legend,
-                         const size_t *points, size_t n)
-{
-    cJSON *f = cJSON_CreateObject();
-    cJSON_AddStringToObject(f, "name", name);
-    char *png = td_sprintf("%s.png", base), *svg = td_sprintf("%s.svg", base);
-    cJSON_AddStringToObject(f, "png", png);
-    cJSON_AddStringToObject(f, "svg", svg);
-    printf("%s\n%s\n", png, svg);
-    td_free(png);
-    td_free(svg);
-    cJSON *lg = cJSON_AddArrayToObject(f, "legend"), *pt = cJSON_AddArrayToObject(f, "points");
-    for (size_t i = 0; i < n; i++) {
-        if (legend) cJSON_AddItemToArray(lg, cJSON_CreateString(legend[i]));
-        cJSON_AddItemToArray(pt, cJSON_CreateNumber((double)points[i]));
-    }
-    cJSON_AddItemToArray(o->figures, f);
-}
-
-static int line_figure(Output *o, const FigSpec *f, const RunLog *runs, char *const *names, size_t n_runs)
+static int line_figure(PlotOut *o, const FigSpec *f, const RunLog *runs, char *const *names, size_t n_runs)
 {
     const char *keys[64];
     size_t nk = figure_keys(f, runs, n_runs, keys, 64);
     if (!nk) {
-        note_skipped(o, f->name, f->absent);
+        plot_out_skipped(o, f->name, f->absent);
         return 0;
     }
     ChartLine *lines = td_calloc(nk * n_runs * sizeof(ChartLine));
@@ -206,7 +166,7 @@ static int line_figure(Output *o, const FigSpec *f, const RunLog *runs, char *co
         for (size_t k = 0; k < nk && x; k++) {
             const double *y = runlog_get(&runs[r], keys[k]);
             if (!y) continue;
-            size_t fin = n_finite(y, runs[r].n_rows);
+            size_t fin = plot_n_finite(y, runs[r].n_rows);
             labels[nl] = n_runs > 1 ? td_sprintf("%s %s", names[r], keys[k]) : td_strdup(keys[k]);
             lines[nl] = (ChartLine){ labels[nl], x, y, runs[r].n_rows, n_runs > 1 ? (int)r : (int)k,
                                      n_runs > 1 ? (int)(k % 3) : 0, fin * 2 < runs[r].n_rows || fin == 1 };
@@ -219,7 +179,7 @@ static int line_figure(Output *o, const FigSpec *f, const RunLog *runs, char *co
     char err[4200];
     int rc = chart_lines_write(&c, base, err, sizeof err);
     if (rc) td_error("plot: %s", err);
-    else note_written(o, f->name, base, (const char *const *)labels, points, nl);
+    else plot_out_written(o, f->name, base, (const char *const *)labels, points, nl);
     td_free(base);
     for (size_t i = 0; i < nl; i++) td_free(labels[i]);
     td_free(labels);
@@ -233,7 +193,7 @@ static int line_figure(Output *o, const FigSpec *f, const RunLog *runs, char *co
 
 /* The expert-load heatmap of one run: per MoE layer, the share of the
  * layer's routed tokens that each expert received at each step. */
-static int load_figure(Output *o, const RunLog *r, const char *name, size_t n_runs)
+static int load_figure(PlotOut *o, const RunLog *r, const char *name, size_t n_runs)
 {
     char fname[300];
     if (n_runs > 1) {
@@ -249,7 +209,7 @@ static int load_figure(Output *o, const RunLog *r, const char *name, size_t n_ru
     if (!r->load) {
         char why[400];
         snprintf(why, sizeof why, "%s has no expert_load (a dense model, or a run from before the key)", r->path);
-        note_skipped(o, fname, why);
+        plot_out_skipped(o, fname, why);
         return 0;
     }
     const size_t L = r->n_layers, E = r->n_expert, S = r->n_rows;
@@ -298,7 +258,7 @@ static int load_figure(Output *o, const RunLog *r, const char *name, size_t n_ru
     } else {
         size_t *pts = td_malloc((n_moe + 1) * sizeof(size_t));
         for (size_t p = 0; p < n_moe; p++) pts[p] = C;
-        note_written(o, fname, base, (const char *const *)plabel, pts, n_moe);
+        plot_out_written(o, fname, base, (const char *const *)plabel, pts, n_moe);
         td_free(pts);
     }
     td_free(base);
@@ -309,20 +269,6 @@ static int load_figure(Output *o, const RunLog *r, const char *name, size_t n_ru
     td_free(x);
     td_free(layer);
     return rc;
-}
-
-static int write_index(const Output *o, cJSON *root)
-{
-    char *path = td_sprintf("%s/index.json", o->out);
-    char *s = cJSON_Print(root);
-    FILE *f = fopen(path, "w");
-    int rc = !f || fputs(s, f) < 0 || fputc('\n', f) < 0;
-    if (f && fclose(f)) rc = 1;
-    if (rc) td_error("plot: %s: %s", path, strerror(errno));
-    else printf("%s\n", path);
-    cJSON_free(s);
-    td_free(path);
-    return rc ? -1 : 0;
 }
 
 int cmd_plot(int argc, char **argv)
@@ -361,7 +307,7 @@ int cmd_plot(int argc, char **argv)
             td_info("plot: %s:%ld: cut short (a run still writing?), skipped", runs[r].path, runs[r].cut_line);
         }
     }
-    Output o = { 0 };
+    PlotOut o = { 0 };
     char *out = NULL;
     if (!rc) {
         out = args_get(&a, "out") ? td_strdup(args_get(&a, "out")) : td_sprintf("%s/plots", a.pos[0]);
@@ -388,7 +334,7 @@ int cmd_plot(int argc, char **argv)
             if (line_figure(&o, &g_figs[i], runs, names, n_runs)) rc = 1;
         for (size_t r = 0; r < n_runs && !rc; r++)
             if (load_figure(&o, &runs[r], names[r], n_runs)) rc = 1;
-        if (!rc && write_index(&o, root)) rc = 1;
+        if (!rc && plot_out_index(&o, root)) rc = 1;
         for (size_t r = 0; r < n_runs; r++) td_free(names[r]);
         td_free(names);
         cJSON_Delete(root);

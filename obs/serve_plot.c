@@ -23,6 +23,7 @@
 #include "core/args.h"
 #include "core/common.h"
 #include "obs/chart.h"
+#include "obs/plot_out.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -235,57 +236,22 @@ static double quantile(const Scrape *a, const Scrape *b, const char *name, doubl
     return in > 0 ? lo + (lb[i] - lo) * (rank - below) / in : lb[i];
 }
 
-typedef struct {
-    const char *out;
-    cJSON *figures, *skipped;
-} Output;
-
-static void note_skipped(Output *o, const char *name, const char *why)
-{
-    td_info("plot: no %s figure: %s", name, why);
-    cJSON *s = cJSON_CreateObject();
-    cJSON_AddStringToObject(s, "name", name);
-    cJSON_AddStringToObject(s, "why", why);
-    cJSON_AddItemToArray(o->skipped, s);
-}
-
-static size_t n_finite(const double *v, size_t n)
-{
-    size_t c = 0;
-    for (size_t i = 0; i < n; i++) c += isfinite(v[i]) != 0;
-    return c;
-}
-
 /* Writes figure name from nl lines over x (n points each); records it. */
-static int write_lines(Output *o, const char *name, const char *title, const char *ylabel, const double *x,
+static int write_lines(PlotOut *o, const char *name, const char *title, const char *ylabel, const double *x,
                        size_t n, const char *const *labels, double *const *ys, size_t nl)
 {
     ChartLine lines[8];
-    cJSON *f = cJSON_CreateObject();
-    cJSON *lg = cJSON_AddArrayToObject(f, "legend"), *pt = cJSON_AddArrayToObject(f, "points");
+    size_t points[8];
     for (size_t i = 0; i < nl; i++) {
-        size_t fin = n_finite(ys[i], n);
-        lines[i] = (ChartLine){ labels[i], x, ys[i], n, (int)i, 0, fin * 2 < n || fin == 1 };
-        cJSON_AddItemToArray(lg, cJSON_CreateString(labels[i]));
-        cJSON_AddItemToArray(pt, cJSON_CreateNumber((double)fin));
+        points[i] = plot_n_finite(ys[i], n);
+        lines[i] = (ChartLine){ labels[i], x, ys[i], n, (int)i, 0, points[i] * 2 < n || points[i] == 1 };
     }
     LineChart c = { title, "seconds since the first scrape", ylabel, lines, nl, false };
     char *base = td_sprintf("%s/%s", o->out, name);
     char err[4200];
     int rc = chart_lines_write(&c, base, err, sizeof err);
-    if (rc) {
-        td_error("plot: %s", err);
-        cJSON_Delete(f);
-    } else {
-        char *png = td_sprintf("%s.png", base), *svg = td_sprintf("%s.svg", base);
-        cJSON_AddStringToObject(f, "name", name);
-        cJSON_AddStringToObject(f, "png", png);
-        cJSON_AddStringToObject(f, "svg", svg);
-        cJSON_AddItemToArray(o->figures, f);
-        printf("%s\n%s\n", png, svg);
-        td_free(png);
-        td_free(svg);
-    }
+    if (rc) td_error("plot: %s", err);
+    else plot_out_written(o, name, base, labels, points, nl);
     td_free(base);
     return rc;
 }
@@ -293,12 +259,12 @@ static int write_lines(Output *o, const char *name, const char *title, const cha
 static bool any_finite(double *const *ys, size_t nl, size_t n)
 {
     for (size_t i = 0; i < nl; i++)
-        if (n_finite(ys[i], n)) return true;
+        if (plot_n_finite(ys[i], n)) return true;
     return false;
 }
 
 /* p50 and p99 of histogram hist (seconds) in milliseconds, per interval. */
-static int latency_figure(Output *o, const ScrapeLog *g, const double *x, const char *name, const char *hist,
+static int latency_figure(PlotOut *o, const ScrapeLog *g, const double *x, const char *name, const char *hist,
                           const char *title)
 {
     const size_t n = g->n - 1;
@@ -311,7 +277,7 @@ static int latency_figure(Output *o, const ScrapeLog *g, const double *x, const 
     if (!any_finite(y, 2, n)) {
         char why[300];
         snprintf(why, sizeof why, "no observations of %s between scrapes", hist);
-        note_skipped(o, name, why);
+        plot_out_skipped(o, name, why);
     } else {
         static const char *const lab[2] = { "p50", "p99" };
         rc = write_lines(o, name, title, "milliseconds", x, n, lab, y, 2);
@@ -322,7 +288,7 @@ static int latency_figure(Output *o, const ScrapeLog *g, const double *x, const 
 }
 
 /* Per interval: the increase of the sum of counters names[i] per second. */
-static int rate_figure(Output *o, const ScrapeLog *g, const double *x, const char *name, const char *title,
+static int rate_figure(PlotOut *o, const ScrapeLog *g, const double *x, const char *name, const char *title,
                        const char *ylabel, const char *const *names, const char *const *labels, size_t nl)
 {
     const size_t n = g->n - 1;
@@ -335,13 +301,13 @@ static int rate_figure(Output *o, const ScrapeLog *g, const double *x, const cha
         }
     }
     int rc = 0;
-    if (!any_finite(y, nl, n)) note_skipped(o, name, "none of its counters in the scrapes");
+    if (!any_finite(y, nl, n)) plot_out_skipped(o, name, "none of its counters in the scrapes");
     else rc = write_lines(o, name, title, ylabel, x, n, labels, y, nl);
     for (size_t i = 0; i < nl; i++) td_free(y[i]);
     return rc;
 }
 
-static int cache_figure(Output *o, const ScrapeLog *g, const double *x)
+static int cache_figure(PlotOut *o, const ScrapeLog *g, const double *x)
 {
     const size_t n = g->n - 1;
     double *y[2] = { td_malloc(n * sizeof(double)), td_malloc(n * sizeof(double)) };
@@ -357,7 +323,7 @@ static int cache_figure(Output *o, const ScrapeLog *g, const double *x)
     }
     int rc = 0;
     if (!any_finite(y, 2, n)) {
-        note_skipped(o, "serve_cache", "no tandem_kv_occupancy_ratio or prefix-cache counters");
+        plot_out_skipped(o, "serve_cache", "no tandem_kv_occupancy_ratio or prefix-cache counters");
     } else {
         static const char *const lab[2] = { "KV occupancy (blocks held by requests / all)",
                                             "prefix-cache hit rate (hit / looked-up tokens)" };
@@ -380,7 +346,7 @@ static bool expert_series(const char *s, int *layer, int *expert)
     return *layer >= 0 && *expert >= 0;
 }
 
-static int expert_figure(Output *o, const ScrapeLog *g, const double *x)
+static int expert_figure(PlotOut *o, const ScrapeLog *g, const double *x)
 {
     /* the shape: the last scrape's layers (in order) and experts */
     const Scrape *last = &g->sc[g->n - 1];
@@ -395,7 +361,7 @@ static int expert_figure(Output *o, const ScrapeLog *g, const double *x)
         if ((size_t)e + 1 > E) E = (size_t)e + 1;
     }
     if (!n_l) {
-        note_skipped(o, "serve_expert_load", "no tandem_expert_tokens_total (a dense model?)");
+        plot_out_skipped(o, "serve_expert_load", "no tandem_expert_tokens_total (a dense model?)");
         td_free(layers);
         return 0;
     }
@@ -436,20 +402,10 @@ static int expert_figure(Output *o, const ScrapeLog *g, const double *x)
     if (rc) {
         td_error("plot: %s", err);
     } else {
-        cJSON *f = cJSON_CreateObject();
-        char *png = td_sprintf("%s.png", base), *svg = td_sprintf("%s.svg", base);
-        cJSON_AddStringToObject(f, "name", "serve_expert_load");
-        cJSON_AddStringToObject(f, "png", png);
-        cJSON_AddStringToObject(f, "svg", svg);
-        cJSON *lg = cJSON_AddArrayToObject(f, "legend"), *pt = cJSON_AddArrayToObject(f, "points");
-        for (size_t p = 0; p < n_l; p++) {
-            cJSON_AddItemToArray(lg, cJSON_CreateString(plabel[p]));
-            cJSON_AddItemToArray(pt, cJSON_CreateNumber((double)C));
-        }
-        cJSON_AddItemToArray(o->figures, f);
-        printf("%s\n%s\n", png, svg);
-        td_free(png);
-        td_free(svg);
+        size_t *pts = td_malloc(n_l * sizeof(size_t));
+        for (size_t p = 0; p < n_l; p++) pts[p] = C;
+        plot_out_written(o, "serve_expert_load", base, (const char *const *)plabel, pts, n_l);
+        td_free(pts);
     }
     td_free(base);
     for (size_t p = 0; p < n_l; p++) td_free(plabel[p]);
@@ -501,7 +457,7 @@ int cmd_plot_serve(int argc, char **argv)
         }
     }
     if (!rc) {
-        Output o = { out, NULL, NULL };
+        PlotOut o = { out, NULL, NULL };
         cJSON *root = cJSON_CreateObject();
         cJSON_AddStringToObject(root, "scrape_log", path);
         cJSON_AddNumberToObject(root, "scrapes", (double)g.n);
@@ -529,21 +485,7 @@ int cmd_plot_serve(int argc, char **argv)
             rc = rate_figure(&o, &g, x, "serve_requests_per_s", "request throughput", "per second", req_n, req_l, 2);
         if (!rc) rc = cache_figure(&o, &g, x);
         if (!rc) rc = expert_figure(&o, &g, x);
-        if (!rc) {
-            char *ip = td_sprintf("%s/index.json", out);
-            char *s = cJSON_Print(root);
-            FILE *f = fopen(ip, "w");
-            int bad = !f || fputs(s, f) < 0 || fputc('\n', f) < 0;
-            if (f && fclose(f)) bad = 1;
-            if (bad) {
-                td_error("plot: %s: %s", ip, strerror(errno));
-                rc = 1;
-            } else {
-                printf("%s\n", ip);
-            }
-            cJSON_free(s);
-            td_free(ip);
-        }
+        if (!rc && plot_out_index(&o, root)) rc = 1;
         td_free(x);
         cJSON_Delete(root);
         chart_release();
