@@ -121,8 +121,7 @@ Test(gemm, pack_layout_is_panels_of_32_zero_padded)
     const size_t N = 45, K = 37, G = 2;
     cr_expect_eq(gemm_packed_bytes(DTYPE_F32, N, K), td_round_up(64 * K * 4, 64), "f32 size of [45, 37]");
     cr_expect_eq(gemm_packed_bytes(DTYPE_BF16, N, K), td_round_up(64 * K * 2, 64), "bf16 size of [45, 37]");
-    cr_expect_eq(gemm_packed_bytes(DTYPE_INT8, N, K), td_round_up(64 * K, 64) + td_round_up(2 * G * 32 * 4, 64),
-                 "int8 size of [45, 37]");
+    cr_expect_eq(gemm_packed_bytes(DTYPE_INT8, N, K), 2 * G * 1152, "int8 size of [45, 37]: 1152 bytes a group of a panel");
     cr_expect_eq(gemm_packed_bytes(DTYPE_F32, 32, 3), 32 * 3 * 4, "f32 size of [32, 3]");
     cr_expect_eq(gemm_packed_bytes(DTYPE_F32, 1, 5), 32 * 5 * 4, "f32 size of [1, 5]");
     float *W = fixture_rand(N * K, 1, -1, 1);
@@ -134,7 +133,6 @@ Test(gemm, pack_layout_is_panels_of_32_zero_padded)
             unsigned char *P = td_malloc(nb);
             memset(P, 0xA5, nb);   /* padding must be written */
             gemm_pack(P, dt, W, N, K);
-            const GemmW w = gemm_w(dt, P, N, K);
             size_t bad = 0, first = SIZE_MAX;
             for (size_t p = 0; p < 2; p++)
                 for (size_t j = 0; j < GEMM_NR; j++) {
@@ -149,8 +147,8 @@ Test(gemm, pack_layout_is_panels_of_32_zero_padded)
                         for (size_t k = g * 32; k < K && k < g * 32 + 32; k++)
                             q[k] = (int8_t)fmaxf(-127, fminf(127, rintf(W[n * K + k] / sc[g])));
                     }
-                    for (size_t k = 0; k < K; k++) {
-                        const size_t i = (p * K + k) * GEMM_NR + j;
+                    for (size_t k = 0; k < (dt == DTYPE_INT8 ? G * 32 : K); k++) {
+                        size_t i = (p * K + k) * GEMM_NR + j;
                         int ok;
                         if (dt == DTYPE_F32) {
                             const float want = n < N ? W[n * K + k] : 0.0f;
@@ -161,8 +159,12 @@ Test(gemm, pack_layout_is_panels_of_32_zero_padded)
                             ok = ((const uint16_t *)(const void *)P)[(p * K + k) * GEMM_NR + sj] ==
                                  (n < N ? dtype_bf16_from_f32(W[n * K + k]) : 0);
                         } else {
-                            ok = ((const int8_t *)P)[i] == (n < N ? q[k] : 0);
-                            if (k % 32 == 0) ok &= !memcmp(&w.scale[(p * G + k / 32) * GEMM_NR + j], &sc[k / 32], 4);
+                            /* group blocks of 1152 bytes: byte (k4 32 + j) 4 + i holds q + 128 of
+                             * k = 32 g + 4 k4 + i (q = 0 past K and past N), then 32 scales */
+                            const size_t g = k / 32, kk = k % 32, blk = (p * G + g) * 1152;
+                            i = blk + ((kk / 4) * 32 + j) * 4 + kk % 4;
+                            ok = P[i] == (uint8_t)((n < N && k < K ? q[k] : 0) + 128);
+                            if (kk == 0) ok &= !memcmp(P + blk + 1024 + 4 * j, &sc[g], 4);
                         }
                         if (!ok) {
                             bad++;
@@ -384,9 +386,10 @@ static void dequantized(float *Wd, Dtype t, const float *W, size_t N, size_t K)
 
 Test(gemm, narrow_weights_bit_identical_to_fma_chain_on_dequantized_weights)
 {
-    /* The contract of gemm.h for bf16 / int8: exactly the f32 chain on the
-     * dequantized weights.  Odd M, N and K; K = 1, 31, 33, 100 leave int8 a
-     * partial last group; row strides wider than the rows; 1 and 2 threads. */
+    /* The contract of gemm.h for bf16: exactly the f32 chain on the rounded
+     * weights (int8: the next test).  Odd M, N and K; row strides wider
+     * than the rows; 1 and 2 threads.  gemm_unpack_row gives the
+     * dequantized weights at both dtypes. */
     static const size_t Ms[] = { 1, 2, 3, 4, 7, 12, 13, 50, 200 };
     static const size_t Ns[] = { 1, 31, 33, 130, 257 };
     static const size_t Ks[] = { 1, 31, 32, 33, 100, 333 };
@@ -404,7 +407,7 @@ Test(gemm, narrow_weights_bit_identical_to_fma_chain_on_dequantized_weights)
                 const size_t N = Ns[a], K = Ks[b];
                 GemmW P = packed_as(dt, W, N, K);
                 dequantized(Wd, dt, W, N, K);
-                for (size_t c = 0; c < sizeof Ms / sizeof *Ms; c++)
+                for (size_t c = 0; c < sizeof Ms / sizeof *Ms && dt == DTYPE_BF16; c++)
                     for (int th = 1; th <= 2; th++) {
                         const size_t M = Ms[c], ldx = K + pad_x, ldy = N + pad_y;
                         pool_init(th);
@@ -440,29 +443,133 @@ Test(gemm, narrow_weights_bit_identical_to_fma_chain_on_dequantized_weights)
     EXPECT_NO_LEAKS();
 }
 
-Test(gemm, narrow_weights_test_would_notice_a_wrong_scale_or_rounding)
+/* y = x W^T at int8 from the definition of core/ops/gemm_q8.h, written out
+ * here: W and each row of x quantized per group of 32 (s = amax / 127, q =
+ * rne(v / s) clamped, 0 when s is not finite and > 0), an exact integer
+ * sum per group, c = fma(sx * sw, (float)isum, c) over the groups in order.
+ * variant 1: unfused c + d * isum; 2: the scales multiplied the other way
+ * round in a chain, fma(sx, sw * isum, c). */
+static void quant_group(int *q, const float *v, size_t n, float *s_out)
 {
-    /* Guard: the comparison above fails for a kernel that skips the scale's
-     * rounding (fma(x * s, q, c)) or truncates bf16 instead of rounding. */
+    float amax = 0;
+    int nan = 0;
+    for (size_t i = 0; i < n; i++) {
+        nan |= v[i] != v[i];
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+    const float s = nan ? NAN : amax / 127.0f;
+    *s_out = s;
+    for (size_t i = 0; i < n; i++) q[i] = s > 0 && s < INFINITY ? (int)fmaxf(-127, fminf(127, rintf(v[i] / s))) : 0;
+}
+
+static void w8a8_xwt(float *y, size_t ldy, const float *x, size_t ldx, const float *W, size_t M, size_t N, size_t K,
+                     int variant)
+{
+    int qx[32], qw[32];
+    for (size_t m = 0; m < M; m++)
+        for (size_t n = 0; n < N; n++) {
+            float c = 0;
+            for (size_t k0 = 0; k0 < K; k0 += 32) {
+                const size_t ng = K - k0 < 32 ? K - k0 : 32;
+                float sx, sw;
+                quant_group(qx, x + m * ldx + k0, ng, &sx);
+                quant_group(qw, W + n * K + k0, ng, &sw);
+                if (!(sw > 0)) sw = 0;   /* the weights' quantizer stores s = 0 for an all-zero group */
+                int32_t isum = 0;
+                for (size_t i = 0; i < ng; i++) isum += qx[i] * qw[i];
+                if (variant == 1) c = c + (sx * sw) * (float)isum;
+                else if (variant == 2) c = fmaf(sx, sw * (float)isum, c);
+                else c = fmaf(sx * sw, (float)isum, c);
+            }
+            y[m * ldy + n] = c;
+        }
+}
+
+Test(gemm, int8_weights_bit_identical_to_the_w8a8_definition)
+{
+    /* Odd M, N and K (K = 1, 31, 33, 100, 333: a partial last group), row
+     * strides wider than the rows, weights over several binades (groups of
+     * different scales), an all-zero group of x; 1 and 2 threads.  The
+     * kernel suites run this on every path (AVX-512 VNNI, AVX2, portable). */
+    static const size_t Ms[] = { 1, 2, 3, 4, 5, 6, 7, 12, 13, 50, 200 };
+    static const size_t Ns[] = { 1, 31, 33, 130, 257 };
+    static const size_t Ks[] = { 1, 31, 32, 33, 100, 333 };
+    const size_t Mmax = 200, Nmax = 257, Kmax = 333, pad_x = 3, pad_y = 5;
+    float *x = fixture_rand(Mmax * (Kmax + pad_x), 2, -1, 1), *W = fixture_rand(Nmax * Kmax, 3, -1, 1);
+    for (size_t i = 0; i < Nmax * Kmax; i++) W[i] *= (float)(1 << (i * 7919 % 9)) * 0.01f;
+    for (size_t i = 0; i < Mmax * (Kmax + pad_x); i++) x[i] *= (float)(1 << (i * 104729 % 7)) * 0.1f;
+    memset(x + 3 * (Kmax + pad_x), 0, 40 * sizeof(float));   /* row 3: its first group all zero */
+    float *y = td_malloc(Mmax * (Nmax + pad_y) * sizeof(float)), *ref = td_malloc(Mmax * (Nmax + pad_y) * sizeof(float));
+    float *y2 = td_malloc(Mmax * (Nmax + pad_y) * sizeof(float));
+    size_t n_cases = 0, n_fail = 0;
+    for (size_t a = 0; a < sizeof Ns / sizeof *Ns; a++)
+        for (size_t b = 0; b < sizeof Ks / sizeof *Ks; b++) {
+            const size_t N = Ns[a], K = Ks[b];
+            GemmW P = packed_as(DTYPE_INT8, W, N, K);
+            for (size_t c = 0; c < sizeof Ms / sizeof *Ms; c++) {
+                const size_t M = Ms[c], ldx = K + pad_x, ldy = N + pad_y;
+                for (size_t i = 0; i < M * ldy; i++) ref[i] = -12345.0f;
+                w8a8_xwt(ref, ldy, x, ldx, W, M, N, K, 0);
+                for (int th = 1; th <= 2; th++) {
+                    pool_init(th);
+                    for (size_t i = 0; i < M * ldy; i++) y[i] = -12345.0f;
+                    gemm_xwt(y, ldy, x, ldx, &P, M);
+                    size_t i = fixture_first_diff(y, ref, M * ldy);
+                    n_cases++;
+                    if (i != M * ldy) {
+                        n_fail++;
+                        cr_expect(0, "int8 M=%zu N=%zu K=%zu, %d threads: element (%zu, %zu) is %a, the definition gives %a",
+                                  M, N, K, th, i / ldy, i % ldy, (double)y[i], (double)ref[i]);
+                    }
+                }
+                /* the group product (one region; the second problem, of the same x, shares its
+                 * quantized copy) and the serial call give the same bits */
+                GemmProblem pr[2] = { { y, ldy, x, ldx, P, M }, { y2, ldy, x, ldx, P, M } };
+                {
+                    for (size_t i = 0; i < M * ldy; i++) y2[i] = -12345.0f;
+                    gemm_xwt_group(pr, 2);
+                    n_cases++;
+                    if (fixture_first_diff(y, ref, M * ldy) != M * ldy || fixture_first_diff(y2, ref, M * ldy) != M * ldy) {
+                        n_fail++;
+                        cr_expect(0, "int8 M=%zu N=%zu K=%zu: gemm_xwt_group differs", M, N, K);
+                    }
+                }
+                gemm_xwt_serial(y, ldy, x, ldx, &P, M);
+                n_cases++;
+                if (fixture_first_diff(y, ref, M * ldy) != M * ldy) {
+                    n_fail++;
+                    cr_expect(0, "int8 M=%zu N=%zu K=%zu: gemm_xwt_serial differs", M, N, K);
+                }
+            }
+            pool_init(1);
+            wfree(P);
+        }
+    cr_expect_eq(n_fail, 0, "%zu of %zu cases not bit-identical", n_fail, n_cases);
+    td_free(x);
+    td_free(W);
+    td_free(y);
+    td_free(y2);
+    td_free(ref);
+    EXPECT_NO_LEAKS();
+}
+
+Test(gemm, int8_test_would_notice_another_rounding_and_non_finite_x_gives_nan)
+{
+    /* Guard: the comparison above fails for a kernel that rounds otherwise
+     * (unfused, the scales applied in another order) or that skips x's
+     * quantization (the f32 chain on the dequantized weights). */
     const size_t M = 5, N = 40, K = 100;
     float *x = fixture_rand(M * K, 4, -1, 1), *W = fixture_rand(N * K, 5, -1, 1);
     float *Wd = td_malloc(N * K * sizeof(float)), *a = td_malloc(M * N * sizeof(float)), *b = td_malloc(M * N * sizeof(float));
-    GemmW P = packed_as(DTYPE_INT8, W, N, K);
+    w8a8_xwt(a, N, x, K, W, M, N, K, 0);
     dequantized(Wd, DTYPE_INT8, W, N, K);
-    naive_xwt(a, N, x, K, Wd, M, N, K);
-    for (size_t m = 0; m < M; m++)   /* the unrounded variant */
-        for (size_t n = 0; n < N; n++) {
-            float c = 0;
-            for (size_t k = 0; k < K; k++) {
-                const float s = P.scale[(n / 32 * 4 + k / 32) * 32 + n % 32];
-                const float q = ((const int8_t *)P.p)[((n / 32) * K + k) * 32 + n % 32];
-                c = fmaf(x[m * K + k] * s, q, c);
-            }
-            b[m * N + n] = c;
-        }
-    size_t same = 0;
-    for (size_t i = 0; i < M * N; i++) same += memcmp(&a[i], &b[i], 4) == 0;
-    cr_expect_lt(same, M * N / 2, "%zu of %zu elements agree with fma(x s, q, c)", same, M * N);
+    for (int v = 1; v <= 3; v++) {
+        if (v < 3) w8a8_xwt(b, N, x, K, W, M, N, K, v);
+        else naive_xwt(b, N, x, K, Wd, M, N, K);
+        size_t same = 0;
+        for (size_t i = 0; i < M * N; i++) same += memcmp(&a[i], &b[i], 4) == 0;
+        cr_expect_lt(same, M * N * 9 / 10, "variant %d: %zu of %zu elements agree with the definition", v, same, M * N);
+    }
     float *Wt = td_malloc(N * K * sizeof(float));
     for (size_t i = 0; i < N * K; i++) {
         uint32_t u;
@@ -473,9 +580,22 @@ Test(gemm, narrow_weights_test_would_notice_a_wrong_scale_or_rounding)
     dequantized(Wd, DTYPE_BF16, W, N, K);
     naive_xwt(a, N, x, K, Wd, M, N, K);
     naive_xwt(b, N, x, K, Wt, M, N, K);
-    same = 0;
+    size_t same = 0;
     for (size_t i = 0; i < M * N; i++) same += memcmp(&a[i], &b[i], 4) == 0;
     cr_expect_lt(same, M * N / 2, "%zu of %zu elements agree with truncated bf16", same, M * N);
+    /* a NaN or an infinity in a row of x: every output of that row NaN, the other rows as before */
+    GemmW P = packed_as(DTYPE_INT8, W, N, K);
+    gemm_xwt(a, N, x, K, &P, M);
+    x[1 * K + 70] = NAN;
+    x[3 * K + 5] = INFINITY;
+    gemm_xwt(b, N, x, K, &P, M);
+    size_t nan_rows = 0, kept = 0;
+    for (size_t n = 0; n < N; n++) {
+        nan_rows += isnan(b[1 * N + n]) && isnan(b[3 * N + n]);
+        kept += !memcmp(&a[n], &b[n], 4) && !memcmp(&a[2 * N + n], &b[2 * N + n], 4) && !memcmp(&a[4 * N + n], &b[4 * N + n], 4);
+    }
+    cr_expect(nan_rows == N && kept == N, "non-finite x: %zu of %zu columns NaN in rows 1 and 3, %zu kept elsewhere",
+              nan_rows, N, kept);
     wfree(P);
     td_free(x);
     td_free(W);

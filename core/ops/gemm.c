@@ -24,6 +24,7 @@
  * The backward is float32 only: training keeps float32 weights.
  */
 #include "core/ops/gemm.h"
+#include "core/ops/gemm_q8.h"
 #include "core/common.h"
 #include "core/pool.h"
 
@@ -52,20 +53,16 @@
 
 static size_t panels_of(size_t N) { return td_round_up(N, GEMM_NR) / GEMM_NR; }
 
-/* int8: bytes of the int8 panels before the scales */
-static size_t q8_panel_bytes(size_t N, size_t K) { return td_round_up(panels_of(N) * K * GEMM_NR, 64); }
-
 size_t gemm_packed_bytes(Dtype t, size_t N, size_t K)
 {
     const size_t np = panels_of(N);
-    if (t == DTYPE_INT8) return q8_panel_bytes(N, K) + td_round_up(np * dtype_q8_groups(K) * GEMM_NR * sizeof(float), 64);
+    if (t == DTYPE_INT8) return np * dtype_q8_groups(K) * Q8_BLOCK;   /* gemm_q8.h */
     return td_round_up(np * K * GEMM_NR * dtype_size(t), 64);
 }
 
 GemmW gemm_w(Dtype t, const void *base, size_t N, size_t K)
 {
     GemmW w = { t, base, NULL, N, K };
-    if (t == DTYPE_INT8) w.scale = (const float *)(const void *)((const char *)base + q8_panel_bytes(N, K));
     return w;
 }
 
@@ -95,33 +92,23 @@ static void pack_range(void *vctx, size_t p0, size_t p1, int tid)
 {
     (void)tid;
     const struct pack_ctx *c = vctx;
-    const size_t K = c->K, G = dtype_q8_groups(K);
-    const GemmW w = gemm_w(c->t, c->P, c->N, K);
+    const size_t K = c->K;
     for (size_t p = p0; p < p1; p++) {
+        if (c->t == DTYPE_INT8) {
+            gemm_q8_pack_panel((char *)c->P + p * dtype_q8_groups(K) * Q8_BLOCK, c->W, c->Q, c->S, p * GEMM_NR,
+                               c->N, K);
+            continue;
+        }
         char *pan = (char *)c->P + p * K * GEMM_NR * dtype_size(c->t);
-        float *sp = c->t == DTYPE_INT8 ? (float *)(uintptr_t)(w.scale + p * G * GEMM_NR) : NULL;
         for (size_t j = 0; j < GEMM_NR; j++) {
             const size_t n = p * GEMM_NR + j;
             const float *src = n < c->N && c->W ? c->W + n * K : NULL;
             if (c->t == DTYPE_F32) {
                 float *d = (float *)(void *)pan;
                 for (size_t k = 0; k < K; k++) d[k * GEMM_NR + j] = src ? src[k] : 0.0f;
-            } else if (c->t == DTYPE_BF16) {
+            } else {
                 uint16_t *d = (uint16_t *)(void *)pan;
                 for (size_t k = 0; k < K; k++) d[k * GEMM_NR + bf16_slot(j)] = src ? dtype_bf16_from_f32(src[k]) : 0;
-            } else {
-                int8_t *d = (int8_t *)pan, q[GQ];
-                for (size_t g = 0; g < G; g++) {
-                    const size_t k0 = g * GQ, ng = td_min(GQ, K - k0);
-                    float s = 0.0f;
-                    if (src) s = dtype_q8_quantize(q, src + k0, ng);
-                    else if (n < c->N) {   /* pre-quantized */
-                        memcpy(q, c->Q + n * K + k0, ng);
-                        s = c->S[n * G + g];
-                    } else memset(q, 0, ng);
-                    for (size_t i = 0; i < ng; i++) d[(k0 + i) * GEMM_NR + j] = q[i];
-                    sp[g * GEMM_NR + j] = s;
-                }
             }
         }
     }
@@ -131,13 +118,10 @@ static void pack_range(void *vctx, size_t p0, size_t p1, int tid)
  * padding), so that a packed matrix is a function of its weights alone. */
 static void zero_padding(void *P, Dtype t, size_t N, size_t K)
 {
+    if (t == DTYPE_INT8) return;   /* no padding: whole 1152-byte group blocks */
     unsigned char *b = P;
     const size_t np = panels_of(N), total = gemm_packed_bytes(t, N, K);
-    size_t used = np * K * GEMM_NR * dtype_size(t);
-    if (t == DTYPE_INT8) {
-        memset(b + used, 0, q8_panel_bytes(N, K) - used);
-        used = q8_panel_bytes(N, K) + np * dtype_q8_groups(K) * GEMM_NR * sizeof(float);
-    }
+    const size_t used = np * K * GEMM_NR * dtype_size(t);
     memset(b + used, 0, total - used);
 }
 
@@ -174,8 +158,7 @@ void gemm_unpack_row(float *dst, const GemmW *W, size_t n)
         for (size_t k = 0; k < W->K; k++) dst[k] = wval(DTYPE_BF16, panel_at(DTYPE_BF16, W, p), k, j, NULL);
         break;
     default:
-        for (size_t k = 0; k < W->K; k++)
-            dst[k] = wval(DTYPE_INT8, panel_at(DTYPE_INT8, W, p), k, j, scales_at(DTYPE_INT8, W, p) + k / GQ * GEMM_NR);
+        gemm_q8_unpack_row(dst, W, n);
         break;
     }
 }
@@ -515,45 +498,64 @@ ALWAYS_INLINE void drive_dt(const int DT, float *y, size_t ldy, const float *x, 
     }
 }
 
-/* The one dispatch on the dtype of a call (or of a unit of a group). */
-static void drive(float *y, size_t ldy, const float *x, size_t ldx, const GemmW *W, size_t M, size_t p0,
-                  size_t p1)
+/* The one dispatch on the dtype of a call (or of a unit of a group); int8
+ * takes x quantized (qx, its row 0 at x's row 0). */
+static void drive(float *y, size_t ldy, const float *x, size_t ldx, const GemmQX *qx, const GemmW *W, size_t M,
+                  size_t p0, size_t p1)
 {
     switch (W->dtype) {
     case DTYPE_F32:  drive_dt(DTYPE_F32, y, ldy, x, ldx, W, M, p0, p1); return;
     case DTYPE_BF16: drive_dt(DTYPE_BF16, y, ldy, x, ldx, W, M, p0, p1); return;
-    default:         drive_dt(DTYPE_INT8, y, ldy, x, ldx, W, M, p0, p1); return;
+    default:         gemm_q8_drive(y, ldy, qx, W, M, p0, p1); return;
     }
+}
+
+/* qx from its row m0 on */
+static GemmQX qx_from(const GemmQX *qx, size_t m0)
+{
+    if (!qx) return (GemmQX){ 0 };
+    return (GemmQX){ qx->q + m0 * qx->ldq, qx->s + m0 * qx->G, qx->sum + m0 * qx->G, qx->ldq, qx->G };
+}
+
+/* int8 W: x quantized into this thread's scratch (gemm_q8.h); else NULL */
+static const GemmQX *quantized(GemmQX *qx, const float *x, size_t ldx, const GemmW *W, size_t M)
+{
+    if (W->dtype != DTYPE_INT8) return NULL;
+    gemm_q8_quantize_x(qx, gemm_q8_scratch(gemm_q8_qx_bytes(M, W->K)), x, ldx, M, W->K);
+    return qx;
 }
 
 void gemm_xwt_serial(float *y, size_t ldy, const float *x, size_t ldx, const GemmW *W, size_t M)
 {
     if (M == 0 || W->N == 0) return;
-    drive(y, ldy, x, ldx, W, M, 0, panels_of(W->N));
+    GemmQX qb;
+    drive(y, ldy, x, ldx, quantized(&qb, x, ldx, W, M), W, M, 0, panels_of(W->N));
 }
 
 struct xwt_ctx {
-    float *y; size_t ldy; const float *x; size_t ldx; const GemmW *W; size_t M;
+    float *y; size_t ldy; const float *x; size_t ldx; const GemmQX *qx; const GemmW *W; size_t M;
 };
 
 static void xwt_rows(void *vc, size_t m0, size_t m1, int tid)
 {
     (void)tid;
     struct xwt_ctx *c = vc;
-    drive(c->y + m0 * c->ldy, c->ldy, c->x + m0 * c->ldx, c->ldx, c->W, m1 - m0, 0, panels_of(c->W->N));
+    const GemmQX q = qx_from(c->qx, m0);
+    drive(c->y + m0 * c->ldy, c->ldy, c->x + m0 * c->ldx, c->ldx, &q, c->W, m1 - m0, 0, panels_of(c->W->N));
 }
 
 static void xwt_panels(void *vc, size_t p0, size_t p1, int tid)
 {
     (void)tid;
     struct xwt_ctx *c = vc;
-    drive(c->y, c->ldy, c->x, c->ldx, c->W, c->M, p0, p1);
+    drive(c->y, c->ldy, c->x, c->ldx, c->qx, c->W, c->M, p0, p1);
 }
 
 void gemm_xwt(float *y, size_t ldy, const float *x, size_t ldx, const GemmW *W, size_t M)
 {
     if (M == 0 || W->N == 0) return;
-    struct xwt_ctx c = { y, ldy, x, ldx, W, M };
+    GemmQX qb;
+    struct xwt_ctx c = { y, ldy, x, ldx, quantized(&qb, x, ldx, W, M), W, M };
     size_t n_panels = panels_of(W->N);
     size_t nt = (size_t)pool_threads();
     /* Split rows when there are enough for every thread to get whole cache
@@ -588,12 +590,13 @@ static double unit_cost(const GemmProblem *q, size_t m0, size_t m1, size_t p0, s
     return (double)(p1 - p0) * (double)q->W.K * (double)((m1 - m0) + 4);
 }
 
-struct group_ctx { const GemmProblem *pr; int n; double total; int nt; };
+struct group_ctx { const GemmProblem *pr; const GemmQX *qx; int n; double total; int nt; };
 
 /* Runs (when run) the units of the group whose cost midpoint is in
  * [lo, hi); returns the total cost, and counts the units into *nu when
  * not NULL. */
-static double group_walk(const GemmProblem *pr, int n, double lo, double hi, bool run, size_t *nu)
+static double group_walk(const GemmProblem *pr, const GemmQX *qx, int n, double lo, double hi, bool run,
+                         size_t *nu)
 {
     double at = 0;
     for (int i = 0; i < n; i++) {
@@ -608,8 +611,10 @@ static double group_walk(const GemmProblem *pr, int n, double lo, double hi, boo
                 const double cost = unit_cost(q, m0, m1, p0, p1), mid = at + cost / 2;
                 at += cost;
                 if (nu) ++*nu;
-                if (run && mid >= lo && mid < hi)
-                    drive(q->y + m0 * q->ldy, q->ldy, q->x + m0 * q->ldx, q->ldx, &q->W, m1 - m0, p0, p1);
+                if (run && mid >= lo && mid < hi) {
+                    const GemmQX qm = qx_from(q->W.dtype == DTYPE_INT8 ? &qx[i] : NULL, m0);
+                    drive(q->y + m0 * q->ldy, q->ldy, q->x + m0 * q->ldx, q->ldx, &qm, &q->W, m1 - m0, p0, p1);
+                }
             }
     }
     return at;
@@ -620,16 +625,46 @@ static void group_share(void *vc, size_t t0, size_t t1, int tid)
     (void)tid;
     const struct group_ctx *c = vc;
     for (size_t t = t0; t < t1; t++)
-        group_walk(c->pr, c->n, c->total * (double)t / c->nt, c->total * (double)(t + 1) / c->nt, true, NULL);
+        group_walk(c->pr, c->qx, c->n, c->total * (double)t / c->nt, c->total * (double)(t + 1) / c->nt, true,
+                   NULL);
+}
+
+/* The int8 problems' x quantized, in this thread's scratch: qx[i] for
+ * problem i (a problem with the x of the one before it shares its copy:
+ * q, k and v of one input). */
+static const GemmQX *group_quantized(const GemmProblem *pr, int n)
+{
+    size_t bytes = td_round_up((size_t)n * sizeof(GemmQX), 64), any = 0;
+    for (int i = 0; i < n; i++)
+        if (pr[i].W.dtype == DTYPE_INT8) {
+            bytes += gemm_q8_qx_bytes(pr[i].M, pr[i].W.K);
+            any = 1;
+        }
+    if (!any) return NULL;
+    char *buf = gemm_q8_scratch(bytes), *at = buf + td_round_up((size_t)n * sizeof(GemmQX), 64);
+    GemmQX *qx = (GemmQX *)(void *)buf;
+    for (int i = 0; i < n; i++) {
+        const GemmProblem *q = &pr[i];
+        if (q->W.dtype != DTYPE_INT8) continue;
+        const GemmProblem *b = i > 0 ? &pr[i - 1] : NULL;
+        if (b && b->W.dtype == DTYPE_INT8 && b->x == q->x && b->ldx == q->ldx && b->M == q->M && b->W.K == q->W.K) {
+            qx[i] = qx[i - 1];
+            continue;
+        }
+        gemm_q8_quantize_x(&qx[i], at, q->x, q->ldx, q->M, q->W.K);
+        at += gemm_q8_qx_bytes(q->M, q->W.K);
+    }
+    return qx;
 }
 
 void gemm_xwt_group(const GemmProblem *pr, int n)
 {
     size_t nu = 0;
-    struct group_ctx c = { pr, n, group_walk(pr, n, 0, 0, false, &nu), pool_threads() };
+    struct group_ctx c = { pr, NULL, n, group_walk(pr, NULL, n, 0, 0, false, &nu), pool_threads() };
     if (nu == 0) return;
+    c.qx = group_quantized(pr, n);
     if (c.nt <= 1 || nu == 1) {
-        group_walk(pr, n, -1, 2 * c.total + 1, true, NULL);
+        group_walk(pr, c.qx, n, -1, 2 * c.total + 1, true, NULL);
         return;
     }
     pool_for((size_t)c.nt, 1, group_share, &c);
@@ -756,6 +791,7 @@ static float *scratch_get(size_t n)
 
 void gemm_scratch_free(void)
 {
+    gemm_q8_scratch_free();
     pthread_mutex_lock(&g_scr_mu);
     for (GemmScratch *s = g_scr_head; s; s = s->next) {
         free(s->buf);
@@ -767,7 +803,7 @@ void gemm_scratch_free(void)
 
 size_t gemm_scratch_bytes(void)
 {
-    size_t n = 0;
+    size_t n = gemm_q8_scratch_bytes();
     pthread_mutex_lock(&g_scr_mu);
     for (GemmScratch *s = g_scr_head; s; s = s->next) n += s->cap * sizeof(float);
     pthread_mutex_unlock(&g_scr_mu);
@@ -1094,8 +1130,8 @@ void gemm_bw_group(const GemmBwProblem *pr, int n)
 
 #else  /* portable: single-threaded BLAS on disjoint slices from the pool */
 
-void gemm_scratch_free(void) {}
-size_t gemm_scratch_bytes(void) { return 0; }
+void gemm_scratch_free(void) { gemm_q8_scratch_free(); }
+size_t gemm_scratch_bytes(void) { return gemm_q8_scratch_bytes(); }
 
 struct bw_ctx {
     float *out; size_t ldo; const float *a; size_t lda; const float *b; size_t ldb;

@@ -1,0 +1,73 @@
+/* core/ops/gemm_q8.h - the int8 forward product (internal to core/ops/gemm.c).
+ *
+ * y = x W^T with W int8 (one float32 scale per group of 32 weights along K)
+ * and x quantized the same way, per row, on the fly (W8A8): every group's
+ * dot product is an exact integer sum, and only the combination of the
+ * groups is floating point.  For row m, column n and the G = ceil(K / 32)
+ * groups g of K (the last one K mod 32 long when K is not a multiple of 32):
+ *
+ *   x quantized:  a = max |x[m][k]| over g (NaN if any is NaN);  sx = a / 127;
+ *                 qx[k] = rne(x[m][k] / sx) clamped to [-127, 127] when sx
+ *                 is finite and > 0, else 0 (zeros, an underflow, inf, NaN:
+ *                 sx itself is kept, so a non-finite x gives a NaN y)
+ *   group sum:    isum = sum over k in g of qx[k] * qw[n][k]      (int32, exact)
+ *   output:       c = +0;  for g = 0 .. G-1:  c = fma(sx[m][g] * sw[n][g], (float)isum, c);  y[m][n] = c
+ *
+ * (sx * sw is one rounded float32 product; |isum| <= 32 * 127 * 127 <
+ * 2^24, so (float)isum is exact.)  An integer sum has one value whatever
+ * the order of its terms, so every path -- AVX-512 VNNI (vpdpbusd: 64
+ * multiply-adds an instruction), AVX2 (vpmaddwd) and portable C -- gives
+ * the same bits, and row m of y depends on row m of x and on W only
+ * (row-invariant, as gemm.h's float chains).  What differs from the bf16
+ * and f32 kernels: the result is not the float32 product with the
+ * dequantized weights, since x is rounded to 8 bits per group too (the
+ * accuracy of docs/serving.md is measured with it).
+ *
+ * Packed layout, per panel of 32 columns, per group g: 1024 bytes of
+ * weights, byte (k4 * 32 + j) * 4 + i = qw[p*32 + j][g*32 + 4*k4 + i] + 128
+ * (k4 = 0..7, i = 0..3: four consecutive k of a column in one 32-bit lane,
+ * vpdpbusd's unsigned operand; k past K and columns past N hold q = 0),
+ * then 32 float scales sw[p*32 + j][g]: Q8_BLOCK = 1152 bytes a group, so
+ * a panel's weights and scales are one sequential stream.
+ */
+#ifndef TANDEM_CORE_OPS_GEMM_Q8_H
+#define TANDEM_CORE_OPS_GEMM_Q8_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/ops/gemm.h"
+
+#define Q8_G       DTYPE_Q8_GROUP                 /* k per group (32) */
+#define Q8_WBYTES  (Q8_G * GEMM_NR)               /* weight bytes of a group of a panel */
+#define Q8_BLOCK   (Q8_WBYTES + GEMM_NR * 4)      /* ... and its 32 scales */
+
+/* x quantized for the int8 product: rows of ldq = 32 G bytes (zero past
+ * K), the scales sx[m * G + g] and sums[m * G + g] = sum of the group's qx. */
+typedef struct {
+    const int8_t *q;
+    const float *s;
+    const int32_t *sum;
+    size_t ldq, G;
+} GemmQX;
+
+/* Bytes of the quantized x of M rows of K (a multiple of 64). */
+size_t gemm_q8_qx_bytes(size_t M, size_t K);
+/* Quantizes x [M, K] (row stride ldx) into buf (gemm_q8_qx_bytes) as *qx. */
+void gemm_q8_quantize_x(GemmQX *qx, void *buf, const float *x, size_t ldx, size_t M, size_t K);
+/* This thread's scratch of at least n bytes for quantized x (grown on
+ * demand, kept for the next call, freed at thread exit). */
+void *gemm_q8_scratch(size_t n);
+size_t gemm_q8_scratch_bytes(void);
+void gemm_q8_scratch_free(void);
+
+/* Rows [0, M) x panels [p0, p1) of the int8 W: y = qx W^T as above. */
+void gemm_q8_drive(float *y, size_t ldy, const GemmQX *qx, const GemmW *W, size_t M, size_t p0, size_t p1);
+
+/* Packs one panel (32 columns from row n0 of W) : from float32 rows (W,
+ * quantized here) or from pre-quantized Q [N, K] and S [N, G]. */
+void gemm_q8_pack_panel(void *pan, const float *W, const int8_t *Q, const float *S, size_t n0, size_t N, size_t K);
+/* dst (K) = row n of the int8 W dequantized, (float)q * s. */
+void gemm_q8_unpack_row(float *dst, const GemmW *W, size_t n);
+
+#endif
