@@ -8,14 +8,12 @@
  * With AVX2 (16 ymm registers) the register tile is 6 rows x half a panel,
  * or 1-3 rows x whole panels; the chains, and so the bits, are the same.
  *
- * Every kernel is written once for the three weight dtypes (a constant DT
- * argument of always-inline functions, so each dtype gets its own
+ * Every kernel is written once for the two float weight dtypes (a constant
+ * DT argument of always-inline functions, so each dtype gets its own
  * specialisation): wrow16 / wrow8 / wval load a panel row's weights and
- * widen them to float32 (f32: a load; bf16: zero-extend and shift left 16;
- * int8: sign-extend, convert, multiply by the group's scale), and the FMA
- * chain after it is the f32 kernel's.  int8 walks k in groups of 32 (the
- * scales of a group are loaded once); that only splits the loop, not the
- * chain.
+ * widen them to float32 (f32: a load; bf16: zero-extend and shift left 16),
+ * and the FMA chain after it is the f32 kernel's.  int8 weights have their
+ * own kernels (core/ops/gemm_q8.c, W8A8); drive() dispatches to them.
  *
  * The backward products (dx = dy W, dW = dy^T x) run the same micro-kernel
  * in a blocked, accumulating driver (section "backward") with AVX-512; the
@@ -46,7 +44,6 @@
 #define MR_MAX 12   /* rows per register tile: 12 x 2 zmm = 24 accumulators */
 #define MB     96   /* rows per cache block: MB * K floats of x stay in L2 */
 #define NP_WIDE 4   /* panels side by side in the few-rows kernel */
-#define GQ DTYPE_Q8_GROUP
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* ---------------------------------------------------------------- layout */
@@ -62,18 +59,14 @@ size_t gemm_packed_bytes(Dtype t, size_t N, size_t K)
 
 GemmW gemm_w(Dtype t, const void *base, size_t N, size_t K)
 {
-    GemmW w = { t, base, NULL, N, K };
+    GemmW w = { t, base, N, K };
     return w;
 }
 
-/* Panel p of W and (int8) its scales S[p][0][0]. */
+/* Panel p of W (f32, bf16; int8: gemm_q8.c). */
 ALWAYS_INLINE const void *panel_at(const int DT, const GemmW *W, size_t p)
 {
     return (const char *)W->p + p * W->K * GEMM_NR * dtype_size((Dtype)DT);
-}
-ALWAYS_INLINE const float *scales_at(const int DT, const GemmW *W, size_t p)
-{
-    return DT == DTYPE_INT8 ? W->scale + p * dtype_q8_groups(W->K) * GEMM_NR : NULL;
 }
 
 /* bf16: where column j (0..31) of a panel row is stored -- interleaved so
@@ -139,12 +132,11 @@ void gemm_pack_q8(void *P, const int8_t *Q, const float *S, size_t N, size_t K)
     zero_padding(P, DTYPE_INT8, N, K);
 }
 
-/* Weight j of panel row k as float32; sp: the scales of k's group. */
-ALWAYS_INLINE float wval(const int DT, const void *pan, size_t k, size_t j, const float *sp)
+/* Weight j of panel row k as float32. */
+ALWAYS_INLINE float wval(const int DT, const void *pan, size_t k, size_t j)
 {
     if (DT == DTYPE_F32) return ((const float *)pan)[k * GEMM_NR + j];
-    if (DT == DTYPE_BF16) return dtype_f32_from_bf16(((const uint16_t *)pan)[k * GEMM_NR + bf16_slot(j)]);
-    return (float)((const int8_t *)pan)[k * GEMM_NR + j] * sp[j];
+    return dtype_f32_from_bf16(((const uint16_t *)pan)[k * GEMM_NR + bf16_slot(j)]);
 }
 
 void gemm_unpack_row(float *dst, const GemmW *W, size_t n)
@@ -152,10 +144,10 @@ void gemm_unpack_row(float *dst, const GemmW *W, size_t n)
     const size_t p = n / GEMM_NR, j = n % GEMM_NR;
     switch (W->dtype) {
     case DTYPE_F32:
-        for (size_t k = 0; k < W->K; k++) dst[k] = wval(DTYPE_F32, panel_at(DTYPE_F32, W, p), k, j, NULL);
+        for (size_t k = 0; k < W->K; k++) dst[k] = wval(DTYPE_F32, panel_at(DTYPE_F32, W, p), k, j);
         break;
     case DTYPE_BF16:
-        for (size_t k = 0; k < W->K; k++) dst[k] = wval(DTYPE_BF16, panel_at(DTYPE_BF16, W, p), k, j, NULL);
+        for (size_t k = 0; k < W->K; k++) dst[k] = wval(DTYPE_BF16, panel_at(DTYPE_BF16, W, p), k, j);
         break;
     default:
         gemm_q8_unpack_row(dst, W, n);
@@ -163,47 +155,35 @@ void gemm_unpack_row(float *dst, const GemmW *W, size_t n)
     }
 }
 
-/* The k loop of every kernel runs in pieces of GK(DT) steps: int8 a group
- * of 32 at a time (its scales loaded once), the others 0..K in one piece.
- * Only the loop is split, never a chain. */
-#define GK(DT, K) ((DT) == DTYPE_INT8 ? (size_t)GQ : (K))
 
 /* ---------------------------------------------------------------- kernels */
 
 #ifdef GEMM_AVX512
-/* The 16 float32 weights of panel row k, columns j0 .. j0 + 15; sp: the
- * group's scales (int8). */
-ALWAYS_INLINE __m512 wrow16(const int DT, const void *pan, size_t k, int j0, const float *sp)
+/* The 16 float32 weights of panel row k, columns j0 .. j0 + 15. */
+ALWAYS_INLINE __m512 wrow16(const int DT, const void *pan, size_t k, int j0)
 {
     if (DT == DTYPE_F32) return _mm512_loadu_ps((const float *)pan + k * GEMM_NR + j0);
-    if (DT == DTYPE_BF16) {   /* the row's 32 words, unpacked with zeros: columns j0 .. j0 + 15 (bf16_slot) */
-        const __m512i h = _mm512_loadu_si512((const void *)((const uint16_t *)pan + k * GEMM_NR));
-        const __m512i z = _mm512_setzero_si512();
-        return _mm512_castsi512_ps(j0 == 0 ? _mm512_unpacklo_epi16(z, h) : _mm512_unpackhi_epi16(z, h));
-    }
-    const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)((const int8_t *)pan + k * GEMM_NR + j0));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_loadu_ps(sp + j0));
+    /* bf16: the row's 32 words, unpacked with zeros: columns j0 .. j0 + 15 (bf16_slot) */
+    const __m512i h = _mm512_loadu_si512((const void *)((const uint16_t *)pan + k * GEMM_NR));
+    const __m512i z = _mm512_setzero_si512();
+    return _mm512_castsi512_ps(j0 == 0 ? _mm512_unpacklo_epi16(z, h) : _mm512_unpackhi_epi16(z, h));
 }
 
 /* y[0..MR)[0..ncols) = x[0..MR) . panel, ncols <= 32. */
 ALWAYS_INLINE void tile_avx512(const int DT, const int MR, float *y, size_t ldy, const float *x, size_t ldx,
-                               const void *panel, const float *scales, size_t K, size_t ncols)
+                               const void *panel, size_t K, size_t ncols)
 {
     __m512 acc[MR_MAX][2];
 #pragma GCC unroll 12
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (size_t k0 = 0; k0 < K; k0 += GK(DT, K)) {
-        const size_t k1 = td_min(K, k0 + GK(DT, K));
-        const float *sp = DT == DTYPE_INT8 ? scales + k0 / GQ * GEMM_NR : NULL;
-        for (size_t k = k0; k < k1; k++) {
-            const __m512 b0 = wrow16(DT, panel, k, 0, sp);
-            const __m512 b1 = wrow16(DT, panel, k, 16, sp);
+    for (size_t k = 0; k < K; k++) {
+        const __m512 b0 = wrow16(DT, panel, k, 0);
+        const __m512 b1 = wrow16(DT, panel, k, 16);
 #pragma GCC unroll 12
-            for (int r = 0; r < MR; r++) {
-                const __m512 a = _mm512_set1_ps(x[(size_t)r * ldx + k]);
-                acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
-                acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
-            }
+        for (int r = 0; r < MR; r++) {
+            const __m512 a = _mm512_set1_ps(x[(size_t)r * ldx + k]);
+            acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
         }
     }
     if (ncols == GEMM_NR) {
@@ -224,35 +204,30 @@ ALWAYS_INLINE void tile_avx512(const int DT, const int MR, float *y, size_t ldy,
 
 /* Few rows (MR <= 3), NPW <= 4 full panels (32 NPW columns) at once:
  * enough independent chains to hide FMA latency when streaming weights for
- * decode.  (Narrow weights at MR = 3 go two panels at a time: 24
- * accumulators and 8 widened rows would not fit the 32 registers.) */
+ * decode.  (bf16 at MR = 3 goes two panels at a time: 24 accumulators and
+ * 8 widened rows would not fit the 32 registers.) */
 ALWAYS_INLINE void wide_avx512(const int DT, const int MR, const int NPW, float *y, size_t ldy, const float *x,
-                               size_t ldx, const void *panel, const float *scales, size_t K)
+                               size_t ldx, const void *panel, size_t K)
 {
-    const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT), ss = dtype_q8_groups(K) * GEMM_NR;  /* panel strides */
+    const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT);  /* panel stride */
     __m512 acc[3][2 * NP_WIDE];
 #pragma GCC unroll 3
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
         for (int q = 0; q < 2 * NPW; q++) acc[r][q] = _mm512_setzero_ps();
-    for (size_t k0 = 0; k0 < K; k0 += GK(DT, K)) {
-        const size_t k1 = td_min(K, k0 + GK(DT, K));
-        const float *sp = DT == DTYPE_INT8 ? scales + k0 / GQ * GEMM_NR : NULL;
-        for (size_t k = k0; k < k1; k++) {
-            __m512 b[2 * NP_WIDE];
+    for (size_t k = 0; k < K; k++) {
+        __m512 b[2 * NP_WIDE];
 #pragma GCC unroll 4
-            for (int q = 0; q < NPW; q++) {
-                const void *pq = (const char *)panel + q * ps;
-                const float *sq = DT == DTYPE_INT8 ? sp + q * ss : NULL;
-                b[2 * q] = wrow16(DT, pq, k, 0, sq);
-                b[2 * q + 1] = wrow16(DT, pq, k, 16, sq);
-            }
+        for (int q = 0; q < NPW; q++) {
+            const void *pq = (const char *)panel + q * ps;
+            b[2 * q] = wrow16(DT, pq, k, 0);
+            b[2 * q + 1] = wrow16(DT, pq, k, 16);
+        }
 #pragma GCC unroll 3
-            for (int r = 0; r < MR; r++) {
-                const __m512 a = _mm512_set1_ps(x[(size_t)r * ldx + k]);
+        for (int r = 0; r < MR; r++) {
+            const __m512 a = _mm512_set1_ps(x[(size_t)r * ldx + k]);
 #pragma GCC unroll 8
-                for (int q = 0; q < 2 * NPW; q++) acc[r][q] = _mm512_fmadd_ps(a, b[q], acc[r][q]);
-            }
+            for (int q = 0; q < 2 * NPW; q++) acc[r][q] = _mm512_fmadd_ps(a, b[q], acc[r][q]);
         }
     }
 #pragma GCC unroll 3
@@ -270,18 +245,15 @@ ALWAYS_INLINE void wide_avx512(const int DT, const int MR, const int NPW, float 
 #define A2_MR 6
 
 /* The 8 float32 weights of panel row k, columns j0 .. j0 + 7 (see wrow16). */
-ALWAYS_INLINE __m256 wrow8(const int DT, const void *pan, size_t k, size_t j0, const float *sp)
+ALWAYS_INLINE __m256 wrow8(const int DT, const void *pan, size_t k, size_t j0)
 {
     if (DT == DTYPE_F32) return _mm256_loadu_ps((const float *)pan + k * GEMM_NR + j0);
-    if (DT == DTYPE_BF16) {   /* half the row's words, unpacked with zeros (bf16_slot): columns 0-7 and
-                               * 16-23 from words 0-15, 8-15 and 24-31 from words 16-31 */
-        const size_t base = j0 == 8 || j0 == 24 ? 16 : 0;
-        const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)pan + k * GEMM_NR + base));
-        const __m256i z = _mm256_setzero_si256();
-        return _mm256_castsi256_ps(j0 < 16 ? _mm256_unpacklo_epi16(z, h) : _mm256_unpackhi_epi16(z, h));
-    }
-    const __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)((const int8_t *)pan + k * GEMM_NR + j0));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_loadu_ps(sp + j0));
+    /* bf16: half the row's words, unpacked with zeros (bf16_slot): columns 0-7 and
+     * 16-23 from words 0-15, 8-15 and 24-31 from words 16-31 */
+    const size_t base = j0 == 8 || j0 == 24 ? 16 : 0;
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)pan + k * GEMM_NR + base));
+    const __m256i z = _mm256_setzero_si256();
+    return _mm256_castsi256_ps(j0 < 16 ? _mm256_unpacklo_epi16(z, h) : _mm256_unpackhi_epi16(z, h));
 }
 
 /* p[0..n) = the first n <= 8 lanes of v */
@@ -299,23 +271,19 @@ ALWAYS_INLINE void store8(float *p, __m256 v, size_t n)
 /* y[0..MR)[0..ncols) = x[0..MR) . columns h .. h + 15 of a panel, MR <= 6,
  * ncols <= 16. */
 ALWAYS_INLINE void half_avx2(const int DT, const int MR, float *y, size_t ldy, const float *x, size_t ldx,
-                             const void *panel, const float *scales, size_t h, size_t K, size_t ncols)
+                             const void *panel, size_t h, size_t K, size_t ncols)
 {
     __m256 acc[A2_MR][2];
 #pragma GCC unroll 6
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (size_t k0 = 0; k0 < K; k0 += GK(DT, K)) {
-        const size_t k1 = td_min(K, k0 + GK(DT, K));
-        const float *sp = DT == DTYPE_INT8 ? scales + k0 / GQ * GEMM_NR : NULL;
-        for (size_t k = k0; k < k1; k++) {
-            const __m256 b0 = wrow8(DT, panel, k, h, sp);
-            const __m256 b1 = wrow8(DT, panel, k, h + 8, sp);
+    for (size_t k = 0; k < K; k++) {
+        const __m256 b0 = wrow8(DT, panel, k, h);
+        const __m256 b1 = wrow8(DT, panel, k, h + 8);
 #pragma GCC unroll 6
-            for (int r = 0; r < MR; r++) {
-                const __m256 a = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
-                acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
-            }
+        for (int r = 0; r < MR; r++) {
+            const __m256 a = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
+            acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
         }
     }
 #pragma GCC unroll 6
@@ -325,33 +293,26 @@ ALWAYS_INLINE void half_avx2(const int DT, const int MR, float *y, size_t ldy, c
     }
 }
 
-/* y[0..MR)[0..ncols) = x[0..MR) . NP panels (panel strides ps bytes, ss
- * scales), MR <= 3, NP * MR <= 3: up to 12 chains of 8 columns; ncols <=
+/* y[0..MR)[0..ncols) = x[0..MR) . NP panels (panel stride ps bytes), MR <= 3, NP * MR <= 3: up to 12 chains of 8 columns; ncols <=
  * 32 NP.  Each 8 weights are widened once and meet the MR broadcasts
  * (registers: 12 + 3 + 1). */
 ALWAYS_INLINE void few_avx2(const int DT, const int MR, const int NP, float *y, size_t ldy, const float *x,
-                            size_t ldx, const void *panel, const float *scales, size_t ps, size_t ss, size_t K,
-                            size_t ncols)
+                            size_t ldx, const void *panel, size_t ps, size_t K, size_t ncols)
 {
     __m256 acc[3][12];
 #pragma GCC unroll 3
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 12
         for (int c = 0; c < 4 * NP; c++) acc[r][c] = _mm256_setzero_ps();
-    for (size_t k0 = 0; k0 < K; k0 += GK(DT, K)) {
-        const size_t k1 = td_min(K, k0 + GK(DT, K));
-        const float *sp = DT == DTYPE_INT8 ? scales + k0 / GQ * GEMM_NR : NULL;
-        for (size_t k = k0; k < k1; k++) {
-            __m256 a[3];
+    for (size_t k = 0; k < K; k++) {
+        __m256 a[3];
 #pragma GCC unroll 3
-            for (int r = 0; r < MR; r++) a[r] = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
+        for (int r = 0; r < MR; r++) a[r] = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
 #pragma GCC unroll 12
-            for (int c = 0; c < 4 * NP; c++) {
-                const __m256 b = wrow8(DT, (const char *)panel + (size_t)(c / 4) * ps, k, (size_t)(c % 4) * 8,
-                                       DT == DTYPE_INT8 ? sp + (size_t)(c / 4) * ss : NULL);
+        for (int c = 0; c < 4 * NP; c++) {
+            const __m256 b = wrow8(DT, (const char *)panel + (size_t)(c / 4) * ps, k, (size_t)(c % 4) * 8);
 #pragma GCC unroll 3
-                for (int r = 0; r < MR; r++) acc[r][c] = _mm256_fmadd_ps(a[r], b, acc[r][c]);
-            }
+            for (int r = 0; r < MR; r++) acc[r][c] = _mm256_fmadd_ps(a[r], b, acc[r][c]);
         }
     }
 #pragma GCC unroll 3
@@ -363,15 +324,15 @@ ALWAYS_INLINE void few_avx2(const int DT, const int MR, const int NP, float *y, 
 }
 
 ALWAYS_INLINE void half_tile(const int DT, int MR, float *y, size_t ldy, const float *x, size_t ldx,
-                             const void *panel, const float *scales, size_t h, size_t K, size_t ncols)
+                             const void *panel, size_t h, size_t K, size_t ncols)
 {
     switch (MR) {
-    case 1:  half_avx2(DT, 1, y, ldy, x, ldx, panel, scales, h, K, ncols); return;
-    case 2:  half_avx2(DT, 2, y, ldy, x, ldx, panel, scales, h, K, ncols); return;
-    case 3:  half_avx2(DT, 3, y, ldy, x, ldx, panel, scales, h, K, ncols); return;
-    case 4:  half_avx2(DT, 4, y, ldy, x, ldx, panel, scales, h, K, ncols); return;
-    case 5:  half_avx2(DT, 5, y, ldy, x, ldx, panel, scales, h, K, ncols); return;
-    default: half_avx2(DT, 6, y, ldy, x, ldx, panel, scales, h, K, ncols); return;
+    case 1:  half_avx2(DT, 1, y, ldy, x, ldx, panel, h, K, ncols); return;
+    case 2:  half_avx2(DT, 2, y, ldy, x, ldx, panel, h, K, ncols); return;
+    case 3:  half_avx2(DT, 3, y, ldy, x, ldx, panel, h, K, ncols); return;
+    case 4:  half_avx2(DT, 4, y, ldy, x, ldx, panel, h, K, ncols); return;
+    case 5:  half_avx2(DT, 5, y, ldy, x, ldx, panel, h, K, ncols); return;
+    default: half_avx2(DT, 6, y, ldy, x, ldx, panel, h, K, ncols); return;
     }
 }
 #endif
@@ -379,19 +340,15 @@ ALWAYS_INLINE void half_tile(const int DT, int MR, float *y, size_t ldy, const f
 #if !defined(GEMM_AVX512) && !defined(GEMM_AVX2)
 /* Portable path: the same chain per element with fmaf. */
 ALWAYS_INLINE void tile_generic(const int DT, int MR, float *y, size_t ldy, const float *x, size_t ldx,
-                                const void *panel, const float *scales, size_t K, size_t ncols)
+                                const void *panel, size_t K, size_t ncols)
 {
     float acc[MR_MAX][GEMM_NR], b[GEMM_NR];
     memset(acc, 0, sizeof acc);
-    for (size_t k0 = 0; k0 < K; k0 += GK(DT, K)) {
-        const size_t k1 = td_min(K, k0 + GK(DT, K));
-        const float *sp = DT == DTYPE_INT8 ? scales + k0 / GQ * GEMM_NR : NULL;
-        for (size_t k = k0; k < k1; k++) {
-            for (size_t j = 0; j < GEMM_NR; j++) b[j] = wval(DT, panel, k, j, sp);
-            for (int r = 0; r < MR; r++) {
-                const float a = x[(size_t)r * ldx + k];
-                for (int j = 0; j < GEMM_NR; j++) acc[r][j] = fmaf(a, b[j], acc[r][j]);
-            }
+    for (size_t k = 0; k < K; k++) {
+        for (size_t j = 0; j < GEMM_NR; j++) b[j] = wval(DT, panel, k, j);
+        for (int r = 0; r < MR; r++) {
+            const float a = x[(size_t)r * ldx + k];
+            for (int j = 0; j < GEMM_NR; j++) acc[r][j] = fmaf(a, b[j], acc[r][j]);
         }
     }
     for (int r = 0; r < MR; r++) memcpy(y + (size_t)r * ldy, acc[r], ncols * sizeof(float));
@@ -399,81 +356,78 @@ ALWAYS_INLINE void tile_generic(const int DT, int MR, float *y, size_t ldy, cons
 #endif
 
 ALWAYS_INLINE void tile(const int DT, int MR, float *y, size_t ldy, const float *x, size_t ldx,
-                        const void *panel, const float *scales, size_t K, size_t ncols)
+                        const void *panel, size_t K, size_t ncols)
 {
 #ifdef GEMM_AVX512
     /* One specialisation per MR, so the accumulators stay in registers. */
     switch (MR) {
-    case 1:  tile_avx512(DT, 1, y, ldy, x, ldx, panel, scales, K, ncols); return;
-    case 2:  tile_avx512(DT, 2, y, ldy, x, ldx, panel, scales, K, ncols); return;
-    case 3:  tile_avx512(DT, 3, y, ldy, x, ldx, panel, scales, K, ncols); return;
-    case 4:  tile_avx512(DT, 4, y, ldy, x, ldx, panel, scales, K, ncols); return;
-    case 5:  tile_avx512(DT, 5, y, ldy, x, ldx, panel, scales, K, ncols); return;
-    case 6:  tile_avx512(DT, 6, y, ldy, x, ldx, panel, scales, K, ncols); return;
-    case 7:  tile_avx512(DT, 7, y, ldy, x, ldx, panel, scales, K, ncols); return;
-    case 8:  tile_avx512(DT, 8, y, ldy, x, ldx, panel, scales, K, ncols); return;
-    case 9:  tile_avx512(DT, 9, y, ldy, x, ldx, panel, scales, K, ncols); return;
-    case 10: tile_avx512(DT, 10, y, ldy, x, ldx, panel, scales, K, ncols); return;
-    case 11: tile_avx512(DT, 11, y, ldy, x, ldx, panel, scales, K, ncols); return;
-    default: tile_avx512(DT, 12, y, ldy, x, ldx, panel, scales, K, ncols); return;
+    case 1:  tile_avx512(DT, 1, y, ldy, x, ldx, panel, K, ncols); return;
+    case 2:  tile_avx512(DT, 2, y, ldy, x, ldx, panel, K, ncols); return;
+    case 3:  tile_avx512(DT, 3, y, ldy, x, ldx, panel, K, ncols); return;
+    case 4:  tile_avx512(DT, 4, y, ldy, x, ldx, panel, K, ncols); return;
+    case 5:  tile_avx512(DT, 5, y, ldy, x, ldx, panel, K, ncols); return;
+    case 6:  tile_avx512(DT, 6, y, ldy, x, ldx, panel, K, ncols); return;
+    case 7:  tile_avx512(DT, 7, y, ldy, x, ldx, panel, K, ncols); return;
+    case 8:  tile_avx512(DT, 8, y, ldy, x, ldx, panel, K, ncols); return;
+    case 9:  tile_avx512(DT, 9, y, ldy, x, ldx, panel, K, ncols); return;
+    case 10: tile_avx512(DT, 10, y, ldy, x, ldx, panel, K, ncols); return;
+    case 11: tile_avx512(DT, 11, y, ldy, x, ldx, panel, K, ncols); return;
+    default: tile_avx512(DT, 12, y, ldy, x, ldx, panel, K, ncols); return;
     }
 #elif defined(GEMM_AVX2)
     /* few rows: whole panel rows (12 chains); else 6-row half-panel tiles */
     switch (MR) {
-    case 1:  few_avx2(DT, 1, 1, y, ldy, x, ldx, panel, scales, 0, 0, K, ncols); return;
-    case 2:  few_avx2(DT, 2, 1, y, ldy, x, ldx, panel, scales, 0, 0, K, ncols); return;
-    case 3:  few_avx2(DT, 3, 1, y, ldy, x, ldx, panel, scales, 0, 0, K, ncols); return;
+    case 1:  few_avx2(DT, 1, 1, y, ldy, x, ldx, panel, 0, K, ncols); return;
+    case 2:  few_avx2(DT, 2, 1, y, ldy, x, ldx, panel, 0, K, ncols); return;
+    case 3:  few_avx2(DT, 3, 1, y, ldy, x, ldx, panel, 0, K, ncols); return;
     default: break;
     }
     for (int r = 0; r < MR; r += A2_MR)
         for (size_t h = 0; h < ncols; h += 16)
             half_tile(DT, MR - r < A2_MR ? MR - r : A2_MR, y + (size_t)r * ldy + h, ldy, x + (size_t)r * ldx, ldx,
-                      panel, scales, h, K, td_min(16, ncols - h));
+                      panel, h, K, td_min(16, ncols - h));
 #else
-    tile_generic(DT, MR, y, ldy, x, ldx, panel, scales, K, ncols);
+    tile_generic(DT, MR, y, ldy, x, ldx, panel, K, ncols);
 #endif
 }
 
 /* Four full panels for MR <= 3 rows. */
 ALWAYS_INLINE void wide(const int DT, int MR, float *y, size_t ldy, const float *x, size_t ldx,
-                        const void *panel, const float *scales, size_t K)
+                        const void *panel, size_t K)
 {
 #ifdef GEMM_AVX512
     switch (MR) {
-    case 1:  wide_avx512(DT, 1, NP_WIDE, y, ldy, x, ldx, panel, scales, K); return;
-    case 2:  wide_avx512(DT, 2, NP_WIDE, y, ldy, x, ldx, panel, scales, K); return;
+    case 1:  wide_avx512(DT, 1, NP_WIDE, y, ldy, x, ldx, panel, K); return;
+    case 2:  wide_avx512(DT, 2, NP_WIDE, y, ldy, x, ldx, panel, K); return;
     default:
         if (DT == DTYPE_F32) {
-            wide_avx512(DT, 3, NP_WIDE, y, ldy, x, ldx, panel, scales, K);
+            wide_avx512(DT, 3, NP_WIDE, y, ldy, x, ldx, panel, K);
         } else {
-            const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT), ss = dtype_q8_groups(K) * GEMM_NR;
-            wide_avx512(DT, 3, 2, y, ldy, x, ldx, panel, scales, K);
-            wide_avx512(DT, 3, 2, y + 2 * GEMM_NR, ldy, x, ldx, (const char *)panel + 2 * ps,
-                        DT == DTYPE_INT8 ? scales + 2 * ss : NULL, K);
+            const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT);
+            wide_avx512(DT, 3, 2, y, ldy, x, ldx, panel, K);
+            wide_avx512(DT, 3, 2, y + 2 * GEMM_NR, ldy, x, ldx, (const char *)panel + 2 * ps, K);
         }
         return;
     }
 #elif defined(GEMM_AVX2)
-    const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT), ss = dtype_q8_groups(K) * GEMM_NR;
+    const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT);
     for (int q = 0; q < NP_WIDE; q += MR == 1 ? 2 : 1) {
         float *yq = y + q * GEMM_NR;
         const void *pq = (const char *)panel + (size_t)q * ps;
-        const float *sq = DT == DTYPE_INT8 ? scales + (size_t)q * ss : NULL;
         switch (MR) {
-        case 1:  few_avx2(DT, 1, 2, yq, ldy, x, ldx, pq, sq, ps, ss, K, 2 * GEMM_NR); break;
-        case 2:  few_avx2(DT, 2, 1, yq, ldy, x, ldx, pq, sq, ps, ss, K, GEMM_NR); break;
-        default: few_avx2(DT, 3, 1, yq, ldy, x, ldx, pq, sq, ps, ss, K, GEMM_NR); break;
+        case 1:  few_avx2(DT, 1, 2, yq, ldy, x, ldx, pq, ps, K, 2 * GEMM_NR); break;
+        case 2:  few_avx2(DT, 2, 1, yq, ldy, x, ldx, pq, ps, K, GEMM_NR); break;
+        default: few_avx2(DT, 3, 1, yq, ldy, x, ldx, pq, ps, K, GEMM_NR); break;
         }
     }
 #else
-    const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT), ss = dtype_q8_groups(K) * GEMM_NR;
+    const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT);
     for (int q = 0; q < NP_WIDE; q++)
-        tile_generic(DT, MR, y + q * GEMM_NR, ldy, x, ldx, (const char *)panel + (size_t)q * ps,
-                     DT == DTYPE_INT8 ? scales + (size_t)q * ss : NULL, K, GEMM_NR);
+        tile_generic(DT, MR, y + q * GEMM_NR, ldy, x, ldx, (const char *)panel + (size_t)q * ps, K, GEMM_NR);
 #endif
 }
 
-/* Rows [0, M) x panels [p0, p1) of W, dtype DT. */
+/* Rows [0, M) x panels [p0, p1) of W, dtype DT (f32 or bf16). */
 ALWAYS_INLINE void drive_dt(const int DT, float *y, size_t ldy, const float *x, size_t ldx, const GemmW *W,
                             size_t M, size_t p0, size_t p1)
 {
@@ -481,9 +435,9 @@ ALWAYS_INLINE void drive_dt(const int DT, float *y, size_t ldy, const float *x, 
     if (M <= 3) {
         size_t p = p0;
         for (; p + NP_WIDE <= p1 && (p + NP_WIDE) * GEMM_NR <= N; p += NP_WIDE)
-            wide(DT, (int)M, y + p * GEMM_NR, ldy, x, ldx, panel_at(DT, W, p), scales_at(DT, W, p), K);
+            wide(DT, (int)M, y + p * GEMM_NR, ldy, x, ldx, panel_at(DT, W, p), K);
         for (; p < p1; p++)
-            tile(DT, (int)M, y + p * GEMM_NR, ldy, x, ldx, panel_at(DT, W, p), scales_at(DT, W, p), K,
+            tile(DT, (int)M, y + p * GEMM_NR, ldy, x, ldx, panel_at(DT, W, p), K,
                  td_min(GEMM_NR, N - p * GEMM_NR));
         return;
     }
@@ -493,7 +447,7 @@ ALWAYS_INLINE void drive_dt(const int DT, float *y, size_t ldy, const float *x, 
             size_t nc = td_min(GEMM_NR, N - p * GEMM_NR);
             for (size_t m = mb; m < me; m += MR_MAX)
                 tile(DT, (int)td_min(MR_MAX, me - m), y + m * ldy + p * GEMM_NR, ldy, x + m * ldx, ldx,
-                     panel_at(DT, W, p), scales_at(DT, W, p), K, nc);
+                     panel_at(DT, W, p), K, nc);
         }
     }
 }

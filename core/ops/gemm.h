@@ -15,14 +15,17 @@
  *
  * Weights in 16 and 8 bits (SPEC section 11).  W may be held as float32,
  * bfloat16 or int8 with one float32 scale per group of 32 weights along K
- * (core/dtype.h).  The kernel widens each weight to the float32 value it
- * stands for, in registers, right after loading it -- bf16: the 16 bits
- * shifted up (exact); int8: (float)q * s, one rounded float32 product --
- * and then runs the chain above unchanged.  So a bf16 or int8 product is
- * bit for bit the float32 product with the dequantized weights, on every
- * path, and keeps every guarantee above; only the bytes streamed from
- * memory shrink (2x, ~3.6x).  No native bf16 or VNNI dot products are used
- * (they would reassociate the sum and round x).
+ * (core/dtype.h).  bf16: the kernel widens each weight to the float32 it
+ * stands for in registers (the 16 bits shifted up, exact) and runs the
+ * chain above unchanged, so a bf16 product is bit for bit the float32
+ * product with the rounded weights, on every path.  int8 (core/ops/gemm_q8.h):
+ * x is quantized per row in groups of 32 as the weights are, each group's
+ * dot product is an exact integer sum (VNNI where the CPU has it) and the
+ * groups are combined by c = fma(sx * sw, (float)isum, c) in order: row
+ * invariance, determinism and the same bits on every path hold, but the
+ * result is not the float32 product with the dequantized weights (x is
+ * rounded too: W8A8, as llama.cpp's Q8_0 computes).  No native bf16 dot
+ * products are used (they would reassociate the sum and round x).
  *
  * Packed layouts (GEMM_NR = 32 columns per panel, np = ceil(N / 32) panels,
  * G = ceil(K / 32) groups, rows past N zero):
@@ -30,10 +33,9 @@
  *     bf16  P[p][k][s(j)] = bf16(W[p*32 + j][k])          uint16, s(j) = 8 (j/4) + j%4 for j < 16,
  *           8 ((j-16)/4) + 4 + j%4 above: unpacking a row's words with zeros (per 128-bit lane)
  *           is then the widening, columns 0-15 and 16-31 in order
- *     int8  Q[p][k][j] = q(W[p*32 + j][k])                int8, then at the next
- *           64-byte boundary S[p][g][j] = scale of row p*32 + j, group g   float
- * A panel row (one k) is the 32 weights one broadcast of x[m][k] meets; the
- * scales of a group are read once per 32 k.  Every packed matrix takes
+ *     int8  per panel, per group g: 1024 bytes of q + 128, four consecutive k of
+ *           a column in 32 bits, then the group's 32 float scales (gemm_q8.h)
+ * A panel row (one k) is the 32 weights one broadcast of x[m][k] meets.  Every packed matrix takes
  * gemm_packed_bytes, a multiple of 64, so that matrices packed one after
  * the other (experts) stay aligned.
  *
@@ -62,13 +64,12 @@
 
 #define GEMM_NR 32
 
-/* A packed weight matrix W [N, K]: borrowed views of its panels (and, for
- * int8, its group scales).  Made by gemm_w from the start of a packed
- * matrix; a GEMM dispatches on dtype once per call. */
+/* A packed weight matrix W [N, K]: a borrowed view of its panels (int8:
+ * with their group scales inside).  Made by gemm_w from the start of a
+ * packed matrix; a GEMM dispatches on dtype once per call. */
 typedef struct {
     Dtype dtype;
-    const void *p;        /* panels: float, uint16_t (bf16) or int8_t */
-    const float *scale;   /* int8: S[p][g][j]; NULL otherwise */
+    const void *p;        /* panels: float, uint16_t (bf16) or int8 group blocks */
     size_t N, K;
 } GemmW;
 
