@@ -467,8 +467,7 @@ static void drive(float *y, size_t ldy, const float *x, size_t ldx, const GemmQX
 /* qx from its row m0 on */
 static GemmQX qx_from(const GemmQX *qx, size_t m0)
 {
-    if (!qx) return (GemmQX){ 0 };
-    return (GemmQX){ qx->q + m0 * qx->ldq, qx->s + m0 * qx->G, qx->sum + m0 * qx->G, qx->ldq, qx->G };
+    return qx ? gemm_q8_qx_rows(qx, m0) : (GemmQX){ 0 };
 }
 
 /* int8 W: x quantized into this thread's scratch (gemm_q8.h); else NULL */

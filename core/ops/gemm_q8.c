@@ -478,7 +478,7 @@ void gemm_q8_drive(float *y, size_t ldy, const GemmQX *qx, const GemmW *W, size_
         const size_t me = td_min(M, mb + Q8_MB);
         for (size_t p = p0; p < p1; p++)
             for (size_t m = mb; m < me; m += ROWS_TILE_MAX) {
-                const GemmQX q = { qx->q + m * qx->ldq, qx->s + m * qx->G, qx->sum + m * qx->G, qx->ldq, qx->G };
+                const GemmQX q = gemm_q8_qx_rows(qx, m);
                 rows_tile((int)td_min(ROWS_TILE_MAX, me - m), y + m * ldy + p * GEMM_NR, ldy, &q, W, p,
                           td_min(GEMM_NR, N - p * GEMM_NR));
             }

@@ -51,6 +51,12 @@ typedef struct {
     size_t ldq, G;
 } GemmQX;
 
+/* qx from its row m0 on. */
+static inline GemmQX gemm_q8_qx_rows(const GemmQX *qx, size_t m0)
+{
+    return (GemmQX){ qx->q + m0 * qx->ldq, qx->s + m0 * qx->G, qx->sum + m0 * qx->G, qx->ldq, qx->G };
+}
+
 /* Bytes of the quantized x of M rows of K (a multiple of 64). */
 size_t gemm_q8_qx_bytes(size_t M, size_t K);
 /* Quantizes x [M, K] (row stride ldx) into buf (gemm_q8_qx_bytes) as *qx. */
