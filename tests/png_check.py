@@ -6,7 +6,11 @@ a PNG that decodes (signature, IHDR, CRCs, zlib, the five filters) at the
 size expected ("size": {name: [w, h]}, default 900 x 540), with more than 1%
 non-white pixels, more than 20 distinct colours, and at least 100 pixels of
 each colour named ("colours": {name: [[r, g, b], ...]}); its SVG parses as
-XML with an <svg> root of the same size.  Exit 1 on any failure, one line
+XML with an <svg> root of the same size and strokes a path in each colour
+named besides its legend swatch.  A line whose values coincide with a later
+line's (rss and alloc_peak of a small run, say) is drawn under it: the PNG
+then shows only its legend swatch, so a colour with fewer than 100 pixels
+passes only if the swatch is there and the SVG holds the hidden line.  Exit 1 on any failure, one line
 per figure.  (The checker of tests/cli/plot.sh, as a file for every script
 that checks plots.)
 """
@@ -58,6 +62,19 @@ def png_pixels(path):
     pixels = (rgb[:, :, 0] << 16 | rgb[:, :, 1] << 8 | rgb[:, :, 2]).reshape(-1)
     return w, h, pixels
 
+def svg_strokes(root):
+    """{(r, g, b): number of <path>s stroked in that colour} of a cairo SVG
+    (style "stroke:rgb(12.156863%,46.666667%,70.588235%);...")."""
+    out = {}
+    for el in root.iter("{http://www.w3.org/2000/svg}path"):
+        style = el.get("style", "")
+        i = style.find("stroke:rgb(")
+        if i < 0: continue
+        parts = style[i + 11:style.index(")", i)].split(",")
+        rgb = tuple(int(round(float(v.rstrip("%")) * 255 / 100)) for v in parts)
+        out[rgb] = out.get(rgb, 0) + 1
+    return out
+
 index, rules = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 bad = 0
 for fig in index["figures"]:
@@ -73,14 +90,19 @@ for fig in index["figures"]:
         if (w, h) != (want_w, want_h): problems.append(f"size {w}x{h}, want {want_w}x{want_h}")
         if ink < 0.01: problems.append(f"blank: {ink:.2%} non-white")
         if len(colours) <= 20: problems.append(f"{len(colours)} colours")
-        for rgb in rules.get("colours", {}).get(name, []):
-            if colours.get(tuple(rgb), 0) < 100: problems.append(f"colour {rgb}: {colours.get(tuple(rgb), 0)} pixels")
         root = ET.parse(fig["svg"]).getroot()
+        strokes = svg_strokes(root)
+        notes = []
+        for rgb in rules.get("colours", {}).get(name, []):
+            n, paths = colours.get(tuple(rgb), 0), strokes.get(tuple(rgb), 0)
+            if paths < 2: problems.append(f"colour {rgb}: {paths} stroked paths in the SVG (want the line and its swatch)")
+            elif n < 100 and n >= 20: notes.append(f"colour {rgb}: {n} pixels, its line drawn under a later one")
+            elif n < 100: problems.append(f"colour {rgb}: {n} pixels")
         if root.tag != "{http://www.w3.org/2000/svg}svg": problems.append(f"svg root {root.tag}")
         if root.get("width", "").rstrip("pt") != str(w) or root.get("height", "").rstrip("pt") != str(h):
             problems.append(f"svg size {root.get('width')}x{root.get('height')}")
         print(("FAIL " if problems else "ok   ") + f"{name}: {w}x{h}, {len(colours)} colours, {ink:.1%} ink"
-              + (": " + "; ".join(problems) if problems else ""))
+              + (": " + "; ".join(problems + notes) if problems or notes else ""))
         bad |= bool(problems)
     except Exception as e:
         print(f"FAIL {name}: {fig['png']} / {fig['svg']}: {e}")
