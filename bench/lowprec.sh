@@ -8,7 +8,9 @@
 # weights):
 #   weights  $DIR/CFG.h5 (DIR = LOWPREC_BENCH_DIR, default $BUILD/bench_infer,
 #            shared with bench/infer.sh): a few training steps, float32,
-#            weights only; CFG.int8.h5 and CFG.bf16.h5 from `tandem ckpt
+#            weights only (moe128: 150 steps, then exported as a Hugging Face
+#            Mixtral directory and read back by `ckpt import`: the imported
+#            128-expert model); CFG.int8.h5 and CFG.bf16.h5 from `tandem ckpt
 #            quantize`; CFG.{f32,bf16,q8_0}.gguf from the llama.cpp peer's
 #            write_gguf.py (the same weights; Q8_0 is ggml's own
 #            quantization: blocks of 32 with an f16 scale).  Made once, kept.
@@ -89,15 +91,27 @@ make_weights() {   # CFG: $DIR/CFG.h5, its quantized files and GGUFs
     cfg=$1
     h5=$DIR/$cfg.h5
     if [ ! -s "$h5" ]; then
-        case $cfg in small) steps=10 ;; moe128) steps=2 ;; *) steps=3 ;; esac
+        # moe128 is the imported model: trained long enough for its routers to
+        # have preferences (2 steps leave 128-way near-ties), written as a
+        # Hugging Face directory and read back through `ckpt import`
+        case $cfg in small) steps=10 warm=1 ;; moe128) steps=150 warm=10 ;; *) steps=3 warm=1 ;; esac
         note "$cfg: training $steps steps for the benchmark weights (once; log: $DIR/train_$cfg.log)"
-        rm -rf "$DIR/run_$cfg"
-        "$TANDEM" train "configs/$cfg.json" "data=$DATA" "steps=$steps" warmup_steps=1 eval_every=0 \
-            "save_every=$steps" keep_last=1 "out_dir=$DIR/run_$cfg" >"$DIR/train_$cfg.log" 2>&1 &&
-            "$TANDEM" ckpt export "$DIR/run_$cfg" "$DIR/$cfg.tmp.h5" >>"$DIR/train_$cfg.log" 2>&1 || {
+        rm -rf "$DIR/run_$cfg" "$DIR/${cfg}_hf"
+        "$TANDEM" train "configs/$cfg.json" "data=$DATA" "steps=$steps" "warmup_steps=$warm" eval_every=0 \
+            "save_every=$steps" keep_last=1 "out_dir=$DIR/run_$cfg" >"$DIR/train_$cfg.log" 2>&1 || {
             echo "bench/lowprec.sh: training $cfg failed (log: $DIR/train_$cfg.log)"
             return 1
         }
+        if [ "$cfg" = moe128 ]; then
+            "$TANDEM" ckpt export "$DIR/run_$cfg" "$DIR/${cfg}_hf" --format hf >>"$DIR/train_$cfg.log" 2>&1 &&
+                "$TANDEM" ckpt import "$DIR/${cfg}_hf" "$DIR/$cfg.tmp.h5" >>"$DIR/train_$cfg.log" 2>&1
+        else
+            "$TANDEM" ckpt export "$DIR/run_$cfg" "$DIR/$cfg.tmp.h5" >>"$DIR/train_$cfg.log" 2>&1
+        fi || {
+            echo "bench/lowprec.sh: exporting $cfg failed (log: $DIR/train_$cfg.log)"
+            return 1
+        }
+        rm -rf "$DIR/${cfg}_hf"
         mv "$DIR/$cfg.tmp.h5" "$h5"
         rm -rf "$DIR/run_$cfg"
     fi
