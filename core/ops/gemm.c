@@ -1091,14 +1091,25 @@ struct bw_ctx {
     size_t M, N, K;
 };
 
+/* OpenBLAS's bits for an output element can depend on the shape of the
+ * call that holds it (its kernels pick by size and CPU: on Zen 4 a row of dx
+ * changed with the rows beside it in the call), so the calls never follow
+ * the thread count: each covers one fixed block of BW_BLOCK rows (dx) or
+ * columns (dW) from a multiple of BW_BLOCK, and the pool's ranges are whole
+ * blocks.  Any thread count then makes the same calls, and the same bits. */
+enum { BW_BLOCK = 64 };
+
 static void dx_rows(void *vc, size_t m0, size_t m1, int tid)
 {
     (void)tid;
     struct bw_ctx *c = vc;
-    /* dx[m0:m1, :] += dy[m0:m1, :] W */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(m1 - m0), (int)c->K, (int)c->N,
-                1.0f, c->a + m0 * c->lda, (int)c->lda, c->b, (int)c->ldb,
-                1.0f, c->out + m0 * c->ldo, (int)c->ldo);
+    /* dx[b:e, :] += dy[b:e, :] W, block by block */
+    for (size_t b = m0; b < m1; b += BW_BLOCK) {
+        const size_t e = b + BW_BLOCK < m1 ? b + BW_BLOCK : m1;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(e - b), (int)c->K, (int)c->N,
+                    1.0f, c->a + b * c->lda, (int)c->lda, c->b, (int)c->ldb,
+                    1.0f, c->out + b * c->ldo, (int)c->ldo);
+    }
 }
 
 void gemm_dx_acc(float *dx, size_t lddx, const float *dy, size_t lddy,
@@ -1106,17 +1117,20 @@ void gemm_dx_acc(float *dx, size_t lddx, const float *dy, size_t lddy,
 {
     if (M == 0 || N == 0 || K == 0) return;
     struct bw_ctx c = { dx, lddx, dy, lddy, W, K, M, N, K };
-    pool_for_split(M, 16, 1, dx_rows, &c);   /* one call per thread: each packs W */
+    pool_for_split(M, BW_BLOCK, 1, dx_rows, &c);   /* one range per thread, whole blocks */
 }
 
 static void dw_rows(void *vc, size_t n0, size_t n1, int tid)
 {
     (void)tid;
     struct bw_ctx *c = vc;
-    /* dW[n0:n1, :] += dy[:, n0:n1]^T x */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(n1 - n0), (int)c->K, (int)c->M,
-                1.0f, c->a + n0, (int)c->lda, c->b, (int)c->ldb,
-                1.0f, c->out + n0 * c->ldo, (int)c->ldo);
+    /* dW[b:e, :] += dy[:, b:e]^T x, block by block */
+    for (size_t b = n0; b < n1; b += BW_BLOCK) {
+        const size_t e = b + BW_BLOCK < n1 ? b + BW_BLOCK : n1;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(e - b), (int)c->K, (int)c->M,
+                    1.0f, c->a + b, (int)c->lda, c->b, (int)c->ldb,
+                    1.0f, c->out + b * c->ldo, (int)c->ldo);
+    }
 }
 
 void gemm_dw_acc(float *dW, const float *dy, size_t lddy, const float *x, size_t ldx,
@@ -1124,7 +1138,7 @@ void gemm_dw_acc(float *dW, const float *dy, size_t lddy, const float *x, size_t
 {
     if (M == 0 || N == 0 || K == 0) return;
     struct bw_ctx c = { dW, K, dy, lddy, x, ldx, M, N, K };
-    pool_for_split(N, 16, 1, dw_rows, &c);   /* one call per thread: each packs x */
+    pool_for_split(N, BW_BLOCK, 1, dw_rows, &c);   /* one range per thread, whole blocks */
 }
 
 void gemm_bw_group(const GemmBwProblem *pr, int n)
