@@ -10,8 +10,8 @@ XML with an <svg> root of the same size and strokes a path in each colour
 named besides its legend swatch.  A line whose values coincide with a later
 line's (rss and alloc_peak of a small run, say) is drawn under it: the PNG
 then shows only its legend swatch, so a colour with fewer than 100 pixels
-passes only if the swatch is there and the SVG holds the hidden line.  Exit 1 on any failure, one line
-per figure.  (The checker of tests/cli/plot.sh, as a file for every script
+passes only if the swatch is there (SWATCH_PIXELS) and the SVG holds the
+hidden line.  Exit 1 on any failure, one line per figure.  (The checker of tests/cli/plot.sh, as a file for every script
 that checks plots.)
 """
 import json, struct, sys, zlib
@@ -62,6 +62,8 @@ def png_pixels(path):
     pixels = (rgb[:, :, 0] << 16 | rgb[:, :, 1] << 8 | rgb[:, :, 2]).reshape(-1)
     return w, h, pixels
 
+SWATCH_PIXELS = 20   # a legend swatch alone shows 60 (a 900 x 540 figure)
+
 def svg_strokes(root):
     """{(r, g, b): number of <path>s stroked in that colour} of a cairo SVG
     (style "stroke:rgb(12.156863%,46.666667%,70.588235%);...")."""
@@ -96,7 +98,7 @@ for fig in index["figures"]:
         for rgb in rules.get("colours", {}).get(name, []):
             n, paths = colours.get(tuple(rgb), 0), strokes.get(tuple(rgb), 0)
             if paths < 2: problems.append(f"colour {rgb}: {paths} stroked paths in the SVG (want the line and its swatch)")
-            elif n < 100 and n >= 20: notes.append(f"colour {rgb}: {n} pixels, its line drawn under a later one")
+            elif SWATCH_PIXELS <= n < 100: notes.append(f"colour {rgb}: {n} pixels, its line drawn under a later one")
             elif n < 100: problems.append(f"colour {rgb}: {n} pixels")
         if root.tag != "{http://www.w3.org/2000/svg}svg": problems.append(f"svg root {root.tag}")
         if root.get("width", "").rstrip("pt") != str(w) or root.get("height", "").rstrip("pt") != str(h):

@@ -1105,7 +1105,7 @@ static void dx_rows(void *vc, size_t m0, size_t m1, int tid)
     struct bw_ctx *c = vc;
     /* dx[b:e, :] += dy[b:e, :] W, block by block */
     for (size_t b = m0; b < m1; b += BW_BLOCK) {
-        const size_t e = b + BW_BLOCK < m1 ? b + BW_BLOCK : m1;
+        const size_t e = td_min(b + BW_BLOCK, m1);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(e - b), (int)c->K, (int)c->N,
                     1.0f, c->a + b * c->lda, (int)c->lda, c->b, (int)c->ldb,
                     1.0f, c->out + b * c->ldo, (int)c->ldo);
@@ -1126,7 +1126,7 @@ static void dw_rows(void *vc, size_t n0, size_t n1, int tid)
     struct bw_ctx *c = vc;
     /* dW[b:e, :] += dy[:, b:e]^T x, block by block */
     for (size_t b = n0; b < n1; b += BW_BLOCK) {
-        const size_t e = b + BW_BLOCK < n1 ? b + BW_BLOCK : n1;
+        const size_t e = td_min(b + BW_BLOCK, n1);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(e - b), (int)c->K, (int)c->M,
                     1.0f, c->a + b, (int)c->lda, c->b, (int)c->ldb,
                     1.0f, c->out + b * c->ldo, (int)c->ldo);
