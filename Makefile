@@ -37,7 +37,7 @@ CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Wshadow -march=native \
 LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lpthread
 LDFLAGS  := $(EXTRA_LDFLAGS)
 
-LIB_DIRS := core core/ops core/model core/tok core/chat core/chat/jinja core/image comm checkpoint checkpoint/hf checkpoint/gguf train infer infer/server rl obs plan
+LIB_DIRS := core core/ops core/model core/tok core/chat core/chat/jinja core/image comm checkpoint checkpoint/hf checkpoint/gguf train train/quant infer infer/server rl obs plan
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libtandem.a

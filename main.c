@@ -13,7 +13,7 @@
 #include "plan/plan_cmd.h"
 #include "rl/rl.h"
 #include "rl/rlcheck.h"
-#include "train/quant_cmd.h"
+#include "train/quant/quant_cmd.h"
 #include "train/train_cmd.h"
 
 #include <stdio.h>
@@ -35,7 +35,7 @@ static int cmd_score_any(int argc, char **argv)
  * checkpoint/, so the opener comes from here. */
 static int cmd_tokenize_any(int argc, char **argv) { return cmd_tokenize(argc, argv, ckpt_open_tokenizer_arg); }
 /* ckpt quantize calibrates on token files with the training forward
- * (train/quant_cmd.c); the other ckpt subcommands are checkpoint/'s. */
+ * (train/quant/quant_cmd.c); the other ckpt subcommands are checkpoint/'s. */
 static int cmd_ckpt_any(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "quantize")) return cmd_ckpt_quantize(argc - 1, argv + 1);

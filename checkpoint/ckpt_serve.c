@@ -757,7 +757,8 @@ static int write_tokenizer(QWriter *w, const char *in)
 }
 
 /* Converts and writes one tensor, a slab at a time; fills *rep. */
-static int quantize_tensor(QWriter *w, const char *in, hid_t fin, const Param *p, Dtype t, CkptQuantTensor *rep)
+static int quantize_tensor(QWriter *w, const char *in, hid_t fin, const Param *p, Dtype t, const CkptQuantRound *round,
+                           CkptQuantTensor *rep)
 {
     CkptH5Desc d;
     memset(rep, 0, sizeof *rep);
@@ -802,6 +803,8 @@ static int quantize_tensor(QWriter *w, const char *in, hid_t fin, const Param *p
     float *x = td_malloc(td_min(step, (size_t)shape[0]) * row0 * sizeof(float) + 64);
     void *o = td_malloc(td_min(step, (size_t)shape[0]) * row0 * sizeof(float) + 64);
     float *s = td_malloc(td_min(step, (size_t)shape[0]) * (row0 / K) * G * sizeof(float) + 64);
+    float *work = round && t == DTYPE_INT8 ? td_malloc(K * sizeof(float)) : NULL;
+    const size_t mat_rows = nd >= 2 ? (size_t)p->shape[nd - 2] : 1;   /* rows of one matrix */
     double se = 0, sw = 0, mx = 0;
     int rc = 0;
     for (size_t i0 = 0; i0 < shape[0] && !rc; i0 += step) {
@@ -816,11 +819,13 @@ static int quantize_tensor(QWriter *w, const char *in, hid_t fin, const Param *p
         for (size_t r = 0; r < rows; r++) {
             const float *xr = x + r * K;
             float dq[GQ];
+            const float *U = work ? round->factor(round->ctx, p->name, (i0 * (row0 / K) + r) / mat_rows, K) : NULL;
+            if (U) dtype_q8_quantize_row_gptq((int8_t *)o + r * K, s + r * G, xr, U, K, work);
             for (size_t k0 = 0; k0 < K; k0 += GQ) {
                 const size_t ng = td_min(GQ, K - k0);
                 if (t == DTYPE_INT8) {
                     int8_t *q = (int8_t *)o + r * K + k0;
-                    s[r * G + k0 / GQ] = dtype_q8_quantize(q, xr + k0, ng);
+                    if (!U) s[r * G + k0 / GQ] = dtype_q8_quantize(q, xr + k0, ng);
                     dtype_q8_dequantize(dq, q, s[r * G + k0 / GQ], ng);
                 } else if (t == DTYPE_BF16) {
                     uint16_t *h = (uint16_t *)o + r * K + k0;
@@ -851,13 +856,14 @@ static int quantize_tensor(QWriter *w, const char *in, hid_t fin, const Param *p
     td_free(x);
     td_free(o);
     td_free(s);
+    td_free(work);
     if (H5Dclose(ds) < 0 && !rc) rc = -1;
     if (dss >= 0 && H5Dclose(dss) < 0 && !rc) rc = -1;
     return rc;
 }
 
-int ckpt_quantize(const char *in, const char *out, const ModelDtypes *dt, CkptQuantTensor **rep, int *n_rep,
-                  char *err, size_t err_len)
+int ckpt_quantize(const char *in, const char *out, const ModelDtypes *dt, const CkptQuantRound *round,
+                  CkptQuantTensor **rep, int *n_rep, char *err, size_t err_len)
 {
     if (rep) *rep = NULL;
     if (n_rep) *n_rep = 0;
@@ -899,7 +905,7 @@ int ckpt_quantize(const char *in, const char *out, const ModelDtypes *dt, CkptQu
     if (!rc) rc = write_tokenizer(&w, file);
     for (int i = 0; i < np && !rc; i++) {
         if (ps[i].tied_copy) continue;
-        rc = quantize_tensor(&w, file, fin, &ps[i], model_serving_dtype(&cfg, dt, &ps[i]), &r[nr]);
+        rc = quantize_tensor(&w, file, fin, &ps[i], model_serving_dtype(&cfg, dt, &ps[i]), round, &r[nr]);
         nr++;
     }
     if (w.f >= 0 && H5Fclose(w.f) < 0 && !rc) {

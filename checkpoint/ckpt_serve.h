@@ -89,14 +89,25 @@ typedef struct {
     double max_abs_err;
 } CkptQuantTensor;
 
+/* How int8 matrices are rounded, when not to nearest: factor returns, for
+ * matrix mat of tensor name (mat: the flat index over the dims before the
+ * last two, 0 for a 2-D tensor; K its input dim), the factor U that
+ * dtype_q8_quantize_row_gptq takes, or NULL to round that matrix to
+ * nearest (train/quant/gptq.h builds one from calibration data). */
+typedef struct {
+    const float *(*factor)(void *ctx, const char *name, size_t mat, size_t K);
+    void *ctx;
+} CkptQuantRound;
+
 /* Writes out (a temporary name, flushed and renamed) as the quantized
  * checkpoint of in (a float32, f16 or bf16 tandem checkpoint; a run
  * directory means its latest) with the dtypes dt (dt->mat the `quantized`
  * attribute), carrying config, step, tokens_seen and the tokenizer files.
  * Tensors are converted a slab at a time (no whole-model copy).  *rep gets
- * one entry per tensor (td_malloc'd, *n_rep entries; may be NULL).  One
- * process.  Returns 0 or -1 with one line in err. */
-int ckpt_quantize(const char *in, const char *out, const ModelDtypes *dt, CkptQuantTensor **rep, int *n_rep,
-                  char *err, size_t err_len);
+ * one entry per tensor (td_malloc'd, *n_rep entries; may be NULL).  round:
+ * NULL, or the int8 rounding (above).  One process.  Returns 0 or -1 with
+ * one line in err. */
+int ckpt_quantize(const char *in, const char *out, const ModelDtypes *dt, const CkptQuantRound *round,
+                  CkptQuantTensor **rep, int *n_rep, char *err, size_t err_len);
 
 #endif

@@ -174,6 +174,33 @@ void dtype_q8_quantize_row(int8_t *restrict q, float *restrict s, const float *r
     }
 }
 
+void dtype_q8_quantize_row_gptq(int8_t *restrict q, float *restrict s, const float *restrict x,
+                                const float *restrict U, size_t K, float *restrict work)
+{
+    memcpy(work, x, K * sizeof(float));
+    float sc = 0.0f;
+    for (size_t k = 0; k < K; k++) {
+        if (k % DTYPE_Q8_GROUP == 0) {   /* the group's scale, as dtype_q8_quantize takes it */
+            const size_t n = K - k < DTYPE_Q8_GROUP ? K - k : DTYPE_Q8_GROUP;
+            float amax = 0.0f;
+            for (size_t i = 0; i < n; i++) {
+                const float a = fabsf(work[k + i]);
+                amax = a > amax ? a : amax;
+            }
+            sc = amax / 127.0f;
+            if (!(sc > 0.0f)) sc = 0.0f;
+            s[k / DTYPE_Q8_GROUP] = sc;
+        }
+        float v = sc > 0.0f ? rintf(work[k] / sc) : 0.0f;
+        v = v > 127.0f ? 127.0f : v;
+        v = v >= -127.0f ? v : -127.0f;
+        q[k] = (int8_t)v;
+        const float *restrict u = U + k * K;
+        const float e = (work[k] - v * sc) / u[k];
+        for (size_t j = k + 1; j < K; j++) work[j] -= e * u[j];
+    }
+}
+
 void dtype_q8_dequantize_row(float *restrict y, const int8_t *restrict q, const float *restrict s, size_t K)
 {
     for (size_t g = 0, k = 0; k < K; g++, k += DTYPE_Q8_GROUP) {

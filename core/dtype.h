@@ -85,5 +85,17 @@ void dtype_q8_dequantize(float *restrict y, const int8_t *restrict q, float s, s
 static inline size_t dtype_q8_groups(size_t K) { return (K + DTYPE_Q8_GROUP - 1) / DTYPE_Q8_GROUP; }
 void dtype_q8_quantize_row(int8_t *restrict q, float *restrict s, const float *restrict x, size_t K);
 void dtype_q8_dequantize_row(float *restrict y, const int8_t *restrict q, const float *restrict s, size_t K);
+/* The same row, groups and scale rule, rounded by GPTQ (Frantar et al.,
+ * 2022, "GPTQ: Accurate Post-Training Quantization"): the weights are
+ * rounded in order k = 0..K-1, each group's scale is amax / 127 of the row
+ * as updated so far, taken at the group's first weight, and each weight's
+ * rounding error e_k, divided by U[k][k], is taken off the later weights
+ * along row k of U.  U (row-major K x K, upper triangular) is the Cholesky
+ * factor, U^T U = H^-1, of the inverse of the input's second moment H = sum
+ * x x^T (damped): so the row greedily lowers the output error
+ * (w - w_q)^T H (w - w_q) instead of each weight's own error.  With U
+ * diagonal it gives dtype_q8_quantize_row's bits.  work: K floats. */
+void dtype_q8_quantize_row_gptq(int8_t *restrict q, float *restrict s, const float *restrict x,
+                                const float *restrict U, size_t K, float *restrict work);
 
 #endif

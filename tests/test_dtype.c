@@ -7,10 +7,13 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/common.h"
 #include "core/dtype.h"
+#include "tests/fixture.h"
+#include "train/quant/gptq.h"
 
 Test(dtype, bf16_rounds_to_nearest_even)
 {
@@ -162,5 +165,103 @@ Test(dtype, q8_0_blocks_match_ggml_reference)
         float step = 0.3f / 127.0f;
         cr_expect(fabsf(y[64 + j] - x[64 + j]) <= 0.5f * step + 127.0f * step * 0x1p-11f,
                   "block 2 value %d: %g vs %g", j, y[64 + j], x[64 + j]);
+    }
+}
+
+/* GPTQ rounding (dtype_q8_quantize_row_gptq) against a float32 replay of
+ * the same algorithm (tests/ref/fixtures_ops.py, gptq.h5): the same bits;
+ * and the output error (w - w_q)^T H (w - w_q) below rounding to nearest's. */
+static double out_err(const float *w, const int8_t *q, const float *s, const float *H, size_t K)
+{
+    double *e = td_malloc(K * sizeof(double)), r = 0;
+    for (size_t k = 0; k < K; k++) e[k] = (double)w[k] - (double)q[k] * (double)s[k / DTYPE_Q8_GROUP];
+    for (size_t i = 0; i < K; i++)
+        for (size_t j = 0; j < K; j++) r += e[i] * (double)H[i * K + j] * e[j];
+    td_free(e);
+    return r;
+}
+
+Test(dtype, q8_gptq_matches_reference_and_lowers_output_error)
+{
+    const char *f = "gptq.h5";
+    const int nc = (int)fixture_attr(f, "n_cases");
+    cr_assert(nc >= 3, "gptq.h5: %d cases", nc);
+    for (int c = 0; c < nc; c++) {
+        char nm[64];
+        size_t n;
+#define DS(x) (snprintf(nm, sizeof nm, "c%d/%s", c, x), nm)
+        int32_t *dims = fixture_i32(f, DS("dims"), &n);
+        const size_t R = (size_t)dims[0], K = (size_t)dims[1], G = dtype_q8_groups(K);
+        float *W = fixture_f32(f, DS("W"), &n), *U = fixture_f32(f, DS("U"), &n), *H = fixture_f32(f, DS("H"), &n);
+        float *s_ref = fixture_f32(f, DS("s"), &n);
+        int32_t *q_ref = fixture_i32(f, DS("q"), &n), *q_rtn = fixture_i32(f, DS("q_rtn"), &n);
+#undef DS
+        int8_t *q = td_malloc(K), *qn = td_malloc(K);
+        float *s = td_malloc(G * sizeof(float)), *sn = td_malloc(G * sizeof(float)), *work = td_malloc(K * sizeof(float));
+        double eg = 0, en = 0;
+        for (size_t r = 0; r < R; r++) {
+            dtype_q8_quantize_row_gptq(q, s, W + r * K, U, K, work);
+            dtype_q8_quantize_row(qn, sn, W + r * K, K);
+            for (size_t k = 0; k < K; k++) {
+                cr_assert_eq(q[k], q_ref[r * K + k], "case %d row %zu: q[%zu] = %d, reference %d", c, r, k, q[k],
+                             q_ref[r * K + k]);
+                cr_assert_eq(qn[k], q_rtn[r * K + k], "case %d row %zu: nearest q[%zu]", c, r, k);
+                cr_assert(q[k] >= -127 && q[k] <= 127);
+            }
+            cr_assert(!memcmp(s, s_ref + r * G, G * sizeof(float)), "case %d row %zu: scales differ", c, r);
+            eg += out_err(W + r * K, q, s, H, K);
+            en += out_err(W + r * K, qn, sn, H, K);
+        }
+        cr_expect(eg < 0.6 * en, "case %d: GPTQ output error %.6g, rounding to nearest %.6g", c, eg, en);
+        /* a diagonal factor: no error is carried, the bits of rounding to nearest */
+        float *D = td_calloc(K * K * sizeof(float));
+        for (size_t k = 0; k < K; k++) D[k * K + k] = 0.5f + (float)k;
+        for (size_t r = 0; r < R; r++) {
+            dtype_q8_quantize_row_gptq(q, s, W + r * K, D, K, work);
+            dtype_q8_quantize_row(qn, sn, W + r * K, K);
+            cr_assert(!memcmp(q, qn, K) && !memcmp(s, sn, G * sizeof(float)), "case %d row %zu: diagonal U", c, r);
+        }
+        td_free(D);
+        td_free(dims);
+        td_free(W);
+        td_free(U);
+        td_free(H);
+        td_free(s_ref);
+        td_free(q_ref);
+        td_free(q_rtn);
+        td_free(q);
+        td_free(qn);
+        td_free(s);
+        td_free(sn);
+        td_free(work);
+    }
+}
+
+/* gptq_factor: U^T U = (H damped)^-1, U upper, against PyTorch's float64
+ * factor (gptq.h5's U, rounded to float32). */
+Test(dtype, gptq_factor_matches_torch)
+{
+    const char *f = "gptq.h5";
+    const int nc = (int)fixture_attr(f, "n_cases");
+    for (int c = 0; c < nc; c++) {
+        char nm[64];
+        size_t n;
+        snprintf(nm, sizeof nm, "c%d/dims", c);
+        int32_t *dims = fixture_i32(f, nm, &n);
+        const size_t K = (size_t)dims[1];
+        snprintf(nm, sizeof nm, "c%d/H", c);
+        float *h = fixture_f32(f, nm, &n);
+        snprintf(nm, sizeof nm, "c%d/U", c);
+        float *U = fixture_f32(f, nm, &n);
+        double *w = td_malloc(K * K * sizeof(double));
+        cr_assert(gptq_factor(h, K, 0.01, w), "case %d: not positive definite", c);
+        float umax = 0;
+        for (size_t i = 0; i < K * K; i++) umax = fmaxf(umax, fabsf(U[i]));
+        snprintf(nm, sizeof nm, "gptq factor, case %d", c);
+        EXPECT_CLOSE(h, U, K * K, 1e-5 * umax, 1e-4, nm);
+        td_free(w);
+        td_free(dims);
+        td_free(h);
+        td_free(U);
     }
 }

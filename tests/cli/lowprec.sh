@@ -116,6 +116,52 @@ sys.exit(0 if a['ids'] == b['ids'] == c['ids'] and a['logprobs'] == b['logprobs'
 done
 gen --ckpt "$W/q8.h5" --dtype f32 >"$W/d.json" && ok "an int8 file served as f32 (dequantized)" || bad "int8 file --dtype f32"
 
+# ---------------------------------------------------------------- GPTQ rounding
+$T ckpt quantize "$W/run" "$W/gq.h5" --dtype int8 --calib "$DATA" --seq-len 64 --windows 4 --gptq --gptq-windows 16 \
+    >"$W/gq.jsonl" 2>"$W/gq.log" || { bad "ckpt quantize --gptq"; cat "$W/gq.log"; }
+$PY - "$W" <<'EOF' && ok "--gptq: the same format; embedding, routers and vectors as rounding to nearest gives them, every other matrix re-rounded; reported errors" || fail=1
+import json, sys, h5py, numpy as np
+w = sys.argv[1]
+src, q8, gq = h5py.File(w + "/run/latest"), h5py.File(w + "/q8.h5"), h5py.File(w + "/gq.h5")
+lines = [json.loads(l) for l in open(w + "/gq.jsonl")]
+rep = {l["tensor"]: l for l in lines if "tensor" in l}
+summ = [l for l in lines if "quantized" in l][0]
+assert summ["rounding"] == "gptq" and summ["gptq_matrices"] > 0, summ
+# layer 0 dense (q/k/v, o, gate/up, down: 4 inputs), layers 1-2 MoE: 2 + 4 experts x 2 + shared 2 = 12 each; lm_head
+assert summ["gptq_matrices"] + summ["gptq_nearest"] in (28, 29), summ
+assert [l for l in lines if "calib" in l][0]["weights"] == "int8"
+assert "gptq: second moments, batch 2/2" in open(w + "/gq.log").read()
+changed = 0
+def visit(name, x):
+    global changed
+    if not isinstance(x, h5py.Dataset) or not (name.startswith("model/") or name == "lm_head"):
+        return
+    a, b = q8[name], gq[name]
+    assert a.dtype == b.dtype and a.shape == b.shape and dict(a.attrs) == dict(b.attrs), name
+    if a.dtype != np.int8 or name == "model/embed_tokens":
+        assert np.array_equal(a[()], b[()]), name          # kept, or rounded to nearest
+        if a.dtype == np.int8:
+            assert np.array_equal(q8[name + ".scale"][()], gq[name + ".scale"][()]), name
+        return
+    q, s = b[()], gq[name + ".scale"][()]
+    assert q.min() >= -127 and np.isfinite(s).all() and (s >= 0).all(), name
+    K = q.shape[-1]
+    deq = (q.astype(np.float32) * np.repeat(s, 32, axis=-1)[..., :K]).astype(np.float64)
+    W = x[()].astype(np.float64)
+    rel = np.linalg.norm(W - deq) / np.linalg.norm(W)
+    assert abs(rep[name]["rel_err"] - rel) <= 1e-5 * rel, (name, rep[name]["rel_err"], rel)
+    share = (q != a[()]).mean()
+    assert share > 0.01, (name, share)                     # GPTQ moved some weights to the other neighbour
+    changed += 1
+src.visititems(visit)
+assert changed >= 10, changed
+EOF
+$T ckpt verify "$W/gq.h5" >/dev/null && gen --ckpt "$W/gq.h5" >"$W/g.json" && ok "--gptq: the file verifies and serves" ||
+    bad "--gptq file: verify or generate"
+expect_fail "--gptq without --calib" "--gptq rounds int8 matrices from calibration data" \
+    $T ckpt quantize "$W/run" "$W/qq.h5" --dtype int8 --gptq
+expect_fail "--gptq with bf16" "it needs --dtype int8 and --calib" $T ckpt quantize "$W/run" "$W/qq.h5" --dtype bf16 --calib "$DATA" --gptq
+
 # ---------------------------------------------------------------- refused by name
 corrupt() {   # corrupt NAME PYTHON: a copy of q8.h5 with PYTHON applied to f (h5py, r+)
     cp "$W/q8.h5" "$W/$1.h5"

@@ -7,6 +7,7 @@ writes one HDF5 file per module into DIR (read by tests/test_<module>.c):
 
     linear.h5 rmsnorm.h5 embedding.h5 rope.h5 attention.h5 swiglu.h5
     softmax.h5 moe.h5 moe_sigmoid.h5 bias.h5 clamp.h5 gate.h5 qk_norm.h5
+    gptq.h5 (core/dtype.h's GPTQ rounding, train/quant/gptq.h's factor)
 
 Each file holds cases c0, c1, ... as groups: the inputs (float32, from a
 fixed seed), an int32 dataset `dims` with the sizes, and the expected outputs
@@ -485,6 +486,71 @@ def qk_norm_cases():
     return cases
 
 
+# ------------------------------------------------------------------ gptq
+def gptq_round_f32(w, U):
+    """dtype_q8_quantize_row_gptq, one float32 IEEE operation at a time."""
+    K = w.shape[0]
+    w = w.astype(np.float32).copy()
+    q = np.zeros(K, np.int32)
+    s = np.zeros((K + 31) // 32, np.float32)
+    sc = np.float32(0)
+    for k in range(K):
+        if k % 32 == 0:
+            sc = np.float32(np.max(np.abs(w[k:k + 32])) / np.float32(127))
+            if not sc > 0:
+                sc = np.float32(0)
+            s[k // 32] = sc
+        v = np.float32(np.rint(w[k] / sc)) if sc > 0 else np.float32(0)
+        v = np.float32(min(max(v, -127), 127))
+        q[k] = int(v)
+        e = np.float32(np.float32(w[k] - np.float32(v * sc)) / U[k, k])
+        w[k + 1:] = w[k + 1:] - np.float32(e) * U[k, k + 1:]
+    return q, s
+
+
+def rtn_f32(w):
+    K = w.shape[0]
+    q = np.zeros(K, np.int32)
+    for g in range(0, K, 32):
+        a = np.float32(np.max(np.abs(w[g:g + 32])) / np.float32(127))
+        q[g:g + 32] = np.clip(np.rint(w[g:g + 32] / a), -127, 127) if a > 0 else 0
+    return q
+
+
+def gptq_cases():
+    """Weights W (R, K) and inputs X (n, K) whose channels are mixed and
+    unevenly scaled (as a hidden state's are), H = X^T X; U from float64
+    (H damped as train/quant/gptq.c does: an always-zero input gets 1, then
+    damp times the mean diagonal), the rounding replayed in float32."""
+    cases = []
+    for seed, (R, K, n, dead) in enumerate([(6, 72, 300, -1), (5, 100, 500, 7), (4, 64, 40, -1)]):
+        r = rng(700 + seed)
+        A = r.normal(size=(K, K)).astype(np.float32) * 0.3 + np.eye(K, dtype=np.float32)
+        X = (r.normal(size=(n, K)).astype(np.float32) @ A) * r.uniform(0.2, 3.0, size=K).astype(np.float32)
+        if dead >= 0:
+            X[:, dead] = 0
+        W = uni(r, (R, K), -0.1, 0.1)
+        H = f32(t64(X).T @ t64(X))
+        damp = 0.01
+        Hd = torch.tensor(H, dtype=F64)
+        mean = float(Hd.diagonal().mean())
+        for i in range(K):
+            if Hd[i, i] == 0:
+                Hd[i, i] = 1
+        Hd += damp * mean * torch.eye(K, dtype=F64)
+        L = torch.linalg.cholesky(torch.linalg.inv(Hd))
+        U = f32(L.T)
+        qs, ss, qr = [], [], []
+        for i in range(R):
+            q, s = gptq_round_f32(W[i], U)
+            qs.append(q)
+            ss.append(s)
+            qr.append(rtn_f32(W[i]))
+        cases.append(dict(dims=i32([R, K]), W=W, H=H, damp=np.float64(damp), U=U, q=i32(qs), s=f32(ss),
+                          q_rtn=i32(qr)))
+    return cases
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -506,6 +572,7 @@ def main():
     write(args.out, "clamp.h5", clamp_cases())
     write(args.out, "gate.h5", gate_cases())
     write(args.out, "qk_norm.h5", qk_norm_cases())
+    write(args.out, "gptq.h5", gptq_cases())
 
 
 if __name__ == "__main__":

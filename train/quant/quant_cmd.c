@@ -1,5 +1,5 @@
-/* train/quant_cmd.c - `tandem ckpt quantize IN OUT.h5 --dtype bf16|int8
- * [--calib DATA.bin]` (quant_cmd.h).
+/* train/quant/quant_cmd.c - `tandem ckpt quantize IN OUT.h5 --dtype
+ * bf16|int8 [--calib DATA.bin [--gptq]]` (quant_cmd.h).
  *
  * Writes the quantized checkpoint (checkpoint/ckpt_serve.h: ckpt_quantize)
  * and prints, one JSON object a line, each tensor's relative error
@@ -8,14 +8,18 @@
  * (IN served as f32) and OUT loaded back as a serving command loads it --
  * and prints the perplexity of each and its change, the largest change of
  * a token's log-probability, and the share of tokens whose top-k experts
- * (as a set) change, per MoE layer and over all of them.
+ * (as a set) change, per MoE layer and over all of them.  With --gptq the
+ * int8 matrices are rounded by GPTQ (gptq.h) from windows of the token
+ * file's train split before they are written (the scoring above still
+ * reads --split).
  */
-#include "train/quant_cmd.h"
+#include "train/quant/quant_cmd.h"
 #include "checkpoint/ckpt_serve.h"
 #include "core/args.h"
 #include "core/common.h"
 #include "core/model/backprop.h"
 #include "train/data.h"
+#include "train/quant/gptq.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -24,7 +28,8 @@
 static const char *const g_help =
     "usage: tandem ckpt quantize IN OUT.h5 --dtype bf16|int8 [--embed-dtype D] [--head-dtype D]\n"
     "                            [--calib DATA.bin [--split val|train|all] [--seq-len 256]\n"
-    "                             [--windows 16] [--kv-dtype f32|bf16|int8]]\n"
+    "                             [--windows 16] [--kv-dtype f32|bf16|int8]\n"
+    "                             [--gptq [--gptq-windows 64] [--gptq-damp 0.01]]]\n"
     "Writes OUT.h5, the checkpoint IN (a float32, f16 or bf16 checkpoint, or a run\n"
     "directory: its latest) with its matrices in bf16, or int8 with one float32\n"
     "scale per 32 weights along the input dim; routers (mlp/gate), norms, biases and\n"
@@ -34,7 +39,10 @@ static const char *const g_help =
     "with --calib, the perplexity of IN (float32) and of OUT on --windows windows\n"
     "of the token file, and the share of tokens whose top-k experts change, per MoE\n"
     "layer and overall (OUT computed with --kv-dtype, default f32).  --dtype f32\n"
-    "copies the weights and, with --kv-dtype, measures the KV dtype alone.\n";
+    "copies the weights and, with --kv-dtype, measures the KV dtype alone.\n"
+    "--gptq (int8): rounds each int8 matrix by GPTQ, from the second moments of its\n"
+    "inputs over --gptq-windows windows of the token file's train split (same format,\n"
+    "groups and scales; lower output error, higher weight error; docs/serving.md).\n";
 
 /* Log-probabilities (n_win T) and experts (n_win T, n_moe, k) of windows of
  * tok under m, in batches of up to 8 windows. */
@@ -183,10 +191,36 @@ static int calibrate(const char *in, const char *out, const char *data, const ch
     return 0;
 }
 
+/* The GPTQ factors of in's float32 model from n_win windows of T of the
+ * train split of data; NULL after one printed line. */
+static GptqSet *gptq_build(const char *in, const char *data, size_t T, size_t n_win, double damp)
+{
+    char err[1024];
+    Model f;
+    ServeDtypes f32 = { .dtype_set = true, .dtype = DTYPE_F32, .kv = DTYPE_F32 };
+    if (ckpt_open_serving(in, &f, NULL, &f32, err, sizeof err)) {
+        if (err[0]) td_error("ckpt quantize: %s", err);
+        return NULL;
+    }
+    int32_t *tok = NULL;
+    size_t nw = 0;
+    GptqSet *g = NULL;
+    if (T > (size_t)f.cfg.max_position_embeddings)
+        td_error("ckpt quantize: --seq-len %zu exceeds the model's max_position_embeddings %d", T,
+                 f.cfg.max_position_embeddings);
+    else if (read_windows(data, "train", T, n_win, f.cfg.vocab_size, &tok, &nw, err, sizeof err))
+        td_error("ckpt quantize: --gptq: %s", err);
+    else
+        g = gptq_collect(&f, tok, nw, T, damp);
+    td_free(tok);
+    model_free(&f);
+    return g;
+}
+
 static int quant_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "dtype=", "embed-dtype=", "head-dtype=", "calib=", "split=", "seq-len=",
-                                        "windows=", "kv-dtype=", NULL };
+                                        "windows=", "kv-dtype=", "gptq", "gptq-windows=", "gptq-damp=", NULL };
     char err[1024];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("ckpt quantize: %s", err);
@@ -222,16 +256,31 @@ static int quant_run(Args *ap, int argc, char **argv)
         td_error("ckpt quantize: --split must be val, train or all");
         return 2;
     }
-    double T, nw;
+    double T, nw, gw, damp;
     if (args_num(ap, "seq-len", 256, 2, 1 << 20, &T, err, sizeof err) < 0 ||
-        args_num(ap, "windows", 16, 1, 1 << 20, &nw, err, sizeof err) < 0) {
+        args_num(ap, "windows", 16, 1, 1 << 20, &nw, err, sizeof err) < 0 ||
+        args_num(ap, "gptq-windows", 64, 1, 1 << 20, &gw, err, sizeof err) < 0 ||
+        args_num(ap, "gptq-damp", 0.01, 1e-6, 10, &damp, err, sizeof err) < 0) {
         td_error("ckpt quantize: %s", err);
         return 2;
     }
+    const char *calib = args_get(ap, "calib");
+    const bool gptq = args_flag(ap, "gptq");
+    if (gptq && (d != DTYPE_INT8 || !calib)) {
+        td_error("ckpt quantize: --gptq rounds int8 matrices from calibration data: it needs --dtype int8 and --calib");
+        return 2;
+    }
     const char *in = ap->pos[0], *out = ap->pos[1];
+    GptqSet *g = gptq ? gptq_build(in, calib, (size_t)T, (size_t)gw, damp) : NULL;
+    if (gptq && !g) return 1;
+    CkptQuantRound round = g ? gptq_round(g) : (CkptQuantRound){ 0 };
     CkptQuantTensor *rep;
     int n_rep;
-    if (ckpt_quantize(in, out, &dt, &rep, &n_rep, err, sizeof err)) {
+    const int qrc = ckpt_quantize(in, out, &dt, g ? &round : NULL, &rep, &n_rep, err, sizeof err);
+    size_t n_near = 0;
+    const size_t n_gptq = g ? gptq_factored(g, &n_near) : 0;
+    gptq_free(g);
+    if (qrc) {
         if (err[0]) td_error("ckpt quantize: %s", err);
         return 1;
     }
@@ -242,11 +291,11 @@ static int quant_run(Args *ap, int argc, char **argv)
         worst = fmax(worst, rep[i].rel_err);
     }
     printf("{\"quantized\":\"%s\",\"dtype\":\"%s\",\"embed_dtype\":\"%s\",\"head_dtype\":\"%s\",\"tensors\":%d,"
-           "\"rel_err_max\":%.6g}\n",
-           out, dtype_name(dt.mat), dtype_name(dt.embed), dtype_name(dt.head), n_rep, worst);
+           "\"rel_err_max\":%.6g,\"rounding\":\"%s\",\"gptq_matrices\":%zu,\"gptq_nearest\":%zu}\n",
+           out, dtype_name(dt.mat), dtype_name(dt.embed), dtype_name(dt.head), n_rep, worst, gptq ? "gptq" : "nearest",
+           n_gptq, n_near);
     fflush(stdout);
     td_free(rep);
-    const char *calib = args_get(ap, "calib");
     return calib ? calibrate(in, out, calib, split, (size_t)T, (size_t)nw, kv) : 0;
 }
 
