@@ -25,8 +25,9 @@
 #   accuracy `tandem ckpt quantize --calib` on held-out windows (the
 #            validation split of fortunes, LOWPREC_BENCH_WINDOWS windows of
 #            256): perplexity change and the share of (token, MoE layer)
-#            whose top-k experts change, at int8 and bf16 weights, at the
-#            int8 choices for the embedding and lm_head, and for the KV
+#            whose top-k experts change, at int8 and bf16 weights, at int8
+#            rounded by GPTQ (--gptq, factors from 64 windows of the train
+#            split), at the int8 choices for the embedding and lm_head, and for the KV
 #            dtypes alone (float32 weights).  On the demo model (runs/demo
 #            if present, else configs/demo.json trained LOWPREC_BENCH_DEMO_STEPS
 #            steps here, default 300) and on each config's weights.
@@ -173,6 +174,7 @@ calib() {
 }
 accuracy() {   # MODEL_NAME CKPT [all]: the dtypes (all: also the embedding / lm_head choices)
     set -- "$1" "$2" "${3:-}" "int8#--dtype int8" "bf16#--dtype bf16" "int8_kv_int8#--dtype int8 --kv-dtype int8" \
+        "int8_gptq#--dtype int8 --gptq" "int8_gptq_kv_int8#--dtype int8 --gptq --kv-dtype int8" \
         "kv_bf16#--dtype f32 --kv-dtype bf16" "kv_int8#--dtype f32 --kv-dtype int8"
     [ "$3" = all ] && set -- "$@" "int8_embed_f32#--dtype int8 --embed-dtype f32" \
         "int8_head_f32#--dtype int8 --head-dtype f32" "int8_both_f32#--dtype int8 --embed-dtype f32 --head-dtype f32"
@@ -293,7 +295,8 @@ def verdict(ok):
 summary = {"bench": "lowprec", "elapsed_s": elapsed, "rounds": rounds, "load_after": load, "configs": {}, "accuracy": {}}
 acc_rows = []
 for model in ["demo"] + cfgs:
-    for a in ["bf16", "int8", "int8_embed_f32", "int8_head_f32", "int8_both_f32", "int8_kv_int8", "kv_bf16", "kv_int8"]:
+    for a in ["bf16", "int8", "int8_embed_f32", "int8_head_f32", "int8_both_f32", "int8_kv_int8", "int8_gptq",
+              "int8_gptq_kv_int8", "kv_bf16", "kv_int8"]:
         c = load_json("acc_%s_%s.json" % (model, a))
         if not c:
             continue
