@@ -567,10 +567,22 @@ int ckpt_load_serving(const char *file, Model *m, char *err, size_t err_len)
 static void resolve_dtypes(hid_t f, const ModelConfig *cfg, const ServeDtypes *sd, ModelDtypes *dt)
 {
     CkptH5Desc d;
-    char name[PARAM_NAME_MAX];
-    ModelDtypes st = { DTYPE_F32, DTYPE_F32, DTYPE_F32 };
-    (void)td_snprintf(name, sizeof name, "model/layers/0/self_attn/q_proj");
-    if (!ckpt_h5_describe(f, name, &d)) st.mat = stored_dtype(&d);
+    ModelDtypes st = { DTYPE_F32, DTYPE_F32, DTYPE_F32, DTYPE_F32 };
+    /* layer 0's first attention projection (q_proj; MLA: q_a_proj), and its
+     * first other matrix (experts' or dense MLP's; none: attention's) */
+    static const char *const attn[] = { "model/layers/0/self_attn/q_proj", "model/layers/0/self_attn/q_a_proj" };
+    static const char *const mat[] = { "model/layers/0/mlp/experts/gate_proj", "model/layers/0/mlp/gate_proj" };
+    for (size_t i = 0; i < sizeof attn / sizeof *attn; i++)
+        if (!ckpt_h5_describe(f, attn[i], &d)) {
+            st.attn = st.mat = stored_dtype(&d);
+            break;
+        }
+    for (size_t i = 0; i < sizeof mat / sizeof *mat; i++)
+        if (!ckpt_h5_describe(f, mat[i], &d)) {
+            st.mat = stored_dtype(&d);
+            break;
+        }
+    H5Eclear2(H5E_DEFAULT);
     if (!ckpt_h5_describe(f, "model/embed_tokens", &d)) st.embed = st.head = stored_dtype(&d);
     if (!cfg->tie_word_embeddings && !ckpt_h5_describe(f, "lm_head", &d)) st.head = stored_dtype(&d);
     char *q = NULL;

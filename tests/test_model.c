@@ -273,8 +273,12 @@ static void round_rows(float *x, size_t rows, size_t K, Dtype t)
  * layer's experts -- at each plan, and with a narrow KV cache on both. */
 static void check_serving(const char *file)
 {
-    static const ModelDtypes plans[] = { { DTYPE_F32, DTYPE_F32, DTYPE_F32 }, { DTYPE_BF16, DTYPE_BF16, DTYPE_BF16 },
-                                         { DTYPE_INT8, DTYPE_INT8, DTYPE_INT8 }, { DTYPE_INT8, DTYPE_F32, DTYPE_BF16 } };
+    static const ModelDtypes plans[] = { { DTYPE_F32, DTYPE_F32, DTYPE_F32, DTYPE_F32 },
+                                         { DTYPE_BF16, DTYPE_BF16, DTYPE_BF16, DTYPE_BF16 },
+                                         { DTYPE_INT8, DTYPE_INT8, DTYPE_INT8, DTYPE_INT8 },
+                                         { DTYPE_INT8, DTYPE_F32, DTYPE_BF16, DTYPE_INT8 },
+                                         { DTYPE_F32, DTYPE_F32, DTYPE_F32, DTYPE_BF16 },
+                                         { DTYPE_INT8, DTYPE_INT8, DTYPE_INT8, DTYPE_BF16 } };
     for (size_t pi = 0; pi < sizeof plans / sizeof *plans; pi++)
         for (int kv = 0; kv < 3; kv += 2) {
             Case c;
@@ -309,10 +313,11 @@ static void check_serving(const char *file)
             const size_t N = c.B * c.T;
             model_train_forward(&c.m, &c.a, c.ids, c.targets, N, NULL);
             model_train_forward(&s, &sa, c.ids, c.targets, N, NULL);
-            char what[128];
-            snprintf(what, sizeof what, "%s, weights %s, embed %s, head %s, kv %s", file, dtype_name(dt->mat),
-                     dtype_name(dt->embed), dtype_name(dt->head), dtype_name((Dtype)kv));
-            if (dt->mat != DTYPE_INT8 && dt->head != DTYPE_INT8) {
+            char what[192];
+            snprintf(what, sizeof what, "%s, weights %s, embed %s, head %s, attn %s, kv %s", file,
+                     dtype_name(dt->mat), dtype_name(dt->embed), dtype_name(dt->head), dtype_name(dt->attn),
+                     dtype_name((Dtype)kv));
+            if (dt->mat != DTYPE_INT8 && dt->head != DTYPE_INT8 && dt->attn != DTYPE_INT8) {
                 EXPECT_BITWISE(sa.logp, c.a.logp, N, what);
                 for (int li = 0; li < s.topo.layer_end - s.topo.layer_begin; li++)
                     if (s.layers[li].moe)
@@ -486,7 +491,7 @@ static void check_offload(const char *file, Dtype d)
 {
     Case c;
     case_open(&c, file, RECOMPUTE_NONE);
-    const ModelDtypes dt = { d, d, d };
+    const ModelDtypes dt = { d, d, d, d };
     Model s, o;
     model_init_serving(&s, &c.m.cfg, &c.m.topo, 16, &dt);
     model_quantize_from(&s, &c.m);

@@ -23,6 +23,7 @@ static Dtype role_dtype(const ModelConfig *cfg, const ModelDtypes *dt, const cha
     if (n >= 19 && !strcmp(name + n - 19, "self_attn/kv_b_proj")) return DTYPE_F32;   /* MLA: never packed */
     if (!strcmp(name, "lm_head")) return dt->head;
     if (!strcmp(name, "model/embed_tokens")) return cfg->tie_word_embeddings ? dt->head : dt->embed;
+    if (strstr(name, "/self_attn/")) return dt->attn;
     return dt->mat;
 }
 
@@ -291,7 +292,7 @@ static void build_table(Model *m, const ModelConfig *cfg, const Topology *topo, 
     m->cfg = *cfg;
     m->topo = *topo;
     m->serving = dt != NULL;
-    m->dt = dt ? *dt : (ModelDtypes){ DTYPE_F32, DTYPE_F32, DTYPE_F32 };
+    m->dt = dt ? *dt : (ModelDtypes){ DTYPE_F32, DTYPE_F32, DTYPE_F32, DTYPE_F32 };
     const ModelConfig *c = cfg;
     const Topology *t = topo;
     m->d = (size_t)c->hidden_size;
@@ -438,7 +439,7 @@ ModelDtypes model_dtypes_default(Dtype d)
      * docs/serving.md: at int8 the change of perplexity and routing they
      * add is within the budget, and on a 150k vocabulary they are a large
      * part of the weights) */
-    return (ModelDtypes){ d, d, d };
+    return (ModelDtypes){ d, d, d, d };
 }
 
 int model_param_table(const ModelConfig *cfg, const Topology *topo, Param **out)

@@ -83,10 +83,12 @@ static inline GemmW param_mat(const Param *p, size_t e)
 }
 
 /* Dtypes of a serving model's matrices by role (SPEC section 11): every
- * matrix but the router (always float32), the embedding, and lm_head (a
- * tied embedding takes head's: it is the head's weight too). */
+ * matrix but the router (always float32) and those below, the embedding,
+ * lm_head (a tied embedding takes head's: it is the head's weight too),
+ * and the attention projections (self_attn/..._proj but MLA's kv_b_proj,
+ * float32 always: `ckpt quantize --attn-dtype`). */
 typedef struct {
-    Dtype mat, embed, head;
+    Dtype mat, embed, head, attn;
 } ModelDtypes;
 
 /* The dtype a serving model with dtypes dt holds p in (float32 for

@@ -162,6 +162,42 @@ expect_fail "--gptq without --calib" "--gptq rounds int8 matrices from calibrati
     $T ckpt quantize "$W/run" "$W/qq.h5" --dtype int8 --gptq
 expect_fail "--gptq with bf16" "it needs --dtype int8 and --calib" $T ckpt quantize "$W/run" "$W/qq.h5" --dtype bf16 --calib "$DATA" --gptq
 
+# ---------------------------------------------------------------- attention in another dtype
+$T ckpt quantize "$W/run" "$W/qa.h5" --dtype int8 --attn-dtype bf16 --calib "$DATA" --seq-len 64 --windows 4 \
+    >"$W/qa.jsonl" 2>"$W/log" || { bad "ckpt quantize --attn-dtype bf16"; cat "$W/log"; }
+$PY - "$W" <<'EOF' && ok "--attn-dtype bf16: self_attn projections as the bf16 file has them, every other dataset as the int8 file; reported" || fail=1
+import json, sys, h5py, numpy as np
+w = sys.argv[1]
+q8, bf, qa = h5py.File(w + "/q8.h5"), h5py.File(w + "/bf.h5"), h5py.File(w + "/qa.h5")
+lines = [json.loads(l) for l in open(w + "/qa.jsonl")]
+summ = [l for l in lines if "quantized" in l][0]
+assert summ["dtype"] == "int8" and summ["attn_dtype"] == "bf16" and summ["embed_dtype"] == "int8", summ
+c = [l for l in lines if "calib" in l][0]
+assert c["weights"] == "int8" and c["attn"] == "bf16", c
+assert [l for l in open(w + "/q8.jsonl") if '"quantized"' in l][0].count('"attn_dtype":"int8"') == 1
+n_attn = 0
+def visit(name, x):
+    global n_attn
+    if not isinstance(x, h5py.Dataset) or not (name.startswith("model/") or name == "lm_head"):
+        return
+    attn = "/self_attn/" in name and name.endswith("_proj")
+    ref = bf if attn else q8
+    assert x.dtype == ref[name].dtype and np.array_equal(x[()], ref[name][()]), name
+    assert dict(x.attrs) == dict(ref[name].attrs), name
+    n_attn += attn
+qa.visititems(visit)
+assert n_attn == 12, n_attn                                  # q, k, v, o of 3 layers
+EOF
+gen --ckpt "$W/qa.h5" >"$W/qa1.json" && gen --ckpt "$W/qa.h5" --dtype int8 >"$W/qa2.json" &&
+    gen --ckpt "$W/q8.h5" >"$W/qa0.json" && $PY -c "
+import json, sys
+a, b, c = (json.load(open('$W/qa%d.json' % i)) for i in (1, 2, 0))
+sys.exit(0 if a['ids'] == b['ids'] and a['logprobs'] == b['logprobs'] != c['logprobs'] else 1)" &&
+    ok "--attn-dtype bf16 file: served as stored (--dtype int8 keeps its attention bf16), other logprobs than all-int8" ||
+    bad "--attn-dtype bf16 file: serving"
+expect_fail "--attn-dtype garbage" "--attn-dtype must be f32, bf16 or int8" \
+    $T ckpt quantize "$W/run" "$W/qq.h5" --dtype int8 --attn-dtype int4
+
 # ---------------------------------------------------------------- refused by name
 corrupt() {   # corrupt NAME PYTHON: a copy of q8.h5 with PYTHON applied to f (h5py, r+)
     cp "$W/q8.h5" "$W/$1.h5"
