@@ -27,7 +27,8 @@
 #            256): perplexity change and the share of (token, MoE layer)
 #            whose top-k experts change, at int8 and bf16 weights, at int8
 #            rounded by GPTQ (--gptq, factors from 64 windows of the train
-#            split), at the int8 choices for the embedding and lm_head, and for the KV
+#            split; int8_gptq_ae_bf16: GPTQ int8 with the attention
+#            projections and the embedding in bf16), at the int8 choices for the embedding and lm_head, and for the KV
 #            dtypes alone (float32 weights).  On the demo model (runs/demo
 #            if present, else configs/demo.json trained LOWPREC_BENCH_DEMO_STEPS
 #            steps here, default 300) and on each config's weights.
@@ -175,6 +176,7 @@ calib() {
 accuracy() {   # MODEL_NAME CKPT [all]: the dtypes (all: also the embedding / lm_head choices)
     set -- "$1" "$2" "${3:-}" "int8#--dtype int8" "bf16#--dtype bf16" "int8_kv_int8#--dtype int8 --kv-dtype int8" \
         "int8_gptq#--dtype int8 --gptq" "int8_gptq_kv_int8#--dtype int8 --gptq --kv-dtype int8" \
+        "int8_gptq_ae_bf16#--dtype int8 --gptq --attn-dtype bf16 --embed-dtype bf16" \
         "kv_bf16#--dtype f32 --kv-dtype bf16" "kv_int8#--dtype f32 --kv-dtype int8"
     [ "$3" = all ] && set -- "$@" "int8_embed_f32#--dtype int8 --embed-dtype f32" \
         "int8_head_f32#--dtype int8 --head-dtype f32" "int8_both_f32#--dtype int8 --embed-dtype f32 --head-dtype f32"
@@ -296,7 +298,7 @@ summary = {"bench": "lowprec", "elapsed_s": elapsed, "rounds": rounds, "load_aft
 acc_rows = []
 for model in ["demo"] + cfgs:
     for a in ["bf16", "int8", "int8_embed_f32", "int8_head_f32", "int8_both_f32", "int8_kv_int8", "int8_gptq",
-              "int8_gptq_kv_int8", "kv_bf16", "kv_int8"]:
+              "int8_gptq_kv_int8", "int8_gptq_ae_bf16", "kv_bf16", "kv_int8"]:
         c = load_json("acc_%s_%s.json" % (model, a))
         if not c:
             continue
@@ -307,9 +309,9 @@ for model in ["demo"] + cfgs:
 print()
 print("== accuracy: perplexity on held-out windows (fortunes' validation split), top-k experts unchanged "
       "(share of token x MoE layer)")
-print("  %-8s %-16s %10s %10s %10s %12s  %s" % ("model", "weights / KV", "ppl f32", "ppl", "change", "top-k same", "target"))
+print("  %-8s %-18s %10s %10s %10s %12s  %s" % ("model", "weights / KV", "ppl f32", "ppl", "change", "top-k same", "target"))
 for m, a, pf, pq, ch, same, ok, budget in acc_rows:
-    print("  %-8s %-16s %10.4f %10.4f %+9.3f%% %11.2f%%  %s (<= %g%%, >= 99%%)" % (m, a, pf, pq, ch, same, verdict(ok), budget))
+    print("  %-8s %-18s %10.4f %10.4f %+9.3f%% %11.2f%%  %s (<= %g%%, >= 99%%)" % (m, a, pf, pq, ch, same, verdict(ok), budget))
 
 for cfg in cfgs:
     rows = []
