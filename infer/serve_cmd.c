@@ -438,11 +438,14 @@ static int serve_run(Args *ap, int argc, char **argv)
         return 1;
     }
     bool v6 = strchr(so.host, ':') != NULL;
+    char wdt[48];   /* "int8", or "int8 (attention bf16)" for a mixed file */
+    if (m.dt.attn == m.dt.mat) (void)td_snprintf(wdt, sizeof wdt, "%s", dtype_name(m.dt.mat));
+    else (void)td_snprintf(wdt, sizeof wdt, "%s (attention %s)", dtype_name(m.dt.mat), dtype_name(m.dt.attn));
     fprintf(stderr,
             "tandem: serving %s on http://%s%s%s:%d (model \"%s\", context %d, weights %s %.1f MiB, KV cache %s "
             "%d blocks of %zu positions = %zu MiB, %zu bytes per cached token, max running %zu, %d threads)\n",
             file, v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), so.model_name,
-            (int)engine_context(&e), dtype_name(m.dt.mat), (double)model_weight_bytes(&m) / 1048576.0,
+            (int)engine_context(&e), wdt, (double)model_weight_bytes(&m) / 1048576.0,
             dtype_name(m.attn.kv), e.kv.n_blocks, e.kv.bs, (kvcache_block_bytes(&e.kv) * (size_t)e.kv.n_blocks) >> 20,
             kvcache_token_bytes(&e.kv), e.o.max_running, pool_threads());
     if (m.ecache)

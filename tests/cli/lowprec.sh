@@ -5,7 +5,8 @@
 # by the documented rule; loading it serves the bits that quantizing at
 # load (--dtype int8 on the float file) serves; the calibration report;
 # corrupt scales and other group sizes refused with one line naming the
-# dataset; training refuses an int8 file by name.
+# dataset; training refuses an int8 file by name; GPTQ rounding; an int8
+# file with bf16 attention (--attn-dtype) written, served and announced.
 set -eu
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -195,6 +196,16 @@ a, b, c = (json.load(open('$W/qa%d.json' % i)) for i in (1, 2, 0))
 sys.exit(0 if a['ids'] == b['ids'] and a['logprobs'] == b['logprobs'] != c['logprobs'] else 1)" &&
     ok "--attn-dtype bf16 file: served as stored (--dtype int8 keeps its attention bf16), other logprobs than all-int8" ||
     bad "--attn-dtype bf16 file: serving"
+# the server's start-up line names both dtypes (bounded wait for the line, then the server is stopped)
+$T serve --ckpt "$W/qa.h5" --port 0 --kv-mb 4 --quiet >/dev/null 2>"$W/serve.err" &
+spid=$!
+i=0
+while [ $i -lt 120 ] && ! grep -q 'tandem: serving' "$W/serve.err" && kill -0 $spid 2>/dev/null; do sleep 0.25; i=$((i + 1)); done
+kill -TERM $spid 2>/dev/null || true
+wait $spid 2>/dev/null || true
+if grep -q 'weights int8 (attention bf16) ' "$W/serve.err"; then ok "serve: the start-up line says weights int8 (attention bf16)"
+elif grep -q 'tandem: serving' "$W/serve.err"; then bad "serve: start-up line without the attention dtype:"; head -n 1 "$W/serve.err"
+else bad "serve: no start-up line within 30 s (waited for 'tandem: serving' on stderr):"; cat "$W/serve.err"; fi
 expect_fail "--attn-dtype garbage" "--attn-dtype must be f32, bf16 or int8" \
     $T ckpt quantize "$W/run" "$W/qq.h5" --dtype int8 --attn-dtype int4
 
