@@ -9,6 +9,8 @@
 # file with bf16 attention (--attn-dtype) written, served and announced.
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/bounds.sh
+need curl || exit 1
 BUILD=${BUILD:-build}
 T=bin/tandem
 PY=/usr/bin/python3
@@ -196,16 +198,22 @@ a, b, c = (json.load(open('$W/qa%d.json' % i)) for i in (1, 2, 0))
 sys.exit(0 if a['ids'] == b['ids'] and a['logprobs'] == b['logprobs'] != c['logprobs'] else 1)" &&
     ok "--attn-dtype bf16 file: served as stored (--dtype int8 keeps its attention bf16), other logprobs than all-int8" ||
     bad "--attn-dtype bf16 file: serving"
-# the server's start-up line names both dtypes (bounded wait for the line, then the server is stopped)
-$T serve --ckpt "$W/qa.h5" --port 0 --kv-mb 4 --quiet >/dev/null 2>"$W/serve.err" &
-spid=$!
-i=0
-while [ $i -lt 120 ] && ! grep -q 'tandem: serving' "$W/serve.err" && kill -0 $spid 2>/dev/null; do sleep 0.25; i=$((i + 1)); done
-kill -TERM $spid 2>/dev/null || true
-wait $spid 2>/dev/null || true
-if grep -q 'weights int8 (attention bf16) ' "$W/serve.err"; then ok "serve: the start-up line says weights int8 (attention bf16)"
-elif grep -q 'tandem: serving' "$W/serve.err"; then bad "serve: start-up line without the attention dtype:"; head -n 1 "$W/serve.err"
-else bad "serve: no start-up line within 30 s (waited for 'tandem: serving' on stderr):"; cat "$W/serve.err"; fi
+# the server's start-up line names both dtypes (tests/serve_lib.sh: bounded
+# waits for the line, /health and the clean stop; a subshell, for its fail)
+(
+    fail() {
+        echo "FAIL serve: $*"
+        [ -s "$W/serve.log" ] && tail -n 5 "$W/serve.log"
+        [ -n "${pid:-}" ] && kill -KILL "$pid" 2>/dev/null
+        exit 1
+    }
+    TANDEM=$T TMP=$W
+    . tests/serve_lib.sh
+    start_server "$W/qa.h5" --quiet
+    grep -q '^tandem: serving .* weights int8 (attention bf16) ' "$W/serve.log" ||
+        fail "start-up line without the attention dtype: $(grep '^tandem: serving' "$W/serve.log")"
+    stop_server
+) && ok "serve: the start-up line says weights int8 (attention bf16); /health, clean stop" || fail=1
 expect_fail "--attn-dtype garbage" "--attn-dtype must be f32, bf16 or int8" \
     $T ckpt quantize "$W/run" "$W/qq.h5" --dtype int8 --attn-dtype int4
 
