@@ -28,8 +28,8 @@
 #            whose top-k experts change, at int8 and bf16 weights, at int8
 #            rounded by GPTQ (--gptq, factors from 64 windows of the train
 #            split; int8_gptq_ae_bf16: GPTQ int8 with the attention
-#            projections and the embedding in bf16), at the int8 choices for the embedding and lm_head, and for the KV
-#            dtypes alone (float32 weights).  On the demo model (runs/demo
+#            projections and the embedding in bf16), at the int8 choices
+#            for the embedding and lm_head, and for the KV dtypes alone (float32 weights).  On the demo model (runs/demo
 #            if present, else configs/demo.json trained LOWPREC_BENCH_DEMO_STEPS
 #            steps here, default 300) and on each config's weights.
 # Targets (issue 15): decode bf16 >= 1.8x and int8 >= 3x tandem's f32, and

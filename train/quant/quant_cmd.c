@@ -26,7 +26,8 @@
 #include <string.h>
 
 static const char *const g_help =
-    "usage: tandem ckpt quantize IN OUT.h5 --dtype bf16|int8 [--embed-dtype D] [--head-dtype D] [--attn-dtype D]\n"
+    "usage: tandem ckpt quantize IN OUT.h5 --dtype bf16|int8 [--embed-dtype D] [--head-dtype D]\n"
+    "                            [--attn-dtype D]\n"
     "                            [--calib DATA.bin [--split val|train|all] [--seq-len 256]\n"
     "                             [--windows 16] [--kv-dtype f32|bf16|int8]\n"
     "                             [--gptq [--gptq-windows 64] [--gptq-damp 0.01]]]\n"
@@ -36,11 +37,12 @@ static const char *const g_help =
     "shared_expert_gate stay float32 (docs/checkpoint.md).  --embed-dtype and\n"
     "--head-dtype override what the embedding and lm_head get (default: --dtype's\n"
     "plan, docs/serving.md), --attn-dtype what the attention projections get\n"
-    "(self_attn/*_proj; default --dtype).  Prints one JSON line per tensor (relative error);\n"
-    "with --calib, the perplexity of IN (float32) and of OUT on --windows windows\n"
-    "of the token file, and the share of tokens whose top-k experts change, per MoE\n"
-    "layer and overall (OUT computed with --kv-dtype, default f32).  --dtype f32\n"
-    "copies the weights and, with --kv-dtype, measures the KV dtype alone.\n"
+    "(self_attn/*_proj; default --dtype).  Prints one JSON line per tensor\n"
+    "(relative error); with --calib, the perplexity of IN (float32) and of OUT on\n"
+    "--windows windows of the token file, and the share of tokens whose top-k\n"
+    "experts change, per MoE layer and overall (OUT computed with --kv-dtype,\n"
+    "default f32).  --dtype f32 copies the weights and, with --kv-dtype, measures\n"
+    "the KV dtype alone.\n"
     "--gptq (int8): rounds each int8 matrix by GPTQ, from the second moments of its\n"
     "inputs over --gptq-windows windows of the token file's train split (same format,\n"
     "groups and scales; lower output error, higher weight error; docs/serving.md).\n";
@@ -176,10 +178,11 @@ static int calibrate(const char *in, const char *out, const char *data, const ch
     for (int l = 0; l < n_moe; l++) all += per_layer[l];
     const double ppl_f = exp(sf / (double)N), ppl_q = exp(sq / (double)N);
     printf("{\"calib\":\"%s\",\"split\":\"%s\",\"windows\":%zu,\"seq_len\":%zu,\"tokens\":%zu,\"weights\":\"%s\","
-           "\"attn\":\"%s\",\"kv_dtype\":\"%s\",\"ppl_f32\":%.6f,\"ppl\":%.6f,\"ppl_change_pct\":%.4f,\"logprob_diff_max\":%.6g,"
-           "\"topk_changed_share\":%.6f,\"topk_changed_any_layer_share\":%.6f,\"topk_changed_share_per_layer\":[",
-           data, split, n_win, T, N, dtype_name(q.dt.mat), dtype_name(q.dt.attn), dtype_name(kv), ppl_f, ppl_q, 100.0 * (ppl_q / ppl_f - 1.0),
-           dmax, n_moe ? all / ((double)N * n_moe) : 0.0, changed_any / (double)N);
+           "\"attn\":\"%s\",\"kv_dtype\":\"%s\",\"ppl_f32\":%.6f,\"ppl\":%.6f,\"ppl_change_pct\":%.4f,"
+           "\"logprob_diff_max\":%.6g,\"topk_changed_share\":%.6f,\"topk_changed_any_layer_share\":%.6f,"
+           "\"topk_changed_share_per_layer\":[",
+           data, split, n_win, T, N, dtype_name(q.dt.mat), dtype_name(q.dt.attn), dtype_name(kv), ppl_f, ppl_q,
+           100.0 * (ppl_q / ppl_f - 1.0), dmax, n_moe ? all / ((double)N * n_moe) : 0.0, changed_any / (double)N);
     for (int l = 0; l < n_moe; l++) printf("%s%.6f", l ? "," : "", per_layer[l] / (double)N);
     printf("]}\n");
     model_free(&q);
@@ -220,8 +223,9 @@ static GptqSet *gptq_build(const char *in, const char *data, size_t T, size_t n_
 
 static int quant_run(Args *ap, int argc, char **argv)
 {
-    static const char *const spec[] = { "dtype=", "embed-dtype=", "head-dtype=", "attn-dtype=", "calib=", "split=", "seq-len=",
-                                        "windows=", "kv-dtype=", "gptq", "gptq-windows=", "gptq-damp=", NULL };
+    static const char *const spec[] = { "dtype=", "embed-dtype=", "head-dtype=", "attn-dtype=", "calib=", "split=",
+                                        "seq-len=", "windows=", "kv-dtype=", "gptq", "gptq-windows=", "gptq-damp=",
+                                        NULL };
     char err[1024];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("ckpt quantize: %s", err);
@@ -292,10 +296,9 @@ static int quant_run(Args *ap, int argc, char **argv)
         worst = fmax(worst, rep[i].rel_err);
     }
     printf("{\"quantized\":\"%s\",\"dtype\":\"%s\",\"embed_dtype\":\"%s\",\"head_dtype\":\"%s\",\"attn_dtype\":\"%s\","
-           "\"tensors\":%d,"
-           "\"rel_err_max\":%.6g,\"rounding\":\"%s\",\"gptq_matrices\":%zu,\"gptq_nearest\":%zu}\n",
-           out, dtype_name(dt.mat), dtype_name(dt.embed), dtype_name(dt.head), dtype_name(dt.attn), n_rep, worst, gptq ? "gptq" : "nearest",
-           n_gptq, n_near);
+           "\"tensors\":%d,\"rel_err_max\":%.6g,\"rounding\":\"%s\",\"gptq_matrices\":%zu,\"gptq_nearest\":%zu}\n",
+           out, dtype_name(dt.mat), dtype_name(dt.embed), dtype_name(dt.head), dtype_name(dt.attn), n_rep, worst,
+           gptq ? "gptq" : "nearest", n_gptq, n_near);
     fflush(stdout);
     td_free(rep);
     return calib ? calibrate(in, out, calib, split, (size_t)T, (size_t)nw, kv) : 0;
