@@ -111,6 +111,11 @@ typedef struct {
  * entries, may be NULL). */
 void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const int32_t *targets,
                          size_t n_tot, LossParts *lp);
+
+/* Local layer i of model_train_forward alone (the same call it makes):
+ * a->x[i] -> a->x[i + 1], a->la[i] filled, for consumers that walk the
+ * layers one at a time (GPTQ's calibration).  No cp, no images. */
+void model_train_forward_layer(const Model *m, TrainActs *a, const int32_t *ids, size_t n_tot, int i);
 /* Backward of the same micro-batch; adds into m->g.  Pipeline stages: a
  * stage other than the last expects the gradient of its output in a->dx;
  * a stage other than the first leaves the gradient of its input there.  dlogp (N): gradient of

@@ -133,7 +133,16 @@ assert summ["rounding"] == "gptq" and summ["gptq_matrices"] > 0, summ
 # layer 0 dense (q/k/v, o, gate/up, down: 4 inputs), layers 1-2 MoE: 2 + 4 experts x 2 + shared 2 = 12 each; lm_head
 assert summ["gptq_matrices"] + summ["gptq_nearest"] in (28, 29), summ
 assert [l for l in lines if "calib" in l][0]["weights"] == "int8"
-assert "gptq: second moments, batch 2/2" in open(w + "/gq.log").read()
+log = open(w + "/gq.log").read()
+# made one layer at a time: every layer's second moments, only one layer's H held
+for l in (1, 2, 3):
+    assert "gptq: layer %d/3: second moments (1024 tokens)" % l in log, log
+cfg = json.loads(src.attrs["config"])
+d, hd = cfg["hidden_size"], cfg["hidden_size"] // cfg["num_attention_heads"]
+F, E, S = cfg["moe_intermediate_size"], cfg["num_local_experts"], cfg["moe_intermediate_size"] * cfg["n_shared_experts"]
+dense = d * d + (cfg["num_attention_heads"] * hd) ** 2 + d * d + cfg["intermediate_size"] ** 2
+moe = d * d + (cfg["num_attention_heads"] * hd) ** 2 + E * (d * d + F * F) + d * d + S * S
+assert summ["gptq_factor_bytes"] == 4 * max(dense, moe), (summ, dense, moe)
 changed = 0
 def visit(name, x):
     global changed

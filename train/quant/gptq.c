@@ -2,8 +2,9 @@
 #include "train/quant/gptq.h"
 #include "core/common.h"
 #include "core/model/backprop.h"
+#include "core/pool.h"
+#include "core/ops/gemm.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,6 +14,7 @@ extern void dpotrf_(const char *uplo, const int *n, double *a, const int *lda, i
 extern void dpotri_(const char *uplo, const int *n, double *a, const int *lda, int *info);
 
 #define GPTQ_NAMES 3   /* matrices reading one input at most (q, k, v) */
+#define GPTQ_INPUTS 6  /* inputs of one layer at most (q/k/v, o, experts x 2, shared x 2) */
 
 /* One input: its second moments (then factors), one per matrix index. */
 typedef struct {
@@ -23,93 +25,146 @@ typedef struct {
     bool *ok;                        /* n_mat: U valid */
 } GptqInput;
 
+/* The factors are made one layer at a time, when the quantizer first asks
+ * for a matrix of that layer: X holds every calibration batch's residual
+ * stream at the input of local layer `at` (nl: the head's input), and each
+ * step runs one layer over every batch.  Only the current layer's inputs
+ * are held. */
 struct GptqSet {
-    GptqInput *in;
-    int n, cap;
-    size_t factored, nearest;
+    Model m;                         /* owned: the float32 model */
+    TrainActs a;
+    int32_t *ids;                    /* n_batch N */
+    float *X;                        /* n_batch N d */
+    size_t B, T, N, n_batch;
+    int nl, at;                      /* local layers; X is the input of local layer at */
+    int layer;                       /* local layer whose inputs are held: -1 none, nl the head */
+    GptqInput in[GPTQ_INPUTS];
+    int n;
+    double damp;
+    size_t factored, nearest, bytes, peak_bytes;
+    char last_name[PARAM_NAME_MAX];  /* the last name looked up, and its layer */
+    int last_layer;
 };
 
-static GptqInput *add_input(GptqSet *g, size_t K, size_t n_mat, const Param *a, const Param *b, const Param *c)
+/* The inputs of local layer li (nl: the head), as (K, matrices, readers);
+ * returns their count, in the order accumulate_layer fills them. */
+typedef struct { size_t K, n_mat; const Param *p[GPTQ_NAMES]; } InputPlan;
+
+static int layer_inputs(const Model *m, int li, InputPlan *ip)
 {
-    TD_CHECK(g->n < g->cap, "gptq: more inputs than %d", g->cap);
-    GptqInput *in = &g->in[g->n++];
-    memset(in, 0, sizeof *in);
-    const Param *ps[GPTQ_NAMES] = { a, b, c };
-    for (int i = 0; i < GPTQ_NAMES; i++)
-        if (ps[i]) memcpy(in->names[i], ps[i]->name, sizeof in->names[i]);
-    in->K = K;
-    in->n_mat = n_mat;
-    in->h = td_calloc(n_mat * K * K * sizeof(float));
-    in->rows = td_calloc(n_mat * sizeof(size_t));
-    in->ok = td_calloc(n_mat * sizeof(bool));
-    return in;
+    int n = 0;
+    if (li == m->topo.layer_end - m->topo.layer_begin) {   /* the head: an untied lm_head */
+        if (!m->cfg.tie_word_embeddings && topo_is_last_stage(&m->topo))
+            ip[n++] = (InputPlan){ m->d, 1, { m->lm_head } };
+        return n;
+    }
+    const Layer *L = &m->layers[m->topo.layer_begin + li];
+    if (!config_mla(&m->cfg)) {
+        ip[n++] = (InputPlan){ m->d, 1, { L->q, L->k, L->v } };
+        ip[n++] = (InputPlan){ m->H * m->hd, 1, { L->o } };
+    }
+    if (L->moe) {
+        ip[n++] = (InputPlan){ m->d, m->E, { L->egate, L->eup } };
+        ip[n++] = (InputPlan){ m->F, m->E, { L->edown } };
+        if (m->S > 0) {
+            ip[n++] = (InputPlan){ m->d, 1, { L->sgate, L->sup } };
+            ip[n++] = (InputPlan){ m->S, 1, { L->sdown } };
+        }
+    } else {
+        ip[n++] = (InputPlan){ m->d, 1, { L->gate, L->up } };
+        ip[n++] = (InputPlan){ m->Fd, 1, { L->down } };
+    }
+    return n;
 }
 
-/* H of matrix mat += X^T X for the n rows of X (ld floats apart). */
+static void inputs_free(GptqSet *g)
+{
+    for (int i = 0; i < g->n; i++) {
+        td_free(g->in[i].h);
+        td_free(g->in[i].rows);
+        td_free(g->in[i].ok);
+    }
+    memset(g->in, 0, sizeof g->in);
+    g->n = 0;
+    g->bytes = 0;
+}
+
+static void inputs_plan(GptqSet *g, int li)
+{
+    InputPlan ip[GPTQ_INPUTS];
+    g->n = layer_inputs(&g->m, li, ip);
+    for (int i = 0; i < g->n; i++) {
+        GptqInput *in = &g->in[i];
+        for (int j = 0; j < GPTQ_NAMES; j++)
+            if (ip[i].p[j]) memcpy(in->names[j], ip[i].p[j]->name, sizeof in->names[j]);
+        in->K = ip[i].K;
+        in->n_mat = ip[i].n_mat;
+        in->h = td_calloc(in->n_mat * in->K * in->K * sizeof(float));
+        in->rows = td_calloc(in->n_mat * sizeof(size_t));
+        in->ok = td_calloc(in->n_mat * sizeof(bool));
+        g->bytes += in->n_mat * in->K * in->K * sizeof(float);
+    }
+}
+
+/* H of matrix mat += X^T X for the n rows of X (ld floats apart): the
+ * weight-gradient product (core/ops/gemm.h), threaded and the same bits
+ * for any thread count; the whole of H, of which the factor reads the
+ * upper triangle. */
 static void accumulate(GptqInput *in, size_t mat, const float *X, size_t n, size_t ld)
 {
     if (n == 0) return;
-    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)in->K, (int)n, 1.0f, X, (int)ld, 1.0f,
-                in->h + mat * in->K * in->K, (int)in->K);
+    gemm_dw_acc(in->h + mat * in->K * in->K, X, ld, X, ld, n, in->K, in->K);
     in->rows[mat] += n;
 }
 
-/* The inputs of model m, in the order accumulate_batch visits them. */
-static void plan_inputs(GptqSet *g, const Model *m)
+/* Every expert's H of inputs up (rows X) and down (rows Y) in one pool
+ * region: expert e's rows are [off[e], off[e + 1]). */
+static void accumulate_experts(GptqInput *up, GptqInput *down, const int32_t *off, const float *X, const float *Y,
+                               size_t E, GemmBwProblem *pr)
 {
-    g->cap = 6 * (m->topo.layer_end - m->topo.layer_begin) + 1;   /* a layer reads at most 6, + lm_head */
-    g->in = td_calloc((size_t)g->cap * sizeof(GptqInput));
-    const bool mla = config_mla(&m->cfg);
-    for (int l = m->topo.layer_begin; l < m->topo.layer_end; l++) {
-        const Layer *L = &m->layers[l];
-        if (!mla) {
-            add_input(g, m->d, 1, L->q, L->k, L->v);
-            add_input(g, m->H * m->hd, 1, L->o, NULL, NULL);
-        }
-        if (L->moe) {
-            add_input(g, m->d, m->E, L->egate, L->eup, NULL);
-            add_input(g, m->F, m->E, L->edown, NULL, NULL);
-            if (m->S > 0) {
-                add_input(g, m->d, 1, L->sgate, L->sup, NULL);
-                add_input(g, m->S, 1, L->sdown, NULL, NULL);
-            }
-        } else {
-            add_input(g, m->d, 1, L->gate, L->up, NULL);
-            add_input(g, m->Fd, 1, L->down, NULL, NULL);
-        }
+    int n = 0;
+    for (size_t e = 0; e < E; e++) {
+        const size_t r0 = (size_t)off[e], rows = (size_t)off[e + 1] - r0;
+        if (rows == 0) continue;
+        const size_t K = up->K, F = down->K;
+        pr[n++] = (GemmBwProblem){ 1, up->h + e * K * K, K, X + r0 * K, K, X + r0 * K, K, rows, K, K };
+        pr[n++] = (GemmBwProblem){ 1, down->h + e * F * F, F, Y + r0 * F, F, Y + r0 * F, F, rows, F, F };
+        up->rows[e] += rows;
+        down->rows[e] += rows;
     }
-    if (!m->cfg.tie_word_embeddings && topo_is_last_stage(&m->topo)) add_input(g, m->d, 1, m->lm_head, NULL, NULL);
+    gemm_bw_group(pr, n);
 }
 
-/* Adds the rows of one forward (N rows, acts a) to every input. */
-static void accumulate_batch(GptqSet *g, const Model *m, const TrainActs *a, size_t N)
+/* Adds the rows of local layer li's forward (N rows, acts a) to its inputs. */
+static void accumulate_layer(GptqSet *g, int li)
 {
-    const bool mla = config_mla(&m->cfg);
+    const Model *m = &g->m;
+    const TrainActs *a = &g->a;
+    const size_t N = g->N;
     int i = 0;
-    for (int li = 0; li < m->topo.layer_end - m->topo.layer_begin; li++) {
-        const Layer *L = &m->layers[m->topo.layer_begin + li];
-        const LayerActs *la = &a->la[li];
-        if (!mla) {
-            accumulate(&g->in[i++], 0, la->h1, N, m->d);
-            accumulate(&g->in[i++], 0, la->att, N, m->H * m->hd);
-        }
-        if (L->moe) {
-            GptqInput *up = &g->in[i++], *down = &g->in[i++];
-            for (size_t e = 0; e < m->E; e++) {
-                const size_t r0 = (size_t)la->e_off[e], n = (size_t)la->e_off[e + 1] - r0;
-                accumulate(up, e, la->xe + r0 * m->d, n, m->d);
-                accumulate(down, e, la->eh + r0 * m->F, n, m->F);
-            }
-            if (m->S > 0) {
-                accumulate(&g->in[i++], 0, la->h2, N, m->d);
-                accumulate(&g->in[i++], 0, L->sgw ? la->shg : la->sh, N, m->S);
-            }
-        } else {
-            accumulate(&g->in[i++], 0, la->h2, N, m->d);
-            accumulate(&g->in[i++], 0, la->fh, N, m->Fd);
-        }
+    if (li == g->nl) {
+        if (g->n) accumulate(&g->in[i++], 0, a->hn, N, m->d);
+        return;
     }
-    if (i < g->n) accumulate(&g->in[i++], 0, a->hn, N, m->d);
+    const Layer *L = &m->layers[m->topo.layer_begin + li];
+    const LayerActs *la = &a->la[li];
+    if (!config_mla(&m->cfg)) {
+        accumulate(&g->in[i++], 0, la->h1, N, m->d);
+        accumulate(&g->in[i++], 0, la->att, N, m->H * m->hd);
+    }
+    if (L->moe) {
+        GptqInput *up = &g->in[i++], *down = &g->in[i++];
+        GemmBwProblem *pr = td_malloc(2 * m->E * sizeof(GemmBwProblem));
+        accumulate_experts(up, down, la->e_off, la->xe, la->eh, m->E, pr);
+        td_free(pr);
+        if (m->S > 0) {
+            accumulate(&g->in[i++], 0, la->h2, N, m->d);
+            accumulate(&g->in[i++], 0, L->sgw ? la->shg : la->sh, N, m->S);
+        }
+    } else {
+        accumulate(&g->in[i++], 0, la->h2, N, m->d);
+        accumulate(&g->in[i++], 0, la->fh, N, m->Fd);
+    }
 }
 
 bool gptq_factor(float *h, size_t K, double damp, double *w)
@@ -139,51 +194,130 @@ bool gptq_factor(float *h, size_t K, double damp, double *w)
     return true;
 }
 
-GptqSet *gptq_collect(const Model *m, const int32_t *tok, size_t n_win, size_t T, double damp)
+/* Matrices [e0, e1) of one input factored, each with its thread's work. */
+struct factor_ctx { GptqInput *in; double *w; size_t wsz; double damp; };
+
+static void factor_range(void *vc, size_t e0, size_t e1, int tid)
 {
-    GptqSet *g = td_calloc(sizeof *g);
-    plan_inputs(g, m);
-    const size_t B = td_min(8, n_win), N = B * T;
-    TrainActs a;
-    model_train_acts_init(&a, m, B, T, RECOMPUTE_NONE);
-    int32_t *ids = td_malloc(N * sizeof(int32_t)), *tg = td_malloc(N * sizeof(int32_t));
-    const size_t n_batch = n_win / B;   /* whole batches: no padding rows counted */
-    for (size_t b = 0; b < n_batch; b++) {
-        for (size_t r = 0; r < B; r++) {
-            memcpy(ids + r * T, tok + (b * B + r) * T, T * sizeof(int32_t));
-            memcpy(tg + r * T, tok + (b * B + r) * T + 1, T * sizeof(int32_t));
-        }
-        model_train_forward(m, &a, ids, tg, N, NULL);
-        accumulate_batch(g, m, &a, N);
-        fprintf(stderr, "gptq: second moments, batch %zu/%zu (%zu tokens)\n", b + 1, n_batch, (b + 1) * N);
+    const struct factor_ctx *c = vc;
+    GptqInput *in = c->in;
+    double *w = c->w + (size_t)tid * c->wsz;
+    for (size_t e = e0; e < e1; e++) {
+        float *h = in->h + e * in->K * in->K;
+        in->ok[e] = in->rows[e] > 0 && gptq_factor(h, in->K, c->damp, w);
+        if (!in->ok[e] && in->rows[e] > 0) in->ok[e] = gptq_factor(h, in->K, 10 * c->damp, w);
     }
-    td_free(ids);
-    td_free(tg);
-    model_train_acts_free(&a);
+}
+
+/* Factors every held input, its matrices in parallel (each one's U is
+ * the same whichever thread makes it); a matrix that saw no row, or whose
+ * H is not positive definite even at 10x the damping, is rounded to
+ * nearest. */
+static void factor_inputs(GptqSet *g, int li)
+{
     size_t total = 0, done = 0, Kmax = 0;
     for (int i = 0; i < g->n; i++) {
         total += g->in[i].n_mat;
         Kmax = td_max(Kmax, g->in[i].K);
     }
-    double *w = td_malloc(Kmax * Kmax * sizeof(double));
+    const size_t nt = (size_t)pool_threads();
+    struct factor_ctx c = { NULL, td_malloc(nt * Kmax * Kmax * sizeof(double) + 8), Kmax * Kmax, g->damp };
     for (int i = 0; i < g->n; i++) {
         GptqInput *in = &g->in[i];
-        for (size_t e = 0; e < in->n_mat; e++) {
-            float *h = in->h + e * in->K * in->K;
-            in->ok[e] = in->rows[e] > 0 && gptq_factor(h, in->K, damp, w);
-            if (!in->ok[e] && in->rows[e] > 0) in->ok[e] = gptq_factor(h, in->K, 10 * damp, w);
-            *(in->ok[e] ? &g->factored : &g->nearest) += 1;
-            if (++done % 256 == 0 || done == total)
-                fprintf(stderr, "gptq: factors %zu/%zu (%zu rounded to nearest)\n", done, total, g->nearest);
-        }
+        c.in = in;
+        pool_for(in->n_mat, 1, factor_range, &c);
+        for (size_t e = 0; e < in->n_mat; e++) *(in->ok[e] ? &g->factored : &g->nearest) += 1;
+        done += in->n_mat;
+        fprintf(stderr, "gptq: %s %d/%d: factors %zu/%zu (%zu rounded to nearest so far)\n",
+                li < g->nl ? "layer" : "head", li < g->nl ? li + 1 : g->nl, g->nl, done, total, g->nearest);
     }
-    td_free(w);
+    td_free(c.w);
+}
+
+/* X back to the embedded windows (the input of local layer 0). */
+static void rewind_stream(GptqSet *g)
+{
+    for (size_t b = 0; b < g->n_batch; b++) model_embed(&g->m, g->X + b * g->N * g->m.d, g->ids + b * g->N, g->N);
+    g->at = 0;
+}
+
+/* Makes local layer li's factors (li = nl: the head's) the held ones. */
+static void advance_to(GptqSet *g, int li)
+{
+    if (g->layer == li) return;
+    inputs_free(g);
+    if (li < g->at) rewind_stream(g);   /* asked out of order: start over */
+    const size_t d = g->m.d, N = g->N;
+    TrainActs *a = &g->a;
+    inputs_plan(g, li);
+    g->peak_bytes = td_max(g->peak_bytes, g->bytes);
+    for (; g->at <= li && g->at <= g->nl; g->at++) {
+        const int at = g->at;
+        for (size_t b = 0; b < g->n_batch; b++) {
+            float *x = g->X + b * N * d;
+            if (at == g->nl) {
+                model_head(&g->m, a->logits, a->hn, a->rstdf, x, N);
+            } else {
+                memcpy(a->x[at], x, N * d * sizeof(float));
+                model_train_forward_layer(&g->m, a, g->ids + b * N, N, at);
+                memcpy(x, a->x[at + 1], N * d * sizeof(float));
+            }
+            if (at == li) accumulate_layer(g, li);
+        }
+        if (at < li) fprintf(stderr, "gptq: layer %d/%d: forward (%zu tokens)\n", at + 1, g->nl, g->n_batch * N);
+        else fprintf(stderr, "gptq: %s %d/%d: second moments (%zu tokens)\n", li < g->nl ? "layer" : "head",
+                     li < g->nl ? li + 1 : g->nl, g->nl, g->n_batch * N);
+    }
+    if (g->at > g->nl) g->at = g->nl;   /* the head does not move the stream */
+    factor_inputs(g, li);
+    g->layer = li;
+}
+
+GptqSet *gptq_collect(Model *m, const int32_t *tok, size_t n_win, size_t T, double damp)
+{
+    GptqSet *g = td_calloc(sizeof *g);
+    g->m = *m;
+    memset(m, 0, sizeof *m);
+    g->nl = g->m.topo.layer_end - g->m.topo.layer_begin;
+    g->B = td_min(8, n_win);
+    g->T = T;
+    g->N = g->B * T;
+    g->n_batch = n_win / g->B;   /* whole batches: no padding rows counted */
+    g->damp = damp;
+    g->layer = -1;
+    g->last_layer = -1;
+    model_train_acts_init(&g->a, &g->m, g->B, T, RECOMPUTE_NONE);
+    g->ids = td_malloc(td_max(g->n_batch * g->N, 1) * sizeof(int32_t));
+    g->X = td_malloc(td_max(g->n_batch * g->N * g->m.d, 1) * sizeof(float));
+    for (size_t w = 0; w < g->n_batch * g->B; w++) memcpy(g->ids + w * T, tok + w * T, T * sizeof(int32_t));
+    rewind_stream(g);
     return g;
+}
+
+/* Local layer (nl: the head) of the matrix named name; -1: not one GPTQ
+ * rounds. */
+static int layer_of(GptqSet *g, const char *name)
+{
+    if (!strcmp(g->last_name, name)) return g->last_layer;
+    int found = -1;
+    for (int li = 0; li <= g->nl && found < 0; li++) {
+        InputPlan ip[GPTQ_INPUTS];
+        const int n = layer_inputs(&g->m, li, ip);
+        for (int i = 0; i < n && found < 0; i++)
+            for (int j = 0; j < GPTQ_NAMES; j++)
+                if (ip[i].p[j] && !strcmp(ip[i].p[j]->name, name)) found = li;
+    }
+    (void)td_snprintf(g->last_name, sizeof g->last_name, "%s", name);
+    g->last_layer = found;
+    return found;
 }
 
 static const float *round_factor(void *ctx, const char *name, size_t mat, size_t K)
 {
-    const GptqSet *g = ctx;
+    GptqSet *g = ctx;
+    const int li = layer_of(g, name);
+    if (li < 0) return NULL;
+    advance_to(g, li);
     for (int i = 0; i < g->n; i++) {
         const GptqInput *in = &g->in[i];
         for (int j = 0; j < GPTQ_NAMES; j++)
@@ -198,20 +332,20 @@ CkptQuantRound gptq_round(GptqSet *g)
     return (CkptQuantRound){ round_factor, g };
 }
 
-size_t gptq_factored(const GptqSet *g, size_t *n_nearest)
+size_t gptq_factored(const GptqSet *g, size_t *n_nearest, size_t *peak_bytes)
 {
     if (n_nearest) *n_nearest = g->nearest;
+    if (peak_bytes) *peak_bytes = g->peak_bytes;
     return g->factored;
 }
 
 void gptq_free(GptqSet *g)
 {
     if (!g) return;
-    for (int i = 0; i < g->n; i++) {
-        td_free(g->in[i].h);
-        td_free(g->in[i].rows);
-        td_free(g->in[i].ok);
-    }
-    td_free(g->in);
+    inputs_free(g);
+    model_train_acts_free(&g->a);
+    model_free(&g->m);
+    td_free(g->ids);
+    td_free(g->X);
     td_free(g);
 }

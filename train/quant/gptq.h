@@ -16,7 +16,16 @@
  * dense MLP, routed and shared experts, and an untied lm_head.  The rest
  * (MLA projections, the vision tower, the embedding: a lookup, no input)
  * is rounded to nearest.  H is taken from the float32 model's activations
- * (not layer by layer from the already-quantized layers before it).
+ * (not from the already-quantized layers before it).
+ *
+ * The factors are made one layer at a time, when ckpt_quantize (which
+ * walks the parameter table in layer order) first asks for a matrix of
+ * that layer: the calibration batches' residual stream is kept (windows x
+ * T x hidden floats) and pushed through one layer per step, so only one
+ * layer's H and U are held at once (for a many-expert model, E of them
+ * per input: the bulk of the memory).  The H summed this way are those of
+ * one full forward per batch, bit for bit: the same calls on the same
+ * rows in the same order.
  */
 #ifndef TANDEM_TRAIN_QUANT_GPTQ_H
 #define TANDEM_TRAIN_QUANT_GPTQ_H
@@ -31,16 +40,19 @@
 typedef struct GptqSet GptqSet;
 
 /* The factors of float32 model m (one process) from the n_win windows of T
- * + 1 tokens at tok (window w: tok[w T .. w T + T]), damp > 0.  Progress
- * lines on stderr.  Returns the set (never NULL). */
-GptqSet *gptq_collect(const Model *m, const int32_t *tok, size_t n_win, size_t T, double damp);
+ * + 1 tokens at tok (window w: tok[w T .. w T + T]), damp > 0.  The set
+ * takes the model over (*m is left empty; gptq_free frees it) and makes
+ * each layer's factors when they are first asked for.  Progress lines on
+ * stderr.  Returns the set (never NULL). */
+GptqSet *gptq_collect(Model *m, const int32_t *tok, size_t n_win, size_t T, double damp);
 
 /* The set as ckpt_quantize's rounding. */
 CkptQuantRound gptq_round(GptqSet *g);
 
 /* Matrices that got a factor (the others: no rows seen, or H not positive
- * definite even damped), and those without. */
-size_t gptq_factored(const GptqSet *g, size_t *n_nearest);
+ * definite even damped), those without, and the most bytes of H / U held
+ * at once (one layer's). */
+size_t gptq_factored(const GptqSet *g, size_t *n_nearest, size_t *peak_bytes);
 
 void gptq_free(GptqSet *g);
 

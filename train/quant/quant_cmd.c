@@ -215,7 +215,7 @@ static GptqSet *gptq_build(const char *in, const char *data, size_t T, size_t n_
     else if (read_windows(data, "train", T, n_win, f.cfg.vocab_size, &tok, &nw, err, sizeof err))
         td_error("ckpt quantize: --gptq: %s", err);
     else
-        g = gptq_collect(&f, tok, nw, T, damp);
+        g = gptq_collect(&f, tok, nw, T, damp);   /* takes f over */
     td_free(tok);
     model_free(&f);
     return g;
@@ -282,8 +282,8 @@ static int quant_run(Args *ap, int argc, char **argv)
     CkptQuantTensor *rep;
     int n_rep;
     const int qrc = ckpt_quantize(in, out, &dt, g ? &round : NULL, &rep, &n_rep, err, sizeof err);
-    size_t n_near = 0;
-    const size_t n_gptq = g ? gptq_factored(g, &n_near) : 0;
+    size_t n_near = 0, peak = 0;
+    const size_t n_gptq = g ? gptq_factored(g, &n_near, &peak) : 0;
     gptq_free(g);
     if (qrc) {
         if (err[0]) td_error("ckpt quantize: %s", err);
@@ -296,9 +296,10 @@ static int quant_run(Args *ap, int argc, char **argv)
         worst = fmax(worst, rep[i].rel_err);
     }
     printf("{\"quantized\":\"%s\",\"dtype\":\"%s\",\"embed_dtype\":\"%s\",\"head_dtype\":\"%s\",\"attn_dtype\":\"%s\","
-           "\"tensors\":%d,\"rel_err_max\":%.6g,\"rounding\":\"%s\",\"gptq_matrices\":%zu,\"gptq_nearest\":%zu}\n",
+           "\"tensors\":%d,\"rel_err_max\":%.6g,\"rounding\":\"%s\",\"gptq_matrices\":%zu,\"gptq_nearest\":%zu,"
+           "\"gptq_factor_bytes\":%zu}\n",
            out, dtype_name(dt.mat), dtype_name(dt.embed), dtype_name(dt.head), dtype_name(dt.attn), n_rep, worst,
-           gptq ? "gptq" : "nearest", n_gptq, n_near);
+           gptq ? "gptq" : "nearest", n_gptq, n_near, peak);
     fflush(stdout);
     td_free(rep);
     return calib ? calibrate(in, out, calib, split, (size_t)T, (size_t)nw, kv) : 0;
