@@ -10,6 +10,7 @@
 #include "comm/comm.h"
 #include "core/common.h"
 #include "core/dtype.h"
+#include "core/pool.h"
 #include "core/model/expert_cache.h"
 #include "core/ops/gemm.h"
 
@@ -768,6 +769,51 @@ static int write_tokenizer(QWriter *w, const char *in)
     return rc;
 }
 
+
+/* Rows [r0, r1) of a slab of x (K each) rounded to dtype t into o (and s:
+ * G scales a row), by GPTQ where U[r] is a factor; err[3 r ..] the row's
+ * sum of squared errors, of squared weights, and largest error. */
+struct round_rows {
+    const float *x; void *o; float *s; double *err; const float *const *U; float *work;
+    size_t K, G; Dtype t;
+};
+
+static void round_rows(void *vc, size_t r0, size_t r1, int tid)
+{
+    const struct round_rows *c = vc;
+    const size_t K = c->K, G = c->G;
+    for (size_t r = r0; r < r1; r++) {
+        const float *xr = c->x + r * K;
+        const float *U = c->U ? c->U[r] : NULL;
+        float dq[GQ];
+        double se = 0, sw = 0, mx = 0;
+        if (U) dtype_q8_quantize_row_gptq((int8_t *)c->o + r * K, c->s + r * G, xr, U, K, c->work + (size_t)tid * K);
+        for (size_t k0 = 0; k0 < K; k0 += GQ) {
+            const size_t ng = td_min(GQ, K - k0);
+            if (c->t == DTYPE_INT8) {
+                int8_t *q = (int8_t *)c->o + r * K + k0;
+                if (!U) c->s[r * G + k0 / GQ] = dtype_q8_quantize(q, xr + k0, ng);
+                dtype_q8_dequantize(dq, q, c->s[r * G + k0 / GQ], ng);
+            } else if (c->t == DTYPE_BF16) {
+                uint16_t *h = (uint16_t *)c->o + r * K + k0;
+                for (size_t i = 0; i < ng; i++) dq[i] = dtype_f32_from_bf16(h[i] = dtype_bf16_from_f32(xr[k0 + i]));
+            } else {
+                memcpy((float *)c->o + r * K + k0, xr + k0, ng * sizeof(float));
+                memcpy(dq, xr + k0, ng * sizeof(float));
+            }
+            for (size_t i = 0; i < ng; i++) {
+                const double e = (double)xr[k0 + i] - (double)dq[i];
+                se += e * e;
+                sw += (double)xr[k0 + i] * (double)xr[k0 + i];
+                mx = fmax(mx, fabs(e));
+            }
+        }
+        c->err[3 * r] = se;
+        c->err[3 * r + 1] = sw;
+        c->err[3 * r + 2] = mx;
+    }
+}
+
 /* Converts and writes one tensor, a slab at a time; fills *rep. */
 static int quantize_tensor(QWriter *w, const char *in, hid_t fin, const Param *p, Dtype t, const CkptQuantRound *round,
                            CkptQuantTensor *rep)
@@ -815,7 +861,12 @@ static int quantize_tensor(QWriter *w, const char *in, hid_t fin, const Param *p
     float *x = td_malloc(td_min(step, (size_t)shape[0]) * row0 * sizeof(float) + 64);
     void *o = td_malloc(td_min(step, (size_t)shape[0]) * row0 * sizeof(float) + 64);
     float *s = td_malloc(td_min(step, (size_t)shape[0]) * (row0 / K) * G * sizeof(float) + 64);
-    float *work = round && t == DTYPE_INT8 ? td_malloc(K * sizeof(float)) : NULL;
+    const size_t max_rows = td_max(1, td_min(step, (size_t)shape[0]) * row0 / K);   /* a vector: one row */
+    const bool gptq = round && t == DTYPE_INT8;
+    const int nt = pool_threads();
+    float *work = gptq ? td_malloc((size_t)nt * K * sizeof(float)) : NULL;   /* one row's per thread */
+    const float **U = gptq ? td_malloc(max_rows * sizeof(*U)) : NULL;
+    double *err = td_malloc(max_rows * 3 * sizeof(double));                  /* per row: se, sw, max */
     const size_t mat_rows = nd >= 2 ? (size_t)p->shape[nd - 2] : 1;   /* rows of one matrix */
     double se = 0, sw = 0, mx = 0;
     int rc = 0;
@@ -828,31 +879,16 @@ static int quantize_tensor(QWriter *w, const char *in, hid_t fin, const Param *p
                  ? -1
                  : 0;
         if (rc) break;
-        for (size_t r = 0; r < rows; r++) {
-            const float *xr = x + r * K;
-            float dq[GQ];
-            const float *U = work ? round->factor(round->ctx, p->name, (i0 * (row0 / K) + r) / mat_rows, K) : NULL;
-            if (U) dtype_q8_quantize_row_gptq((int8_t *)o + r * K, s + r * G, xr, U, K, work);
-            for (size_t k0 = 0; k0 < K; k0 += GQ) {
-                const size_t ng = td_min(GQ, K - k0);
-                if (t == DTYPE_INT8) {
-                    int8_t *q = (int8_t *)o + r * K + k0;
-                    if (!U) s[r * G + k0 / GQ] = dtype_q8_quantize(q, xr + k0, ng);
-                    dtype_q8_dequantize(dq, q, s[r * G + k0 / GQ], ng);
-                } else if (t == DTYPE_BF16) {
-                    uint16_t *h = (uint16_t *)o + r * K + k0;
-                    for (size_t i = 0; i < ng; i++) dq[i] = dtype_f32_from_bf16(h[i] = dtype_bf16_from_f32(xr[k0 + i]));
-                } else {
-                    memcpy((float *)o + r * K + k0, xr + k0, ng * sizeof(float));
-                    memcpy(dq, xr + k0, ng * sizeof(float));
-                }
-                for (size_t i = 0; i < ng; i++) {
-                    const double e = (double)xr[k0 + i] - (double)dq[i];
-                    se += e * e;
-                    sw += (double)xr[k0 + i] * (double)xr[k0 + i];
-                    mx = fmax(mx, fabs(e));
-                }
-            }
+        /* the factors first, on this thread (making one may run the
+         * model: pool regions of its own), then the rows in parallel */
+        for (size_t r = 0; gptq && r < rows; r++)
+            U[r] = round->factor(round->ctx, p->name, (i0 * (row0 / K) + r) / mat_rows, K);
+        struct round_rows c = { x, o, s, err, U, work, K, G, t };
+        pool_for(rows, 8, round_rows, &c);
+        for (size_t r = 0; r < rows; r++) {   /* in row order: the same sums for any thread count */
+            se += err[3 * r];
+            sw += err[3 * r + 1];
+            mx = fmax(mx, err[3 * r + 2]);
         }
         rc = write_slab(w, ds, p->name, nd, shape, off, cnt, o, ty);
         if (!rc && t == DTYPE_INT8) {
@@ -869,6 +905,8 @@ static int quantize_tensor(QWriter *w, const char *in, hid_t fin, const Param *p
     td_free(o);
     td_free(s);
     td_free(work);
+    td_free(U);
+    td_free(err);
     if (H5Dclose(ds) < 0 && !rc) rc = -1;
     if (dss >= 0 && H5Dclose(dss) < 0 && !rc) rc = -1;
     return rc;
