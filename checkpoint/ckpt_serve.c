@@ -567,25 +567,29 @@ int ckpt_load_serving(const char *file, Model *m, char *err, size_t err_len)
  * quantized to that dtype keeps the choices made at quantize time). */
 static void resolve_dtypes(hid_t f, const ModelConfig *cfg, const ServeDtypes *sd, ModelDtypes *dt)
 {
-    CkptH5Desc d;
+    /* each role's dtype as stored: its first matrix's in the parameter
+     * table (the loader then checks every dataset against its role's) */
     ModelDtypes st = { DTYPE_F32, DTYPE_F32, DTYPE_F32, DTYPE_F32 };
-    /* layer 0's first attention projection (q_proj; MLA: q_a_proj), and its
-     * first other matrix (experts' or dense MLP's; none: attention's) */
-    static const char *const attn[] = { "model/layers/0/self_attn/q_proj", "model/layers/0/self_attn/q_a_proj" };
-    static const char *const mat[] = { "model/layers/0/mlp/experts/gate_proj", "model/layers/0/mlp/gate_proj" };
-    for (size_t i = 0; i < sizeof attn / sizeof *attn; i++)
-        if (!ckpt_h5_describe(f, attn[i], &d)) {
-            st.attn = st.mat = stored_dtype(&d);
-            break;
-        }
-    for (size_t i = 0; i < sizeof mat / sizeof *mat; i++)
-        if (!ckpt_h5_describe(f, mat[i], &d)) {
-            st.mat = stored_dtype(&d);
-            break;
-        }
+    bool seen[ROLE_COUNT] = { false };
+    Topology single;
+    topo_single(&single, cfg);
+    Param *ps;
+    const int np = model_param_table(cfg, &single, &ps);
+    for (int i = 0; i < np; i++) {
+        const ModelRole r = model_param_role(cfg, &ps[i]);
+        CkptH5Desc d;
+        if (r == ROLE_F32 || seen[r] || ps[i].tied_copy || ckpt_h5_describe(f, ps[i].name, &d)) continue;
+        *model_role_dtype(&st, r) = stored_dtype(&d);
+        seen[r] = true;
+    }
+    td_free(ps);
     H5Eclear2(H5E_DEFAULT);
-    if (!ckpt_h5_describe(f, "model/embed_tokens", &d)) st.embed = st.head = stored_dtype(&d);
-    if (!cfg->tie_word_embeddings && !ckpt_h5_describe(f, "lm_head", &d)) st.head = stored_dtype(&d);
+    /* a role with no matrix in the file takes its neighbour's (as a tied
+     * embedding is the head) */
+    if (!seen[ROLE_MAT] && seen[ROLE_ATTN]) st.mat = st.attn;
+    if (!seen[ROLE_ATTN]) st.attn = st.mat;
+    if (!seen[ROLE_EMBED]) st.embed = st.head;
+    if (!seen[ROLE_HEAD]) st.head = st.embed;
     char *q = NULL;
     bool quantized_as_asked = sd->dtype_set && ckpt_h5_get_str(f, "quantized", &q) == 0 &&
                               !strcmp(q, dtype_name(sd->dtype));

@@ -14,17 +14,40 @@
 
 #define MAX_PARAMS_PER_LAYER 24
 
-/* The dtype of a matrix by its role (name). */
-static Dtype role_dtype(const ModelConfig *cfg, const ModelDtypes *dt, const char *name)
+/* The role of a matrix (by name). */
+static ModelRole name_role(const ModelConfig *cfg, const char *name)
 {
     const size_t n = strlen(name);
-    if (n >= 8 && !strcmp(name + n - 8, "mlp/gate")) return DTYPE_F32;   /* the router */
-    if (n >= 22 && !strcmp(name + n - 22, "mlp/shared_expert_gate")) return DTYPE_F32;
-    if (n >= 19 && !strcmp(name + n - 19, "self_attn/kv_b_proj")) return DTYPE_F32;   /* MLA: never packed */
-    if (!strcmp(name, "lm_head")) return dt->head;
-    if (!strcmp(name, "model/embed_tokens")) return cfg->tie_word_embeddings ? dt->head : dt->embed;
-    if (strstr(name, "/self_attn/")) return dt->attn;
-    return dt->mat;
+    if (n >= 8 && !strcmp(name + n - 8, "mlp/gate")) return ROLE_F32;   /* the router */
+    if (n >= 22 && !strcmp(name + n - 22, "mlp/shared_expert_gate")) return ROLE_F32;
+    if (n >= 19 && !strcmp(name + n - 19, "self_attn/kv_b_proj")) return ROLE_F32;   /* MLA: never packed */
+    if (!strcmp(name, "lm_head")) return ROLE_HEAD;
+    if (!strcmp(name, "model/embed_tokens")) return cfg->tie_word_embeddings ? ROLE_HEAD : ROLE_EMBED;
+    if (strstr(name, "/self_attn/")) return ROLE_ATTN;
+    return ROLE_MAT;
+}
+
+ModelRole model_param_role(const ModelConfig *cfg, const Param *p)
+{
+    return p->ndim < 2 ? ROLE_F32 : name_role(cfg, p->name);
+}
+
+Dtype *model_role_dtype(ModelDtypes *dt, ModelRole r)
+{
+    switch (r) {
+    case ROLE_MAT:   return &dt->mat;
+    case ROLE_EMBED: return &dt->embed;
+    case ROLE_HEAD:  return &dt->head;
+    case ROLE_ATTN:  return &dt->attn;
+    default:         return NULL;
+    }
+}
+
+static Dtype role_dtype(const ModelConfig *cfg, const ModelDtypes *dt, const char *name)
+{
+    ModelDtypes c = *dt;
+    const Dtype *d = model_role_dtype(&c, name_role(cfg, name));
+    return d ? *d : DTYPE_F32;
 }
 
 Dtype model_serving_dtype(const ModelConfig *cfg, const ModelDtypes *dt, const Param *p)

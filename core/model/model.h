@@ -91,6 +91,16 @@ typedef struct {
     Dtype mat, embed, head, attn;
 } ModelDtypes;
 
+/* A parameter's role: which field of ModelDtypes sets its dtype (ROLE_F32:
+ * none, float32 at every dtype: vectors, the router, shared_expert_gate,
+ * MLA's kv_b_proj). */
+typedef enum { ROLE_F32, ROLE_MAT, ROLE_EMBED, ROLE_HEAD, ROLE_ATTN, ROLE_COUNT } ModelRole;
+
+ModelRole model_param_role(const ModelConfig *cfg, const Param *p);
+
+/* The field of dt that role r reads; NULL for ROLE_F32. */
+Dtype *model_role_dtype(ModelDtypes *dt, ModelRole r);
+
 /* The dtype a serving model with dtypes dt holds p in (float32 for
  * vectors, the router and shared_expert_gate); what `ckpt quantize`
  * writes p as. */
