@@ -261,8 +261,9 @@ int ckpt_info(const char *path, CkptInfo *info, char *err, size_t err_len);
 void ckpt_info_free(CkptInfo *info);
 
 /* Reads the whole dataset `name` (no leading '/') of a float type (float32,
- * float16, bfloat16) as float32: returns a td_malloc'd array of *numel
- * elements, or NULL with one line in err.  One process. */
+ * float16, bfloat16) as float32, or an int8 g32 one dequantized (q * s,
+ * with name.scale: checkpoint/ckpt_q8.h): returns a td_malloc'd array of
+ * *numel elements, or NULL with one line in err.  One process. */
 float *ckpt_read_tensor(const char *path, const char *name, size_t *numel, char *err, size_t err_len);
 
 /* ---------------------------------------------------------------- run directories

@@ -215,8 +215,8 @@ static void fmt_row(char *out, size_t n, size_t r, size_t rows, bool stacked)
 /* n_rows x K int8 weights q with their scales s (n_rows x G) -- flat rows
  * row0.. of the slice, matrices of `rows` rows when stacked: every scale a
  * finite number >= 0, zero only for a group of zeros; no -128. */
-static int check_q8(const char *path, const char *name, const int8_t *q, const float *s, size_t n_rows, size_t K,
-                    size_t row0, size_t rows, bool stacked, char *err, size_t err_len)
+int ckpt_q8_check_values(const char *path, const char *name, const int8_t *q, const float *s, size_t n_rows, size_t K,
+                         size_t row0, size_t rows, bool stacked, char *err, size_t err_len)
 {
     const size_t G = dtype_q8_groups(K);
     char at[64];
@@ -276,7 +276,7 @@ static int pack_mats(const char *path, hid_t f, const Param *p, const TDesc *td,
         scnt[last] = G;
         if (read_box(path, f, p->name, &td->w, off, cnt, qb, err, err_len) ||
             read_box(path, f, sname, &td->s, soff, scnt, sb, err, err_len) ||
-            check_q8(path, p->name, qb, sb, ne * rows, cols, e0 * rows, rows, p->ndim == 3, err, err_len))
+            ckpt_q8_check_values(path, p->name, qb, sb, ne * rows, cols, e0 * rows, rows, p->ndim == 3, err, err_len))
             return -1;
         if (p->dtype == DTYPE_INT8) {   /* as stored: no re-quantizing */
             for (size_t e = 0; e < ne; e++)

@@ -12,6 +12,7 @@
  */
 #include "checkpoint/hf/hf_export.h"
 #include "checkpoint/ckpt_h5.h"
+#include "checkpoint/ckpt_q8.h"
 #include "checkpoint/hf/families.h"
 #include "checkpoint/hf/hf_config.h"
 #include "checkpoint/hf/hf_map.h"
@@ -129,24 +130,21 @@ static int build(const Src *s, const OutT *t, float *buf, float *tmp, char *err,
         const CkptH5Desc *d = &s->desc[c->param];
         hsize_t off[CKPT_H5_MAX_DIMS] = { 0 }, cnt[CKPT_H5_MAX_DIMS];
         for (int i = 0; i < p->ndim; i++) cnt[i] = p->shape[i];
-        char why[512];
         int rc;
+        /* float types upcast, int8 g32 dequantized (q * s): ckpt_q8.h */
         if (c->rule->how == HFT_STACK) {
             off[0] = (hsize_t)c->expert;
             cnt[0] = 1;
-            rc = ckpt_h5_read_box(s->f, p->name, d, off, cnt, buf, why, sizeof why);
+            rc = ckpt_read_box_f32(s->f, s->path, p->name, d, off, cnt, buf, err, err_len);
         } else if (c->rule->how == HFT_COPY) {
-            rc = ckpt_h5_read_box(s->f, p->name, d, off, cnt, buf, why, sizeof why);
+            rc = ckpt_read_box_f32(s->f, s->path, p->name, d, off, cnt, buf, err, err_len);
         } else {
-            rc = ckpt_h5_read_box(s->f, p->name, d, off, cnt, tmp, why, sizeof why);
+            rc = ckpt_read_box_f32(s->f, s->path, p->name, d, off, cnt, tmp, err, err_len);
             size_t doff[ST_MAX_DIMS] = { 0 };
             doff[c->rule->dim] = (size_t)c->rule->part * p->shape[c->rule->dim];
             if (!rc) place(buf, t->shape, doff, tmp, p->shape, p->ndim);
         }
-        if (rc) {
-            snprintf(err, err_len, "%s: %s", s->path, why);
-            return -1;
-        }
+        if (rc) return -1;
     }
     return 0;
 }

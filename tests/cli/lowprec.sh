@@ -6,7 +6,9 @@
 # load (--dtype int8 on the float file) serves; the calibration report;
 # corrupt scales and other group sizes refused with one line naming the
 # dataset; training refuses an int8 file by name; GPTQ rounding; an int8
-# file with bf16 attention (--attn-dtype) written, served and announced.
+# file with bf16 attention (--attn-dtype) written, served and announced;
+# an int8 file exported to HF (q * s, bit for bit; it generates as the int8
+# file at --dtype f32) and a bad scale refused by both exports.
 set -eu
 cd "$(dirname "$0")/../.."
 . tests/bounds.sh
@@ -118,6 +120,46 @@ sys.exit(0 if a['ids'] == b['ids'] == c['ids'] and a['logprobs'] == b['logprobs'
         bad "$d: quantized file and quantize-at-load differ"
 done
 gen --ckpt "$W/q8.h5" --dtype f32 >"$W/d.json" && ok "an int8 file served as f32 (dequantized)" || bad "int8 file --dtype f32"
+
+# an int8 file exported to Hugging Face (configs/tiny.json, Mixtral-shaped:
+# the model above has no HF family): every int8 tensor as q * s (the
+# floats it serves with at --dtype f32), the rest as stored; the export
+# serves as the int8 file does at --dtype f32
+{ $T train configs/tiny.json data="$DATA" steps=3 out_dir="$W/mx" >/dev/null 2>&1 &&
+    $T ckpt quantize "$W/mx" "$W/mx8.h5" --dtype int8 >/dev/null 2>&1 &&
+    $T ckpt export "$W/mx8.h5" "$W/q8_hf" --format hf >"$W/log" 2>&1; } ||
+    { bad "train, quantize and ckpt export --format hf of an int8 file"; cat "$W/log"; }
+$PY - "$W" <<'EOF' && ok "hf export of an int8 file: its int8 tensors as q * s, bit for bit" || fail=1
+import glob, json, struct, sys, h5py, numpy as np
+w = sys.argv[1]
+q8 = h5py.File(w + "/mx8.h5")
+got = []
+for fn in glob.glob(w + "/q8_hf/*.safetensors"):
+    b = open(fn, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    for k, m in json.loads(b[8:8 + n]).items():
+        if k != "__metadata__":
+            s, e = m["data_offsets"]
+            assert m["dtype"] == "F32", (k, m["dtype"])
+            got.append(np.frombuffer(b[8 + n + s:8 + n + e], dtype=np.float32).reshape(m["shape"]))
+n_int8 = 0
+def visit(name, x):
+    global n_int8
+    if not isinstance(x, h5py.Dataset) or x.dtype != np.int8:
+        return
+    q, s = x[()], q8[name + ".scale"][()]
+    want = q.astype(np.float32) * np.repeat(s, 32, axis=-1)[..., :q.shape[-1]]
+    # among the exported tensors (the family's names; experts one by one)
+    for m in ([want] if want.ndim == 2 else list(want)):
+        assert any(a.shape == m.shape and np.array_equal(a, m) for a in got), name
+    n_int8 += 1
+q8.visititems(visit)
+top = max(float(np.abs(a).max()) for a in got)
+assert n_int8 >= 10 and top < 100, (n_int8, top)   # raw int8 read as floats would show values up to 127
+EOF
+gen --ckpt "$W/mx8.h5" --dtype f32 >"$W/d.json" && gen --ckpt "$W/q8_hf" >"$W/e.json" && $PY -c "
+import json; d, e = (json.load(open('$W/%s.json' % x)) for x in 'de'); assert d['ids'] == e['ids'], (d['ids'], e['ids'])" &&
+    ok "the hf export of the int8 file generates what the int8 file does at --dtype f32" || bad "hf export of int8: generate"
 
 # ---------------------------------------------------------------- GPTQ rounding
 $T ckpt quantize "$W/run" "$W/gq.h5" --dtype int8 --calib "$DATA" --seq-len 64 --windows 4 --gptq --gptq-windows 16 \
@@ -261,6 +303,20 @@ corrupt m128 "q = f[n][()]; q[0, 0, 0] = -128; f[n][...] = q"
 expect_fail "an int8 value of -128" "dataset /$Q: value -128" $T generate --ckpt "$W/m128.h5" --prompt hi
 corrupt noattr "del f[n].attrs['dtype']"
 expect_fail "int8 without its dtype attribute" "dataset /$Q: int8 without the attribute dtype" $T generate --ckpt "$W/noattr.h5" --prompt hi
+# the exports read int8 the same way: a bad scale is refused by name, nothing written
+cp "$W/mx8.h5" "$W/mxnan.h5"
+$PY -c "
+import h5py, numpy as np
+f = h5py.File('$W/mxnan.h5', 'r+')
+s = f['model/layers/2/self_attn/k_proj.scale'][()]; s[5, 1] = np.nan; f['model/layers/2/self_attn/k_proj.scale'][...] = s"
+expect_fail "hf export of an int8 file with a NaN scale" \
+    "dataset /model/layers/2/self_attn/k_proj.scale: scale nan of row \[5\], group 1 is not finite" \
+    $T ckpt export "$W/mxnan.h5" "$W/mxnan_hf" --format hf
+expect_fail "gguf export of an int8 file with a NaN scale" \
+    "dataset /model/layers/2/self_attn/k_proj.scale: scale nan of row \[5\], group 1 is not finite" \
+    $T ckpt export "$W/mxnan.h5" "$W/mxnan.gguf" --format gguf --dtype q8_0
+{ [ ! -e "$W/mxnan.gguf" ] && [ ! -e "$W/mxnan_hf/model.safetensors" ]; } && ok "the refused exports wrote nothing" ||
+    bad "a refused export left a file behind"
 printf 'A few words of text to score.' >"$W/text.txt"
 expect_fail "score refuses a corrupt scale too" "dataset /$Q.scale" $T score --ckpt "$W/nan.h5" --text "$W/text.txt" --seq-len 8 --output "$W/x.h5"
 expect_fail "verify refuses groups of 64" "dataset /$Q: int8 in groups of 64" $T ckpt verify "$W/g64b.h5"
