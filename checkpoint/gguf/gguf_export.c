@@ -15,6 +15,7 @@
  */
 #include "checkpoint/gguf/gguf_export.h"
 #include "checkpoint/ckpt.h"
+#include "checkpoint/ckpt_q8.h"
 #include "core/common.h"
 #include "core/dtype.h"
 #include "core/model/model.h"
@@ -163,6 +164,7 @@ typedef struct {
     Xform x;            /* resolved: X_NONE unless the architecture permutes */
     size_t heads;       /* X_PERM_*: heads of the rows */
     size_t numel;
+    bool q8;            /* the dataset is int8 g32 (an int8 checkpoint) */
 } Planned;
 
 static const TMap *find_map(const TMap *m, size_t n, const char *src)
@@ -255,6 +257,7 @@ static int plan_all(const char *in, const CkptInfo *info, const ModelConfig *c, 
             goto out;
         }
         if (plan_one(&pl[k], p->name, p->shape, p->ndim, in, a, c, dt, n_fallback, err, err_len)) goto out;
+        pl[k].q8 = !strcmp(t->dtype, "int8");
         has_head |= !strcmp(p->name, "lm_head");
         k++;
     }
@@ -263,6 +266,14 @@ static int plan_all(const char *in, const CkptInfo *info, const ModelConfig *c, 
         if (!is_weight_ds(name)) continue;
         bool known = false;
         for (int j = 0; j < n && !known; j++) known = !strcmp(params[j].name, name);
+        /* an int8 tensor's scales: read with it */
+        const size_t len = strlen(name);
+        if (!known && len > 6 && !strcmp(name + len - 6, ".scale")) {
+            char base[CKPT_NAME_MAX];
+            snprintf(base, sizeof base, "%.*s", (int)(len - 6), name);
+            const CkptTensor *b = find_ds(info, base);
+            for (int j = 0; j < n && !known; j++) known = b && !strcmp(b->dtype, "int8") && !strcmp(params[j].name, base);
+        }
         if (!known) {
             snprintf(err, err_len, "%s: dataset /%s is not a tensor of the model config", in, name);
             goto out;
@@ -274,6 +285,7 @@ static int plan_all(const char *in, const CkptInfo *info, const ModelConfig *c, 
         const CkptTensor *e = find_ds(info, "model/embed_tokens");
         if (plan_one(&pl[k], "model/embed_tokens", e->shape, e->ndim, in, a, c, dt, n_fallback, err, err_len))
             goto out;
+        pl[k].q8 = !strcmp(e->dtype, "int8");
         snprintf(pl[k].dst, sizeof pl[k].dst, "output.weight");
         k++;
     }
@@ -340,9 +352,58 @@ static void permute_rows(float *x, float *tmp, size_t heads, size_t hd, size_t c
 
 #define STAGE 65536   /* elements converted per write (a multiple of 32) */
 
+/* The rows of x (each row_bytes long) permuted as permute_rows does. */
+static void permute_row_bytes(void *x, size_t heads, size_t hd, size_t row_bytes)
+{
+    unsigned char *b = x, *tmp = td_malloc(hd * row_bytes);
+    const size_t half = hd / 2;
+    for (size_t h = 0; h < heads; h++) {
+        unsigned char *blk = b + h * hd * row_bytes;
+        for (size_t i = 0; i < half; i++)
+            for (size_t j = 0; j < 2; j++) memcpy(tmp + (2 * i + j) * row_bytes, blk + (j * half + i) * row_bytes, row_bytes);
+        memcpy(blk, tmp, hd * row_bytes);
+    }
+    td_free(tmp);
+}
+
+/* An int8 g32 tensor as Q8_0 (K a multiple of 32): each group's 32 values
+ * as they are, its float32 scale rounded to float16 (Q8_0's d). */
+static int write_q8_direct(GgufWriter *w, const char *in, const Planned *p, const ModelConfig *c, char *err,
+                           size_t err_len)
+{
+    int8_t *q;
+    float *sc;
+    size_t rows, K;
+    if (ckpt_read_q8_tensor(in, p->src, &q, &sc, &rows, &K, err, err_len)) return -1;
+    TD_CHECK(rows * K == p->numel && K % DTYPE_Q8_0_BLOCK == 0, "gguf: %s: %zu x %zu int8, planned %zu", p->src, rows,
+             K, p->numel);
+    const size_t G = K / DTYPE_Q8_0_BLOCK;
+    if (p->x == X_PERM_Q || p->x == X_PERM_K) {
+        const size_t hd = (size_t)c->head_dim;
+        permute_row_bytes(q, p->heads, hd, K * rows / (p->heads * hd));
+        permute_row_bytes(sc, p->heads, hd, G * sizeof(float) * rows / (p->heads * hd));
+    }
+    uint8_t *buf = td_malloc(G * DTYPE_Q8_0_BYTES);
+    int rc = 0;
+    for (size_t r = 0; r < rows && !rc; r++) {
+        for (size_t g = 0; g < G; g++) {
+            uint8_t *blk = buf + g * DTYPE_Q8_0_BYTES;
+            const uint16_t h = dtype_f16_from_f32(sc[r * G + g]);
+            memcpy(blk, &h, 2);   /* little-endian host */
+            memcpy(blk + 2, q + r * K + g * DTYPE_Q8_0_BLOCK, DTYPE_Q8_0_BLOCK);
+        }
+        rc = gguf_write_tensor(w, buf, G * DTYPE_Q8_0_BYTES, err, err_len);
+    }
+    td_free(buf);
+    td_free(q);
+    td_free(sc);
+    return rc;
+}
+
 static int write_data(GgufWriter *w, const char *in, const Planned *p, const ModelConfig *c, char *err,
                       size_t err_len)
 {
+    if (p->q8 && p->type == GGML_TYPE_Q8_0) return write_q8_direct(w, in, p, c, err, err_len);
     size_t numel = 0;
     float *x = ckpt_read_tensor(in, p->src, &numel, err, err_len);
     if (!x) return -1;

@@ -151,7 +151,7 @@ check() {
             --logits-out "$W/$name.$dt.logits" --gen 0 >"$W/out" 2>&1; then
             fail "$name: llama.cpp cannot load or run $dt"; tail -n 5 "$W/out" | sed 's/^/     /'; continue
         fi
-        expect_ok "$name: llama.cpp $dt vs tandem f32" $PY $CHECK logits --peer "$W/$name.$dt.logits" --ids "$W/$name.ids" \
+        expect_ok "$name: llama.cpp $dt vs ${TANDEM_AS:-tandem f32}" $PY $CHECK logits --peer "$W/$name.$dt.logits" --ids "$W/$name.ids" \
             --score "$W/$name.score.h5" --gen "$W/$name.gen.json" --tol "$tol" --label "$name $dt"
     done
     # free-running greedy decode on c_peer's own prompt ((i*37+11) % V, 16 tokens)
@@ -198,6 +198,16 @@ if model mixtral '{"vocab_size": 32000, "hidden_size": 64, "num_hidden_layers": 
     "$W/llama.bin"; then
     check mixtral llama "$TOKL" $TF32 $TF16 $TQ8
     [ "$HAVE_PEER" = 1 ] && tokens mixtral "$TOKL" "$W/texts.txt"
+    # the same model as an int8 checkpoint (ckpt quantize): Q8_0 keeps its
+    # int8 values with each group's scale as fp16, F32 / F16 are q * s; the
+    # peer's logits against tandem serving the int8 file (W8A8) at Q8_0's
+    # tolerance for every type
+    if $T ckpt quantize "$CK" "$W/mixtral_int8.h5" --dtype int8 >/dev/null 2>"$W/err"; then
+        CK=$W/mixtral_int8.h5
+        TANDEM_AS="tandem int8" check mixtral_int8 llama "$TOKL" $TQ8 $TQ8 $TQ8
+    else
+        fail "mixtral: ckpt quantize --dtype int8"; cat "$W/err"
+    fi
 fi
 if model qwen2moe '{"vocab_size": 151936, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,
     "num_key_value_heads": 4, "moe_intermediate_size": 32, "num_local_experts": 8, "num_experts_per_tok": 4,

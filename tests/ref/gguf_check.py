@@ -155,8 +155,8 @@ def expected_tensors(h5, cfg, arch, dtype):
         names = []
         f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
         for n in names:
-            if not (n.startswith("model/") or n == "lm_head"):
-                continue
+            if not (n.startswith("model/") or n == "lm_head") or n.endswith(".scale"):
+                continue   # an int8 tensor's scales are read with it
             if n.startswith("model/layers/"):
                 i, rest = n.split("/", 3)[2:]
                 dst, mat = LAYER[rest]
@@ -164,11 +164,17 @@ def expected_tensors(h5, cfg, arch, dtype):
             else:
                 rest = n
                 dst, mat = GLOBAL[n]
-            a = np.asarray(f[n], dtype=np.float32)
-            if arch == "llama" and rest in ("self_attn/q_proj", "self_attn/q_proj.bias"):
-                a = permute(a, H)
-            if arch == "llama" and rest in ("self_attn/k_proj", "self_attn/k_proj.bias"):
-                a = permute(a, Hk)
+            q8 = f[n].dtype == np.int8   # an int8 checkpoint: q and its float32 scale per 32
+            if q8:
+                q, sc = f[n][()], f[n + ".scale"][()]
+                a = q.astype(np.float32) * np.repeat(sc, 32, axis=-1)[..., :q.shape[-1]]   # q * s, as tandem reads it
+            else:
+                a = np.asarray(f[n], dtype=np.float32)
+            for r, heads in (("q", H), ("k", Hk)):
+                if arch == "llama" and rest in ("self_attn/%s_proj" % r, "self_attn/%s_proj.bias" % r):
+                    a = permute(a, heads)
+                    if q8:
+                        q, sc = permute(q, heads), permute(sc, heads)
             if rest == "mlp/shared_expert_gate":
                 a = a.reshape(-1)
             ne = list(reversed(a.shape))
@@ -177,7 +183,12 @@ def expected_tensors(h5, cfg, arch, dtype):
                 t = 1
             if mat and dtype == "q8_0":
                 t = 8 if ne[0] % 32 == 0 else 1
-            raw = a.tobytes() if t == 0 else a.astype(np.float16).tobytes() if t == 1 else q8_0(a)
+            if t == 8 and q8:   # the int8 values as they are, each group's scale as fp16
+                blk = np.zeros(q.size // 32, dtype=[("d", "<f2"), ("q", "i1", 32)])
+                blk["d"], blk["q"] = sc.reshape(-1).astype(np.float16), q.reshape(-1, 32)
+                raw = blk.tobytes()
+            else:
+                raw = a.tobytes() if t == 0 else a.astype(np.float16).tobytes() if t == 1 else q8_0(a)
             out[dst] = (ne, t, raw)
             if n == "model/embed_tokens" and cfg.get("tie_word_embeddings") and arch in ("qwen2moe", "olmoe"):
                 out["output.weight"] = (ne, t, raw)   # these graphs always read output.weight
