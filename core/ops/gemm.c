@@ -44,6 +44,7 @@
 #define MR_MAX 12   /* rows per register tile: 12 x 2 zmm = 24 accumulators */
 #define MB     96   /* rows per cache block: MB * K floats of x stay in L2 */
 #define NP_WIDE 4   /* panels side by side in the few-rows kernel */
+#define GROUP_SPLIT 4   /* cost shares per thread of a grouped product */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* ---------------------------------------------------------------- layout */
@@ -521,14 +522,15 @@ void gemm_xwt(float *y, size_t ldy, const float *x, size_t ldx, const GemmW *W, 
 }
 
 /* Several forward products in one pool region: units of work are row
- * blocks (many rows) or panel groups (few rows) of every problem, dealt to
- * threads by their cost so that each thread gets a contiguous share.  Each
- * unit is computed by drive() exactly as gemm_xwt would, so the bits are
- * those of separate calls; only the barriers are fewer.  The units are
- * never stored: every thread walks the same enumeration (problem, row
- * block, panel group, in order) and runs the units whose cost midpoint
- * falls in its share, so any number of problems (hundreds of experts, each
- * with a few rows) costs one region and no memory. */
+ * blocks (many rows) or panel groups (few rows) of every problem, cut by
+ * their cost into GROUP_SPLIT contiguous shares per thread, which the
+ * threads claim as they get to them.  Each unit is computed by drive()
+ * exactly as gemm_xwt would, so the bits are those of separate calls;
+ * only the barriers are fewer.  The units are never stored: the thread
+ * of a share walks the enumeration (problem, row block, panel group, in
+ * order) and runs the units whose cost midpoint falls in that share, so
+ * any number of problems (hundreds of experts, each with a few rows) costs
+ * one region and no memory. */
 
 /* Unit shape of problem q: rows per unit and panels per unit. */
 static void unit_shape(const GemmProblem *q, size_t np, size_t *rb, size_t *pg)
@@ -620,6 +622,10 @@ void gemm_xwt_group(const GemmProblem *pr, int n)
         group_walk(pr, c.qx, n, -1, 2 * c.total + 1, true, NULL);
         return;
     }
+    /* GROUP_SPLIT cost shares per thread, claimed as the threads get to
+     * them: a thread that is late (a busy host, a slower share) leaves its
+     * later shares to the others instead of holding the region up */
+    c.nt *= GROUP_SPLIT;
     pool_for((size_t)c.nt, 1, group_share, &c);
 }
 
