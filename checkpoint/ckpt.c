@@ -1463,20 +1463,13 @@ int ckpt_verify(const char *path, char *err, size_t err_len)
     return rc;
 }
 
-int ckpt_read_box_f32(hid_t f, const char *path, const char *name, const CkptH5Desc *d, const hsize_t *off,
-                      const hsize_t *cnt, float *out, char *err, size_t err_len)
+/* The box [off, off + cnt) of int8 g32 dataset name (described by d; whole
+ * rows) into q and its scales into s, both checked: the loader's rules
+ * (ckpt_q8_check, ckpt_q8_check_values).  *rows, *K: the box's rows and
+ * their length.  0, or -1 with one line in err. */
+static int read_q8_box(hid_t f, const char *path, const char *name, const CkptH5Desc *d, const hsize_t *off,
+                       const hsize_t *cnt, int8_t *q, float *s, char *err, size_t err_len)
 {
-    char why[ERR_MAX];
-    if (d->type != CKPT_H5_I8) {
-        if (d->type != CKPT_H5_F32 && d->type != CKPT_H5_BF16 && d->type != CKPT_H5_F16) {
-            snprintf(err, err_len, "%s: dataset /%s: dtype %s is not float32, float16, bfloat16 or int8 g32", path,
-                     name, d->type_name);
-            return -1;
-        }
-        if (!ckpt_h5_read_box(f, name, d, off, cnt, out, why, sizeof why)) return 0;
-        snprintf(err, err_len, "%s: %s", path, why);
-        return -1;
-    }
     const int last = d->ndim - 1;
     if (d->ndim < 1 || off[last] != 0 || cnt[last] != d->shape[last]) {
         snprintf(err, err_len, "%s: dataset /%s: int8 is read in whole rows", path, name);
@@ -1489,25 +1482,44 @@ int ckpt_read_box_f32(hid_t f, const char *path, const char *name, const CkptH5D
     }
     CkptH5Desc sd;
     if (ckpt_q8_check(f, path, name, d->ndim, shape, &sd, err, err_len)) return -1;
-    const size_t K = shape[last], G = dtype_q8_groups(K), rows = n / K;
+    const size_t K = shape[last], G = dtype_q8_groups(K);
     hsize_t soff[CKPT_H5_MAX_DIMS], scnt[CKPT_H5_MAX_DIMS];
     memcpy(soff, off, sizeof soff);
     memcpy(scnt, cnt, sizeof scnt);
     scnt[last] = G;
-    char sname[CKPT_NAME_MAX + 8];
+    char sname[CKPT_NAME_MAX + 8], why[ERR_MAX];
     snprintf(sname, sizeof sname, "%s.scale", name);
-    int8_t *q = td_malloc(td_max(n, 1));
-    float *sc = td_malloc(td_max(rows * G, 1) * sizeof(float));
-    int rc = 0;
     if (ckpt_h5_read_box(f, name, d, off, cnt, q, why, sizeof why) ||
-        ckpt_h5_read_box(f, sname, &sd, soff, scnt, sc, why, sizeof why)) {
+        ckpt_h5_read_box(f, sname, &sd, soff, scnt, s, why, sizeof why)) {
         snprintf(err, err_len, "%s: %s", path, why);
-        rc = -1;
+        return -1;
     }
     size_t row0 = 0;   /* the box's first row, for the message */
     for (int i = 0; i < last; i++) row0 = row0 * (size_t)d->shape[i] + (size_t)off[i];
-    const size_t mrows = d->ndim >= 2 ? shape[last - 1] : 1;
-    if (!rc) rc = ckpt_q8_check_values(path, name, q, sc, rows, K, row0, mrows, d->ndim == 3, err, err_len);
+    return ckpt_q8_check_values(path, name, q, s, n / K, K, row0, d->ndim >= 2 ? shape[last - 1] : 1, d->ndim == 3,
+                                err, err_len);
+}
+
+int ckpt_read_box_f32(hid_t f, const char *path, const char *name, const CkptH5Desc *d, const hsize_t *off,
+                      const hsize_t *cnt, float *out, char *err, size_t err_len)
+{
+    if (d->type != CKPT_H5_I8) {
+        char why[ERR_MAX];
+        if (d->type != CKPT_H5_F32 && d->type != CKPT_H5_BF16 && d->type != CKPT_H5_F16) {
+            snprintf(err, err_len, "%s: dataset /%s: dtype %s is not float32, float16, bfloat16 or int8 g32", path,
+                     name, d->type_name);
+            return -1;
+        }
+        if (!ckpt_h5_read_box(f, name, d, off, cnt, out, why, sizeof why)) return 0;
+        snprintf(err, err_len, "%s: %s", path, why);
+        return -1;
+    }
+    size_t n = 1;
+    for (int i = 0; i < d->ndim; i++) n *= (size_t)cnt[i];
+    const size_t K = d->ndim >= 1 ? (size_t)d->shape[d->ndim - 1] : 1, G = dtype_q8_groups(K), rows = n / td_max(K, 1);
+    int8_t *q = td_malloc(td_max(n, 1));
+    float *sc = td_malloc(td_max(rows * G, 1) * sizeof(float));
+    const int rc = read_q8_box(f, path, name, d, off, cnt, q, sc, err, err_len);
     for (size_t r = 0; r < rows && !rc; r++) dtype_q8_dequantize_row(out + r * K, q + r * K, sc + r * G, K);
     td_free(q);
     td_free(sc);
@@ -1545,35 +1557,20 @@ int ckpt_read_q8_tensor(const char *path, const char *name, int8_t **q, float **
     *s = NULL;
     hid_t f = open_checked(path, err, err_len);
     if (f < 0) return -1;
-    CkptH5Desc d, sd;
+    CkptH5Desc d;
     int rc = -1;
-    size_t shape[CKPT_H5_MAX_DIMS], n = 1;
-    char why[ERR_MAX];
     if (ckpt_h5_describe(f, name, &d) || d.type != CKPT_H5_I8 || d.ndim < 1) {
         snprintf(err, err_len, "%s: dataset /%s is not an int8 tensor", path, name);
-        goto out;
+    } else {
+        size_t n = 1;
+        for (int i = 0; i < d.ndim; i++) n *= (size_t)d.shape[i];
+        *K = (size_t)d.shape[d.ndim - 1];
+        *rows = n / td_max(*K, 1);
+        hsize_t off[CKPT_H5_MAX_DIMS] = { 0 };
+        *q = td_malloc(td_max(n, 1));
+        *s = td_malloc(td_max(*rows * dtype_q8_groups(*K), 1) * sizeof(float));
+        rc = read_q8_box(f, path, name, &d, off, d.shape, *q, *s, err, err_len);
     }
-    for (int i = 0; i < d.ndim; i++) {
-        shape[i] = (size_t)d.shape[i];
-        n *= shape[i];
-    }
-    if (ckpt_q8_check(f, path, name, d.ndim, shape, &sd, err, err_len)) goto out;
-    *K = shape[d.ndim - 1];
-    *rows = n / td_max(*K, 1);
-    const size_t G = dtype_q8_groups(*K);
-    char sname[CKPT_NAME_MAX + 8];
-    snprintf(sname, sizeof sname, "%s.scale", name);
-    hsize_t off[CKPT_H5_MAX_DIMS] = { 0 };
-    *q = td_malloc(td_max(n, 1));
-    *s = td_malloc(td_max(*rows * G, 1) * sizeof(float));
-    if (ckpt_h5_read_box(f, name, &d, off, d.shape, *q, why, sizeof why) ||
-        ckpt_h5_read_box(f, sname, &sd, off, sd.shape, *s, why, sizeof why)) {
-        snprintf(err, err_len, "%s: %s", path, why);
-        goto out;
-    }
-    rc = ckpt_q8_check_values(path, name, *q, *s, *rows, *K, 0, d.ndim >= 2 ? shape[d.ndim - 2] : 1, d.ndim == 3,
-                              err, err_len);
-out:
     if (rc) {
         td_free(*q);
         td_free(*s);

@@ -337,23 +337,9 @@ static void put_hparams(GgufWriter *w, const GgufArch *a, const ModelConfig *c, 
 
 /* Rotate-half -> adjacent pairs, per head (llama.cpp's converter,
  * LlamaModel.permute): row h*hd + 2i + j takes row h*hd + j*hd/2 + i,
- * for i < hd/2, j in {0, 1}.  x: (heads * hd, cols), permuted in place
- * through tmp (hd * cols). */
-static void permute_rows(float *x, float *tmp, size_t heads, size_t hd, size_t cols)
-{
-    const size_t half = hd / 2;
-    for (size_t h = 0; h < heads; h++) {
-        float *blk = x + h * hd * cols;
-        for (size_t i = 0; i < half; i++)
-            for (size_t j = 0; j < 2; j++) memcpy(tmp + (2 * i + j) * cols, blk + (j * half + i) * cols, cols * sizeof(float));
-        memcpy(blk, tmp, hd * cols * sizeof(float));
-    }
-}
-
-#define STAGE 65536   /* elements converted per write (a multiple of 32) */
-
-/* The rows of x (each row_bytes long) permuted as permute_rows does. */
-static void permute_row_bytes(void *x, size_t heads, size_t hd, size_t row_bytes)
+ * for i < hd/2, j in {0, 1}.  x: heads * hd rows of row_bytes each
+ * (float weights, int8 values or their scales), permuted in place. */
+static void permute_rows(void *x, size_t heads, size_t hd, size_t row_bytes)
 {
     unsigned char *b = x, *tmp = td_malloc(hd * row_bytes);
     const size_t half = hd / 2;
@@ -365,6 +351,8 @@ static void permute_row_bytes(void *x, size_t heads, size_t hd, size_t row_bytes
     }
     td_free(tmp);
 }
+
+#define STAGE 65536   /* elements converted per write (a multiple of 32) */
 
 /* An int8 g32 tensor as Q8_0 (K a multiple of 32): each group's 32 values
  * as they are, its float32 scale rounded to float16 (Q8_0's d). */
@@ -380,8 +368,8 @@ static int write_q8_direct(GgufWriter *w, const char *in, const Planned *p, cons
     const size_t G = K / DTYPE_Q8_0_BLOCK;
     if (p->x == X_PERM_Q || p->x == X_PERM_K) {
         const size_t hd = (size_t)c->head_dim;
-        permute_row_bytes(q, p->heads, hd, K * rows / (p->heads * hd));
-        permute_row_bytes(sc, p->heads, hd, G * sizeof(float) * rows / (p->heads * hd));
+        permute_rows(q, p->heads, hd, K * rows / (p->heads * hd));
+        permute_rows(sc, p->heads, hd, G * sizeof(float) * rows / (p->heads * hd));
     }
     uint8_t *buf = td_malloc(G * DTYPE_Q8_0_BYTES);
     int rc = 0;
@@ -409,10 +397,8 @@ static int write_data(GgufWriter *w, const char *in, const Planned *p, const Mod
     if (!x) return -1;
     TD_CHECK(numel == p->numel, "gguf: %s: %zu elements, planned %zu", p->src, numel, p->numel);
     if (p->x == X_PERM_Q || p->x == X_PERM_K) {
-        size_t hd = (size_t)c->head_dim, cols = numel / (p->heads * hd);
-        float *tmp = td_malloc(hd * cols * sizeof(float));
-        permute_rows(x, tmp, p->heads, hd, cols);
-        td_free(tmp);
+        const size_t hd = (size_t)c->head_dim;
+        permute_rows(x, p->heads, hd, numel / (p->heads * hd) * sizeof(float));
     }
     int rc = 0;
     if (p->type == GGML_TYPE_F32) {
