@@ -46,33 +46,38 @@ struct GptqSet {
     int last_layer;
 };
 
-/* The inputs of local layer li (nl: the head), as (K, matrices, readers);
- * returns their count, in the order accumulate_layer fills them. */
-typedef struct { size_t K, n_mat; const Param *p[GPTQ_NAMES]; } InputPlan;
+/* One input of a layer: its width K, its matrices (one per expert, or
+ * one), the parameters that read it, and where a's forward left its rows
+ * (N rows of K; an expert input's rows grouped by expert, la->e_off). */
+typedef struct { size_t K, n_mat; const Param *p[GPTQ_NAMES]; const float *x; } InputPlan;
 
-static int layer_inputs(const Model *m, int li, InputPlan *ip)
+/* The inputs of local layer li (nl: the head); the rows from a (NULL: x
+ * NULL, the plan alone).  Returns their count. */
+static int layer_inputs(const Model *m, const TrainActs *a, int li, InputPlan *ip)
 {
+    static const LayerActs none;
     int n = 0;
     if (li == m->topo.layer_end - m->topo.layer_begin) {   /* the head: an untied lm_head */
         if (!m->cfg.tie_word_embeddings && topo_is_last_stage(&m->topo))
-            ip[n++] = (InputPlan){ m->d, 1, { m->lm_head } };
+            ip[n++] = (InputPlan){ m->d, 1, { m->lm_head }, a ? a->hn : NULL };
         return n;
     }
     const Layer *L = &m->layers[m->topo.layer_begin + li];
+    const LayerActs *la = a ? &a->la[li] : &none;
     if (!config_mla(&m->cfg)) {
-        ip[n++] = (InputPlan){ m->d, 1, { L->q, L->k, L->v } };
-        ip[n++] = (InputPlan){ m->H * m->hd, 1, { L->o } };
+        ip[n++] = (InputPlan){ m->d, 1, { L->q, L->k, L->v }, la->h1 };
+        ip[n++] = (InputPlan){ m->H * m->hd, 1, { L->o }, la->att };
     }
     if (L->moe) {
-        ip[n++] = (InputPlan){ m->d, m->E, { L->egate, L->eup } };
-        ip[n++] = (InputPlan){ m->F, m->E, { L->edown } };
+        ip[n++] = (InputPlan){ m->d, m->E, { L->egate, L->eup }, la->xe };
+        ip[n++] = (InputPlan){ m->F, m->E, { L->edown }, la->eh };
         if (m->S > 0) {
-            ip[n++] = (InputPlan){ m->d, 1, { L->sgate, L->sup } };
-            ip[n++] = (InputPlan){ m->S, 1, { L->sdown } };
+            ip[n++] = (InputPlan){ m->d, 1, { L->sgate, L->sup }, la->h2 };
+            ip[n++] = (InputPlan){ m->S, 1, { L->sdown }, L->sgw ? la->shg : la->sh };
         }
     } else {
-        ip[n++] = (InputPlan){ m->d, 1, { L->gate, L->up } };
-        ip[n++] = (InputPlan){ m->Fd, 1, { L->down } };
+        ip[n++] = (InputPlan){ m->d, 1, { L->gate, L->up }, la->h2 };
+        ip[n++] = (InputPlan){ m->Fd, 1, { L->down }, la->fh };
     }
     return n;
 }
@@ -92,7 +97,7 @@ static void inputs_free(GptqSet *g)
 static void inputs_plan(GptqSet *g, int li)
 {
     InputPlan ip[GPTQ_INPUTS];
-    g->n = layer_inputs(&g->m, li, ip);
+    g->n = layer_inputs(&g->m, NULL, li, ip);
     for (int i = 0; i < g->n; i++) {
         GptqInput *in = &g->in[i];
         for (int j = 0; j < GPTQ_NAMES; j++)
@@ -117,54 +122,36 @@ static void accumulate(GptqInput *in, size_t mat, const float *X, size_t n, size
     in->rows[mat] += n;
 }
 
-/* Every expert's H of inputs up (rows X) and down (rows Y) in one pool
- * region: expert e's rows are [off[e], off[e + 1]). */
-static void accumulate_experts(GptqInput *up, GptqInput *down, const int32_t *off, const float *X, const float *Y,
-                               size_t E, GemmBwProblem *pr)
-{
-    int n = 0;
-    for (size_t e = 0; e < E; e++) {
-        const size_t r0 = (size_t)off[e], rows = (size_t)off[e + 1] - r0;
-        if (rows == 0) continue;
-        const size_t K = up->K, F = down->K;
-        pr[n++] = (GemmBwProblem){ 1, up->h + e * K * K, K, X + r0 * K, K, X + r0 * K, K, rows, K, K };
-        pr[n++] = (GemmBwProblem){ 1, down->h + e * F * F, F, Y + r0 * F, F, Y + r0 * F, F, rows, F, F };
-        up->rows[e] += rows;
-        down->rows[e] += rows;
-    }
-    gemm_bw_group(pr, n);
-}
-
-/* Adds the rows of local layer li's forward (N rows, acts a) to its inputs. */
+/* Adds the rows of local layer li's forward (g->N rows, in g->a) to its
+ * inputs: a whole-batch input at once, every expert's of every expert
+ * input in one pool region (expert e's rows are [e_off[e], e_off[e + 1])). */
 static void accumulate_layer(GptqSet *g, int li)
 {
-    const Model *m = &g->m;
-    const TrainActs *a = &g->a;
-    const size_t N = g->N;
-    int i = 0;
-    if (li == g->nl) {
-        if (g->n) accumulate(&g->in[i++], 0, a->hn, N, m->d);
-        return;
-    }
-    const Layer *L = &m->layers[m->topo.layer_begin + li];
-    const LayerActs *la = &a->la[li];
-    if (!config_mla(&m->cfg)) {
-        accumulate(&g->in[i++], 0, la->h1, N, m->d);
-        accumulate(&g->in[i++], 0, la->att, N, m->H * m->hd);
-    }
-    if (L->moe) {
-        GptqInput *up = &g->in[i++], *down = &g->in[i++];
-        GemmBwProblem *pr = td_malloc(2 * m->E * sizeof(GemmBwProblem));
-        accumulate_experts(up, down, la->e_off, la->xe, la->eh, m->E, pr);
-        td_free(pr);
-        if (m->S > 0) {
-            accumulate(&g->in[i++], 0, la->h2, N, m->d);
-            accumulate(&g->in[i++], 0, L->sgw ? la->shg : la->sh, N, m->S);
+    InputPlan ip[GPTQ_INPUTS];
+    const int n = layer_inputs(&g->m, &g->a, li, ip);
+    TD_CHECK(n == g->n, "gptq: layer %d: %d inputs planned, %d held", li, n, g->n);
+    size_t n_pr = 0;
+    for (int i = 0; i < n; i++) n_pr += ip[i].n_mat > 1 ? ip[i].n_mat : 0;
+    GemmBwProblem *pr = td_malloc(td_max(n_pr, 1) * sizeof(GemmBwProblem));
+    int np = 0;
+    for (int i = 0; i < n; i++) {
+        GptqInput *in = &g->in[i];
+        const size_t K = in->K;
+        if (in->n_mat == 1) {
+            accumulate(in, 0, ip[i].x, g->N, K);
+            continue;
         }
-    } else {
-        accumulate(&g->in[i++], 0, la->h2, N, m->d);
-        accumulate(&g->in[i++], 0, la->fh, N, m->Fd);
+        const int32_t *off = g->a.la[li].e_off;
+        for (size_t e = 0; e < in->n_mat; e++) {
+            const size_t r0 = (size_t)off[e], rows = (size_t)off[e + 1] - r0;
+            if (rows == 0) continue;
+            const float *x = ip[i].x + r0 * K;
+            pr[np++] = (GemmBwProblem){ 1, in->h + e * K * K, K, x, K, x, K, rows, K, K };
+            in->rows[e] += rows;
+        }
     }
+    gemm_bw_group(pr, np);
+    td_free(pr);
 }
 
 bool gptq_factor(float *h, size_t K, double damp, double *w)
@@ -286,7 +273,9 @@ GptqSet *gptq_collect(Model *m, const int32_t *tok, size_t n_win, size_t T, doub
     g->damp = damp;
     g->layer = -1;
     g->last_layer = -1;
-    model_train_acts_init(&g->a, &g->m, g->B, T, RECOMPUTE_NONE);
+    /* full recomputation's layout: every layer's activations in the one
+     * scratch set, read by accumulate_layer before the next layer runs */
+    model_train_acts_init(&g->a, &g->m, g->B, T, RECOMPUTE_FULL);
     g->ids = td_malloc(td_max(g->n_batch * g->N, 1) * sizeof(int32_t));
     g->X = td_malloc(td_max(g->n_batch * g->N * g->m.d, 1) * sizeof(float));
     for (size_t w = 0; w < g->n_batch * g->B; w++) memcpy(g->ids + w * T, tok + w * T, T * sizeof(int32_t));
@@ -302,7 +291,7 @@ static int layer_of(GptqSet *g, const char *name)
     int found = -1;
     for (int li = 0; li <= g->nl && found < 0; li++) {
         InputPlan ip[GPTQ_INPUTS];
-        const int n = layer_inputs(&g->m, li, ip);
+        const int n = layer_inputs(&g->m, NULL, li, ip);
         for (int i = 0; i < n && found < 0; i++)
             for (int j = 0; j < GPTQ_NAMES; j++)
                 if (ip[i].p[j] && !strcmp(ip[i].p[j]->name, name)) found = li;
