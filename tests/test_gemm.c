@@ -30,6 +30,7 @@
 #define gemm_xwt portable_gemm_xwt
 #define gemm_xwt_serial portable_gemm_xwt_serial
 #define gemm_xwt_group portable_gemm_xwt_group
+#define gemm_xwt_group_serial portable_gemm_xwt_group_serial
 #define gemm_dx_acc portable_gemm_dx_acc
 #define gemm_dw_acc portable_gemm_dw_acc
 #define gemm_bw_group portable_gemm_bw_group
@@ -44,6 +45,7 @@
 #undef gemm_xwt
 #undef gemm_xwt_serial
 #undef gemm_xwt_group
+#undef gemm_xwt_group_serial
 #undef gemm_dx_acc
 #undef gemm_dw_acc
 #undef gemm_bw_group

@@ -457,6 +457,80 @@ Test(model, mla_gradients_match_finite_differences)
 }
 Test(model, serving_models_compute_the_forward_on_the_rounded_weights_v3router) { check_serving("model_v3router.h5"); }
 
+/* ---------------------------------------------------------------- decoding's fused experts */
+
+/* Decoding's expert block (core/model/layer.c: each expert's gate, up,
+ * SwiGLU and down on one thread, when every expert has at most 4 rows and
+ * at least four per thread have some) gives the grouped path's bits:
+ * model_experts_forward on the same rows with one thread (grouped) and
+ * with two, at each dtype, for spreads of rows that are fused (one row an
+ * expert; 0-4 rows) and one that is not (an expert with 5). */
+static void check_fused_experts(const char *file)
+{
+    static const Dtype dts[3] = { DTYPE_F32, DTYPE_BF16, DTYPE_INT8 };
+    for (int di = 0; di < 3; di++) {
+        Case c;
+        case_open(&c, file, RECOMPUTE_NONE);
+        const ModelDtypes dt = { dts[di], dts[di], dts[di], dts[di] };
+        Model s;
+        model_init_serving(&s, &c.m.cfg, &c.m.topo, 16, &dt);
+        model_quantize_from(&s, &c.m);
+        const Layer *L = NULL;
+        for (int l = s.topo.layer_begin; l < s.topo.layer_end && !L; l++)
+            if (s.layers[l].moe) L = &s.layers[l];
+        cr_assert(L && s.E >= 8, "%s: needs a MoE layer of 8 experts or more", file);
+        const size_t E = s.E, d = s.d, F = s.F;
+        for (int spread = 0; spread < 3; spread++) {
+            int32_t off[E + 1];
+            off[0] = 0;
+            for (size_t e = 0; e < E; e++) {
+                const int rows = spread == 0 ? 1 : spread == 1 ? (int)((e * 7 + 3) % 5) : e == 2 ? 5 : 1;
+                off[e + 1] = off[e] + rows;
+            }
+            const size_t R = (size_t)off[E];
+            LayerActs a;
+            memset(&a, 0, sizeof a);
+            a.e_off = off;
+            a.n_recv = R;
+            a.xe = td_malloc(R * d * sizeof(float));
+            a.eg = td_malloc(R * F * sizeof(float));
+            a.eu = td_malloc(R * F * sizeof(float));
+            a.eh = td_malloc(R * F * sizeof(float));
+            a.eoe = td_malloc(R * d * sizeof(float));
+            a.eprob = td_malloc(2 * E * sizeof(GemmProblem));
+            float *ref_o = td_malloc(R * d * sizeof(float)), *ref_h = td_malloc(R * F * sizeof(float));
+            for (size_t i = 0; i < R * d; i++) a.xe[i] = (float)sin(0.37 * (double)i + 0.1 * spread);
+            pool_init(1);
+            model_experts_forward(&s, L, &a);
+            memcpy(ref_o, a.eoe, R * d * sizeof(float));
+            memcpy(ref_h, a.eh, R * F * sizeof(float));
+            memset(a.eoe, 0xff, R * d * sizeof(float));
+            memset(a.eh, 0xff, R * F * sizeof(float));
+            pool_init(2);
+            model_experts_forward(&s, L, &a);
+            pool_init(1);
+            char what[160];
+            snprintf(what, sizeof what, "%s at %s, spread %d (%zu rows): 2 threads against 1", file, dtype_name(dts[di]),
+                     spread, R);
+            EXPECT_BITWISE(a.eoe, ref_o, R * d, what);
+            EXPECT_BITWISE(a.eh, ref_h, R * F, what);
+            td_free(a.xe);
+            td_free(a.eg);
+            td_free(a.eu);
+            td_free(a.eh);
+            td_free(a.eoe);
+            td_free(a.eprob);
+            td_free(ref_o);
+            td_free(ref_h);
+        }
+        model_free(&s);
+        case_close(&c);
+    }
+}
+
+Test(model, decoding_experts_fused_give_the_grouped_bits) { check_fused_experts("model_olmoe.h5"); }
+Test(model, decoding_experts_fused_give_the_grouped_bits_qwen3moe) { check_fused_experts("model_qwen3moe.h5"); }
+
 /* ---------------------------------------------------------------- expert offload */
 
 /* The offload test's loader: expert e of p copied from the resident

@@ -126,12 +126,58 @@ static void experts_forward_cached(const Model *m, const Layer *L, LayerActs *a)
     }
 }
 
+/* Decoding's expert block: each expert's gate, up, SwiGLU and down on one
+ * thread, the experts with rows claimed one at a time in one pool region
+ * (instead of a region for every gate/up, a serial SwiGLU and a region
+ * for every down).  Each product is gemm_xwt's on the same rows, and
+ * SwiGLU is elementwise: the bits are the grouped path's. */
+#define EXPERT_FUSED_ROWS 4   /* rows per expert at most (a few decoding sequences) */
+
+struct fused_ctx { const Model *m; const Layer *L; LayerActs *a; const int32_t *act; };
+
+static void experts_fused_range(void *vc, size_t i0, size_t i1, int tid)
+{
+    (void)tid;
+    const struct fused_ctx *c = vc;
+    const size_t d = c->m->d, F = c->m->F;
+    LayerActs *a = c->a;
+    for (size_t i = i0; i < i1; i++) {
+        const size_t e = (size_t)c->act[i], r0 = (size_t)a->e_off[e], M = (size_t)a->e_off[e + 1] - r0;
+        const GemmProblem gu[2] = { { a->eg + r0 * F, F, a->xe + r0 * d, d, param_mat(c->L->egate, e), M },
+                                    { a->eu + r0 * F, F, a->xe + r0 * d, d, param_mat(c->L->eup, e), M } };
+        const GemmW wd = param_mat(c->L->edown, e);
+        gemm_xwt_group_serial(gu, 2);   /* x quantized once for both */
+        swiglu_forward(a->eh + r0 * F, a->eg + r0 * F, a->eu + r0 * F, M, F);
+        gemm_xwt_serial(a->eoe + r0 * d, d, a->eh + r0 * F, F, &wd, M);
+    }
+}
+
+/* The fused block when every expert with rows has at most
+ * EXPERT_FUSED_ROWS and there are enough of them to share out evenly
+ * (GROUP_SPLIT-like: four a thread); false otherwise. */
+static bool experts_forward_fused(const Model *m, const Layer *L, LayerActs *a)
+{
+    const size_t E = m->E, nt = (size_t)pool_threads();
+    int32_t act[E];
+    size_t n = 0;
+    for (size_t e = 0; e < E; e++) {
+        const size_t M = (size_t)(a->e_off[e + 1] - a->e_off[e]);
+        if (M > EXPERT_FUSED_ROWS) return false;
+        if (M > 0) act[n++] = (int32_t)e;
+    }
+    if (nt < 2 || n < 4 * nt) return false;
+    struct fused_ctx c = { m, L, a, act };
+    pool_for(n, 1, experts_fused_range, &c);
+    return true;
+}
+
 void model_experts_forward(const Model *m, const Layer *L, LayerActs *a)
 {
     if (m->ecache) {
         experts_forward_cached(m, L, a);
         return;
     }
+    if (experts_forward_fused(m, L, a)) return;
     const size_t d = m->d, F = m->F, E = m->E;
     /* gate and up of every expert in one region, then every down: the
      * grouped GEMM computes each element as its own GEMM would */

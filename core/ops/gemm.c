@@ -612,6 +612,13 @@ static const GemmQX *group_quantized(const GemmProblem *pr, int n)
     return qx;
 }
 
+void gemm_xwt_group_serial(const GemmProblem *pr, int n)
+{
+    size_t nu = 0;
+    const double total = group_walk(pr, NULL, n, 0, 0, false, &nu);
+    if (nu > 0) group_walk(pr, group_quantized(pr, n), n, -1, 2 * total + 1, true, NULL);
+}
+
 void gemm_xwt_group(const GemmProblem *pr, int n)
 {
     size_t nu = 0;

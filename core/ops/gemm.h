@@ -110,6 +110,10 @@ typedef struct {
  * their work by cost.  Every element is computed exactly as by gemm_xwt
  * (same bits); problems with M = 0 are skipped. */
 void gemm_xwt_group(const GemmProblem *p, int n);
+/* The same products on the calling thread alone (a caller that shares
+ * work out itself): the same bits, x quantized once for problems that
+ * share it. */
+void gemm_xwt_group_serial(const GemmProblem *p, int n);
 
 /* Unthreaded variant of gemm_xwt, for callers that split work themselves.
  * Same arithmetic. */
