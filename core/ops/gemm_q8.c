@@ -4,8 +4,10 @@
  * Kernels: with AVX-512 VNNI, vpdpbusd takes 16 columns x 4 k of weights
  * (unsigned, q + 128) against 4 broadcast bytes of x (signed) a step, and
  * the group's bias, 128 sum(qx), is subtracted at the group's end.  The
- * AVX2 kernel (also used by AVX-512 machines without VNNI) widens both to
- * 16 bits and multiplies pairs with vpmaddwd; the portable one is plain C.
+ * AVX2 kernel (also used by AVX-512 machines without VNNI) multiplies
+ * bytes with vpmaddubsw by the sign trick (|q| against x with q's sign,
+ * exact: cols8_avx2) and adds pairs with vpmaddwd; the portable one is
+ * plain C.
  * The integer sums are the same on every path; the float steps at each
  * group's end are the same operations in the same order.
  */
@@ -369,52 +371,49 @@ static void rows_wide(int MR, float *y, size_t ldy, const GemmQX *qx, const Gemm
 #define HAVE_WIDE 1
 
 #elif defined(Q8_AVX2)
-/* 4 values of qx widened to 16 bits, repeated: the pairs vpmaddwd meets */
-ALWAYS_INLINE __m256i x4w(const int8_t *q)
+/* 4 bytes of qx as one broadcast 32-bit lane */
+ALWAYS_INLINE __m256i x4(const int8_t *q)
 {
-    int64_t v;
-    const int16_t w[4] = { q[0], q[1], q[2], q[3] };
-    memcpy(&v, w, 8);
-    return _mm256_set1_epi64x(v);
+    int32_t v;
+    memcpy(&v, q, 4);
+    return _mm256_set1_epi32(v);
 }
 
 /* MR <= 4 rows x 8 columns (c0 .. c0 + 7 of panel p), nc <= 8 stored.
- * Per 4 k: 32 bytes = 8 columns x 4 k; each half widened to 16 bits gives
- * 4 columns x 4 k, and vpmaddwd sums pairs: 2 partial sums per column. */
+ * Per 4 k: 32 bytes = 8 columns x 4 k, a column's 4 k in one 32-bit lane.
+ * The weights made signed (q = byte - 128) meet x by the sign trick:
+ * vpmaddubsw(|q|, sign(x, q)) gives the pair sums of q x exactly (|q|,
+ * |x| <= 127, so a pair is at most 2 127^2 < 2^15), and vpmaddwd with
+ * ones adds a lane's two pairs: each lane is its column's sum over 4 k. */
 ALWAYS_INLINE void cols8_avx2(const int MR, float *y, size_t ldy, const GemmQX *qx, const GemmW *W, size_t p,
                               size_t c0, size_t nc)
 {
     const size_t G = qx->G;
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     __m256 c[4];
 #pragma GCC unroll 4
     for (int r = 0; r < MR; r++) c[r] = _mm256_setzero_ps();
     for (size_t g = 0; g < G; g++) {
         const uint8_t *blk = block_at(W, p, g);
-        __m256i a[4][2];
+        __m256i a[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < MR; r++) a[r][0] = a[r][1] = _mm256_setzero_si256();
+        for (int r = 0; r < MR; r++) a[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int k4 = 0; k4 < Q8_G / 4; k4++) {
-            const __m256i b = _mm256_xor_si256(
+            const __m256i q = _mm256_xor_si256(
                 _mm256_loadu_si256((const __m256i *)(const void *)(blk + (k4 * GEMM_NR + c0) * 4)), flip);
-            const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b));
-            const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b, 1));
+            const __m256i aq = _mm256_abs_epi8(q);
 #pragma GCC unroll 4
             for (int r = 0; r < MR; r++) {
-                const __m256i xw = x4w(qx->q + r * qx->ldq + g * Q8_G + 4 * k4);
-                a[r][0] = _mm256_add_epi32(a[r][0], _mm256_madd_epi16(lo, xw));
-                a[r][1] = _mm256_add_epi32(a[r][1], _mm256_madd_epi16(hi, xw));
+                const __m256i sx = _mm256_sign_epi8(x4(qx->q + r * qx->ldq + g * Q8_G + 4 * k4), q);
+                a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, sx), ones));
             }
         }
         const __m256 sw = _mm256_loadu_ps((const float *)(const void *)(blk + Q8_WBYTES + c0 * 4));
 #pragma GCC unroll 4
         for (int r = 0; r < MR; r++) {
-            /* lanes (column, pair): lo = 0a 0b 1a 1b | 2a 2b 3a 3b, hi the same for 4-7;
-             * hadd -> 0 1 4 5 | 2 3 6 7 */
-            const __m256i s = _mm256_permute4x64_epi64(_mm256_hadd_epi32(a[r][0], a[r][1]), 0xd8);
             const __m256 d = _mm256_mul_ps(_mm256_set1_ps(qx->s[r * G + g]), sw);
-            c[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), c[r]);
+            c[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(a[r]), c[r]);
         }
     }
 #pragma GCC unroll 4
@@ -425,8 +424,52 @@ ALWAYS_INLINE void cols8_avx2(const int MR, float *y, size_t ldy, const GemmQX *
     }
 }
 
+/* One row x the whole panel (ncols <= 32 stored): decoding's shape.  The
+ * sums of cols8_avx2, four 8-column vectors at once, so each 128-byte row
+ * of a block is read once, front to back, and the four chains overlap. */
+static void row_panel_avx2(float *y, const GemmQX *qx, const GemmW *W, size_t p, size_t ncols)
+{
+    const size_t G = qx->G;
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    __m256 c[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) c[v] = _mm256_setzero_ps();
+    for (size_t g = 0; g < G; g++) {
+        const uint8_t *blk = block_at(W, p, g);
+        __m256i a[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) a[v] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k4 = 0; k4 < Q8_G / 4; k4++) {
+            const __m256i xb = x4(qx->q + g * Q8_G + 4 * k4);
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) {
+                const __m256i q = _mm256_xor_si256(
+                    _mm256_loadu_si256((const __m256i *)(const void *)(blk + k4 * GEMM_NR * 4 + v * 32)), flip);
+                const __m256i pr = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(xb, q));
+                a[v] = _mm256_add_epi32(a[v], _mm256_madd_epi16(pr, ones));
+            }
+        }
+        const __m256 sx = _mm256_set1_ps(qx->s[g]);
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            const __m256 sw = _mm256_loadu_ps((const float *)(const void *)(blk + Q8_WBYTES + v * 32));
+            c[v] = _mm256_fmadd_ps(_mm256_mul_ps(sx, sw), _mm256_cvtepi32_ps(a[v]), c[v]);
+        }
+    }
+    for (size_t v = 0; v < 4 && 8 * v < ncols; v++) {
+        float t[8];
+        _mm256_storeu_ps(t, c[v]);
+        memcpy(y + 8 * v, t, td_min(8, ncols - 8 * v) * sizeof(float));
+    }
+}
+
 static void rows_tile(int MR, float *y, size_t ldy, const GemmQX *qx, const GemmW *W, size_t p, size_t ncols)
 {
+    if (MR == 1) {
+        row_panel_avx2(y, qx, W, p, ncols);
+        return;
+    }
     for (size_t c0 = 0; c0 < ncols; c0 += 8) {
         const size_t nc = td_min(8, ncols - c0);
         switch (MR) {
