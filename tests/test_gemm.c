@@ -555,6 +555,55 @@ Test(gemm, int8_weights_bit_identical_to_the_w8a8_definition)
     EXPECT_NO_LEAKS();
 }
 
+/* The activation quantizer (core/ops/gemm_q8.c: its vector path on this
+ * build) against the definition above, byte for byte with its scales and
+ * group sums: rows of K = 100 (three whole groups and a partial one) over
+ * several binades, an all-zero group, a group with a NaN, one with an
+ * infinity, and one of exact ties (scale 1: k + 0.5 rounds to even). */
+Test(gemm, int8_activation_quantizer_matches_the_definition)
+{
+    const size_t M = 7, K = 100, G = 4;
+    float *x = fixture_rand(M * K, 11, -1, 1);
+    for (size_t i = 0; i < M * K; i++) x[i] *= (float)(1 << (i * 7919 % 11)) * 0.01f;
+    for (size_t i = 0; i < 32; i++) x[1 * K + i] = 0.0f;
+    x[2 * K + 40] = NAN;
+    x[3 * K + 70] = INFINITY;
+    for (size_t i = 0; i < 32; i++) x[4 * K + i] = (float)((int)i - 16) + 0.5f;
+    x[4 * K + 5] = -127.0f;   /* amax 127: scale exactly 1 */
+    GemmQX qx;
+    void *buf = td_malloc(gemm_q8_qx_bytes(M, K));
+    gemm_q8_quantize_x(&qx, buf, x, K, M, K);
+    size_t bad = 0;
+    for (size_t m = 0; m < M; m++)
+        for (size_t g = 0; g < G; g++) {
+            const size_t ng = K - 32 * g < 32 ? K - 32 * g : 32;
+            int ref[32];
+            float s;
+            quant_group(ref, x + m * K + 32 * g, ng, &s);
+            int32_t sum = 0;
+            for (size_t i = 0; i < 32; i++) {
+                const int want = i < ng ? ref[i] : 0;
+                sum += want;
+                if (qx.q[(m * G + g) * 32 + i] != want) {
+                    if (bad++ < 5) cr_expect(0, "row %zu group %zu: q[%zu] = %d, the definition gives %d", m, g, i,
+                                             qx.q[(m * G + g) * 32 + i], want);
+                }
+            }
+            const float got = qx.s[m * G + g];
+            if (memcmp(&got, &s, sizeof s) != 0 && !(isnan(got) && isnan(s))) {
+                bad++;
+                cr_expect(0, "row %zu group %zu: scale %a, the definition gives %a", m, g, (double)got, (double)s);
+            }
+            if (qx.sum[m * G + g] != sum) {
+                bad++;
+                cr_expect(0, "row %zu group %zu: sum %d, the definition gives %d", m, g, qx.sum[m * G + g], sum);
+            }
+        }
+    cr_expect(bad == 0, "%zu mismatches", bad);
+    td_free(buf);
+    td_free(x);
+}
+
 Test(gemm, int8_test_would_notice_another_rounding_and_non_finite_x_gives_nan)
 {
     /* Guard: the comparison above fails for a kernel that rounds otherwise

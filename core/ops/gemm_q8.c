@@ -29,6 +29,9 @@
 #endif
 #if defined(__AVX512F__) && !defined(TANDEM_PORTABLE)
 #define Q8_X512 1   /* the activation quantizer's vector path */
+#elif defined(__AVX2__) && !defined(TANDEM_PORTABLE)
+#include <immintrin.h>
+#define Q8_X256 1   /* ... its AVX2 path */
 #endif
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -96,6 +99,24 @@ static float quantize_group(int8_t *q, int32_t *sum, const float *x, size_t n)
         amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, a0), _mm512_andnot_ps(sign, a1)));
         i = n;
     }
+#elif defined(Q8_X256)
+    if (n == Q8_G) {   /* a NaN sets nan (the max is then not used) */
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256 mx = _mm256_setzero_ps();
+        int un = 0;
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            const __m256 v = _mm256_loadu_ps(x + 8 * h);
+            un |= _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        amax = _mm_cvtss_f32(m4);
+        nan = un != 0;
+        i = n;
+    }
 #endif
     for (; i < n; i++) {
         const float a = fabsf(x[i]);
@@ -119,6 +140,27 @@ static float quantize_group(int8_t *q, int32_t *sum, const float *x, size_t n)
             _mm_storeu_si128((__m128i *)(void *)(q + 16 * h), _mm512_cvtepi32_epi8(vi));
             t += _mm512_reduce_add_epi32(vi);
         }
+        i = n;
+    }
+#elif defined(Q8_X256)
+    if (n == Q8_G) {   /* the scalar steps below, 8 at a time; the packs do not saturate (|v| <= 127) */
+        const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+        __m256i vi[4], acc = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + 8 * h), vs),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            v = _mm256_max_ps(_mm256_min_ps(v, hi), lo);
+            vi[h] = _mm256_cvttps_epi32(v);
+            acc = _mm256_add_epi32(acc, vi[h]);
+        }
+        /* per 128-bit lane the packs give 4-value pieces v0 v1 v2 v3 (lane 0: values 0-3 of each, lane 1: 4-7) */
+        const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(vi[0], vi[1]), _mm256_packs_epi32(vi[2], vi[3]));
+        _mm256_storeu_si256((__m256i *)(void *)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        t = _mm_cvtsi128_si32(s4);
         i = n;
     }
 #endif
