@@ -18,7 +18,10 @@
  * Decode read rate: y = W x over a --gemv-mb MiB matrix (K = 4096), the
  * access pattern of a batch-1 decode step, with tandem's gemm_xwt (M = 1,
  * the pool at --threads threads) and with cblas_sgemv (OpenBLAS at
- * --threads); best of 4 x --reps calls, GB/s of the matrix.  roof_GBps is
+ * --threads); best of 4 x --reps calls, GB/s of the matrix.  The same
+ * matrix packed in bf16 and int8 (gemv_bf16_GBps, gemv_int8_GBps: GB/s of
+ * the packed bytes, scales included) shows whether the narrow kernels
+ * reach the rate the float32 one streams at.  roof_GBps is
  * the largest of read_GBps and these two: what this machine has been seen
  * to stream in this run, the bandwidth the decode bounds of bench/infer.sh
  * divide by.
@@ -204,23 +207,31 @@ int main(int argc, char **argv)
      * batch-1 decode step streams.  tandem's gemm_xwt with M = 1 (pool at
      * --threads) and cblas_sgemv (OpenBLAS at --threads); best of 4 --reps
      * calls, GB/s of the matrix. */
-    double gv_xwt = 0, gv_blas = 0;
+    double gv_xwt = 0, gv_blas = 0, gv_dt[3] = { 0, 0, 0 };
+    static const Dtype gv_types[3] = { DTYPE_F32, DTYPE_BF16, DTYPE_INT8 };
     {
         const size_t K = 4096, N = (gemv_mb << 20) / sizeof(float) / K;
-        float *W = td_malloc(N * K * sizeof(float)), *P = td_malloc(gemm_packed_bytes(DTYPE_F32, N, K));
+        float *W = td_malloc(N * K * sizeof(float));
         float *x = td_malloc(K * sizeof(float)), *y = td_malloc(N * sizeof(float));
         for (size_t i = 0; i < N * K; i++) W[i] = (float)(i % 7) * 0.01f;
         for (size_t i = 0; i < K; i++) x[i] = 1.0f;
-        gemm_pack(P, DTYPE_F32, W, N, K);
-        const GemmW PW = gemm_w(DTYPE_F32, P, N, K);
-        const double bytes = (double)N * (double)K * sizeof(float);
-        for (int r = -1; r < 4 * reps; r++) {
-            double t0 = td_now();
-            gemm_xwt(y, N, x, K, &PW, 1);
-            double dt = td_now() - t0;
-            if (r >= 0 && bytes / dt / 1e9 > gv_xwt) gv_xwt = bytes / dt / 1e9;
+        /* the same matrix packed as f32, bf16 and int8: GB/s of the packed
+         * bytes each kernel streams (int8: with its scales) */
+        for (int t = 0; t < 3; t++) {
+            const size_t pb = gemm_packed_bytes(gv_types[t], N, K);
+            void *P = td_malloc(pb);
+            gemm_pack(P, gv_types[t], W, N, K);
+            const GemmW PW = gemm_w(gv_types[t], P, N, K);
+            for (int r = -1; r < 4 * reps; r++) {
+                double t0 = td_now();
+                gemm_xwt(y, N, x, K, &PW, 1);
+                double dt = td_now() - t0;
+                if (r >= 0 && (double)pb / dt / 1e9 > gv_dt[t]) gv_dt[t] = (double)pb / dt / 1e9;
+            }
+            td_free(P);
         }
-        td_free(P);
+        gv_xwt = gv_dt[0];
+        const double bytes = (double)N * (double)K * sizeof(float);
         pool_init(1);
         openblas_set_num_threads(threads);
         for (int r = -1; r < 4 * reps; r++) {
@@ -270,6 +281,7 @@ int main(int argc, char **argv)
                bw_med_sc[si]);
     printf("],\"gemv_mb\":%zu,\"gemv_xwt_GBps\":%.2f,\"sgemv_GBps\":%.2f,\"roof_GBps\":%.2f,", gemv_mb, gv_xwt, gv_blas,
            bw_best > gv_xwt ? (bw_best > gv_blas ? bw_best : gv_blas) : (gv_xwt > gv_blas ? gv_xwt : gv_blas));
+    printf("\"gemv_bf16_GBps\":%.2f,\"gemv_int8_GBps\":%.2f,", gv_dt[1], gv_dt[2]);
     printf("\"sgemm_gflops\":%.2f,\"xwt_gflops\":%.2f,\"shapes\":[", best_sgemm, best_xwt);
     for (int s = 0; s < n_shapes; s++)
         printf("%s{\"M\":%zu,\"N\":%zu,\"K\":%zu,\"sgemm_gflops\":%.2f,\"xwt_gflops\":%.2f}", s ? "," : "",
