@@ -446,12 +446,14 @@ Test(gemm, narrow_weights_bit_identical_to_fma_chain_on_dequantized_weights)
 }
 
 /* y = x W^T at int8 from the definition of core/ops/gemm_q8.h, written out
- * here: W and each row of x quantized per group of 32 (s = amax / 127, q =
- * rne(v / s) clamped, 0 when s is not finite and > 0), an exact integer
- * sum per group, c = fma(sx * sw, (float)isum, c) over the groups in order.
- * variant 1: unfused c + d * isum; 2: the scales multiplied the other way
- * round in a chain, fma(sx, sw * isum, c). */
-static void quant_group(int *q, const float *v, size_t n, float *s_out)
+ * here: W quantized per group of 32 (s = amax / 127, q = rne(v / s)
+ * clamped) and each row of x rounded per group to integers of at most
+ * 8320 (s = amax / 8320), 0 when s is not finite and > 0; an exact
+ * integer sum per group, c = fma(sx * sw, (float)isum, c) over the groups
+ * in order.  variant 1: unfused c + d * isum; 2: the scales multiplied the
+ * other way round in a chain, fma(sx, sw * isum, c); 4: x rounded to 8
+ * bits (W8A8); 5: x to 16 bits (32767). */
+static void quant_group(int *q, const float *v, size_t n, float *s_out, float levels)
 {
     float amax = 0;
     int nan = 0;
@@ -459,23 +461,25 @@ static void quant_group(int *q, const float *v, size_t n, float *s_out)
         nan |= v[i] != v[i];
         amax = fmaxf(amax, fabsf(v[i]));
     }
-    const float s = nan ? NAN : amax / 127.0f;
+    const float s = nan ? NAN : amax / levels;
     *s_out = s;
-    for (size_t i = 0; i < n; i++) q[i] = s > 0 && s < INFINITY ? (int)fmaxf(-127, fminf(127, rintf(v[i] / s))) : 0;
+    for (size_t i = 0; i < n; i++)
+        q[i] = s > 0 && s < INFINITY ? (int)fmaxf(-levels, fminf(levels, rintf(v[i] / s))) : 0;
 }
 
-static void w8a8_xwt(float *y, size_t ldy, const float *x, size_t ldx, const float *W, size_t M, size_t N, size_t K,
+static void int8_xwt(float *y, size_t ldy, const float *x, size_t ldx, const float *W, size_t M, size_t N, size_t K,
                      int variant)
 {
     int qx[32], qw[32];
+    const float xl = variant == 4 ? 127.0f : variant == 5 ? 32767.0f : 8320.0f;
     for (size_t m = 0; m < M; m++)
         for (size_t n = 0; n < N; n++) {
             float c = 0;
             for (size_t k0 = 0; k0 < K; k0 += 32) {
                 const size_t ng = K - k0 < 32 ? K - k0 : 32;
                 float sx, sw;
-                quant_group(qx, x + m * ldx + k0, ng, &sx);
-                quant_group(qw, W + n * K + k0, ng, &sw);
+                quant_group(qx, x + m * ldx + k0, ng, &sx, xl);
+                quant_group(qw, W + n * K + k0, ng, &sw, 127.0f);
                 if (!(sw > 0)) sw = 0;   /* the weights' quantizer stores s = 0 for an all-zero group */
                 int32_t isum = 0;
                 for (size_t i = 0; i < ng; i++) isum += qx[i] * qw[i];
@@ -487,7 +491,7 @@ static void w8a8_xwt(float *y, size_t ldy, const float *x, size_t ldx, const flo
         }
 }
 
-Test(gemm, int8_weights_bit_identical_to_the_w8a8_definition)
+Test(gemm, int8_weights_bit_identical_to_the_definition)
 {
     /* Odd M, N and K (K = 1, 31, 33, 100, 333: a partial last group), row
      * strides wider than the rows, weights over several binades (groups of
@@ -511,7 +515,7 @@ Test(gemm, int8_weights_bit_identical_to_the_w8a8_definition)
             for (size_t c = 0; c < sizeof Ms / sizeof *Ms; c++) {
                 const size_t M = Ms[c], ldx = K + pad_x, ldy = N + pad_y;
                 for (size_t i = 0; i < M * ldy; i++) ref[i] = -12345.0f;
-                w8a8_xwt(ref, ldy, x, ldx, W, M, N, K, 0);
+                int8_xwt(ref, ldy, x, ldx, W, M, N, K, 0);
                 for (int th = 1; th <= 2; th++) {
                     pool_init(th);
                     for (size_t i = 0; i < M * ldy; i++) y[i] = -12345.0f;
@@ -555,21 +559,29 @@ Test(gemm, int8_weights_bit_identical_to_the_w8a8_definition)
     EXPECT_NO_LEAKS();
 }
 
-/* The activation quantizer (core/ops/gemm_q8.c: its vector path on this
- * build) against the definition above, byte for byte with its scales and
- * group sums: rows of K = 100 (three whole groups and a partial one) over
- * several binades, an all-zero group, a group with a NaN, one with an
- * infinity, and one of exact ties (scale 1: k + 0.5 rounds to even). */
-Test(gemm, int8_activation_quantizer_matches_the_definition)
+/* The activation rounding (core/ops/gemm_q8.c: its vector path on this
+ * build) against the definition above, value for value with its scales:
+ * rows of K = 100 (three whole groups and a partial one) over several
+ * binades, an all-zero group, a group with a NaN, one with an infinity,
+ * one of exact ties (scale 1: k + 0.5 rounds to even) and one whose values
+ * sit on and beside the digit boundaries (multiples of 129 plus or minus
+ * 64 and 65); qx in both its forms: 16-bit, and two digits (qx = 129 hi
+ * + lo, both in [-64, 64]) with their sums. */
+Test(gemm, int8_activation_rounding_matches_the_definition)
 {
-    const size_t M = 7, K = 100, G = 4;
+    const size_t M = 8, K = 100, G = 4;
     float *x = fixture_rand(M * K, 11, -1, 1);
     for (size_t i = 0; i < M * K; i++) x[i] *= (float)(1 << (i * 7919 % 11)) * 0.01f;
     for (size_t i = 0; i < 32; i++) x[1 * K + i] = 0.0f;
     x[2 * K + 40] = NAN;
     x[3 * K + 70] = INFINITY;
-    for (size_t i = 0; i < 32; i++) x[4 * K + i] = (float)((int)i - 16) + 0.5f;
-    x[4 * K + 5] = -127.0f;   /* amax 127: scale exactly 1 */
+    for (size_t i = 0; i < 32; i++) x[4 * K + i] = (float)((int)i - 16) * 250.0f + 0.5f;
+    x[4 * K + 5] = -8320.0f;   /* amax 8320: scale exactly 1 */
+    for (size_t i = 0; i < 32; i++) {   /* scale 1 again: 129 j + {-65, -64, 64, 65} */
+        static const int off[4] = { -65, -64, 64, 65 };
+        x[5 * K + i] = (float)(129 * ((int)i / 4 - 4) + off[i % 4]);
+    }
+    x[5 * K + 31] = 8320.0f;
     GemmQX qx;
     void *buf = td_malloc(gemm_q8_qx_bytes(M, K));
     gemm_q8_quantize_x(&qx, buf, x, K, M, K);
@@ -579,14 +591,20 @@ Test(gemm, int8_activation_quantizer_matches_the_definition)
             const size_t ng = K - 32 * g < 32 ? K - 32 * g : 32;
             int ref[32];
             float s;
-            quant_group(ref, x + m * K + 32 * g, ng, &s);
-            int32_t sum = 0;
+            quant_group(ref, x + m * K + 32 * g, ng, &s, 8320.0f);
+            const int8_t *hi = qx.q + m * qx.ldq + g * 64, *lo = hi + 32;
+            int32_t sh = 0, sl = 0;
             for (size_t i = 0; i < 32; i++) {
-                const int want = i < ng ? ref[i] : 0;
-                sum += want;
-                if (qx.q[(m * G + g) * 32 + i] != want) {
-                    if (bad++ < 5) cr_expect(0, "row %zu group %zu: q[%zu] = %d, the definition gives %d", m, g, i,
-                                             qx.q[(m * G + g) * 32 + i], want);
+                const int want = i < ng ? ref[i] : 0, got = 129 * hi[i] + lo[i];
+                sh += hi[i];
+                sl += lo[i];
+                if (qx.q16[m * qx.ldq / 2 + g * 32 + i] != want) {
+                    if (bad++ < 5) cr_expect(0, "row %zu group %zu: q16[%zu] = %d, the definition gives %d", m, g, i,
+                                             qx.q16[m * qx.ldq / 2 + g * 32 + i], want);
+                }
+                if (got != want || hi[i] < -64 || hi[i] > 64 || lo[i] < -64 || lo[i] > 64) {
+                    if (bad++ < 5) cr_expect(0, "row %zu group %zu: q[%zu] = 129 * %d + %d, the definition gives %d", m,
+                                             g, i, hi[i], lo[i], want);
                 }
             }
             const float got = qx.s[m * G + g];
@@ -594,9 +612,10 @@ Test(gemm, int8_activation_quantizer_matches_the_definition)
                 bad++;
                 cr_expect(0, "row %zu group %zu: scale %a, the definition gives %a", m, g, (double)got, (double)s);
             }
-            if (qx.sum[m * G + g] != sum) {
+            if (qx.sum[2 * (m * G + g)] != sh || qx.sum[2 * (m * G + g) + 1] != sl) {
                 bad++;
-                cr_expect(0, "row %zu group %zu: sum %d, the definition gives %d", m, g, qx.sum[m * G + g], sum);
+                cr_expect(0, "row %zu group %zu: digit sums %d, %d; the digits give %d, %d", m, g,
+                          qx.sum[2 * (m * G + g)], qx.sum[2 * (m * G + g) + 1], sh, sl);
             }
         }
     cr_expect(bad == 0, "%zu mismatches", bad);
@@ -607,15 +626,16 @@ Test(gemm, int8_activation_quantizer_matches_the_definition)
 Test(gemm, int8_test_would_notice_another_rounding_and_non_finite_x_gives_nan)
 {
     /* Guard: the comparison above fails for a kernel that rounds otherwise
-     * (unfused, the scales applied in another order) or that skips x's
-     * quantization (the f32 chain on the dequantized weights). */
+     * (unfused, the scales applied in another order), that skips x's
+     * rounding (the f32 chain on the dequantized weights) or that rounds x
+     * to 8 bits (W8A8) or to 16 bits at another scale (32767). */
     const size_t M = 5, N = 40, K = 100;
     float *x = fixture_rand(M * K, 4, -1, 1), *W = fixture_rand(N * K, 5, -1, 1);
     float *Wd = td_malloc(N * K * sizeof(float)), *a = td_malloc(M * N * sizeof(float)), *b = td_malloc(M * N * sizeof(float));
-    w8a8_xwt(a, N, x, K, W, M, N, K, 0);
+    int8_xwt(a, N, x, K, W, M, N, K, 0);
     dequantized(Wd, DTYPE_INT8, W, N, K);
-    for (int v = 1; v <= 3; v++) {
-        if (v < 3) w8a8_xwt(b, N, x, K, W, M, N, K, v);
+    for (int v = 1; v <= 5; v++) {
+        if (v != 3) int8_xwt(b, N, x, K, W, M, N, K, v);
         else naive_xwt(b, N, x, K, Wd, M, N, K);
         size_t same = 0;
         for (size_t i = 0; i < M * N; i++) same += memcmp(&a[i], &b[i], 4) == 0;

@@ -324,17 +324,22 @@ static void check_serving(const char *file)
                         cr_expect(!memcmp(sa.la[li].topk_idx, c.a.la[li].topk_idx, N * s.k * sizeof(int32_t)),
                                   "%s: layer %d routes differ", what, li);
             } else {
-                /* int8 products also round x to 8 bits a group (W8A8, core/ops/gemm_q8.h): close
-                 * to the float32 forward of the rounded weights, not its bits (those of int8
-                 * serving are checked against the trainer's int8 forward elsewhere) */
+                /* int8 products round x to 16 bits a group (core/ops/gemm_q8.h): close to the
+                 * float32 forward of the rounded weights, not its bits (those of int8 serving are
+                 * checked against the trainer's int8 forward elsewhere).  Measured: at most
+                 * 3.9e-5 with a float32 KV cache, every route equal; an int8 KV cache amplifies
+                 * it (x's rounding moves a key across a rounding boundary of the cache): at most
+                 * 0.0078, 2 routes of 304 apart.  W8A8 (x to 8 bits) was 100 times further. */
                 double dmax = 0;
                 for (size_t i = 0; i < N; i++) dmax = fmax(dmax, fabs((double)sa.logp[i] - (double)c.a.logp[i]));
                 size_t same = 0, all = 0;
                 for (int li = 0; li < s.topo.layer_end - s.topo.layer_begin; li++)
                     if (s.layers[li].moe)
                         for (size_t i = 0; i < N * (size_t)s.k; i++, all++) same += sa.la[li].topk_idx[i] == c.a.la[li].topk_idx[i];
-                cr_expect(dmax < 0.05 && same * 100 >= all * 95, "%s: W8A8 max |logp - rounded-weights f32| %.4f "
-                          "(want < 0.05), %zu of %zu routes equal (want >= 95%%)", what, dmax, same, all);
+                const double tol = kv == DTYPE_INT8 ? 0.02 : 2e-4;
+                const size_t want = kv == DTYPE_INT8 ? all * 98 / 100 : all;
+                cr_expect(dmax < tol && same >= want, "%s: int8 max |logp - rounded-weights f32| %.3g (want < %g), "
+                          "%zu of %zu routes equal (want >= %zu)", what, dmax, tol, same, all, want);
             }
             model_train_acts_free(&sa);
             model_free(&s);

@@ -1,15 +1,17 @@
-/* core/ops/gemm_q8.c - the int8 forward product: W8A8 with exact integer
- * group sums (the definition and the packed layout are in gemm_q8.h).
+/* core/ops/gemm_q8.c - the int8 forward product: int8 weights x 16-bit
+ * activations with exact integer group sums (the definition and the packed
+ * layout are in gemm_q8.h).
  *
- * Kernels: with AVX-512 VNNI, vpdpbusd takes 16 columns x 4 k of weights
- * (unsigned, q + 128) against 4 broadcast bytes of x (signed) a step, and
- * the group's bias, 128 sum(qx), is subtracted at the group's end.  The
- * AVX2 kernel (also used by AVX-512 machines without VNNI) multiplies
- * bytes with vpmaddubsw by the sign trick (|q| against x with q's sign,
- * exact: cols8_avx2) and adds pairs with vpmaddwd; the portable one is
- * plain C.
- * The integer sums are the same on every path; the float steps at each
- * group's end are the same operations in the same order.
+ * x's integers are held both as 16-bit values and as two signed bytes,
+ * qx = 129 hi + lo.  Kernels: with AVX-512 VNNI, vpdpbusd takes 16 columns
+ * x 4 k of weights (unsigned, q + 128) against 4 broadcast bytes of hi,
+ * and again of lo, into two sums; at the group's end isum = 129 sum_hi +
+ * sum_lo - 128 (129 sum(hi) + sum(lo)).  The AVX2 kernel (also used by
+ * AVX-512 machines without VNNI) multiplies the 16-bit values with
+ * vpmaddwd against the weight bytes widened to 16-bit words (cols8_avx2);
+ * the portable one is plain C on the 16-bit values.  The integer sums are
+ * the same on every path; the float steps at each group's end are the
+ * same operations in the same order.
  */
 #include "core/ops/gemm_q8.h"
 #include "core/common.h"
@@ -28,14 +30,26 @@
 #define Q8_AVX2 1
 #endif
 #if defined(__AVX512F__) && !defined(TANDEM_PORTABLE)
-#define Q8_X512 1   /* the activation quantizer's vector path */
+#define Q8_X512 1   /* the activation rounding's vector path */
 #elif defined(__AVX2__) && !defined(TANDEM_PORTABLE)
 #include <immintrin.h>
 #define Q8_X256 1   /* ... its AVX2 path */
 #endif
 
+#ifdef Q8_X256
+/* The sum of a vector's 8 int32 lanes */
+static inline int32_t hsum8(__m256i a)
+{
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    return _mm_cvtsi128_si32(s4);
+}
+#endif
+
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define Q8_MB 96   /* rows per block of the many-rows driver */
+#define QX_F ((float)Q8_QX)
 
 static size_t groups_of(size_t K) { return dtype_q8_groups(K); }
 
@@ -82,11 +96,16 @@ void gemm_q8_unpack_row(float *dst, const GemmW *W, size_t n)
 size_t gemm_q8_qx_bytes(size_t M, size_t K)
 {
     const size_t G = groups_of(K);
-    return td_round_up(M * G * Q8_G, 64) + td_round_up(M * G * 4, 64) * 2;
+    return 2 * td_round_up(M * G * 2 * Q8_G, 64) + td_round_up(M * G * 4, 64) + td_round_up(M * G * 8, 64);
 }
 
-/* One group of n <= 32 values: q (32, zero past n), returns sx, *sum. */
-static float quantize_group(int8_t *q, int32_t *sum, const float *x, size_t n)
+/* qx's digits: hi = floor((qx + 64) / 129), lo = qx - 129 hi (gemm_q8.h);
+ * the offset keeps C's truncating division on non-negative numbers */
+static inline int digit_hi(int v) { return (v + 64 + 129 * 128) / 129 - 128; }
+
+/* One group of n <= 32 values: q16[0..32), its digits hi[0..32), lo[0..32)
+ * (zero past n) and their sums; returns sx. */
+static float round_group(int16_t *q16, int8_t *hi, int8_t *lo, int32_t *sum, const float *x, size_t n)
 {
     float amax = 0.0f;
     int nan = 0;
@@ -123,69 +142,102 @@ static float quantize_group(int8_t *q, int32_t *sum, const float *x, size_t n)
         nan |= a != a;
         amax = a > amax ? a : amax;
     }
-    const float s = nan ? NAN : amax / 127.0f;
-    memset(q, 0, Q8_G);
-    *sum = 0;
+    const float s = nan ? NAN : amax / QX_F;
+    memset(q16, 0, Q8_G * sizeof(int16_t));
+    memset(hi, 0, Q8_G);
+    memset(lo, 0, Q8_G);
+    sum[0] = sum[1] = 0;
     if (!(s > 0.0f && s < INFINITY)) return s;
-    int32_t t = 0;
+    int32_t th = 0, tl = 0;
     i = 0;
+    /* The vector paths take hi = floor((v + 64) / 129) in float: v + 64 is
+     * an integer below 2^14, so an exact multiple of 129 divides exactly
+     * and any other is at least 1/129 from the next integer, far more than
+     * the quotient's rounding error (2^-18 here): the floor is exact. */
 #ifdef Q8_X512
     if (n == Q8_G) {
-        const __m512 vs = _mm512_set1_ps(s), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+        const __m512 vs = _mm512_set1_ps(s), top = _mm512_set1_ps(QX_F), bot = _mm512_set1_ps(-QX_F);
+        const __m512 off = _mm512_set1_ps(64.0f), base = _mm512_set1_ps(129.0f);
         for (int h = 0; h < 2; h++) {
             __m512 v = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(x + 16 * h), vs),
                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            v = _mm512_max_ps(_mm512_min_ps(v, hi), lo);
-            const __m512i vi = _mm512_cvttps_epi32(v);
-            _mm_storeu_si128((__m128i *)(void *)(q + 16 * h), _mm512_cvtepi32_epi8(vi));
-            t += _mm512_reduce_add_epi32(vi);
+            v = _mm512_max_ps(_mm512_min_ps(v, top), bot);
+            const __m512 d = _mm512_roundscale_ps(_mm512_div_ps(_mm512_add_ps(v, off), base),
+                                                  _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+            const __m512i vh = _mm512_cvttps_epi32(d), vl = _mm512_cvttps_epi32(_mm512_fnmadd_ps(d, base, v));
+            _mm256_storeu_si256((__m256i *)(void *)(q16 + 16 * h), _mm512_cvtepi32_epi16(_mm512_cvttps_epi32(v)));
+            _mm_storeu_si128((__m128i *)(void *)(hi + 16 * h), _mm512_cvtepi32_epi8(vh));
+            _mm_storeu_si128((__m128i *)(void *)(lo + 16 * h), _mm512_cvtepi32_epi8(vl));
+            th += _mm512_reduce_add_epi32(vh);
+            tl += _mm512_reduce_add_epi32(vl);
         }
         i = n;
     }
 #elif defined(Q8_X256)
-    if (n == Q8_G) {   /* the scalar steps below, 8 at a time; the packs do not saturate (|v| <= 127) */
-        const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
-        __m256i vi[4], acc = _mm256_setzero_si256();
+    if (n == Q8_G) {   /* the scalar steps below, 8 at a time; the packs do not saturate (|digit| <= 64) */
+        const __m256 vs = _mm256_set1_ps(s), top = _mm256_set1_ps(QX_F), bot = _mm256_set1_ps(-QX_F);
+        const __m256 off = _mm256_set1_ps(64.0f), base = _mm256_set1_ps(129.0f);
+        __m256i vq[4], vh[4], vl[4], ah = _mm256_setzero_si256(), al = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int h = 0; h < 4; h++) {
             __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + 8 * h), vs),
                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            v = _mm256_max_ps(_mm256_min_ps(v, hi), lo);
-            vi[h] = _mm256_cvttps_epi32(v);
-            acc = _mm256_add_epi32(acc, vi[h]);
+            v = _mm256_max_ps(_mm256_min_ps(v, top), bot);
+            const __m256 d = _mm256_round_ps(_mm256_div_ps(_mm256_add_ps(v, off), base),
+                                             _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+            vq[h] = _mm256_cvttps_epi32(v);
+            vh[h] = _mm256_cvttps_epi32(d);
+            vl[h] = _mm256_cvttps_epi32(_mm256_fnmadd_ps(d, base, v));
+            ah = _mm256_add_epi32(ah, vh[h]);
+            al = _mm256_add_epi32(al, vl[h]);
         }
         /* per 128-bit lane the packs give 4-value pieces v0 v1 v2 v3 (lane 0: values 0-3 of each, lane 1: 4-7) */
-        const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(vi[0], vi[1]), _mm256_packs_epi32(vi[2], vi[3]));
-        _mm256_storeu_si256((__m256i *)(void *)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-        t = _mm_cvtsi128_si32(s4);
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        const __m256i bh = _mm256_packs_epi16(_mm256_packs_epi32(vh[0], vh[1]), _mm256_packs_epi32(vh[2], vh[3]));
+        const __m256i bl = _mm256_packs_epi16(_mm256_packs_epi32(vl[0], vl[1]), _mm256_packs_epi32(vl[2], vl[3]));
+        /* packs_epi32 interleaves 4-value pieces per 128-bit lane: 64-bit blocks 0 2 1 3 restore the order */
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++)
+            _mm256_storeu_si256((__m256i *)(void *)(q16 + 16 * h),
+                                _mm256_permute4x64_epi64(_mm256_packs_epi32(vq[2 * h], vq[2 * h + 1]), 0xd8));
+        _mm256_storeu_si256((__m256i *)(void *)hi, _mm256_permutevar8x32_epi32(bh, order));
+        _mm256_storeu_si256((__m256i *)(void *)lo, _mm256_permutevar8x32_epi32(bl, order));
+        th = hsum8(ah);
+        tl = hsum8(al);
         i = n;
     }
 #endif
     for (; i < n; i++) {
         float v = rintf(x[i] / s);   /* to nearest, ties to even (the default mode) */
-        v = v > 127.0f ? 127.0f : v;
-        v = v < -127.0f ? -127.0f : v;
-        q[i] = (int8_t)v;
-        t += q[i];
+        v = v > QX_F ? QX_F : v;
+        v = v < -QX_F ? -QX_F : v;
+        const int q = (int)v, h = digit_hi(q);
+        q16[i] = (int16_t)q;
+        hi[i] = (int8_t)h;
+        lo[i] = (int8_t)(q - 129 * h);
+        th += hi[i];
+        tl += lo[i];
     }
-    *sum = t;
+    sum[0] = th;
+    sum[1] = tl;
     return s;
 }
 
 void gemm_q8_quantize_x(GemmQX *qx, void *buf, const float *x, size_t ldx, size_t M, size_t K)
 {
     const size_t G = groups_of(K);
+    const size_t nq = td_round_up(M * G * 2 * Q8_G, 64);
     int8_t *q = buf;
-    float *s = (float *)(void *)((char *)buf + td_round_up(M * G * Q8_G, 64));
+    int16_t *q16 = (int16_t *)(void *)((char *)buf + nq);
+    float *s = (float *)(void *)((char *)buf + 2 * nq);
     int32_t *sum = (int32_t *)(void *)((char *)s + td_round_up(M * G * 4, 64));
     for (size_t m = 0; m < M; m++)
-        for (size_t g = 0; g < G; g++)
-            s[m * G + g] = quantize_group(q + (m * G + g) * Q8_G, &sum[m * G + g], x + m * ldx + g * Q8_G,
-                                          td_min(Q8_G, K - g * Q8_G));
-    *qx = (GemmQX){ q, s, sum, G * Q8_G, G };
+        for (size_t g = 0; g < G; g++) {
+            int8_t *d = q + (m * G + g) * 2 * Q8_G;
+            s[m * G + g] = round_group(q16 + (m * G + g) * Q8_G, d, d + Q8_G, &sum[2 * (m * G + g)],
+                                       x + m * ldx + g * Q8_G, td_min(Q8_G, K - g * Q8_G));
+        }
+    *qx = (GemmQX){ q, q16, s, sum, 2 * G * Q8_G, G };
 }
 
 /* ---------------------------------------------------------------- scratch */
@@ -280,102 +332,134 @@ ALWAYS_INLINE const uint8_t *block_at(const GemmW *W, size_t p, size_t g)
     return (const uint8_t *)W->p + (p * groups_of(W->K) + g) * Q8_BLOCK;
 }
 
-#ifdef Q8_VNNI
-/* 4 bytes of qx as one broadcast 32-bit lane */
-ALWAYS_INLINE __m512i x4(const int8_t *q)
+/* 4 bytes of a digit row as one 32-bit value */
+ALWAYS_INLINE int32_t d4(const int8_t *q)
 {
     int32_t v;
     memcpy(&v, q, 4);
-    return _mm512_set1_epi32(v);
+    return v;
 }
 
-/* c = fma(sx * sw, (float)(acc - 128 sum), c) for one vector of 16 columns */
-ALWAYS_INLINE __m512 fold(__m512 c, __m512i acc, __m512i bias, __m512 sx, const uint8_t *sw)
+/* Group g of row r of qx: its hi digits (lo follow 32 bytes on) */
+ALWAYS_INLINE const int8_t *digits(const GemmQX *qx, int r, size_t g)
 {
-    const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, bias));
-    return _mm512_fmadd_ps(_mm512_mul_ps(sx, _mm512_loadu_ps((const float *)(const void *)sw)), f, c);
+    return qx->q + r * qx->ldq + g * 2 * Q8_G;
 }
 
-/* MR <= 3 rows x NP <= 4 full panels from panel p. */
+#ifdef Q8_VNNI
+/* c = fma(sx * sw, (float)isum, c) for one vector of 16 columns, isum =
+ * 129 sh + sl, sl having started from minus_bias */
+ALWAYS_INLINE __m512 fold(__m512 c, __m512i sh, __m512i sl, __m512 sx, const uint8_t *sw)
+{
+    const __m512i isum = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(sh, 7), sh), sl);
+    return _mm512_fmadd_ps(_mm512_mul_ps(sx, _mm512_loadu_ps((const float *)(const void *)sw)),
+                           _mm512_cvtepi32_ps(isum), c);
+}
+
+/* -128 (129 sum(hi) + sum(lo)) of row r, group g: what the weights' + 128
+ * adds to 129 sh + sl */
+ALWAYS_INLINE int32_t minus_bias(const GemmQX *qx, int r, size_t g)
+{
+    const int32_t *t = qx->sum + 2 * ((size_t)r * qx->G + g);
+    return -128 * (129 * t[0] + t[1]);
+}
+
+/* MR <= 2 rows x NP <= 4 full panels from panel p (MR NP <= 4: two sums
+ * a vector, 32 registers). */
 ALWAYS_INLINE void wide_vnni(const int MR, const int NP, float *y, size_t ldy, const GemmQX *qx, const GemmW *W,
                              size_t p)
 {
     const size_t G = qx->G, ps = G * Q8_BLOCK;
     const uint8_t *pan = block_at(W, p, 0);
-    __m512 c[3][8];
-#pragma GCC unroll 3
+    __m512 c[2][8];
+#pragma GCC unroll 2
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < 2 * NP; v++) c[r][v] = _mm512_setzero_ps();
     for (size_t g = 0; g < G; g++) {
-        __m512i acc[3][8];
-#pragma GCC unroll 3
-        for (int r = 0; r < MR; r++)
+        __m512i sh[2][8], sl[2][8];
+#pragma GCC unroll 2
+        for (int r = 0; r < MR; r++) {
+            const __m512i mb = _mm512_set1_epi32(minus_bias(qx, r, g));
 #pragma GCC unroll 8
-            for (int v = 0; v < 2 * NP; v++) acc[r][v] = _mm512_setzero_si512();
+            for (int v = 0; v < 2 * NP; v++) {
+                sh[r][v] = _mm512_setzero_si512();
+                sl[r][v] = mb;
+            }
+        }
         const uint8_t *blk = pan + g * Q8_BLOCK;
 #pragma GCC unroll 8
         for (int k4 = 0; k4 < Q8_G / 4; k4++) {
-            __m512i xb[3];
-#pragma GCC unroll 3
-            for (int r = 0; r < MR; r++) xb[r] = x4(qx->q + r * qx->ldq + g * Q8_G + 4 * k4);
+            __m512i xh[2], xl[2];
+#pragma GCC unroll 2
+            for (int r = 0; r < MR; r++) {
+                xh[r] = _mm512_set1_epi32(d4(digits(qx, r, g) + 4 * k4));
+                xl[r] = _mm512_set1_epi32(d4(digits(qx, r, g) + Q8_G + 4 * k4));
+            }
 #pragma GCC unroll 8
             for (int v = 0; v < 2 * NP; v++) {
                 const __m512i w = _mm512_loadu_si512((const void *)(blk + (v / 2) * ps + k4 * 128 + (v % 2) * 64));
-#pragma GCC unroll 3
-                for (int r = 0; r < MR; r++) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], w, xb[r]);
+#pragma GCC unroll 2
+                for (int r = 0; r < MR; r++) {
+                    sh[r][v] = _mm512_dpbusd_epi32(sh[r][v], w, xh[r]);
+                    sl[r][v] = _mm512_dpbusd_epi32(sl[r][v], w, xl[r]);
+                }
             }
         }
-#pragma GCC unroll 3
+#pragma GCC unroll 2
         for (int r = 0; r < MR; r++) {
-            const __m512i bias = _mm512_set1_epi32(128 * qx->sum[r * G + g]);
             const __m512 sx = _mm512_set1_ps(qx->s[r * G + g]);
 #pragma GCC unroll 8
             for (int v = 0; v < 2 * NP; v++)
-                c[r][v] = fold(c[r][v], acc[r][v], bias, sx, blk + (v / 2) * ps + Q8_WBYTES + (v % 2) * 64);
+                c[r][v] = fold(c[r][v], sh[r][v], sl[r][v], sx, blk + (v / 2) * ps + Q8_WBYTES + (v % 2) * 64);
         }
     }
-#pragma GCC unroll 3
+#pragma GCC unroll 2
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < 2 * NP; v++) _mm512_storeu_ps(y + (size_t)r * ldy + v * 16, c[r][v]);
 }
 
-/* MR <= 6 rows x one panel, ncols <= 32 of it stored. */
+/* MR <= 4 rows x one panel, ncols <= 32 of it stored. */
 ALWAYS_INLINE void tile_vnni(const int MR, float *y, size_t ldy, const GemmQX *qx, const GemmW *W, size_t p,
                              size_t ncols)
 {
     const size_t G = qx->G;
-    __m512 c[6][2];
-#pragma GCC unroll 6
+    __m512 c[4][2];
+#pragma GCC unroll 4
     for (int r = 0; r < MR; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
     for (size_t g = 0; g < G; g++) {
         const uint8_t *blk = block_at(W, p, g);
-        __m512i acc[6][2];
-#pragma GCC unroll 6
-        for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+        __m512i sh[4][2], sl[4][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; r++) {
+            sh[r][0] = sh[r][1] = _mm512_setzero_si512();
+            sl[r][0] = sl[r][1] = _mm512_set1_epi32(minus_bias(qx, r, g));
+        }
 #pragma GCC unroll 8
         for (int k4 = 0; k4 < Q8_G / 4; k4++) {
             const __m512i w0 = _mm512_loadu_si512((const void *)(blk + k4 * 128));
             const __m512i w1 = _mm512_loadu_si512((const void *)(blk + k4 * 128 + 64));
-#pragma GCC unroll 6
+#pragma GCC unroll 4
             for (int r = 0; r < MR; r++) {
-                const __m512i xb = x4(qx->q + r * qx->ldq + g * Q8_G + 4 * k4);
-                acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], w0, xb);
-                acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], w1, xb);
+                const __m512i xh = _mm512_set1_epi32(d4(digits(qx, r, g) + 4 * k4));
+                const __m512i xl = _mm512_set1_epi32(d4(digits(qx, r, g) + Q8_G + 4 * k4));
+                sh[r][0] = _mm512_dpbusd_epi32(sh[r][0], w0, xh);
+                sh[r][1] = _mm512_dpbusd_epi32(sh[r][1], w1, xh);
+                sl[r][0] = _mm512_dpbusd_epi32(sl[r][0], w0, xl);
+                sl[r][1] = _mm512_dpbusd_epi32(sl[r][1], w1, xl);
             }
         }
-#pragma GCC unroll 6
+#pragma GCC unroll 4
         for (int r = 0; r < MR; r++) {
-            const __m512i bias = _mm512_set1_epi32(128 * qx->sum[r * G + g]);
             const __m512 sx = _mm512_set1_ps(qx->s[r * G + g]);
-            c[r][0] = fold(c[r][0], acc[r][0], bias, sx, blk + Q8_WBYTES);
-            c[r][1] = fold(c[r][1], acc[r][1], bias, sx, blk + Q8_WBYTES + 64);
+            c[r][0] = fold(c[r][0], sh[r][0], sl[r][0], sx, blk + Q8_WBYTES);
+            c[r][1] = fold(c[r][1], sh[r][1], sl[r][1], sx, blk + Q8_WBYTES + 64);
         }
     }
     const __mmask16 m0 = ncols >= 16 ? 0xffff : (__mmask16)((1u << ncols) - 1);
     const __mmask16 m1 = ncols <= 16 ? 0 : ncols >= 32 ? 0xffff : (__mmask16)((1u << (ncols - 16)) - 1);
-#pragma GCC unroll 6
+#pragma GCC unroll 4
     for (int r = 0; r < MR; r++) {
         _mm512_mask_storeu_ps(y + (size_t)r * ldy, m0, c[r][0]);
         _mm512_mask_storeu_ps(y + (size_t)r * ldy + 16, m1, c[r][1]);
@@ -388,9 +472,7 @@ static void rows_tile(int MR, float *y, size_t ldy, const GemmQX *qx, const Gemm
     case 1:  tile_vnni(1, y, ldy, qx, W, p, ncols); return;
     case 2:  tile_vnni(2, y, ldy, qx, W, p, ncols); return;
     case 3:  tile_vnni(3, y, ldy, qx, W, p, ncols); return;
-    case 4:  tile_vnni(4, y, ldy, qx, W, p, ncols); return;
-    case 5:  tile_vnni(5, y, ldy, qx, W, p, ncols); return;
-    default: tile_vnni(6, y, ldy, qx, W, p, ncols); return;
+    default: tile_vnni(4, y, ldy, qx, W, p, ncols); return;
     }
 }
 
@@ -403,107 +485,119 @@ static void rows_wide(int MR, float *y, size_t ldy, const GemmQX *qx, const Gemm
         wide_vnni(2, 2, y, ldy, qx, W, p);
         wide_vnni(2, 2, y + 2 * GEMM_NR, ldy, qx, W, p + 2);
         return;
-    default:
-        wide_vnni(3, 2, y, ldy, qx, W, p);
-        wide_vnni(3, 2, y + 2 * GEMM_NR, ldy, qx, W, p + 2);
+    default: {
+        const GemmQX q2 = gemm_q8_qx_rows(qx, 2);
+        wide_vnni(2, 2, y, ldy, qx, W, p);
+        wide_vnni(2, 2, y + 2 * GEMM_NR, ldy, qx, W, p + 2);
+        wide_vnni(1, 4, y + 2 * ldy, ldy, &q2, W, p);
         return;
     }
+    }
 }
-#define ROWS_TILE_MAX 6
+#define ROWS_TILE_MAX 4
 #define HAVE_WIDE 1
 
 #elif defined(Q8_AVX2)
-/* 4 bytes of qx as one broadcast 32-bit lane */
-ALWAYS_INLINE __m256i x4(const int8_t *q)
+/* -128 (129 sum(hi) + sum(lo)) of row r, group g (what the + 128 adds) */
+ALWAYS_INLINE __m256i minus_bias8(const GemmQX *qx, int r, size_t g)
 {
-    int32_t v;
-    memcpy(&v, q, 4);
-    return _mm256_set1_epi32(v);
+    const int32_t *t = qx->sum + 2 * ((size_t)r * qx->G + g);
+    return _mm256_set1_epi32(-128 * (129 * t[0] + t[1]));
 }
 
-/* MR <= 4 rows x 8 columns (c0 .. c0 + 7 of panel p), nc <= 8 stored.
- * Per 4 k: 32 bytes = 8 columns x 4 k, a column's 4 k in one 32-bit lane.
- * The weights made signed (q = byte - 128) meet x by the sign trick:
- * vpmaddubsw(|q|, sign(x, q)) gives the pair sums of q x exactly (|q|,
- * |x| <= 127, so a pair is at most 2 127^2 < 2^15), and vpmaddwd with
- * ones adds a lane's two pairs: each lane is its column's sum over 4 k. */
+/* c = fma(sx * sw, (float)isum, c) for 8 columns */
+ALWAYS_INLINE __m256 fold8(__m256 c, __m256i isum, float sx, const uint8_t *sw)
+{
+    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(sx), _mm256_loadu_ps((const float *)(const void *)sw)),
+                           _mm256_cvtepi32_ps(isum), c);
+}
+
+ALWAYS_INLINE void store_cols(float *y, __m256 v, size_t nc)
+{
+    float t[8];
+    _mm256_storeu_ps(t, v);
+    memcpy(y, t, nc * sizeof(float));
+}
+
+/* MR <= 4 rows x 8 columns (c0 .. c0 + 7 of panel p), nc <= 8 stored,
+ * from qx's 16-bit form: a step widens the 32 weight bytes of 8 columns x
+ * 4 k (q + 128, at most 255) to two vectors of 16-bit words, each 32-bit
+ * lane a column's k pair (k0 k1 or k2 k3), shared by the rows; vpmaddwd
+ * against x's 4 values broadcast as pairs (x0 x1, x2 x3) adds a pair's two
+ * products (below 2^22) into its lane.  At the group's end vphaddd adds
+ * each column's two lanes (columns 0 1 4 5 | 2 3 6 7 in the 128-bit
+ * halves; 64-bit blocks 0 2 1 3 put them in order) and the + 128's share,
+ * 128 sum(qx), comes off. */
 ALWAYS_INLINE void cols8_avx2(const int MR, float *y, size_t ldy, const GemmQX *qx, const GemmW *W, size_t p,
                               size_t c0, size_t nc)
 {
     const size_t G = qx->G;
-    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     __m256 c[4];
 #pragma GCC unroll 4
     for (int r = 0; r < MR; r++) c[r] = _mm256_setzero_ps();
     for (size_t g = 0; g < G; g++) {
         const uint8_t *blk = block_at(W, p, g);
-        __m256i a[4];
+        __m256i a0[4], a1[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < MR; r++) a[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) a0[r] = a1[r] = _mm256_setzero_si256();
+#pragma GCC unroll 2
         for (int k4 = 0; k4 < Q8_G / 4; k4++) {
-            const __m256i q = _mm256_xor_si256(
-                _mm256_loadu_si256((const __m256i *)(const void *)(blk + (k4 * GEMM_NR + c0) * 4)), flip);
-            const __m256i aq = _mm256_abs_epi8(q);
+            const uint8_t *w = blk + (k4 * GEMM_NR + c0) * 4;
+            const __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)w));
+            const __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(w + 16)));
 #pragma GCC unroll 4
             for (int r = 0; r < MR; r++) {
-                const __m256i sx = _mm256_sign_epi8(x4(qx->q + r * qx->ldq + g * Q8_G + 4 * k4), q);
-                a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, sx), ones));
+                int64_t x4;
+                memcpy(&x4, qx->q16 + r * qx->ldq / 2 + g * Q8_G + 4 * k4, 8);
+                const __m256i xb = _mm256_set1_epi64x(x4);
+                a0[r] = _mm256_add_epi32(a0[r], _mm256_madd_epi16(w0, xb));
+                a1[r] = _mm256_add_epi32(a1[r], _mm256_madd_epi16(w1, xb));
             }
         }
-        const __m256 sw = _mm256_loadu_ps((const float *)(const void *)(blk + Q8_WBYTES + c0 * 4));
 #pragma GCC unroll 4
         for (int r = 0; r < MR; r++) {
-            const __m256 d = _mm256_mul_ps(_mm256_set1_ps(qx->s[r * G + g]), sw);
-            c[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(a[r]), c[r]);
+            const __m256i isum = _mm256_add_epi32(_mm256_permute4x64_epi64(_mm256_hadd_epi32(a0[r], a1[r]), 0xd8),
+                                                  minus_bias8(qx, r, g));
+            c[r] = fold8(c[r], isum, qx->s[r * G + g], blk + Q8_WBYTES + c0 * 4);
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < MR; r++) {
-        float t[8];
-        _mm256_storeu_ps(t, c[r]);
-        memcpy(y + (size_t)r * ldy, t, nc * sizeof(float));
-    }
+    for (int r = 0; r < MR; r++) store_cols(y + (size_t)r * ldy, c[r], nc);
 }
 
 /* One row x the whole panel (ncols <= 32 stored): decoding's shape.  The
- * sums of cols8_avx2, four 8-column vectors at once, so each 128-byte row
- * of a block is read once, front to back, and the four chains overlap. */
+ * steps of cols8_avx2 for the four 8-column vectors at once, so each
+ * 128-byte row of a block is read once, front to back. */
 static void row_panel_avx2(float *y, const GemmQX *qx, const GemmW *W, size_t p, size_t ncols)
 {
     const size_t G = qx->G;
-    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     __m256 c[4];
 #pragma GCC unroll 4
     for (int v = 0; v < 4; v++) c[v] = _mm256_setzero_ps();
     for (size_t g = 0; g < G; g++) {
         const uint8_t *blk = block_at(W, p, g);
-        __m256i a[4];
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) a[v] = _mm256_setzero_si256();
+        __m256i a[8];
 #pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) a[v] = _mm256_setzero_si256();
+#pragma GCC unroll 2
         for (int k4 = 0; k4 < Q8_G / 4; k4++) {
-            const __m256i xb = x4(qx->q + g * Q8_G + 4 * k4);
-#pragma GCC unroll 4
-            for (int v = 0; v < 4; v++) {
-                const __m256i q = _mm256_xor_si256(
-                    _mm256_loadu_si256((const __m256i *)(const void *)(blk + k4 * GEMM_NR * 4 + v * 32)), flip);
-                const __m256i pr = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(xb, q));
-                a[v] = _mm256_add_epi32(a[v], _mm256_madd_epi16(pr, ones));
+            int64_t x4;
+            memcpy(&x4, qx->q16 + g * Q8_G + 4 * k4, 8);
+            const __m256i xb = _mm256_set1_epi64x(x4);
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; v++) {
+                const __m256i w = _mm256_cvtepu8_epi16(
+                    _mm_loadu_si128((const __m128i *)(const void *)(blk + k4 * GEMM_NR * 4 + v * 16)));
+                a[v] = _mm256_add_epi32(a[v], _mm256_madd_epi16(w, xb));
             }
         }
-        const __m256 sx = _mm256_set1_ps(qx->s[g]);
+        const __m256i mb = minus_bias8(qx, 0, g);
 #pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) {
-            const __m256 sw = _mm256_loadu_ps((const float *)(const void *)(blk + Q8_WBYTES + v * 32));
-            c[v] = _mm256_fmadd_ps(_mm256_mul_ps(sx, sw), _mm256_cvtepi32_ps(a[v]), c[v]);
-        }
+        for (int v = 0; v < 4; v++)
+            c[v] = fold8(c[v], _mm256_add_epi32(_mm256_permute4x64_epi64(_mm256_hadd_epi32(a[2 * v], a[2 * v + 1]), 0xd8), mb),
+                         qx->s[g], blk + Q8_WBYTES + v * 32);
     }
-    for (size_t v = 0; v < 4 && 8 * v < ncols; v++) {
-        float t[8];
-        _mm256_storeu_ps(t, c[v]);
-        memcpy(y + 8 * v, t, td_min(8, ncols - 8 * v) * sizeof(float));
-    }
+    for (size_t v = 0; v < 4 && 8 * v < ncols; v++) store_cols(y + 8 * v, c[v], td_min(8, ncols - 8 * v));
 }
 
 static void rows_tile(int MR, float *y, size_t ldy, const GemmQX *qx, const GemmW *W, size_t p, size_t ncols)
@@ -515,7 +609,6 @@ static void rows_tile(int MR, float *y, size_t ldy, const GemmQX *qx, const Gemm
     for (size_t c0 = 0; c0 < ncols; c0 += 8) {
         const size_t nc = td_min(8, ncols - c0);
         switch (MR) {
-        case 1:  cols8_avx2(1, y + c0, ldy, qx, W, p, c0, nc); break;
         case 2:  cols8_avx2(2, y + c0, ldy, qx, W, p, c0, nc); break;
         case 3:  cols8_avx2(3, y + c0, ldy, qx, W, p, c0, nc); break;
         default: cols8_avx2(4, y + c0, ldy, qx, W, p, c0, nc); break;
@@ -534,7 +627,7 @@ static void rows_tile(int MR, float *y, size_t ldy, const GemmQX *qx, const Gemm
             float c = 0.0f;
             for (size_t g = 0; g < G; g++) {
                 const uint8_t *blk = block_at(W, p, g);
-                const int8_t *xq = qx->q + r * qx->ldq + g * Q8_G;
+                const int16_t *xq = qx->q16 + r * qx->ldq / 2 + g * Q8_G;
                 int32_t s = 0;
                 for (size_t i = 0; i < Q8_G; i++) s += ((int32_t)blk[((i / 4) * GEMM_NR + j) * 4 + i % 4] - 128) * xq[i];
                 float sw;

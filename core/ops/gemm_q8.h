@@ -1,27 +1,37 @@
 /* core/ops/gemm_q8.h - the int8 forward product (internal to core/ops/gemm.c).
  *
  * y = x W^T with W int8 (one float32 scale per group of 32 weights along K)
- * and x quantized the same way, per row, on the fly (W8A8): every group's
- * dot product is an exact integer sum, and only the combination of the
- * groups is floating point.  For row m, column n and the G = ceil(K / 32)
- * groups g of K (the last one K mod 32 long when K is not a multiple of 32):
+ * and x rounded per row, on the fly, to 16-bit integers in the same groups
+ * (int8 weights x int16 activations): every group's dot product is an
+ * exact integer sum, and only the combination of the groups is floating
+ * point.  For row m, column n and the G = ceil(K / 32) groups g of K (the
+ * last one K mod 32 long when K is not a multiple of 32):
  *
- *   x quantized:  a = max |x[m][k]| over g (NaN if any is NaN);  sx = a / 127;
- *                 qx[k] = rne(x[m][k] / sx) clamped to [-127, 127] when sx
- *                 is finite and > 0, else 0 (zeros, an underflow, inf, NaN:
- *                 sx itself is kept, so a non-finite x gives a NaN y)
+ *   x rounded:    a = max |x[m][k]| over g (NaN if any is NaN);  sx = a / QX;
+ *                 qx[k] = rne(x[m][k] / sx) clamped to [-QX, QX] when sx is
+ *                 finite and > 0, else 0 (zeros, an underflow, inf, NaN: sx
+ *                 itself is kept, so a non-finite x gives a NaN y)
  *   group sum:    isum = sum over k in g of qx[k] * qw[n][k]      (int32, exact)
  *   output:       c = +0;  for g = 0 .. G-1:  c = fma(sx[m][g] * sw[n][g], (float)isum, c);  y[m][n] = c
  *
- * (sx * sw is one rounded float32 product; |isum| <= 32 * 127 * 127 <
- * 2^24, so (float)isum is exact.)  An integer sum has one value whatever
- * the order of its terms, so every path -- AVX-512 VNNI (vpdpbusd: 64
- * multiply-adds an instruction), AVX2 (vpmaddwd) and portable C -- gives
- * the same bits, and row m of y depends on row m of x and on W only
- * (row-invariant, as gemm.h's float chains).  What differs from the bf16
- * and f32 kernels: the result is not the float32 product with the
- * dequantized weights, since x is rounded to 8 bits per group too (the
- * accuracy of docs/serving.md is measured with it).
+ * QX = 8320 = 129 * 64 + 64: qx = 129 hi + lo with hi = floor((qx + 64) /
+ * 129) and lo = qx - 129 hi, both in [-64, 64], so that isum = 129 sum(hi
+ * qw) + sum(lo qw) is two byte dot products of the weights held unsigned
+ * (qw + 128, at most 255) with signed digits: AVX-512 VNNI vpdpbusd (64
+ * multiply-adds an instruction) and AVX2 vpmaddubsw, whose 16-bit pair
+ * sums stay exact because 2 * 255 * 64 < 2^15; the + 128 comes off as 128
+ * (129 sum(hi) + sum(lo)).  sx * sw is one rounded float32 product; |isum|
+ * <= 32 * 8320 * 127 < 2^26, so no sum overflows,
+ * and (float)isum is the one round-to-nearest-even conversion of that
+ * integer.  An integer sum has one value whatever the order of its terms,
+ * so every path -- VNNI, AVX2 and portable C -- gives the same bits, and
+ * row m of y depends on row m of x and on W only (row-invariant, as
+ * gemm.h's float chains).  x's rounding is relative 2^-14 of its group's
+ * largest value, 65 times finer than the weights' 2^-8: the product
+ * is, to that error, the float32 product with the dequantized weights
+ * (weight-only int8, what GPTQ's rounding assumes), not W8A8 as llama.cpp's
+ * Q8_0 computes, whose 8-bit x costs as much accuracy as the weights'
+ * rounding (docs/serving.md).
  *
  * Packed layout, per panel of 32 columns, per group g: 1024 bytes of
  * weights, byte (k4 * 32 + j) * 4 + i = qw[p*32 + j][g*32 + 4*k4 + i] + 128
@@ -42,10 +52,16 @@
 #define Q8_WBYTES  (Q8_G * GEMM_NR)               /* weight bytes of a group of a panel */
 #define Q8_BLOCK   (Q8_WBYTES + GEMM_NR * 4)      /* ... and its 32 scales */
 
-/* x quantized for the int8 product: rows of ldq = 32 G bytes (zero past
- * K), the scales sx[m * G + g] and sums[m * G + g] = sum of the group's qx. */
+#define Q8_QX      8320                           /* x's integer range, QX above */
+
+/* x rounded for the int8 product, per row: qx itself, q16 (ldq = 32 G
+ * int16 values), and its digits, q (ldq bytes: for each group 32 bytes of
+ * hi, then 32 of lo), zero past K; the scales sx[m * G + g] and the digit
+ * sums sum[2 (m * G + g)] = sum of hi, [.. + 1] = of lo.  Each kernel reads
+ * the form it multiplies. */
 typedef struct {
     const int8_t *q;
+    const int16_t *q16;
     const float *s;
     const int32_t *sum;
     size_t ldq, G;
@@ -54,14 +70,15 @@ typedef struct {
 /* qx from its row m0 on. */
 static inline GemmQX gemm_q8_qx_rows(const GemmQX *qx, size_t m0)
 {
-    return (GemmQX){ qx->q + m0 * qx->ldq, qx->s + m0 * qx->G, qx->sum + m0 * qx->G, qx->ldq, qx->G };
+    return (GemmQX){ qx->q + m0 * qx->ldq, qx->q16 + m0 * qx->ldq / 2, qx->s + m0 * qx->G, qx->sum + 2 * m0 * qx->G,
+                     qx->ldq, qx->G };
 }
 
-/* Bytes of the quantized x of M rows of K (a multiple of 64). */
+/* Bytes of the rounded x of M rows of K (a multiple of 64). */
 size_t gemm_q8_qx_bytes(size_t M, size_t K);
-/* Quantizes x [M, K] (row stride ldx) into buf (gemm_q8_qx_bytes) as *qx. */
+/* Rounds x [M, K] (row stride ldx) into buf (gemm_q8_qx_bytes) as *qx. */
 void gemm_q8_quantize_x(GemmQX *qx, void *buf, const float *x, size_t ldx, size_t M, size_t K);
-/* This thread's scratch of at least n bytes for quantized x (grown on
+/* This thread's scratch of at least n bytes for rounded x (grown on
  * demand, kept for the next call, freed at thread exit). */
 void *gemm_q8_scratch(size_t n);
 size_t gemm_q8_scratch_bytes(void);

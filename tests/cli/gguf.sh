@@ -200,7 +200,7 @@ if model mixtral '{"vocab_size": 32000, "hidden_size": 64, "num_hidden_layers": 
     [ "$HAVE_PEER" = 1 ] && tokens mixtral "$TOKL" "$W/texts.txt"
     # the same model as an int8 checkpoint (ckpt quantize): Q8_0 keeps its
     # int8 values with each group's scale as fp16, F32 / F16 are q * s; the
-    # peer's logits against tandem serving the int8 file (W8A8) at Q8_0's
+    # peer's logits against tandem serving the int8 file (int8 x 16-bit) at Q8_0's
     # tolerance for every type
     if $T ckpt quantize "$CK" "$W/mixtral_int8.h5" --dtype int8 >/dev/null 2>"$W/err"; then
         CK=$W/mixtral_int8.h5
