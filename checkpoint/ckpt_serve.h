@@ -110,4 +110,13 @@ typedef struct {
 int ckpt_quantize(const char *in, const char *out, const ModelDtypes *dt, const CkptQuantRound *round,
                   CkptQuantTensor **rep, int *n_rep, char *err, size_t err_len);
 
+/* Overwrites the float32 tensor name (tandem's name, e.g.
+ * "model/layers/0/mlp/gate") of the checkpoint file path with the numel
+ * values w, which must be its count; and, when key is not NULL, sets the
+ * root string attribute key = value.  For a file being made (`ckpt
+ * quantize --fit-routers` writes its routers before the file is
+ * published).  One process.  Returns 0 or -1 with one line in err. */
+int ckpt_overwrite_f32(const char *path, const char *name, const float *w, size_t numel, const char *key,
+                       const char *value, char *err, size_t err_len);
+
 #endif

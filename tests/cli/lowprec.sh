@@ -5,7 +5,8 @@
 # by the documented rule; loading it serves the bits that quantizing at
 # load (--dtype int8 on the float file) serves; the calibration report;
 # corrupt scales and other group sizes refused with one line naming the
-# dataset; training refuses an int8 file by name; GPTQ rounding; an int8
+# dataset; training refuses an int8 file by name; GPTQ rounding; routers
+# fitted to the quantized model (--fit-routers: only they change); an int8
 # file with bf16 attention (--attn-dtype) written, served and announced;
 # an int8 file exported to HF (q * s, bit for bit; it generates as the int8
 # file at --dtype f32) and a bad scale refused by both exports.
@@ -215,6 +216,64 @@ $T ckpt verify "$W/gq.h5" >/dev/null && gen --ckpt "$W/gq.h5" >"$W/g.json" && ok
 expect_fail "--gptq without --calib" "--gptq rounds int8 matrices from calibration data" \
     $T ckpt quantize "$W/run" "$W/qq.h5" --dtype int8 --gptq
 expect_fail "--gptq with bf16" "it needs --dtype int8 and --calib" $T ckpt quantize "$W/run" "$W/qq.h5" --dtype bf16 --calib "$DATA" --gptq
+
+# ---------------------------------------------------------------- router fitting
+# --fit-routers on the int8 file: only the routers change (every other
+# dataset and attribute as the unfitted file has them), the fit is recorded
+# on the root, its report names each MoE router with a smaller logit error,
+# and on held-out windows the fitted file changes fewer top-k sets than the
+# unfitted one (the same --calib windows, both scored by tandem)
+$T ckpt quantize "$W/run" "$W/qf.h5" --dtype int8 --calib "$DATA" --seq-len 64 --windows 16 --fit-routers \
+    --fit-windows 16 >"$W/qf.jsonl" 2>"$W/qf.log" || { bad "ckpt quantize --fit-routers"; cat "$W/qf.log"; }
+$T ckpt quantize "$W/run" "$W/qn.h5" --dtype int8 --calib "$DATA" --seq-len 64 --windows 16 >"$W/qn.jsonl" 2>"$W/log" ||
+    { bad "ckpt quantize (to compare with --fit-routers)"; cat "$W/log"; }
+$PY - "$W" <<'EOF' && ok "--fit-routers: only the routers differ from the unfitted file, the fit recorded, logit error and routing changes down" || fail=1
+import json, sys, h5py, numpy as np
+w = sys.argv[1]
+qn, qf = h5py.File(w + "/qn.h5"), h5py.File(w + "/qf.h5")
+fit = json.loads(qf.attrs["router_fit"])
+assert fit == {"kv_dtype": "f32", "split": "train", "windows": 16, "seq_len": 64, "ridge": 0.01}, fit
+assert "router_fit" not in qn.attrs
+assert sorted(qn.attrs) == sorted(k for k in qf.attrs if k != "router_fit")
+for k in qn.attrs:
+    assert qn.attrs[k] == qf.attrs[k], k
+routers = ["model/layers/%d/mlp/gate" % l for l in (1, 2)]
+names = {"qn": [], "qf": []}
+qn.visit(names["qn"].append)
+qf.visit(names["qf"].append)
+assert names["qn"] == names["qf"], names
+def visit(name, x):
+    if not isinstance(x, h5py.Dataset):
+        return
+    a, b = qn[name], x
+    assert a.dtype == b.dtype and a.shape == b.shape and dict(a.attrs) == dict(b.attrs), name
+    if name in routers:
+        rel = np.linalg.norm(b[()] - a[()]) / np.linalg.norm(a[()])
+        assert b.dtype == np.float32 and 0 < rel < 0.5, (name, rel)
+    else:
+        assert np.array_equal(a[()], b[()]), name
+qf.visititems(visit)
+lines = [json.loads(l) for l in open(w + "/qf.jsonl")]
+rep = [l for l in lines if "fit_routers" in l][0]
+assert rep["fit_routers"] == 2 and rep["windows"] == 16 and rep["kv_dtype"] == "f32", rep
+assert all(a < b for a, b in zip(rep["logit_rmse_after"], rep["logit_rmse_before"])), rep
+log = open(w + "/qf.log").read()
+for l, name in ((2, routers[0]), (3, routers[1])):
+    assert "fit-routers: layer %d/3: %s, logit rmse " % (l, name) in log, log
+cf = [l for l in lines if "calib" in l][0]
+cn = [json.loads(l) for l in open(w + "/qn.jsonl") if '"calib"' in l][0]
+assert cf["topk_changed_share"] < cn["topk_changed_share"], (cf, cn)
+print("  fitted: top-k changed %.4f -> %.4f, logit rmse %s -> %s" % (cn["topk_changed_share"], cf["topk_changed_share"],
+      rep["logit_rmse_before"], rep["logit_rmse_after"]))
+EOF
+$T ckpt verify "$W/qf.h5" >/dev/null && gen --ckpt "$W/qf.h5" >"$W/g.json" && ok "--fit-routers: the file verifies and serves" ||
+    bad "--fit-routers file: verify or generate"
+[ ! -e "$W/qf.h5.unfitted" ] && ok "--fit-routers: no staged file left" || bad "--fit-routers left $W/qf.h5.unfitted"
+expect_fail "--fit-routers without --calib" "it needs --calib" $T ckpt quantize "$W/run" "$W/qq.h5" --dtype int8 --fit-routers
+# a fit that fails publishes nothing: a token file of another vocabulary
+printf 'x' >"$W/bad.bin"
+expect_fail "--fit-routers on a bad token file" "fit-routers" $T ckpt quantize "$W/run" "$W/qx.h5" --dtype int8 --calib "$W/bad.bin" --fit-routers
+[ ! -e "$W/qx.h5" ] && [ ! -e "$W/qx.h5.unfitted" ] && ok "--fit-routers: nothing published on failure" || bad "--fit-routers: a file left after a failure"
 
 # ---------------------------------------------------------------- attention in another dtype
 $T ckpt quantize "$W/run" "$W/qa.h5" --dtype int8 --attn-dtype bf16 --calib "$DATA" --seq-len 64 --windows 4 \

@@ -20,17 +20,22 @@
 #include "core/model/backprop.h"
 #include "train/data.h"
 #include "train/quant/gptq.h"
+#include "train/quant/route_fit.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const g_help =
     "usage: tandem ckpt quantize IN OUT.h5 --dtype bf16|int8 [--embed-dtype D] [--head-dtype D]\n"
     "                            [--attn-dtype D]\n"
     "                            [--calib DATA.bin [--split val|train|all] [--seq-len 256]\n"
     "                             [--windows 16] [--kv-dtype f32|bf16|int8]\n"
-    "                             [--gptq [--gptq-windows 64] [--gptq-damp 0.01]]]\n"
+    "                             [--gptq [--gptq-windows 64] [--gptq-damp 0.01]]\n"
+    "                             [--fit-routers [--fit-windows 64] [--fit-ridge 0.01]]]\n"
     "Writes OUT.h5, the checkpoint IN (a float32, f16 or bf16 checkpoint, or a run\n"
     "directory: its latest) with its matrices in bf16, or int8 with one float32\n"
     "scale per 32 weights along the input dim; routers (mlp/gate), norms, biases and\n"
@@ -45,7 +50,11 @@ static const char *const g_help =
     "the KV dtype alone.\n"
     "--gptq (int8): rounds each int8 matrix by GPTQ, from the second moments of its\n"
     "inputs over --gptq-windows windows of the token file's train split (same format,\n"
-    "groups and scales; lower output error, higher weight error; docs/serving.md).\n";
+    "groups and scales; lower output error, higher weight error; docs/serving.md).\n"
+    "--fit-routers: refits each MoE layer's float32 router, by ridge least squares over\n"
+    "--fit-windows windows of the train split, so that on OUT's own hidden states (its\n"
+    "weights and --kv-dtype) it gives the float32 model's router logits; only the\n"
+    "routers change (the fit belongs to that --kv-dtype; docs/serving.md).\n";
 
 /* Log-probabilities (n_win T) and experts (n_win T, n_moe, k) of windows of
  * tok under m, in batches of up to 8 windows. */
@@ -221,11 +230,70 @@ static GptqSet *gptq_build(const char *in, const char *data, size_t T, size_t n_
     return g;
 }
 
+/* Fits the routers of the quantized file (not yet published) to in's
+ * float32 model on n_win windows of T of the train split of data, with the
+ * KV cache in kv, and writes them into file.  0, or 1 after one line. */
+static int fit_routers(const char *in, const char *file, const char *data, size_t T, size_t n_win, double ridge,
+                       Dtype kv)
+{
+    char err[1024];
+    Model f, q;
+    ServeDtypes f32 = { .dtype_set = true, .dtype = DTYPE_F32, .kv = DTYPE_F32 }, asis = { .dtype = DTYPE_F32, .kv = kv };
+    if (ckpt_open_serving(in, &f, NULL, &f32, err, sizeof err)) {
+        if (err[0]) td_error("ckpt quantize: %s", err);
+        return 1;
+    }
+    if (ckpt_open_serving(file, &q, NULL, &asis, err, sizeof err)) {
+        if (err[0]) td_error("ckpt quantize: %s", err);
+        model_free(&f);
+        return 1;
+    }
+    int32_t *tok = NULL;
+    size_t nw = 0;
+    RouteFit *r = NULL;
+    int n = 0, rc = 1;
+    if (T > (size_t)f.cfg.max_position_embeddings)
+        td_error("ckpt quantize: --seq-len %zu exceeds the model's max_position_embeddings %d", T,
+                 f.cfg.max_position_embeddings);
+    else if (read_windows(data, "train", T, n_win, f.cfg.vocab_size, &tok, &nw, err, sizeof err))
+        td_error("ckpt quantize: --fit-routers: %s", err);
+    else if (route_fit(&f, &q, tok, nw, T, ridge, &r, &n, err, sizeof err))
+        td_error("ckpt quantize: --fit-routers: %s", err);
+    else {
+        char note[256];
+        (void)td_snprintf(note, sizeof note,
+                          "{\"kv_dtype\":\"%s\",\"split\":\"train\",\"windows\":%zu,\"seq_len\":%zu,\"ridge\":%g}",
+                          dtype_name(kv), nw, T, ridge);
+        rc = 0;
+        for (int i = 0; i < n && !rc; i++)
+            if (ckpt_overwrite_f32(file, r[i].name, r[i].w, r[i].E * r[i].d, i == n - 1 ? "router_fit" : NULL, note,
+                                   err, sizeof err)) {
+                td_error("ckpt quantize: --fit-routers: %s", err);
+                rc = 1;
+            }
+        if (!rc) {
+            printf("{\"fit_routers\":%d,\"kv_dtype\":\"%s\",\"windows\":%zu,\"seq_len\":%zu,\"ridge\":%g,"
+                   "\"logit_rmse_before\":[", n, dtype_name(kv), nw, T, ridge);
+            for (int i = 0; i < n; i++) printf("%s%.6g", i ? "," : "", r[i].logit_rmse_before);
+            printf("],\"logit_rmse_after\":[");
+            for (int i = 0; i < n; i++) printf("%s%.6g", i ? "," : "", r[i].logit_rmse_after);
+            printf("]}\n");
+            fflush(stdout);
+            if (n == 0) fprintf(stderr, "ckpt quantize: --fit-routers: the model has no MoE layer: nothing to fit\n");
+        }
+    }
+    route_fit_free(r, n);
+    td_free(tok);
+    model_free(&q);
+    model_free(&f);
+    return rc;
+}
+
 static int quant_run(Args *ap, int argc, char **argv)
 {
     static const char *const spec[] = { "dtype=", "embed-dtype=", "head-dtype=", "attn-dtype=", "calib=", "split=",
                                         "seq-len=", "windows=", "kv-dtype=", "gptq", "gptq-windows=", "gptq-damp=",
-                                        NULL };
+                                        "fit-routers", "fit-windows=", "fit-ridge=", NULL };
     char err[1024];
     if (args_parse(ap, argc, argv, 1, spec, err, sizeof err)) {
         td_error("ckpt quantize: %s", err);
@@ -261,11 +329,13 @@ static int quant_run(Args *ap, int argc, char **argv)
         td_error("ckpt quantize: --split must be val, train or all");
         return 2;
     }
-    double T, nw, gw, damp;
+    double T, nw, gw, damp, fw, ridge;
     if (args_num(ap, "seq-len", 256, 2, 1 << 20, &T, err, sizeof err) < 0 ||
         args_num(ap, "windows", 16, 1, 1 << 20, &nw, err, sizeof err) < 0 ||
         args_num(ap, "gptq-windows", 64, 1, 1 << 20, &gw, err, sizeof err) < 0 ||
-        args_num(ap, "gptq-damp", 0.01, 1e-6, 10, &damp, err, sizeof err) < 0) {
+        args_num(ap, "gptq-damp", 0.01, 1e-6, 10, &damp, err, sizeof err) < 0 ||
+        args_num(ap, "fit-windows", 64, 1, 1 << 20, &fw, err, sizeof err) < 0 ||
+        args_num(ap, "fit-ridge", 0.01, 1e-6, 100, &ridge, err, sizeof err) < 0) {
         td_error("ckpt quantize: %s", err);
         return 2;
     }
@@ -275,13 +345,22 @@ static int quant_run(Args *ap, int argc, char **argv)
         td_error("ckpt quantize: --gptq rounds int8 matrices from calibration data: it needs --dtype int8 and --calib");
         return 2;
     }
+    const bool fit = args_flag(ap, "fit-routers");
+    if (fit && !calib) {
+        td_error("ckpt quantize: --fit-routers fits the routers on calibration data: it needs --calib");
+        return 2;
+    }
     const char *in = ap->pos[0], *out = ap->pos[1];
+    /* with --fit-routers the file is made under another name and published
+     * once its routers are written */
+    char staged[PATH_MAX + 16];
+    (void)td_snprintf(staged, sizeof staged, "%s%s", out, fit ? ".unfitted" : "");
     GptqSet *g = gptq ? gptq_build(in, calib, (size_t)T, (size_t)gw, damp) : NULL;
     if (gptq && !g) return 1;
     CkptQuantRound round = g ? gptq_round(g) : (CkptQuantRound){ 0 };
     CkptQuantTensor *rep;
     int n_rep;
-    const int qrc = ckpt_quantize(in, out, &dt, g ? &round : NULL, &rep, &n_rep, err, sizeof err);
+    const int qrc = ckpt_quantize(in, staged, &dt, g ? &round : NULL, &rep, &n_rep, err, sizeof err);
     size_t n_near = 0, peak = 0;
     const size_t n_gptq = g ? gptq_factored(g, &n_near, &peak) : 0;
     gptq_free(g);
@@ -302,6 +381,17 @@ static int quant_run(Args *ap, int argc, char **argv)
            gptq ? "gptq" : "nearest", n_gptq, n_near, peak);
     fflush(stdout);
     td_free(rep);
+    if (fit) {
+        if (fit_routers(in, staged, calib, (size_t)T, (size_t)fw, ridge, kv)) {
+            unlink(staged);
+            return 1;
+        }
+        if (rename(staged, out)) {
+            td_error("ckpt quantize: cannot publish %s as %s: %s", staged, out, strerror(errno));
+            unlink(staged);
+            return 1;
+        }
+    }
     return calib ? calibrate(in, out, calib, split, (size_t)T, (size_t)nw, kv) : 0;
 }
 
