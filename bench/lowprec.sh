@@ -28,7 +28,9 @@
 #            whose top-k experts change, at int8 and bf16 weights, at int8
 #            rounded by GPTQ (--gptq, factors from 64 windows of the train
 #            split; int8_gptq_ae_bf16: GPTQ int8 with the attention
-#            projections and the embedding in bf16), at the int8 choices
+#            projections and the embedding in bf16), with the routers fitted
+#            to the quantized model (rows *_fit: --fit-routers, 64 windows
+#            of the train split), at the int8 choices
 #            for the embedding and lm_head, and for the KV dtypes alone (float32 weights).  On the demo model (runs/demo
 #            if present, else configs/demo.json trained LOWPREC_BENCH_DEMO_STEPS
 #            steps here, default 300) and on each config's weights.
@@ -177,7 +179,10 @@ accuracy() {   # MODEL_NAME CKPT [all]: the dtypes (all: also the embedding / lm
     set -- "$1" "$2" "${3:-}" "int8#--dtype int8" "bf16#--dtype bf16" "int8_kv_int8#--dtype int8 --kv-dtype int8" \
         "int8_gptq#--dtype int8 --gptq" "int8_gptq_kv_int8#--dtype int8 --gptq --kv-dtype int8" \
         "int8_gptq_ae_bf16#--dtype int8 --gptq --attn-dtype bf16 --embed-dtype bf16" \
-        "kv_bf16#--dtype f32 --kv-dtype bf16" "kv_int8#--dtype f32 --kv-dtype int8"
+        "kv_bf16#--dtype f32 --kv-dtype bf16" "kv_int8#--dtype f32 --kv-dtype int8" \
+        "int8_fit#--dtype int8 --fit-routers" "int8_gptq_fit#--dtype int8 --gptq --fit-routers" \
+        "int8_gptq_kv_int8_fit#--dtype int8 --gptq --kv-dtype int8 --fit-routers" \
+        "kv_int8_fit#--dtype f32 --kv-dtype int8 --fit-routers"
     [ "$3" = all ] && set -- "$@" "int8_embed_f32#--dtype int8 --embed-dtype f32" \
         "int8_head_f32#--dtype int8 --head-dtype f32" "int8_both_f32#--dtype int8 --embed-dtype f32 --head-dtype f32"
     m=$1 ck=$2
@@ -298,7 +303,8 @@ summary = {"bench": "lowprec", "elapsed_s": elapsed, "rounds": rounds, "load_aft
 acc_rows = []
 for model in ["demo"] + cfgs:
     for a in ["bf16", "int8", "int8_embed_f32", "int8_head_f32", "int8_both_f32", "int8_kv_int8", "int8_gptq",
-              "int8_gptq_kv_int8", "int8_gptq_ae_bf16", "kv_bf16", "kv_int8"]:
+              "int8_gptq_kv_int8", "int8_gptq_ae_bf16", "kv_bf16", "kv_int8", "int8_fit", "int8_gptq_fit",
+              "int8_gptq_kv_int8_fit", "kv_int8_fit"]:
         c = load_json("acc_%s_%s.json" % (model, a))
         if not c:
             continue

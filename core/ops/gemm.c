@@ -13,7 +13,8 @@
  * specialisation): wrow16 / wrow8 / wval load a panel row's weights and
  * widen them to float32 (f32: a load; bf16: zero-extend and shift left 16),
  * and the FMA chain after it is the f32 kernel's.  int8 weights have their
- * own kernels (core/ops/gemm_q8.c, W8A8); drive() dispatches to them.
+ * own kernels (core/ops/gemm_q8.c: exact integer group sums with x
+ * rounded to 14 bits); drive() dispatches to them.
  *
  * The backward products (dx = dy W, dW = dy^T x) run the same micro-kernel
  * in a blocked, accumulating driver (section "backward") with AVX-512; the

@@ -19,13 +19,14 @@
  * stands for in registers (the 16 bits shifted up, exact) and runs the
  * chain above unchanged, so a bf16 product is bit for bit the float32
  * product with the rounded weights, on every path.  int8 (core/ops/gemm_q8.h):
- * x is quantized per row in groups of 32 as the weights are, each group's
- * dot product is an exact integer sum (VNNI where the CPU has it) and the
- * groups are combined by c = fma(sx * sw, (float)isum, c) in order: row
- * invariance, determinism and the same bits on every path hold, but the
- * result is not the float32 product with the dequantized weights (x is
- * rounded too: W8A8, as llama.cpp's Q8_0 computes).  No native bf16 dot
- * products are used (they would reassociate the sum and round x).
+ * x is rounded per row in groups of 32 to integers of 14 bits (amax /
+ * 8320 the step), each group's dot product is an exact integer sum and
+ * the groups are combined by c = fma(sx * sw, (float)isum, c) in order:
+ * row invariance, determinism and the same bits on every path hold; the
+ * result is the float32 product with the dequantized weights to within
+ * x's rounding (2^-14 of a group's largest value), not its bits.  No
+ * native bf16 dot products are used (they would reassociate the sum and
+ * round x).
  *
  * Packed layouts (GEMM_NR = 32 columns per panel, np = ceil(N / 32) panels,
  * G = ceil(K / 32) groups, rows past N zero):
