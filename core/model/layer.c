@@ -158,6 +158,7 @@ static void experts_fused_range(void *vc, size_t i0, size_t i1, int tid)
 static bool experts_forward_fused(const Model *m, const Layer *L, LayerActs *a)
 {
     const size_t E = m->E, nt = (size_t)pool_threads();
+    if (nt < 2) return false;   /* one thread: the grouped path, without the scan */
     int32_t act[E];
     size_t n = 0;
     for (size_t e = 0; e < E; e++) {
@@ -165,7 +166,7 @@ static bool experts_forward_fused(const Model *m, const Layer *L, LayerActs *a)
         if (M > EXPERT_FUSED_ROWS) return false;
         if (M > 0) act[n++] = (int32_t)e;
     }
-    if (nt < 2 || n < 4 * nt) return false;
+    if (n < 4 * nt) return false;
     struct fused_ctx c = { m, L, a, act };
     pool_for(n, 1, experts_fused_range, &c);
     return true;

@@ -613,11 +613,17 @@ static const GemmQX *group_quantized(const GemmProblem *pr, int n)
     return qx;
 }
 
+/* Every unit of the group on the calling thread (total: the group's cost). */
+static void group_all(const GemmProblem *pr, const GemmQX *qx, int n, double total)
+{
+    group_walk(pr, qx, n, -1, 2 * total + 1, true, NULL);
+}
+
 void gemm_xwt_group_serial(const GemmProblem *pr, int n)
 {
     size_t nu = 0;
     const double total = group_walk(pr, NULL, n, 0, 0, false, &nu);
-    if (nu > 0) group_walk(pr, group_quantized(pr, n), n, -1, 2 * total + 1, true, NULL);
+    if (nu > 0) group_all(pr, group_quantized(pr, n), n, total);
 }
 
 void gemm_xwt_group(const GemmProblem *pr, int n)
@@ -627,7 +633,7 @@ void gemm_xwt_group(const GemmProblem *pr, int n)
     if (nu == 0) return;
     c.qx = group_quantized(pr, n);
     if (c.nt <= 1 || nu == 1) {
-        group_walk(pr, c.qx, n, -1, 2 * c.total + 1, true, NULL);
+        group_all(pr, c.qx, n, c.total);
         return;
     }
     /* GROUP_SPLIT cost shares per thread, claimed as the threads get to

@@ -505,6 +505,33 @@ ALWAYS_INLINE __m256i minus_bias8(const GemmQX *qx, int r, size_t g)
     return _mm256_set1_epi32(-128 * (129 * t[0] + t[1]));
 }
 
+/* a + the products of the 16 weight bytes at w (4 columns x 4 k, q + 128)
+ * widened to 16-bit words with xb (x's 4 values as pairs x0 x1, x2 x3),
+ * a lane's two added (vpmaddwd: exact, each below 2^22): lane 2 j holds
+ * column j's k0 k1 part, lane 2 j + 1 its k2 k3 part */
+ALWAYS_INLINE __m256i step4(__m256i a, const uint8_t *w, __m256i xb)
+{
+    const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)w));
+    return _mm256_add_epi32(a, _mm256_madd_epi16(q, xb));
+}
+
+/* Column sums of 8 columns from step4's two vectors (columns 0-3, 4-7):
+ * vphaddd adds each column's two lanes (columns 0 1 4 5 | 2 3 6 7 in the
+ * 128-bit halves; 64-bit blocks 0 2 1 3 put them in order), and mb (the
+ * + 128's share, minus_bias8) */
+ALWAYS_INLINE __m256i cols_of(__m256i a0, __m256i a1, __m256i mb)
+{
+    return _mm256_add_epi32(_mm256_permute4x64_epi64(_mm256_hadd_epi32(a0, a1), 0xd8), mb);
+}
+
+/* x's 4 values of step k4 in group g of row r, as pairs */
+ALWAYS_INLINE __m256i x4_pairs(const GemmQX *qx, int r, size_t g, int k4)
+{
+    int64_t v;
+    memcpy(&v, qx->q16 + r * qx->ldq / 2 + g * Q8_G + 4 * k4, 8);
+    return _mm256_set1_epi64x(v);
+}
+
 /* c = fma(sx * sw, (float)isum, c) for 8 columns */
 ALWAYS_INLINE __m256 fold8(__m256 c, __m256i isum, float sx, const uint8_t *sw)
 {
@@ -520,14 +547,8 @@ ALWAYS_INLINE void store_cols(float *y, __m256 v, size_t nc)
 }
 
 /* MR <= 4 rows x 8 columns (c0 .. c0 + 7 of panel p), nc <= 8 stored,
- * from qx's 16-bit form: a step widens the 32 weight bytes of 8 columns x
- * 4 k (q + 128, at most 255) to two vectors of 16-bit words, each 32-bit
- * lane a column's k pair (k0 k1 or k2 k3), shared by the rows; vpmaddwd
- * against x's 4 values broadcast as pairs (x0 x1, x2 x3) adds a pair's two
- * products (below 2^22) into its lane.  At the group's end vphaddd adds
- * each column's two lanes (columns 0 1 4 5 | 2 3 6 7 in the 128-bit
- * halves; 64-bit blocks 0 2 1 3 put them in order) and the + 128's share,
- * 128 sum(qx), comes off. */
+ * from qx's 16-bit form: each step4 of a block row's 32 bytes (two of 4
+ * columns) is shared by the rows' broadcasts. */
 ALWAYS_INLINE void cols8_avx2(const int MR, float *y, size_t ldy, const GemmQX *qx, const GemmW *W, size_t p,
                               size_t c0, size_t nc)
 {
@@ -543,23 +564,17 @@ ALWAYS_INLINE void cols8_avx2(const int MR, float *y, size_t ldy, const GemmQX *
 #pragma GCC unroll 2
         for (int k4 = 0; k4 < Q8_G / 4; k4++) {
             const uint8_t *w = blk + (k4 * GEMM_NR + c0) * 4;
-            const __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)w));
-            const __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(w + 16)));
 #pragma GCC unroll 4
             for (int r = 0; r < MR; r++) {
-                int64_t x4;
-                memcpy(&x4, qx->q16 + r * qx->ldq / 2 + g * Q8_G + 4 * k4, 8);
-                const __m256i xb = _mm256_set1_epi64x(x4);
-                a0[r] = _mm256_add_epi32(a0[r], _mm256_madd_epi16(w0, xb));
-                a1[r] = _mm256_add_epi32(a1[r], _mm256_madd_epi16(w1, xb));
+                const __m256i xb = x4_pairs(qx, r, g, k4);
+                a0[r] = step4(a0[r], w, xb);
+                a1[r] = step4(a1[r], w + 16, xb);
             }
         }
 #pragma GCC unroll 4
-        for (int r = 0; r < MR; r++) {
-            const __m256i isum = _mm256_add_epi32(_mm256_permute4x64_epi64(_mm256_hadd_epi32(a0[r], a1[r]), 0xd8),
-                                                  minus_bias8(qx, r, g));
-            c[r] = fold8(c[r], isum, qx->s[r * G + g], blk + Q8_WBYTES + c0 * 4);
-        }
+        for (int r = 0; r < MR; r++)
+            c[r] = fold8(c[r], cols_of(a0[r], a1[r], minus_bias8(qx, r, g)), qx->s[r * G + g],
+                         blk + Q8_WBYTES + c0 * 4);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < MR; r++) store_cols(y + (size_t)r * ldy, c[r], nc);
@@ -581,21 +596,14 @@ static void row_panel_avx2(float *y, const GemmQX *qx, const GemmW *W, size_t p,
         for (int v = 0; v < 8; v++) a[v] = _mm256_setzero_si256();
 #pragma GCC unroll 2
         for (int k4 = 0; k4 < Q8_G / 4; k4++) {
-            int64_t x4;
-            memcpy(&x4, qx->q16 + g * Q8_G + 4 * k4, 8);
-            const __m256i xb = _mm256_set1_epi64x(x4);
+            const __m256i xb = x4_pairs(qx, 0, g, k4);
 #pragma GCC unroll 8
-            for (int v = 0; v < 8; v++) {
-                const __m256i w = _mm256_cvtepu8_epi16(
-                    _mm_loadu_si128((const __m128i *)(const void *)(blk + k4 * GEMM_NR * 4 + v * 16)));
-                a[v] = _mm256_add_epi32(a[v], _mm256_madd_epi16(w, xb));
-            }
+            for (int v = 0; v < 8; v++) a[v] = step4(a[v], blk + k4 * GEMM_NR * 4 + v * 16, xb);
         }
         const __m256i mb = minus_bias8(qx, 0, g);
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++)
-            c[v] = fold8(c[v], _mm256_add_epi32(_mm256_permute4x64_epi64(_mm256_hadd_epi32(a[2 * v], a[2 * v + 1]), 0xd8), mb),
-                         qx->s[g], blk + Q8_WBYTES + v * 32);
+            c[v] = fold8(c[v], cols_of(a[2 * v], a[2 * v + 1], mb), qx->s[g], blk + Q8_WBYTES + v * 32);
     }
     for (size_t v = 0; v < 4 && 8 * v < ncols; v++) store_cols(y + 8 * v, c[v], td_min(8, ncols - 8 * v));
 }
