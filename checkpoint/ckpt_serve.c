@@ -14,6 +14,7 @@
 #include "core/model/expert_cache.h"
 #include "core/ops/gemm.h"
 
+#include <cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -1018,4 +1019,27 @@ int ckpt_overwrite_f32(const char *path, const char *name, const float *w, size_
     }
     H5Eclear2(H5E_DEFAULT);
     return rc;
+}
+
+bool ckpt_router_fit_kv(const char *path, Dtype *kv)
+{
+    char file[PATH_MAX];
+    if (!is_tandem(path) || ckpt_resolve(path, file, sizeof file)) return false;
+    hid_t f = ckpt_h5_open(file);
+    if (f < 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return false;
+    }
+    char *a = NULL;
+    bool found = false;
+    if (ckpt_h5_get_str(f, "router_fit", &a) == 0) {
+        cJSON *o = cJSON_Parse(a);
+        const cJSON *k = o ? cJSON_GetObjectItemCaseSensitive(o, "kv_dtype") : NULL;
+        found = cJSON_IsString(k) && dtype_parse(k->valuestring, kv) == 0;
+        cJSON_Delete(o);
+    }
+    td_free(a);
+    H5Fclose(f);
+    H5Eclear2(H5E_DEFAULT);
+    return found;
 }

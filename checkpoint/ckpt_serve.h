@@ -110,6 +110,12 @@ typedef struct {
 int ckpt_quantize(const char *in, const char *out, const ModelDtypes *dt, const CkptQuantRound *round,
                   CkptQuantTensor **rep, int *n_rep, char *err, size_t err_len);
 
+/* Whether the checkpoint at path (a file or a run directory) has routers
+ * fitted by `ckpt quantize --fit-routers` (its root attribute router_fit),
+ * and then the KV dtype they were fitted for in *kv.  false for anything
+ * else (no such attribute, a Hugging Face directory, an unreadable file). */
+bool ckpt_router_fit_kv(const char *path, Dtype *kv);
+
 /* Overwrites the float32 tensor name (tandem's name, e.g.
  * "model/layers/0/mlp/gate") of the checkpoint file path with the numel
  * values w, which must be its count; and, when key is not NULL, sets the

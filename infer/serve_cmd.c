@@ -448,6 +448,11 @@ static int serve_run(Args *ap, int argc, char **argv)
             (int)engine_context(&e), wdt, (double)model_weight_bytes(&m) / 1048576.0,
             dtype_name(m.attn.kv), e.kv.n_blocks, e.kv.bs, (kvcache_block_bytes(&e.kv) * (size_t)e.kv.n_blocks) >> 20,
             kvcache_token_bytes(&e.kv), e.o.max_running, pool_threads());
+    Dtype fit_kv;
+    if (ckpt_router_fit_kv(file, &fit_kv) && fit_kv != m.attn.kv)
+        fprintf(stderr, "tandem: serve: note: the routers were fitted for a KV cache in %s (ckpt quantize "
+                "--fit-routers), this server holds it in %s: --kv-dtype %s serves what was fitted\n",
+                dtype_name(fit_kv), dtype_name(m.attn.kv), dtype_name(fit_kv));
     if (m.ecache)
         fprintf(stderr, "tandem: serve: routed experts offloaded: a cache of %zu slots per MoE layer (%.1f MiB of "
                 "the weights above), least recently used evicted\n", m.ecache->slots,

@@ -268,6 +268,24 @@ print("  fitted: top-k changed %.4f -> %.4f, logit rmse %s -> %s" % (cn["topk_ch
 EOF
 $T ckpt verify "$W/qf.h5" >/dev/null && gen --ckpt "$W/qf.h5" >"$W/g.json" && ok "--fit-routers: the file verifies and serves" ||
     bad "--fit-routers file: verify or generate"
+# the server notes a KV dtype other than the one the routers were fitted for
+(
+    fail() {
+        echo "FAIL serve: $*"
+        [ -s "$W/serve.log" ] && tail -n 5 "$W/serve.log"
+        [ -n "${pid:-}" ] && kill -KILL "$pid" 2>/dev/null
+        exit 1
+    }
+    TANDEM=$T TMP=$W
+    . tests/serve_lib.sh
+    start_server "$W/qf.h5" --quiet --kv-dtype int8
+    grep -q '^tandem: serve: note: the routers were fitted for a KV cache in f32 .* holds it in int8: --kv-dtype f32' \
+        "$W/serve.log" || fail "no note of the KV dtype the routers were fitted for: $(cat "$W/serve.log")"
+    stop_server
+    start_server "$W/qf.h5" --quiet
+    ! grep -q 'routers were fitted' "$W/serve.log" || fail "a note with the fitted KV dtype: $(cat "$W/serve.log")"
+    stop_server
+) && ok "serve: a note when the KV dtype is not the one the routers were fitted for, none when it is" || fail=1
 [ ! -e "$W/qf.h5.unfitted" ] && ok "--fit-routers: no staged file left" || bad "--fit-routers left $W/qf.h5.unfitted"
 expect_fail "--fit-routers without --calib" "it needs --calib" $T ckpt quantize "$W/run" "$W/qq.h5" --dtype int8 --fit-routers
 # a fit that fails publishes nothing: a token file of another vocabulary
