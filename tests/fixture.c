@@ -1,6 +1,7 @@
 /* tests/fixture.c - fixture reading and comparison (fixture.h). */
 #include "tests/fixture.h"
 #include "core/common.h"
+#include "core/model/config.h"
 #include "core/rng.h"
 
 #include <hdf5.h>
@@ -144,4 +145,15 @@ int32_t *fixture_case_i32(const char *file, int c, const char *name, size_t *n)
     int32_t *x = fixture_i32(file, path, &cnt);
     if (n) *n = cnt;
     return x;
+}
+
+void fixture_model(Model *m, const char *config_json, uint64_t seed)
+{
+    ModelConfig cfg;
+    char err[256];
+    TD_CHECK(config_parse(&cfg, config_json, err, sizeof err) == 0, "fixture_model: %s", err);
+    Topology t;
+    topo_single(&t, &cfg);
+    model_init(m, &cfg, &t, false, 16);
+    model_init_weights(m, seed);
 }

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/model/model.h"
+
 /* Directory of the fixtures ($TANDEM_FIXTURES, default build/fixtures). */
 const char *fixture_dir(void);
 /* Path of a fixture file inside fixture_dir() (static buffer). */
@@ -53,6 +55,11 @@ void fixture_fill(float *x, size_t n, uint64_t seed, float lo, float hi);
 float *fixture_rand(size_t n, uint64_t seed, float lo, float hi);
 /* td_malloc'd copy of n floats. */
 float *fixture_copy(const float *x, size_t n);
+
+/* m: a one-process training model of the config JSON with the weights of
+ * model_init_weights(seed), not yet packed (a test changes them, then
+ * calls model_pack).  A config that does not parse aborts with its error. */
+void fixture_model(Model *m, const char *config_json, uint64_t seed);
 
 /* Scalar function of n doubles, for finite differences. */
 typedef double (*FixtureLossFn)(const double *x, void *ctx);

@@ -32,13 +32,7 @@ static const char *const CFG =
  * relative amount (what quantization does to a model). */
 static void open_model(Model *m, float noise)
 {
-    ModelConfig cfg;
-    char err[256];
-    cr_assert(config_parse(&cfg, CFG, err, sizeof err) == 0, "%s", err);
-    Topology t;
-    topo_single(&t, &cfg);
-    model_init(m, &cfg, &t, false, 16);
-    model_init_weights(m, 77);
+    fixture_model(m, CFG, 77);
     for (int i = 0; i < m->n_params; i++) {
         Param *p = &m->params[i];
         float *r = fixture_rand(p->numel, 900 + (uint64_t)i, -0.3f, 0.3f);

@@ -34,6 +34,19 @@ expect_fail() {
     ok "$desc: $(cat "$W/err")"
 }
 
+# in a subshell: tests/serve_lib.sh (its bounded waits, /health, the clean
+# stop) with the fail() it calls, which ends that subshell
+serve_setup() {
+    fail() {
+        echo "FAIL serve: $*"
+        [ -s "$W/serve.log" ] && tail -n 5 "$W/serve.log"
+        [ -n "${pid:-}" ] && kill -KILL "$pid" 2>/dev/null
+        exit 1
+    }
+    TANDEM=$T TMP=$W
+    . tests/serve_lib.sh
+}
+
 DATA=$BUILD/fortunes.bin
 [ -s "$DATA" ] || $T data prepare --input /usr/share/games/fortunes --output "$DATA" 2>/dev/null
 # the tiny model with a shared expert and a dense first layer, d = 72: rows
@@ -270,14 +283,7 @@ $T ckpt verify "$W/qf.h5" >/dev/null && gen --ckpt "$W/qf.h5" >"$W/g.json" && ok
     bad "--fit-routers file: verify or generate"
 # the server notes a KV dtype other than the one the routers were fitted for
 (
-    fail() {
-        echo "FAIL serve: $*"
-        [ -s "$W/serve.log" ] && tail -n 5 "$W/serve.log"
-        [ -n "${pid:-}" ] && kill -KILL "$pid" 2>/dev/null
-        exit 1
-    }
-    TANDEM=$T TMP=$W
-    . tests/serve_lib.sh
+    serve_setup
     start_server "$W/qf.h5" --quiet --kv-dtype int8
     grep -q '^tandem: serve: note: the routers were fitted for a KV cache in f32 .* holds it in int8: --kv-dtype f32' \
         "$W/serve.log" || fail "no note of the KV dtype the routers were fitted for: $(cat "$W/serve.log")"
@@ -329,14 +335,7 @@ sys.exit(0 if a['ids'] == b['ids'] and a['logprobs'] == b['logprobs'] != c['logp
 # the server's start-up line names both dtypes (tests/serve_lib.sh: bounded
 # waits for the line, /health and the clean stop; a subshell, for its fail)
 (
-    fail() {
-        echo "FAIL serve: $*"
-        [ -s "$W/serve.log" ] && tail -n 5 "$W/serve.log"
-        [ -n "${pid:-}" ] && kill -KILL "$pid" 2>/dev/null
-        exit 1
-    }
-    TANDEM=$T TMP=$W
-    . tests/serve_lib.sh
+    serve_setup
     start_server "$W/qa.h5" --quiet
     grep -q '^tandem: serving .* weights int8 (attention bf16) ' "$W/serve.log" ||
         fail "start-up line without the attention dtype: $(grep '^tandem: serving' "$W/serve.log")"

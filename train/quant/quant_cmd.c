@@ -129,16 +129,25 @@ static int read_windows(const char *path, const char *split, size_t T, size_t ma
     return 0;
 }
 
+/* path opened as a serving model: in float32 (as_f32), or as it stores its
+ * weights; the KV cache in kv.  0, or 1 after one line. */
+static int open_model(const char *path, bool as_f32, Dtype kv, Model *m)
+{
+    char err[1024];
+    ServeDtypes sd = { .dtype_set = as_f32, .dtype = DTYPE_F32, .kv = kv };
+    if (ckpt_open_serving(path, m, NULL, &sd, err, sizeof err)) {
+        if (err[0]) td_error("ckpt quantize: %s", err);
+        return 1;
+    }
+    return 0;
+}
+
 static int calibrate(const char *in, const char *out, const char *data, const char *split, size_t T, size_t max_win,
                      Dtype kv)
 {
     char err[1024];
     Model f, q;
-    ServeDtypes f32 = { .dtype_set = true, .dtype = DTYPE_F32, .kv = DTYPE_F32 }, asis = { .dtype = DTYPE_F32, .kv = kv };
-    if (ckpt_open_serving(in, &f, NULL, &f32, err, sizeof err)) {
-        if (err[0]) td_error("ckpt quantize: %s", err);
-        return 1;
-    }
+    if (open_model(in, true, DTYPE_F32, &f)) return 1;
     if (T > (size_t)f.cfg.max_position_embeddings) {
         td_error("ckpt quantize: --seq-len %zu exceeds the model's max_position_embeddings %d", T,
                  f.cfg.max_position_embeddings);
@@ -159,8 +168,7 @@ static int calibrate(const char *in, const char *out, const char *data, const ch
     int32_t *rt_f = td_malloc((N * per + 1) * sizeof(int32_t)), *rt_q = td_malloc((N * per + 1) * sizeof(int32_t));
     calib_run(&f, tok, n_win, T, lp_f, rt_f, n_moe);
     model_free(&f);   /* one model at a time */
-    if (ckpt_open_serving(out, &q, NULL, &asis, err, sizeof err)) {
-        if (err[0]) td_error("ckpt quantize: %s", err);
+    if (open_model(out, false, kv, &q)) {
         td_free(tok);
         td_free(lp_f);
         td_free(lp_q);
@@ -210,11 +218,7 @@ static GptqSet *gptq_build(const char *in, const char *data, size_t T, size_t n_
 {
     char err[1024];
     Model f;
-    ServeDtypes f32 = { .dtype_set = true, .dtype = DTYPE_F32, .kv = DTYPE_F32 };
-    if (ckpt_open_serving(in, &f, NULL, &f32, err, sizeof err)) {
-        if (err[0]) td_error("ckpt quantize: %s", err);
-        return NULL;
-    }
+    if (open_model(in, true, DTYPE_F32, &f)) return NULL;
     int32_t *tok = NULL;
     size_t nw = 0;
     GptqSet *g = NULL;
@@ -238,13 +242,8 @@ static int fit_routers(const char *in, const char *file, const char *data, size_
 {
     char err[1024];
     Model f, q;
-    ServeDtypes f32 = { .dtype_set = true, .dtype = DTYPE_F32, .kv = DTYPE_F32 }, asis = { .dtype = DTYPE_F32, .kv = kv };
-    if (ckpt_open_serving(in, &f, NULL, &f32, err, sizeof err)) {
-        if (err[0]) td_error("ckpt quantize: %s", err);
-        return 1;
-    }
-    if (ckpt_open_serving(file, &q, NULL, &asis, err, sizeof err)) {
-        if (err[0]) td_error("ckpt quantize: %s", err);
+    if (open_model(in, true, DTYPE_F32, &f)) return 1;
+    if (open_model(file, false, kv, &q)) {
         model_free(&f);
         return 1;
     }
