@@ -1,4 +1,4 @@
-/* core/ops/gemm_q8.c - the int8 forward product: int8 weights x 16-bit
+/* core/ops/gemm_q8.c - the int8 forward product: int8 weights x 14-bit
  * activations with exact integer group sums (the definition and the packed
  * layout are in gemm_q8.h).
  *
@@ -332,6 +332,16 @@ ALWAYS_INLINE const uint8_t *block_at(const GemmW *W, size_t p, size_t g)
     return (const uint8_t *)W->p + (p * groups_of(W->K) + g) * Q8_BLOCK;
 }
 
+/* -128 sum(qx) = -128 (129 sum(hi) + sum(lo)) of row r, group g: what the
+ * weights' + 128 adds to a group's sum (both SIMD kernels multiply the
+ * unsigned weight bytes) */
+ALWAYS_INLINE int32_t minus_bias(const GemmQX *qx, int r, size_t g)
+{
+    const int32_t *t = qx->sum + 2 * ((size_t)r * qx->G + g);
+    return -128 * (129 * t[0] + t[1]);
+}
+
+#ifdef Q8_VNNI
 /* 4 bytes of a digit row as one 32-bit value */
 ALWAYS_INLINE int32_t d4(const int8_t *q)
 {
@@ -346,7 +356,6 @@ ALWAYS_INLINE const int8_t *digits(const GemmQX *qx, int r, size_t g)
     return qx->q + r * qx->ldq + g * 2 * Q8_G;
 }
 
-#ifdef Q8_VNNI
 /* c = fma(sx * sw, (float)isum, c) for one vector of 16 columns, isum =
  * 129 sh + sl, sl having started from minus_bias */
 ALWAYS_INLINE __m512 fold(__m512 c, __m512i sh, __m512i sl, __m512 sx, const uint8_t *sw)
@@ -354,14 +363,6 @@ ALWAYS_INLINE __m512 fold(__m512 c, __m512i sh, __m512i sl, __m512 sx, const uin
     const __m512i isum = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(sh, 7), sh), sl);
     return _mm512_fmadd_ps(_mm512_mul_ps(sx, _mm512_loadu_ps((const float *)(const void *)sw)),
                            _mm512_cvtepi32_ps(isum), c);
-}
-
-/* -128 (129 sum(hi) + sum(lo)) of row r, group g: what the weights' + 128
- * adds to 129 sh + sl */
-ALWAYS_INLINE int32_t minus_bias(const GemmQX *qx, int r, size_t g)
-{
-    const int32_t *t = qx->sum + 2 * ((size_t)r * qx->G + g);
-    return -128 * (129 * t[0] + t[1]);
 }
 
 /* MR <= 2 rows x NP <= 4 full panels from panel p (MR NP <= 4: two sums
@@ -498,13 +499,6 @@ static void rows_wide(int MR, float *y, size_t ldy, const GemmQX *qx, const Gemm
 #define HAVE_WIDE 1
 
 #elif defined(Q8_AVX2)
-/* -128 (129 sum(hi) + sum(lo)) of row r, group g (what the + 128 adds) */
-ALWAYS_INLINE __m256i minus_bias8(const GemmQX *qx, int r, size_t g)
-{
-    const int32_t *t = qx->sum + 2 * ((size_t)r * qx->G + g);
-    return _mm256_set1_epi32(-128 * (129 * t[0] + t[1]));
-}
-
 /* a + the products of the 16 weight bytes at w (4 columns x 4 k, q + 128)
  * widened to 16-bit words with xb (x's 4 values as pairs x0 x1, x2 x3),
  * a lane's two added (vpmaddwd: exact, each below 2^22): lane 2 j holds
@@ -518,7 +512,7 @@ ALWAYS_INLINE __m256i step4(__m256i a, const uint8_t *w, __m256i xb)
 /* Column sums of 8 columns from step4's two vectors (columns 0-3, 4-7):
  * vphaddd adds each column's two lanes (columns 0 1 4 5 | 2 3 6 7 in the
  * 128-bit halves; 64-bit blocks 0 2 1 3 put them in order), and mb (the
- * + 128's share, minus_bias8) */
+ * + 128's share, minus_bias) */
 ALWAYS_INLINE __m256i cols_of(__m256i a0, __m256i a1, __m256i mb)
 {
     return _mm256_add_epi32(_mm256_permute4x64_epi64(_mm256_hadd_epi32(a0, a1), 0xd8), mb);
@@ -573,7 +567,7 @@ ALWAYS_INLINE void cols8_avx2(const int MR, float *y, size_t ldy, const GemmQX *
         }
 #pragma GCC unroll 4
         for (int r = 0; r < MR; r++)
-            c[r] = fold8(c[r], cols_of(a0[r], a1[r], minus_bias8(qx, r, g)), qx->s[r * G + g],
+            c[r] = fold8(c[r], cols_of(a0[r], a1[r], _mm256_set1_epi32(minus_bias(qx, r, g))), qx->s[r * G + g],
                          blk + Q8_WBYTES + c0 * 4);
     }
 #pragma GCC unroll 4
@@ -600,7 +594,7 @@ static void row_panel_avx2(float *y, const GemmQX *qx, const GemmW *W, size_t p,
 #pragma GCC unroll 8
             for (int v = 0; v < 8; v++) a[v] = step4(a[v], blk + k4 * GEMM_NR * 4 + v * 16, xb);
         }
-        const __m256i mb = minus_bias8(qx, 0, g);
+        const __m256i mb = _mm256_set1_epi32(minus_bias(qx, 0, g));
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++)
             c[v] = fold8(c[v], cols_of(a[2 * v], a[2 * v + 1], mb), qx->s[g], blk + Q8_WBYTES + v * 32);

@@ -1,9 +1,9 @@
 /* core/ops/gemm_q8.h - the int8 forward product (internal to core/ops/gemm.c).
  *
  * y = x W^T with W int8 (one float32 scale per group of 32 weights along K)
- * and x rounded per row, on the fly, to 16-bit integers in the same groups
- * (int8 weights x int16 activations): every group's dot product is an
- * exact integer sum, and only the combination of the groups is floating
+ * and x rounded per row, on the fly, to integers of 14 bits in the same
+ * groups (int8 weights x 14-bit activations): every group's dot product is
+ * an exact integer sum, and only the combination of the groups is floating
  * point.  For row m, column n and the G = ceil(K / 32) groups g of K (the
  * last one K mod 32 long when K is not a multiple of 32):
  *
@@ -15,15 +15,15 @@
  *   output:       c = +0;  for g = 0 .. G-1:  c = fma(sx[m][g] * sw[n][g], (float)isum, c);  y[m][n] = c
  *
  * QX = 8320 = 129 * 64 + 64: qx = 129 hi + lo with hi = floor((qx + 64) /
- * 129) and lo = qx - 129 hi, both in [-64, 64], so that isum = 129 sum(hi
- * qw) + sum(lo qw) is two byte dot products of the weights held unsigned
- * (qw + 128, at most 255) with signed digits: AVX-512 VNNI vpdpbusd (64
- * multiply-adds an instruction) and AVX2 vpmaddubsw, whose 16-bit pair
- * sums stay exact because 2 * 255 * 64 < 2^15; the + 128 comes off as 128
- * (129 sum(hi) + sum(lo)).  sx * sw is one rounded float32 product; |isum|
- * <= 32 * 8320 * 127 < 2^26, so no sum overflows,
- * and (float)isum is the one round-to-nearest-even conversion of that
- * integer.  An integer sum has one value whatever the order of its terms,
+ * 129) and lo = qx - 129 hi, both in [-64, 64], so that with AVX-512 VNNI
+ * isum = 129 sum(hi qw) + sum(lo qw) is two vpdpbusd chains (64
+ * multiply-adds an instruction) of the weights held unsigned (qw + 128, at
+ * most 255) against the signed digits; AVX2 multiplies qx itself, as
+ * 16-bit words, with the weight bytes widened (vpmaddwd).  Either way the
+ * weights' + 128 comes off as 128 sum(qx) = 128 (129 sum(hi) + sum(lo)).
+ * sx * sw is one rounded float32 product; |isum| <= 32 * 8320 * 127 <
+ * 2^26, so no sum overflows, and (float)isum is the one
+ * round-to-nearest-even conversion of that integer.  An integer sum has one value whatever the order of its terms,
  * so every path -- VNNI, AVX2 and portable C -- gives the same bits, and
  * row m of y depends on row m of x and on W only (row-invariant, as
  * gemm.h's float chains).  x's rounding is relative 2^-14 of its group's
