@@ -142,24 +142,37 @@ static int open_model(const char *path, bool as_f32, Dtype kv, Model *m)
     return 0;
 }
 
+/* The windows of T + 1 tokens (at most max_win) of split of data for m:
+ * *tok (td_malloc'd) and *n_win.  0; 2 after one line when T exceeds m's
+ * context; 1 after one line (prefixed by what: "", "--gptq: " ...) when
+ * data does not give them. */
+static int model_windows(const Model *m, const char *data, const char *split, size_t T, size_t max_win,
+                         const char *what, int32_t **tok, size_t *n_win)
+{
+    char err[1024];
+    if (T > (size_t)m->cfg.max_position_embeddings) {
+        td_error("ckpt quantize: --seq-len %zu exceeds the model's max_position_embeddings %d", T,
+                 m->cfg.max_position_embeddings);
+        return 2;
+    }
+    if (read_windows(data, split, T, max_win, m->cfg.vocab_size, tok, n_win, err, sizeof err)) {
+        td_error("ckpt quantize: %s%s", what, err);
+        return 1;
+    }
+    return 0;
+}
+
 static int calibrate(const char *in, const char *out, const char *data, const char *split, size_t T, size_t max_win,
                      Dtype kv)
 {
-    char err[1024];
     Model f, q;
     if (open_model(in, true, DTYPE_F32, &f)) return 1;
-    if (T > (size_t)f.cfg.max_position_embeddings) {
-        td_error("ckpt quantize: --seq-len %zu exceeds the model's max_position_embeddings %d", T,
-                 f.cfg.max_position_embeddings);
-        model_free(&f);
-        return 2;
-    }
     int32_t *tok;
     size_t n_win;
-    if (read_windows(data, split, T, max_win, f.cfg.vocab_size, &tok, &n_win, err, sizeof err)) {
-        td_error("ckpt quantize: %s", err);
+    const int wrc = model_windows(&f, data, split, T, max_win, "", &tok, &n_win);
+    if (wrc) {
         model_free(&f);
-        return 1;
+        return wrc;
     }
     int n_moe = 0;
     for (int l = f.topo.layer_begin; l < f.topo.layer_end; l++) n_moe += f.layers[l].moe;
@@ -216,18 +229,12 @@ static int calibrate(const char *in, const char *out, const char *data, const ch
  * train split of data; NULL after one printed line. */
 static GptqSet *gptq_build(const char *in, const char *data, size_t T, size_t n_win, double damp)
 {
-    char err[1024];
     Model f;
     if (open_model(in, true, DTYPE_F32, &f)) return NULL;
     int32_t *tok = NULL;
     size_t nw = 0;
     GptqSet *g = NULL;
-    if (T > (size_t)f.cfg.max_position_embeddings)
-        td_error("ckpt quantize: --seq-len %zu exceeds the model's max_position_embeddings %d", T,
-                 f.cfg.max_position_embeddings);
-    else if (read_windows(data, "train", T, n_win, f.cfg.vocab_size, &tok, &nw, err, sizeof err))
-        td_error("ckpt quantize: --gptq: %s", err);
-    else
+    if (!model_windows(&f, data, "train", T, n_win, "--gptq: ", &tok, &nw))
         g = gptq_collect(&f, tok, nw, T, damp);   /* takes f over */
     td_free(tok);
     model_free(&f);
@@ -250,36 +257,30 @@ static int fit_routers(const char *in, const char *file, const char *data, size_
     int32_t *tok = NULL;
     size_t nw = 0;
     RouteFit *r = NULL;
-    int n = 0, rc = 1;
-    if (T > (size_t)f.cfg.max_position_embeddings)
-        td_error("ckpt quantize: --seq-len %zu exceeds the model's max_position_embeddings %d", T,
-                 f.cfg.max_position_embeddings);
-    else if (read_windows(data, "train", T, n_win, f.cfg.vocab_size, &tok, &nw, err, sizeof err))
+    int n = 0, rc = model_windows(&f, data, "train", T, n_win, "--fit-routers: ", &tok, &nw) ? 1 : 0;
+    if (!rc && route_fit(&f, &q, tok, nw, T, ridge, &r, &n, err, sizeof err)) {
         td_error("ckpt quantize: --fit-routers: %s", err);
-    else if (route_fit(&f, &q, tok, nw, T, ridge, &r, &n, err, sizeof err))
-        td_error("ckpt quantize: --fit-routers: %s", err);
-    else {
-        char note[256];
-        (void)td_snprintf(note, sizeof note,
-                          "{\"kv_dtype\":\"%s\",\"split\":\"train\",\"windows\":%zu,\"seq_len\":%zu,\"ridge\":%g}",
-                          dtype_name(kv), nw, T, ridge);
-        rc = 0;
-        for (int i = 0; i < n && !rc; i++)
-            if (ckpt_overwrite_f32(file, r[i].name, r[i].w, r[i].E * r[i].d, i == n - 1 ? "router_fit" : NULL, note,
-                                   err, sizeof err)) {
-                td_error("ckpt quantize: --fit-routers: %s", err);
-                rc = 1;
-            }
-        if (!rc) {
-            printf("{\"fit_routers\":%d,\"kv_dtype\":\"%s\",\"windows\":%zu,\"seq_len\":%zu,\"ridge\":%g,"
-                   "\"logit_rmse_before\":[", n, dtype_name(kv), nw, T, ridge);
-            for (int i = 0; i < n; i++) printf("%s%.6g", i ? "," : "", r[i].logit_rmse_before);
-            printf("],\"logit_rmse_after\":[");
-            for (int i = 0; i < n; i++) printf("%s%.6g", i ? "," : "", r[i].logit_rmse_after);
-            printf("]}\n");
-            fflush(stdout);
-            if (n == 0) fprintf(stderr, "ckpt quantize: --fit-routers: the model has no MoE layer: nothing to fit\n");
+        rc = 1;
+    }
+    char note[256];
+    (void)td_snprintf(note, sizeof note,
+                      "{\"kv_dtype\":\"%s\",\"split\":\"train\",\"windows\":%zu,\"seq_len\":%zu,\"ridge\":%g}",
+                      dtype_name(kv), nw, T, ridge);
+    for (int i = 0; i < n && !rc; i++)
+        if (ckpt_overwrite_f32(file, r[i].name, r[i].w, r[i].E * r[i].d, i == n - 1 ? "router_fit" : NULL, note, err,
+                               sizeof err)) {
+            td_error("ckpt quantize: --fit-routers: %s", err);
+            rc = 1;
         }
+    if (!rc) {
+        printf("{\"fit_routers\":%d,\"kv_dtype\":\"%s\",\"windows\":%zu,\"seq_len\":%zu,\"ridge\":%g,"
+               "\"logit_rmse_before\":[", n, dtype_name(kv), nw, T, ridge);
+        for (int i = 0; i < n; i++) printf("%s%.6g", i ? "," : "", r[i].logit_rmse_before);
+        printf("],\"logit_rmse_after\":[");
+        for (int i = 0; i < n; i++) printf("%s%.6g", i ? "," : "", r[i].logit_rmse_after);
+        printf("]}\n");
+        fflush(stdout);
+        if (n == 0) fprintf(stderr, "ckpt quantize: --fit-routers: the model has no MoE layer: nothing to fit\n");
     }
     route_fit_free(r, n);
     td_free(tok);
