@@ -30,6 +30,7 @@
 #include "core/pool.h"
 #include "infer/engine.h"
 #include "infer/kvcache.h"
+#include "tests/fixture.h"
 
 static void setup(void) { pool_init(1); }
 
@@ -49,13 +50,7 @@ static void tiny_long(Model *m)
                             " \"head_dim\": 8, \"qk_norm\": \"head\", \"norm_topk_prob\": true,"
                             " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 8.0,"
                             " \"original_max_position_embeddings\": 4160}}";
-    ModelConfig cfg;
-    char err[256];
-    cr_assert(config_parse(&cfg, js, err, sizeof err) == 0, "%s", err);
-    Topology t;
-    topo_single(&t, &cfg);
-    model_init(m, &cfg, &t, false, 16);
-    model_init_weights(m, 11);
+    fixture_model(m, js, 11);
 }
 
 /* Tokens of a sequence: a generator's, so that attention sees varied keys. */
