@@ -559,17 +559,57 @@ Test(gemm, int8_weights_bit_identical_to_the_definition)
     EXPECT_NO_LEAKS();
 }
 
+/* Mismatches of qx (M rows of K, from x with row stride K) against the
+ * definition above, value for value with its scales and sums, in the one
+ * form this build holds: 16-bit, or two digits (qx = 129 hi + lo, both in
+ * [-64, 64]); zero past K. */
+static size_t qx_mismatches(const GemmQX *qx, const float *x, size_t M, size_t K)
+{
+    const size_t G = (K + 31) / 32;
+    size_t bad = 0;
+    cr_assert((qx->q != NULL) != (qx->q16 != NULL), "qx holds %s", qx->q ? "both forms" : "neither form");
+    for (size_t m = 0; m < M; m++)
+        for (size_t g = 0; g < G; g++) {
+            const size_t ng = K - 32 * g < 32 ? K - 32 * g : 32;
+            int ref[32];
+            float s;
+            quant_group(ref, x + m * K + 32 * g, ng, &s, 8320.0f);
+            int32_t sum = 0;
+            for (size_t i = 0; i < 32; i++) {
+                const int want = i < ng ? ref[i] : 0;
+                sum += want;
+                if (qx->q16) {
+                    const int got = qx->q16[m * qx->ldq / 2 + g * 32 + i];
+                    if (got != want && bad++ < 5)
+                        cr_expect(0, "row %zu group %zu: q16[%zu] = %d, the definition gives %d", m, g, i, got, want);
+                } else {
+                    const int8_t *hi = qx->q + m * qx->ldq + g * 64, *lo = hi + 32;
+                    if ((129 * hi[i] + lo[i] != want || hi[i] < -64 || hi[i] > 64 || lo[i] < -64 || lo[i] > 64) &&
+                        bad++ < 5)
+                        cr_expect(0, "row %zu group %zu: q[%zu] = 129 * %d + %d, the definition gives %d", m, g, i,
+                                  hi[i], lo[i], want);
+                }
+            }
+            const float got = qx->s[m * G + g];
+            if (memcmp(&got, &s, sizeof s) != 0 && !(isnan(got) && isnan(s)) && bad++ < 5)
+                cr_expect(0, "row %zu group %zu: scale %a, the definition gives %a", m, g, (double)got, (double)s);
+            if (!isnan(s) && s > 0 && qx->sum[m * G + g] != sum && bad++ < 5)
+                cr_expect(0, "row %zu group %zu: sum %d, the values give %d", m, g, qx->sum[m * G + g], sum);
+        }
+    return bad;
+}
+
 /* The activation rounding (core/ops/gemm_q8.c: its vector path on this
- * build) against the definition above, value for value with its scales:
- * rows of K = 100 (three whole groups and a partial one) over several
- * binades, an all-zero group, a group with a NaN, one with an infinity,
- * one of exact ties (scale 1: k + 0.5 rounds to even) and one whose values
- * sit on and beside the digit boundaries (multiples of 129 plus or minus
- * 64 and 65); qx in both its forms: 16-bit, and two digits (qx = 129 hi
- * + lo, both in [-64, 64]) with their sums. */
+ * build) against the definition above: rows of K = 100 (three whole
+ * groups and a partial one) over several binades, an all-zero group, a
+ * group with a NaN, one with an infinity, one of exact ties (scale 1:
+ * k + 0.5 rounds to even) and one whose values sit on and beside the digit
+ * boundaries (multiples of 129 plus or minus 64 and 65); then every value
+ * qx can take, -8320 .. 8320, at scale 1 (each group holds 8320 to pin
+ * it), so the digit split is checked for all of them. */
 Test(gemm, int8_activation_rounding_matches_the_definition)
 {
-    const size_t M = 8, K = 100, G = 4;
+    const size_t M = 8, K = 100;
     float *x = fixture_rand(M * K, 11, -1, 1);
     for (size_t i = 0; i < M * K; i++) x[i] *= (float)(1 << (i * 7919 % 11)) * 0.01f;
     for (size_t i = 0; i < 32; i++) x[1 * K + i] = 0.0f;
@@ -585,42 +625,25 @@ Test(gemm, int8_activation_rounding_matches_the_definition)
     GemmQX qx;
     void *buf = td_malloc(gemm_q8_qx_bytes(M, K));
     gemm_q8_quantize_x(&qx, buf, x, K, M, K);
-    size_t bad = 0;
-    for (size_t m = 0; m < M; m++)
-        for (size_t g = 0; g < G; g++) {
-            const size_t ng = K - 32 * g < 32 ? K - 32 * g : 32;
-            int ref[32];
-            float s;
-            quant_group(ref, x + m * K + 32 * g, ng, &s, 8320.0f);
-            const int8_t *hi = qx.q + m * qx.ldq + g * 64, *lo = hi + 32;
-            int32_t sh = 0, sl = 0;
-            for (size_t i = 0; i < 32; i++) {
-                const int want = i < ng ? ref[i] : 0, got = 129 * hi[i] + lo[i];
-                sh += hi[i];
-                sl += lo[i];
-                if (qx.q16[m * qx.ldq / 2 + g * 32 + i] != want) {
-                    if (bad++ < 5) cr_expect(0, "row %zu group %zu: q16[%zu] = %d, the definition gives %d", m, g, i,
-                                             qx.q16[m * qx.ldq / 2 + g * 32 + i], want);
-                }
-                if (got != want || hi[i] < -64 || hi[i] > 64 || lo[i] < -64 || lo[i] > 64) {
-                    if (bad++ < 5) cr_expect(0, "row %zu group %zu: q[%zu] = 129 * %d + %d, the definition gives %d", m,
-                                             g, i, hi[i], lo[i], want);
-                }
-            }
-            const float got = qx.s[m * G + g];
-            if (memcmp(&got, &s, sizeof s) != 0 && !(isnan(got) && isnan(s))) {
-                bad++;
-                cr_expect(0, "row %zu group %zu: scale %a, the definition gives %a", m, g, (double)got, (double)s);
-            }
-            if (qx.sum[2 * (m * G + g)] != sh || qx.sum[2 * (m * G + g) + 1] != sl) {
-                bad++;
-                cr_expect(0, "row %zu group %zu: digit sums %d, %d; the digits give %d, %d", m, g,
-                          qx.sum[2 * (m * G + g)], qx.sum[2 * (m * G + g) + 1], sh, sl);
-            }
-        }
-    cr_expect(bad == 0, "%zu mismatches", bad);
+    size_t bad = qx_mismatches(&qx, x, M, K);
     td_free(buf);
     td_free(x);
+
+    const size_t KA = 32 * 537;   /* 537 groups of 8320 and 31 values: all 16641 */
+    float *all = td_malloc(KA * sizeof(float));
+    for (size_t g = 0; g < KA / 32; g++) {
+        all[32 * g] = g % 2 ? -8320.0f : 8320.0f;
+        for (size_t i = 1; i < 32; i++) {
+            const long v = -8320 + (long)(31 * g + i - 1);
+            all[32 * g + i] = (float)(v < 8320 ? v : 8320);
+        }
+    }
+    buf = td_malloc(gemm_q8_qx_bytes(1, KA));
+    gemm_q8_quantize_x(&qx, buf, all, KA, 1, KA);
+    bad += qx_mismatches(&qx, all, 1, KA);
+    cr_expect(bad == 0, "%zu mismatches", bad);
+    td_free(buf);
+    td_free(all);
 }
 
 Test(gemm, int8_test_would_notice_another_rounding_and_non_finite_x_gives_nan)

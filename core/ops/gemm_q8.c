@@ -2,11 +2,12 @@
  * activations with exact integer group sums (the definition and the packed
  * layout are in gemm_q8.h).
  *
- * x's integers are held both as 16-bit values and as two signed bytes,
- * qx = 129 hi + lo.  Kernels: with AVX-512 VNNI, vpdpbusd takes 16 columns
+ * x's integers are held in the one form the build's kernel reads: two
+ * signed bytes, qx = 129 hi + lo (VNNI), or 16-bit values (AVX2,
+ * portable).  Kernels: with AVX-512 VNNI, vpdpbusd takes 16 columns
  * x 4 k of weights (unsigned, q + 128) against 4 broadcast bytes of hi,
  * and again of lo, into two sums; at the group's end isum = 129 sum_hi +
- * sum_lo - 128 (129 sum(hi) + sum(lo)).  The AVX2 kernel (also used by
+ * sum_lo - 128 sum(qx).  The AVX2 kernel (also used by
  * AVX-512 machines without VNNI) multiplies the 16-bit values with
  * vpmaddwd against the weight bytes widened to 16-bit words (cols8_avx2);
  * the portable one is plain C on the 16-bit values.  The integer sums are
@@ -93,19 +94,31 @@ void gemm_q8_unpack_row(float *dst, const GemmW *W, size_t n)
 
 /* ---------------------------------------------------------------- activations */
 
+#ifdef Q8_VNNI
+#define Q8_DIGITS 1   /* the kernel multiplies qx's digits */
+#else
+#define Q8_DIGITS 0   /* ... qx itself, as 16-bit words */
+#endif
+
 size_t gemm_q8_qx_bytes(size_t M, size_t K)
 {
-    const size_t G = groups_of(K);
-    return 2 * td_round_up(M * G * 2 * Q8_G, 64) + td_round_up(M * G * 4, 64) + td_round_up(M * G * 8, 64);
+    const size_t G = groups_of(K);   /* 64 bytes a group either way: 2 x 32 digits or 32 int16 */
+    return td_round_up(M * G * 2 * Q8_G, 64) + 2 * td_round_up(M * G * 4, 64);
 }
 
-/* qx's digits: hi = floor((qx + 64) / 129), lo = qx - 129 hi (gemm_q8.h);
- * the offset keeps C's truncating division on non-negative numbers */
-static inline int digit_hi(int v) { return (v + 64 + 129 * 128) / 129 - 128; }
+/* qx's high digit: hi = floor((qx + 64) / 129), as floor(n / 129) - 64
+ * with n = qx + 64 + 129 * 64 in [0, 16640]: n * 16257 / 2^21 exceeds
+ * n / 129 by at most 16640 * 0.0078 / 2^21 < 1e-4, less than the distance
+ * 1/129 from a non-integer quotient to the next integer, so the shift
+ * floors exactly (and n * 16257 < 2^31). */
+#define DIGIT_M 16257
+#define DIGIT_SH 21
+static inline int digit_hi(int v) { return ((v + Q8_QX) * DIGIT_M >> DIGIT_SH) - 64; }
 
-/* One group of n <= 32 values: q16[0..32), its digits hi[0..32), lo[0..32)
- * (zero past n) and their sums; returns sx. */
-static float round_group(int16_t *q16, int8_t *hi, int8_t *lo, int32_t *sum, const float *x, size_t n)
+/* One group of n <= 32 values of x into this build's form (dg: 32 hi then
+ * 32 lo digits; q16: the values; zero past n), its sum of qx in *sum;
+ * returns sx. */
+static float round_group(int8_t *dg, int16_t *q16, int32_t *sum, const float *x, size_t n)
 {
     float amax = 0.0f;
     int nan = 0;
@@ -143,67 +156,55 @@ static float round_group(int16_t *q16, int8_t *hi, int8_t *lo, int32_t *sum, con
         amax = a > amax ? a : amax;
     }
     const float s = nan ? NAN : amax / QX_F;
-    memset(q16, 0, Q8_G * sizeof(int16_t));
-    memset(hi, 0, Q8_G);
-    memset(lo, 0, Q8_G);
-    sum[0] = sum[1] = 0;
-    if (!(s > 0.0f && s < INFINITY)) return s;
-    int32_t th = 0, tl = 0;
+    *sum = 0;
+    if (n < Q8_G || !(s > 0.0f && s < INFINITY)) {   /* else every value below is written */
+        if (Q8_DIGITS) memset(dg, 0, 2 * Q8_G);
+        else memset(q16, 0, Q8_G * sizeof(int16_t));
+        if (!(s > 0.0f && s < INFINITY)) return s;
+    }
+    int32_t t = 0;
     i = 0;
-    /* The vector paths take hi = floor((v + 64) / 129) in float: v + 64 is
-     * an integer below 2^14, so an exact multiple of 129 divides exactly
-     * and any other is at least 1/129 from the next integer, far more than
-     * the quotient's rounding error (2^-18 here): the floor is exact. */
 #ifdef Q8_X512
     if (n == Q8_G) {
         const __m512 vs = _mm512_set1_ps(s), top = _mm512_set1_ps(QX_F), bot = _mm512_set1_ps(-QX_F);
-        const __m512 off = _mm512_set1_ps(64.0f), base = _mm512_set1_ps(129.0f);
+        __m512i vt = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
             __m512 v = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(x + 16 * h), vs),
                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            v = _mm512_max_ps(_mm512_min_ps(v, top), bot);
-            const __m512 d = _mm512_roundscale_ps(_mm512_div_ps(_mm512_add_ps(v, off), base),
-                                                  _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-            const __m512i vh = _mm512_cvttps_epi32(d), vl = _mm512_cvttps_epi32(_mm512_fnmadd_ps(d, base, v));
-            _mm256_storeu_si256((__m256i *)(void *)(q16 + 16 * h), _mm512_cvtepi32_epi16(_mm512_cvttps_epi32(v)));
-            _mm_storeu_si128((__m128i *)(void *)(hi + 16 * h), _mm512_cvtepi32_epi8(vh));
-            _mm_storeu_si128((__m128i *)(void *)(lo + 16 * h), _mm512_cvtepi32_epi8(vl));
-            th += _mm512_reduce_add_epi32(vh);
-            tl += _mm512_reduce_add_epi32(vl);
+            const __m512i vq = _mm512_cvttps_epi32(_mm512_max_ps(_mm512_min_ps(v, top), bot));
+            vt = _mm512_add_epi32(vt, vq);
+            if (Q8_DIGITS) {   /* digit_hi, 16 at a time; lo = qx - 129 hi */
+                const __m512i vh = _mm512_sub_epi32(
+                    _mm512_srai_epi32(_mm512_mullo_epi32(_mm512_add_epi32(vq, _mm512_set1_epi32(Q8_QX)),
+                                                         _mm512_set1_epi32(DIGIT_M)), DIGIT_SH),
+                    _mm512_set1_epi32(64));
+                const __m512i vl = _mm512_sub_epi32(vq, _mm512_add_epi32(_mm512_slli_epi32(vh, 7), vh));
+                _mm_storeu_si128((__m128i *)(void *)(dg + 16 * h), _mm512_cvtepi32_epi8(vh));
+                _mm_storeu_si128((__m128i *)(void *)(dg + Q8_G + 16 * h), _mm512_cvtepi32_epi8(vl));
+            } else {
+                _mm256_storeu_si256((__m256i *)(void *)(q16 + 16 * h), _mm512_cvtepi32_epi16(vq));
+            }
         }
+        t = _mm512_reduce_add_epi32(vt);
         i = n;
     }
 #elif defined(Q8_X256)
-    if (n == Q8_G) {   /* the scalar steps below, 8 at a time; the packs do not saturate (|digit| <= 64) */
+    if (n == Q8_G) {   /* the scalar steps below, 8 at a time (no AVX2 build reads digits) */
         const __m256 vs = _mm256_set1_ps(s), top = _mm256_set1_ps(QX_F), bot = _mm256_set1_ps(-QX_F);
-        const __m256 off = _mm256_set1_ps(64.0f), base = _mm256_set1_ps(129.0f);
-        __m256i vq[4], vh[4], vl[4], ah = _mm256_setzero_si256(), al = _mm256_setzero_si256();
+        __m256i vq[4], vt = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int h = 0; h < 4; h++) {
-            __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + 8 * h), vs),
-                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            v = _mm256_max_ps(_mm256_min_ps(v, top), bot);
-            const __m256 d = _mm256_round_ps(_mm256_div_ps(_mm256_add_ps(v, off), base),
-                                             _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-            vq[h] = _mm256_cvttps_epi32(v);
-            vh[h] = _mm256_cvttps_epi32(d);
-            vl[h] = _mm256_cvttps_epi32(_mm256_fnmadd_ps(d, base, v));
-            ah = _mm256_add_epi32(ah, vh[h]);
-            al = _mm256_add_epi32(al, vl[h]);
+            const __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + 8 * h), vs),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            vq[h] = _mm256_cvttps_epi32(_mm256_max_ps(_mm256_min_ps(v, top), bot));
+            vt = _mm256_add_epi32(vt, vq[h]);
         }
-        /* per 128-bit lane the packs give 4-value pieces v0 v1 v2 v3 (lane 0: values 0-3 of each, lane 1: 4-7) */
-        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-        const __m256i bh = _mm256_packs_epi16(_mm256_packs_epi32(vh[0], vh[1]), _mm256_packs_epi32(vh[2], vh[3]));
-        const __m256i bl = _mm256_packs_epi16(_mm256_packs_epi32(vl[0], vl[1]), _mm256_packs_epi32(vl[2], vl[3]));
         /* packs_epi32 interleaves 4-value pieces per 128-bit lane: 64-bit blocks 0 2 1 3 restore the order */
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++)
             _mm256_storeu_si256((__m256i *)(void *)(q16 + 16 * h),
                                 _mm256_permute4x64_epi64(_mm256_packs_epi32(vq[2 * h], vq[2 * h + 1]), 0xd8));
-        _mm256_storeu_si256((__m256i *)(void *)hi, _mm256_permutevar8x32_epi32(bh, order));
-        _mm256_storeu_si256((__m256i *)(void *)lo, _mm256_permutevar8x32_epi32(bl, order));
-        th = hsum8(ah);
-        tl = hsum8(al);
+        t = hsum8(vt);
         i = n;
     }
 #endif
@@ -211,15 +212,17 @@ static float round_group(int16_t *q16, int8_t *hi, int8_t *lo, int32_t *sum, con
         float v = rintf(x[i] / s);   /* to nearest, ties to even (the default mode) */
         v = v > QX_F ? QX_F : v;
         v = v < -QX_F ? -QX_F : v;
-        const int q = (int)v, h = digit_hi(q);
-        q16[i] = (int16_t)q;
-        hi[i] = (int8_t)h;
-        lo[i] = (int8_t)(q - 129 * h);
-        th += hi[i];
-        tl += lo[i];
+        const int q = (int)v;
+        if (Q8_DIGITS) {
+            const int h = digit_hi(q);
+            dg[i] = (int8_t)h;
+            dg[Q8_G + i] = (int8_t)(q - 129 * h);
+        } else {
+            q16[i] = (int16_t)q;
+        }
+        t += q;
     }
-    sum[0] = th;
-    sum[1] = tl;
+    *sum = t;
     return s;
 }
 
@@ -227,15 +230,15 @@ void gemm_q8_quantize_x(GemmQX *qx, void *buf, const float *x, size_t ldx, size_
 {
     const size_t G = groups_of(K);
     const size_t nq = td_round_up(M * G * 2 * Q8_G, 64);
-    int8_t *q = buf;
-    int16_t *q16 = (int16_t *)(void *)((char *)buf + nq);
-    float *s = (float *)(void *)((char *)buf + 2 * nq);
+    int8_t *q = Q8_DIGITS ? buf : NULL;
+    int16_t *q16 = Q8_DIGITS ? NULL : buf;
+    float *s = (float *)(void *)((char *)buf + nq);
     int32_t *sum = (int32_t *)(void *)((char *)s + td_round_up(M * G * 4, 64));
     for (size_t m = 0; m < M; m++)
         for (size_t g = 0; g < G; g++) {
-            int8_t *d = q + (m * G + g) * 2 * Q8_G;
-            s[m * G + g] = round_group(q16 + (m * G + g) * Q8_G, d, d + Q8_G, &sum[2 * (m * G + g)],
-                                       x + m * ldx + g * Q8_G, td_min(Q8_G, K - g * Q8_G));
+            const size_t mg = m * G + g;
+            s[mg] = round_group(q ? q + mg * 2 * Q8_G : NULL, q16 ? q16 + mg * Q8_G : NULL, &sum[mg],
+                                x + m * ldx + g * Q8_G, td_min(Q8_G, K - g * Q8_G));
         }
     *qx = (GemmQX){ q, q16, s, sum, 2 * G * Q8_G, G };
 }
@@ -337,8 +340,7 @@ ALWAYS_INLINE const uint8_t *block_at(const GemmW *W, size_t p, size_t g)
  * unsigned weight bytes) */
 ALWAYS_INLINE int32_t minus_bias(const GemmQX *qx, int r, size_t g)
 {
-    const int32_t *t = qx->sum + 2 * ((size_t)r * qx->G + g);
-    return -128 * (129 * t[0] + t[1]);
+    return -128 * qx->sum[(size_t)r * qx->G + g];
 }
 
 #ifdef Q8_VNNI

@@ -54,11 +54,12 @@
 
 #define Q8_QX      8320                           /* x's integer range, QX above */
 
-/* x rounded for the int8 product, per row: qx itself, q16 (ldq = 32 G
- * int16 values), and its digits, q (ldq bytes: for each group 32 bytes of
- * hi, then 32 of lo), zero past K; the scales sx[m * G + g] and the digit
- * sums sum[2 (m * G + g)] = sum of hi, [.. + 1] = of lo.  Each kernel reads
- * the form it multiplies. */
+/* x rounded for the int8 product, per row, in the one form this build's
+ * kernel multiplies (the other pointer is NULL): the digits q (VNNI: ldq
+ * bytes a row, for each group 32 bytes of hi, then 32 of lo) or qx itself
+ * as q16 (AVX2, portable: ldq / 2 int16 values a row), zero past K; the
+ * scales sx[m * G + g] and the sums sum[m * G + g] = sum of the group's qx
+ * (= 129 sum(hi) + sum(lo)). */
 typedef struct {
     const int8_t *q;
     const int16_t *q16;
@@ -70,8 +71,8 @@ typedef struct {
 /* qx from its row m0 on. */
 static inline GemmQX gemm_q8_qx_rows(const GemmQX *qx, size_t m0)
 {
-    return (GemmQX){ qx->q + m0 * qx->ldq, qx->q16 + m0 * qx->ldq / 2, qx->s + m0 * qx->G, qx->sum + 2 * m0 * qx->G,
-                     qx->ldq, qx->G };
+    return (GemmQX){ qx->q ? qx->q + m0 * qx->ldq : NULL, qx->q16 ? qx->q16 + m0 * qx->ldq / 2 : NULL,
+                     qx->s + m0 * qx->G, qx->sum + m0 * qx->G, qx->ldq, qx->G };
 }
 
 /* Bytes of the rounded x of M rows of K (a multiple of 64). */
