@@ -4,8 +4,9 @@
  * One pool per process, owning the cores it is given: the calling thread is
  * worker 0 and n-1 helper threads join it.  pool_for cuts [0, n) into
  * contiguous chunks, a few per thread, whose boundaries depend only on n,
- * the grain and the thread count; the threads claim chunks as they get to
- * them, so a thread slowed by the host does not hold the region up.  Every
+ * the grain and the thread count; each thread runs its own contiguous
+ * share of them, then takes what is left of the others' (from the back),
+ * so a thread slowed by the host does not hold the region up.  Every
  * kernel in tandem computes each output element in a fixed order whatever
  * the split, so results depend neither on who ran a chunk nor (except for
  * the BLAS backward of non-AVX-512 builds, core/ops/gemm.h) on the thread count.

@@ -2,7 +2,8 @@
  * ranges on multiples of the grain, every item exactly once, a region
  * started right after pool_init (regression: a helper that had not started
  * running yet missed that region and pool_for waited for it forever), a
- * slow helper leaving its share to the caller, and a preempted helper that
+ * slow helper leaving its share to the caller and a slow caller its share
+ * to the helper, and a preempted helper that
  * never claims a range of a region that is over. */
 #include "core/common.h"
 #include "core/pool.h"
@@ -144,6 +145,44 @@ Test(pool, a_stalled_helper_leaves_its_share_to_the_caller)
     cr_expect_eq(calls, 8);
     cr_expect(!atomic_load(&g_stall_timed_out), "the caller did not run all 8 ranges within 10 s of the stall");
     cr_expect_eq(by_caller, 8, "the caller ran %d of %d ranges while the helper stalled", by_caller, calls);
+}
+
+/* The other way round: the caller stalls on its first range (the hook
+ * runs right after a claim) and the helper, done with its own share,
+ * takes the rest of the caller's: 7 of the 8 ranges. */
+static _Atomic int g_caller_stalled;
+static void stall_caller(void)
+{
+    if (!pthread_equal(pthread_self(), g_main) || atomic_exchange(&g_caller_stalled, 1)) return;
+    const double t0 = td_now();
+    while (atomic_load(&g_stall_rec->calls) < 7) {
+        if (td_now() - t0 > 10) {
+            atomic_store(&g_stall_timed_out, 1);
+            return;
+        }
+        usleep(100);
+    }
+}
+
+Test(pool, a_stalled_caller_leaves_its_share_to_the_helper)
+{
+    static struct rec r;
+    pool_init(2);
+    g_main = pthread_self();
+    memset(&r, 0, sizeof r);
+    g_stall_rec = &r;
+    atomic_store(&g_caller_stalled, 0);
+    atomic_store(&g_stall_timed_out, 0);
+    pool_test_hook = stall_caller;
+    pool_for(1000, 1, record, &r);
+    pool_test_hook = NULL;
+    int bad = 0, by_helper = 0, calls = atomic_load(&r.calls);
+    for (size_t i = 0; i < 1000; i++) bad += atomic_load(&r.hits[i]) != 1;
+    for (int i = 0; i < calls; i++) by_helper += r.tid[i] == 1;
+    cr_expect_eq(bad, 0, "%d items not run exactly once", bad);
+    cr_expect_eq(calls, 8);
+    cr_expect(!atomic_load(&g_stall_timed_out), "the helper did not run 7 ranges within 10 s of the caller's stall");
+    cr_expect_eq(by_helper, 7, "the helper ran %d of %d ranges while the caller stalled", by_helper, calls);
 }
 
 /* Regression: a helper preempted between seeing region g and claiming its
