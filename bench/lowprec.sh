@@ -34,6 +34,10 @@
 #            for the embedding and lm_head, and for the KV dtypes alone (float32 weights).  On the demo model (runs/demo
 #            if present, else configs/demo.json trained LOWPREC_BENCH_DEMO_STEPS
 #            steps here, default 300) and on each config's weights.
+# Each config's table also gives the bytes a decoded token reads at each
+# dtype (weights of the active experts and the f32 KV cache), their ratio
+# to f32's and the GB/s each decode streamed: a dtype whose GB/s falls short
+# of f32's loses that share of its ratio to fixed per-token costs.
 # Targets (issue 15): decode bf16 >= 1.8x and int8 >= 3x tandem's f32, and
 # >= 1.0x llama.cpp at BF16 / Q8_0; TTFT <= 1.0x llama.cpp's; resident
 # memory bf16 <= 0.55x and int8 <= 0.35x f32's; perplexity change bf16 <=
@@ -337,6 +341,21 @@ for cfg in cfgs:
         verdict(f and tb["bf16"][0] and tb["bf16"][0] >= 1.8 * f), verdict(f and tb["int8"][0] and tb["int8"][0] >= 3 * f)))
     print("  %-30s %10s %10s %10s" % ("  x tandem f32", "1.00x", ratio(tb["bf16"][0], f), ratio(tb["int8"][0], f)))
     print("  %-30s %10s %10s %10s" % ("  by round", *["/".join("%.0f" % v for v in tb[dt][1]) or "-" for dt in ("f32", "bf16", "int8")]))
+    # what bandwidth alone allows: the bytes a decoded token reads (weights
+    # of the active experts, and the float32 KV cache at its mean length
+    # over the decode), f32's bytes over each dtype's (the ratio if every
+    # byte came from memory at one rate; experts still cached from the
+    # last tokens can beat it), and the rate they streamed at
+    by = {}
+    for dt in ("f32", "bf16", "int8"):
+        o = load_json("%s.lp.r1.tandem_%s.json" % (cfg, dt)) or {}
+        a = o.get("acct", {})
+        if a.get("w_active_bytes") and o.get("prompt") is not None:
+            by[dt] = a["w_active_bytes"] + a["kv_bytes_per_pos"] * (o["prompt"] + o["gen"] / 2)
+    print("  %-30s %10s %10s %10s" % ("  MB read a token", *[fmt(by[dt] / 1e6 if dt in by else None) for dt in ("f32", "bf16", "int8")]))
+    print("  %-30s %10s %10s %10s" % ("  f32 bytes / these", "1.00x", *[ratio(by.get("f32"), by.get(dt)) for dt in ("bf16", "int8")]))
+    print("  %-30s %10s %10s %10s" % ("  GB/s streamed", *[fmt(by[dt] * tb[dt][0] / 1e9 if dt in by and tb[dt][0] else None)
+                                                            for dt in ("f32", "bf16", "int8")]))
     print("  %-30s %10s %10s %10s" % ("llama.cpp F32/BF16/Q8_0 tok/s", fmt(lb["f32"][0]), fmt(lb["bf16"][0]), fmt(lb["q8_0"][0])))
     oks = [tb[dt][0] / lb[peer[dt]][0] >= 1.0 for dt in ("bf16", "int8") if tb[dt][0] and lb[peer[dt]][0]]
     print("  %-30s %10s %10s %10s   >= 1.0x at BF16 and Q8_0: %s" % (
@@ -358,7 +377,7 @@ for cfg in cfgs:
     print("  %-30s %10s %10s %10s" % ("  serving the int8 file (MiB)", "", "", fmt(rss["int8file"].get("rss_kb", 0) / 1024 or None)))
     print("  %-30s %10s %10s %10s" % ("weights held (MiB)", *[fmt((w[dt] or 0) / 1048576 or None) for dt in ("f32", "bf16", "int8")]))
     summary["configs"][cfg] = {"tandem_b1": {k: v for k, v in tb.items()}, "tandem_ttft_ms": tt, "llama_b1": lb,
-                               "llama_ttft_ms": lt, "rss": rss, "weight_bytes": w}
+                               "llama_ttft_ms": lt, "rss": rss, "weight_bytes": w, "bytes_a_token": by}
 print()
 print("  (a shared machine: figures are indicative; read the ratios of one run)")
 print(json.dumps(summary, separators=(",", ":")))
