@@ -990,29 +990,39 @@ int ckpt_quantize(const char *in, const char *out, const ModelDtypes *dt, const 
     return rc;
 }
 
-int ckpt_overwrite_f32(const char *path, const char *name, const float *w, size_t numel, const char *key,
-                       const char *value, char *err, size_t err_len)
+/* One tensor of ckpt_overwrite_f32 into the open file f: 0 or -1 with err. */
+static int overwrite_one(hid_t f, const char *path, const CkptF32 *t, char *err, size_t err_len)
+{
+    int rc = -1;
+    hid_t ds = H5Dopen2(f, t->name, H5P_DEFAULT), ty = -1, sp = -1;
+    if (ds < 0) (void)td_snprintf(err, err_len, "%s: no dataset %s", path, t->name);
+    else if ((ty = H5Dget_type(ds)) < 0 || H5Tequal(ty, H5T_IEEE_F32LE) <= 0)
+        (void)td_snprintf(err, err_len, "%s: dataset %s is not float32", path, t->name);
+    else if ((sp = H5Dget_space(ds)) < 0 || H5Sget_simple_extent_npoints(sp) != (hssize_t)t->numel)
+        (void)td_snprintf(err, err_len, "%s: dataset %s does not hold %zu values", path, t->name, t->numel);
+    else if (H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t->w) < 0)
+        (void)td_snprintf(err, err_len, "%s: cannot write dataset %s", path, t->name);
+    else rc = 0;
+    if (sp >= 0) H5Sclose(sp);
+    if (ty >= 0) H5Tclose(ty);
+    if (ds >= 0) H5Dclose(ds);
+    return rc;
+}
+
+int ckpt_overwrite_f32(const char *path, const CkptF32 *t, int n, const char *key, const char *value, char *err,
+                       size_t err_len)
 {
     hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
     if (f < 0) {
         (void)td_snprintf(err, err_len, "%s: cannot open for writing", path);
         return -1;
     }
-    int rc = -1;
-    hid_t ds = H5Dopen2(f, name, H5P_DEFAULT), ty = -1, sp = -1;
-    if (ds < 0) (void)td_snprintf(err, err_len, "%s: no dataset %s", path, name);
-    else if ((ty = H5Dget_type(ds)) < 0 || H5Tequal(ty, H5T_IEEE_F32LE) <= 0)
-        (void)td_snprintf(err, err_len, "%s: dataset %s is not float32", path, name);
-    else if ((sp = H5Dget_space(ds)) < 0 || H5Sget_simple_extent_npoints(sp) != (hssize_t)numel)
-        (void)td_snprintf(err, err_len, "%s: dataset %s does not hold %zu values", path, name, numel);
-    else if (H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, w) < 0)
-        (void)td_snprintf(err, err_len, "%s: cannot write dataset %s", path, name);
-    else if (key && ckpt_h5_put_str(f, key, value))
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) rc = overwrite_one(f, path, &t[i], err, err_len);
+    if (!rc && key && ckpt_h5_put_str(f, key, value)) {
         (void)td_snprintf(err, err_len, "%s: cannot set attribute %s", path, key);
-    else rc = 0;
-    if (sp >= 0) H5Sclose(sp);
-    if (ty >= 0) H5Tclose(ty);
-    if (ds >= 0) H5Dclose(ds);
+        rc = -1;
+    }
     if (H5Fclose(f) < 0 && !rc) {
         (void)td_snprintf(err, err_len, "%s: cannot close", path);
         rc = -1;

@@ -116,13 +116,21 @@ int ckpt_quantize(const char *in, const char *out, const ModelDtypes *dt, const 
  * else (no such attribute, a Hugging Face directory, an unreadable file). */
 bool ckpt_router_fit_kv(const char *path, Dtype *kv);
 
-/* Overwrites the float32 tensor name (tandem's name, e.g.
- * "model/layers/0/mlp/gate") of the checkpoint file path with the numel
- * values w, which must be its count; and, when key is not NULL, sets the
- * root string attribute key = value.  For a file being made (`ckpt
- * quantize --fit-routers` writes its routers before the file is
- * published).  One process.  Returns 0 or -1 with one line in err. */
-int ckpt_overwrite_f32(const char *path, const char *name, const float *w, size_t numel, const char *key,
-                       const char *value, char *err, size_t err_len);
+/* A float32 tensor to write: tandem's name (e.g.
+ * "model/layers/0/mlp/gate") and its numel values. */
+typedef struct {
+    const char *name;
+    const float *w;
+    size_t numel;
+} CkptF32;
+
+/* Overwrites the n float32 tensors t[] of the checkpoint file path (each
+ * numel must be its dataset's count) and then, when key is not NULL, sets
+ * the root string attribute key = value, in one open of the file.  For a
+ * file being made (`ckpt quantize --fit-routers` writes its routers before
+ * the file is published).  One process.  Returns 0 or -1 with one line in
+ * err (the first failure; nothing after it is written). */
+int ckpt_overwrite_f32(const char *path, const CkptF32 *t, int n, const char *key, const char *value, char *err,
+                       size_t err_len);
 
 #endif

@@ -266,12 +266,15 @@ static int fit_routers(const char *in, const char *file, const char *data, size_
     (void)td_snprintf(note, sizeof note,
                       "{\"kv_dtype\":\"%s\",\"split\":\"train\",\"windows\":%zu,\"seq_len\":%zu,\"ridge\":%g}",
                       dtype_name(kv), nw, T, ridge);
-    for (int i = 0; i < n && !rc; i++)
-        if (ckpt_overwrite_f32(file, r[i].name, r[i].w, r[i].E * r[i].d, i == n - 1 ? "router_fit" : NULL, note, err,
-                               sizeof err)) {
+    if (!rc && n > 0) {
+        CkptF32 *t = td_malloc((size_t)n * sizeof *t);
+        for (int i = 0; i < n; i++) t[i] = (CkptF32){ r[i].name, r[i].w, r[i].E * r[i].d };
+        if (ckpt_overwrite_f32(file, t, n, "router_fit", note, err, sizeof err)) {
             td_error("ckpt quantize: --fit-routers: %s", err);
             rc = 1;
         }
+        td_free(t);
+    }
     if (!rc) {
         printf("{\"fit_routers\":%d,\"kv_dtype\":\"%s\",\"windows\":%zu,\"seq_len\":%zu,\"ridge\":%g,"
                "\"logit_rmse_before\":[", n, dtype_name(kv), nw, T, ridge);
