@@ -466,10 +466,12 @@ Test(model, serving_models_compute_the_forward_on_the_rounded_weights_v3router) 
 
 /* Decoding's expert block (core/model/layer.c: each expert's gate, up,
  * SwiGLU and down on one thread, when every expert has at most 4 rows and
- * at least four per thread have some) gives the grouped path's bits:
- * model_experts_forward on the same rows with one thread (grouped) and
- * with two, at each dtype, for spreads of rows that are fused (one row an
- * expert; 0-4 rows) and one that is not (an expert with 5). */
+ * at least four per thread have some, or a whole number per thread have
+ * the same rows) gives the grouped path's bits: model_experts_forward on
+ * the same rows with one thread (grouped) and with two, at each dtype, for
+ * spreads of rows that are fused (one row an expert; 0-4 rows; one
+ * decoding sequence's top 2: two experts of one row) and ones that are not
+ * (an expert with 5; three experts of one row; two of 1 and 2 rows). */
 static void check_fused_experts(const char *file)
 {
     static const Dtype dts[3] = { DTYPE_F32, DTYPE_BF16, DTYPE_INT8 };
@@ -485,11 +487,14 @@ static void check_fused_experts(const char *file)
             if (s.layers[l].moe) L = &s.layers[l];
         cr_assert(L && s.E >= 8, "%s: needs a MoE layer of 8 experts or more", file);
         const size_t E = s.E, d = s.d, F = s.F;
-        for (int spread = 0; spread < 3; spread++) {
+        for (int spread = 0; spread < 6; spread++) {
             int32_t off[E + 1];
             off[0] = 0;
             for (size_t e = 0; e < E; e++) {
-                const int rows = spread == 0 ? 1 : spread == 1 ? (int)((e * 7 + 3) % 5) : e == 2 ? 5 : 1;
+                int rows = spread == 0 ? 1 : spread == 1 ? (int)((e * 7 + 3) % 5) : e == 2 ? 5 : 1;
+                if (spread == 3) rows = e == 1 || e == 5;                      /* top 2 of one sequence */
+                if (spread == 4) rows = e == 0 || e == 3 || e == E - 1;        /* three: not even */
+                if (spread == 5) rows = e == 2 ? 1 : e == 6 ? 2 : 0;           /* rows differ: not even */
                 off[e + 1] = off[e] + rows;
             }
             const size_t R = (size_t)off[E];

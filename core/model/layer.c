@@ -153,20 +153,25 @@ static void experts_fused_range(void *vc, size_t i0, size_t i1, int tid)
 }
 
 /* The fused block when every expert with rows has at most
- * EXPERT_FUSED_ROWS and there are enough of them to share out evenly
- * (GROUP_SPLIT-like: four a thread); false otherwise. */
+ * EXPERT_FUSED_ROWS and they share out evenly: four or more a thread
+ * (GROUP_SPLIT-like), or a whole number a thread with the same rows each
+ * (one sequence decoding: k experts of one row); false otherwise. */
 static bool experts_forward_fused(const Model *m, const Layer *L, LayerActs *a)
 {
     const size_t E = m->E, nt = (size_t)pool_threads();
     if (nt < 2) return false;   /* one thread: the grouped path, without the scan */
     int32_t act[E];
-    size_t n = 0;
+    size_t n = 0, m_lo = SIZE_MAX, m_hi = 0;
     for (size_t e = 0; e < E; e++) {
         const size_t M = (size_t)(a->e_off[e + 1] - a->e_off[e]);
         if (M > EXPERT_FUSED_ROWS) return false;
-        if (M > 0) act[n++] = (int32_t)e;
+        if (M == 0) continue;
+        act[n++] = (int32_t)e;
+        m_lo = td_min(m_lo, M);
+        m_hi = td_max(m_hi, M);
     }
-    if (n < 4 * nt) return false;
+    const bool even = n > 0 && n % nt == 0 && m_lo == m_hi;
+    if (n < 4 * nt && !even) return false;
     struct fused_ctx c = { m, L, a, act };
     pool_for(n, 1, experts_fused_range, &c);
     return true;
