@@ -104,6 +104,18 @@ if [ "${1:-}" != "--unit-only" ]; then
             failed="$failed $isa-kernels"
             continue
         fi
+        # the build holds only its ISA's instructions: no 512-bit registers,
+        # masks or VNNI dot products in the AVX2 path, no 256-bit ones either
+        # in the portable one
+        case $isa in
+            avx2) beyond='%zmm|%k[1-7]|vpdpbusd|vpdpwssd|vpdpbssd|vdpbf16ps|vcvtne2ps2bf16' ;;
+            portable) beyond='%ymm|%zmm|vfmadd' ;;
+        esac
+        n_beyond=$(objdump -d --no-show-raw-insn "$bin" | grep -cE "$beyond" || true)
+        if [ "$n_beyond" != 0 ]; then
+            echo "FAIL $bin: $n_beyond instructions beyond the $label ISA ($beyond)"
+            failed="$failed $isa-isa"
+        fi
         mark
         TANDEM_THREADS=1 "$bin" --jobs 2 --short-filename --timeout 300 || failed="$failed $isa-kernels"
         took "kernel suites, $isa"
