@@ -342,6 +342,12 @@ void model_train_forward_layer(const Model *m, TrainActs *a, const int32_t *ids,
     model_layer_forward(m, m->topo.layer_begin + i, &b, a->x[i], a->x[i + 1], &a->la[i]);
 }
 
+void model_train_forward_layer_ffn(const Model *m, TrainActs *a, const int32_t *ids, size_t n_tot, int i)
+{
+    ModelBatch b = batch_of(a, ids, n_tot);
+    model_layer_forward_ffn(m, m->topo.layer_begin + i, &b, a->x[i + 1], &a->la[i]);
+}
+
 void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const int32_t *targets,
                          size_t n_tot, LossParts *lp)
 {

@@ -116,6 +116,9 @@ void model_train_forward(const Model *m, TrainActs *a, const int32_t *ids, const
  * a->x[i] -> a->x[i + 1], a->la[i] filled, for consumers that walk the
  * layers one at a time (GPTQ's calibration).  No cp, no images. */
 void model_train_forward_layer(const Model *m, TrainActs *a, const int32_t *ids, size_t n_tot, int i);
+/* Local layer i's second half again (model_layer_forward_ffn): from
+ * a->la[i].x_mid into a->x[i + 1]. */
+void model_train_forward_layer_ffn(const Model *m, TrainActs *a, const int32_t *ids, size_t n_tot, int i);
 /* Backward of the same micro-batch; adds into m->g.  Pipeline stages: a
  * stage other than the last expects the gradient of its output in a->dx;
  * a stage other than the first leaves the gradient of its input there.  dlogp (N): gradient of

@@ -534,10 +534,17 @@ void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float
     model_tp_reduce_rows(m, a->x_mid, part, N);
     if (L->ob) bias_forward(a->x_mid, L->ob->w, Nl, d);   /* once, after the sum */
     residual_add(a->x_mid, x_in, a->x_mid, Nl * d);
-    const double t1 = td_now();
-    a->t_attn += t1 - t0;
+    a->t_attn += td_now() - t0;
+    model_layer_forward_ffn(m, l, b, x_out, a);
+}
 
-    rmsnorm_forward(a->h2, a->rstd2, a->x_mid, L->ln2->w, Nl, d, eps);
+void model_layer_forward_ffn(const Model *m, int l, const ModelBatch *b, float *x_out, LayerActs *a)
+{
+    const Layer *L = &m->layers[l];
+    const size_t N = b->n, d = m->d, Nl = model_sp_rows(m, N);
+    const bool sp = m->topo.sp;
+    const double t1 = td_now();
+    rmsnorm_forward(a->h2, a->rstd2, a->x_mid, L->ln2->w, Nl, d, (float)m->cfg.rms_norm_eps);
     model_sp_gather(m, a->h2g, a->h2, N);
     /* x_in is not read again: x_out (which may alias it) is scratch here;
      * with sp it holds Nl rows only, and h1g (read by nothing after the

@@ -139,6 +139,11 @@ void model_tp_reduce_rows(const Model *m, float *out, float *part, size_t N);
  * (a->kv the KV pool of this layer).  x_out may alias x_in. */
 void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float *x_in,
                          float *x_out, LayerActs *a);
+/* The second half of model_layer_forward: from a->x_mid (the residual
+ * after the attention block) the norm, the FFN or MoE block and the
+ * residual, into x_out.  model_layer_forward ends with it; called alone
+ * it runs the block again on a kept x_mid (after a router changed). */
+void model_layer_forward_ffn(const Model *m, int l, const ModelBatch *b, float *x_out, LayerActs *a);
 /* Embedding rows for the batch: x (N, d). */
 void model_embed(const Model *m, float *x, const int32_t *ids, size_t n);
 /* logits (n, V) = rmsnorm(x, norm) lm_head^T for n rows of x; hn (n, d)

@@ -19,6 +19,7 @@ typedef struct {
     const Model *m;
     TrainActs a;
     float *X;          /* n_batch N d */
+    float *Xmid;       /* n_batch N d: the current layer's x_mid of each batch (the quantized side) */
 } Stream;
 
 static void stream_init(Stream *s, const Model *m, size_t B, size_t T, size_t n_batch, const int32_t *ids)
@@ -27,6 +28,7 @@ static void stream_init(Stream *s, const Model *m, size_t B, size_t T, size_t n_
     model_train_acts_init(&s->a, m, B, T, RECOMPUTE_FULL);
     const size_t N = B * T;
     s->X = td_malloc(td_max(n_batch * N * m->d, 1) * sizeof(float));
+    s->Xmid = NULL;
     for (size_t b = 0; b < n_batch; b++) model_embed(m, s->X + b * N * m->d, ids + b * N, N);
 }
 
@@ -34,16 +36,31 @@ static void stream_free(Stream *s)
 {
     model_train_acts_free(&s->a);
     td_free(s->X);
+    td_free(s->Xmid);
 }
 
 /* Local layer li of batch b: its forward from the stream (s->a.la[li]
- * filled); advance: the stream moves to the layer's output. */
+ * filled); advance: the stream moves to the layer's output; else its
+ * x_mid is kept for stream_layer_ffn. */
 static void stream_layer(Stream *s, const int32_t *ids, size_t N, size_t b, int li, bool advance)
 {
-    float *x = s->X + b * N * s->m->d;
-    memcpy(s->a.x[li], x, N * s->m->d * sizeof(float));
+    const size_t d = s->m->d;
+    float *x = s->X + b * N * d;
+    memcpy(s->a.x[li], x, N * d * sizeof(float));
     model_train_forward_layer(s->m, &s->a, ids + b * N, N, li);
-    if (advance) memcpy(x, s->a.x[li + 1], N * s->m->d * sizeof(float));
+    if (advance) memcpy(x, s->a.x[li + 1], N * d * sizeof(float));
+    else memcpy(s->Xmid + b * N * d, s->a.la[li].x_mid, N * d * sizeof(float));
+}
+
+/* The second half of local layer li of batch b again, from the x_mid
+ * stream_layer kept (the attention block does not change with the
+ * router); the stream moves to the layer's output. */
+static void stream_layer_ffn(Stream *s, const int32_t *ids, size_t N, size_t b, int li)
+{
+    const size_t d = s->m->d;
+    memcpy(s->a.la[li].x_mid, s->Xmid + b * N * d, N * d * sizeof(float));
+    model_train_forward_layer_ffn(s->m, &s->a, ids + b * N, N, li);
+    memcpy(s->X + b * N * d, s->a.x[li + 1], N * d * sizeof(float));
 }
 
 static double sq_diff(const float *a, const float *b, size_t n)
@@ -91,6 +108,7 @@ int route_fit(const Model *f, Model *q, const int32_t *tok, size_t n_win, size_t
     Stream sf, sq;
     stream_init(&sf, f, B, T, n_batch, ids);
     stream_init(&sq, q, B, T, n_batch, ids);
+    sq.Xmid = td_malloc(td_max(n_batch * N * d, 1) * sizeof(float));
     RouteFit *r = td_calloc((size_t)td_max(n_moe, 1) * sizeof(RouteFit));
     float *A = td_malloc(d * d * sizeof(float)), *Bt = td_malloc(E * d * sizeof(float));
     float *Zf = td_malloc(td_max(n_batch * N * E, 1) * sizeof(float)), *W = td_malloc(E * d * sizeof(float));
@@ -133,9 +151,10 @@ int route_fit(const Model *f, Model *q, const int32_t *tok, size_t n_win, size_t
             break;
         }
         gemm_pack(L->router->packed, DTYPE_F32, fr->w, E, d);
-        /* the quantized stream moves on through the fitted router */
+        /* the quantized stream moves on through the fitted router (the
+         * layer's MoE half again, on the x_mid of the first pass) */
         for (size_t b = 0; b < n_batch; b++) {
-            stream_layer(&sq, ids, N, b, li, true);
+            stream_layer_ffn(&sq, ids, N, b, li);
             fr->logit_rmse_after += sq_diff(sq.a.la[li].rlogits, Zf + b * N * E, N * E);
         }
         const double cnt = (double)(n_batch * N * E);

@@ -14,8 +14,10 @@
  *     lambda = ridge * mean(diag(sum_t h_q h_q^T)),
  *
  * one ridge least-squares solve per layer (E right-hand sides of the d x d
- * normal equations, LAPACK dposv in double).  The layer's forward then runs
- * again with W' to carry the quantized stream to the next layer.  Only the
+ * normal equations, LAPACK dposv in double).  The layer's MoE half then
+ * runs again with W' (on the attention block's output of the first pass,
+ * which the router does not change) to carry the quantized stream to the
+ * next layer.  Only the
  * routers change: the format, the matrices and every guarantee stay.  The
  * fit belongs to the weights and the KV dtype it was made with.
  */
