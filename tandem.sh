@@ -28,7 +28,7 @@ cd "$(dirname "$0")"
 #   fortunes-*    the tokenizer tests' corpora in five more languages
 # pkg:program means: the package, unless the program is already on PATH
 # (nodesource's nodejs bundles npm and conflicts with Debian's npm package).
-TANDEM_PKGS="make gcc libc6-dev pkg-config git ca-certificates procps curl
+TANDEM_PKGS="make gcc libc6-dev binutils pkg-config git ca-certificates procps curl
  openmpi-bin libopenmpi-dev libopenblas-dev libhdf5-openmpi-dev hdf5-tools
  libcriterion-dev libcjson-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev libcairo2-dev libpng-dev libjpeg62-turbo-dev fortunes
  fortunes-de fortunes-es fortunes-it fortunes-ru fortunes-pl

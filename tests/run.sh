@@ -42,7 +42,7 @@ step() { printf '\n== %s\n' "$*"; }
 # call (coreutils, grep, sed, mawk and dash are in every Debian; the rest
 # are in tandem.sh's TANDEM_PKGS).
 PROGRAMS="sh awk sed grep cat cp mv ln rm ls mkdir mktemp readlink dirname tr cut sort wc head tail seq sleep
- date env timeout kill pgrep curl mpirun h5dump $PY"
+ date env timeout kill pgrep curl mpirun h5dump objdump $PY"
 [ "${1:-}" != "--unit-only" ] || PROGRAMS="sh mkdir date timeout $PY"
 missing=""
 for p in $PROGRAMS; do
@@ -111,10 +111,15 @@ if [ "${1:-}" != "--unit-only" ]; then
             avx2) beyond='%zmm|%k[1-7]|vpdpbusd|vpdpwssd|vpdpbssd|vdpbf16ps|vcvtne2ps2bf16' ;;
             portable) beyond='%ymm|%zmm|vfmadd' ;;
         esac
-        n_beyond=$(objdump -d --no-show-raw-insn "$bin" | grep -cE "$beyond" || true)
-        if [ "$n_beyond" != 0 ]; then
-            echo "FAIL $bin: $n_beyond instructions beyond the $label ISA ($beyond)"
+        if ! objdump -d --no-show-raw-insn "$bin" >"$BUILD/$isa/kernels.dis"; then
+            echo "FAIL $bin: objdump could not disassemble it"
             failed="$failed $isa-isa"
+        else
+            n_beyond=$(grep -cE "$beyond" "$BUILD/$isa/kernels.dis" || true)
+            if [ "$n_beyond" != 0 ]; then
+                echo "FAIL $bin: $n_beyond instructions beyond the $label ISA ($beyond)"
+                failed="$failed $isa-isa"
+            fi
         fi
         mark
         TANDEM_THREADS=1 "$bin" --jobs 2 --short-filename --timeout 300 || failed="$failed $isa-kernels"
