@@ -216,8 +216,9 @@ ALWAYS_INLINE void tile_avx512(const int DT, const int MR, float *y, size_t ldy,
  * at 0.85x float32's bytes a second; the prefetch puts the lines in flight
  * early.  It runs on past a panel's end, into the next panel or the next
  * group (a prefetch never faults).  Measured in docs/serving.md: 1 KiB
- * ahead gained bf16 decoding 5-9% on medium and 0-4% on moe128; 512 bytes
- * lost 16%, 2 KiB lost 4%; float32 and int8 gained nothing, and neither
+ * ahead gained bf16 decoding 5% to 14% on medium and -4% to +4% on
+ * moe128 (interleaved A/B, three or four runs); 512 bytes lost 16%, 2 KiB
+ * lost 4%; float32 and int8 gained nothing, and neither
  * did the AVX2 kernel on this host (-6%), so they do not prefetch. */
 ALWAYS_INLINE void wide_avx512(const int DT, const int MR, const int NPW, float *y, size_t ldy, const float *x,
                                size_t ldx, const void *panel, size_t K)
