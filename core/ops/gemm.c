@@ -217,9 +217,9 @@ ALWAYS_INLINE void tile_avx512(const int DT, const int MR, float *y, size_t ldy,
  * early.  It runs on past a panel's end, into the next panel or the next
  * group (a prefetch never faults).  Measured in docs/serving.md: 1 KiB
  * ahead gained bf16 decoding 5% to 14% on medium and -4% to +4% on
- * moe128 (interleaved A/B, three or four runs); 512 bytes lost 16%, 2 KiB
- * lost 4%; float32 and int8 gained nothing, and neither
- * did the AVX2 kernel on this host (-6%), so they do not prefetch. */
+ * moe128 (interleaved A/B sessions of 4-6 rounds); 512 bytes lost 16%,
+ * 2 KiB lost 4%; float32 and int8 gained nothing, and neither did the
+ * AVX2 kernel on this host (-6%), so they do not prefetch. */
 ALWAYS_INLINE void wide_avx512(const int DT, const int MR, const int NPW, float *y, size_t ldy, const float *x,
                                size_t ldx, const void *panel, size_t K)
 {
@@ -235,7 +235,7 @@ ALWAYS_INLINE void wide_avx512(const int DT, const int MR, const int NPW, float 
         for (int q = 0; q < NPW; q++) {
             const void *pq = (const char *)panel + q * ps;
             if (DT == DTYPE_BF16)   /* an address, not an object's pointer: it may lie past the matrix */
-                _mm_prefetch((const char *)((uintptr_t)pq + k * GEMM_NR * 2 + BF16_PF), _MM_HINT_T0);
+                _mm_prefetch((const char *)((uintptr_t)pq + k * GEMM_NR * sizeof(uint16_t) + BF16_PF), _MM_HINT_T0);
             b[2 * q] = wrow16(DT, pq, k, 0);
             b[2 * q + 1] = wrow16(DT, pq, k, 16);
         }
