@@ -30,6 +30,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,7 +46,6 @@
 #define MR_MAX 12   /* rows per register tile: 12 x 2 zmm = 24 accumulators */
 #define MB     96   /* rows per cache block: MB * K floats of x stay in L2 */
 #define NP_WIDE 4   /* panels side by side in the few-rows kernel */
-#define BF16_PF 1024   /* AVX-512 few-rows kernel: bf16 prefetch distance, bytes (wide_avx512) */
 #define GROUP_SPLIT 4   /* cost shares per thread of a grouped product */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -205,25 +205,44 @@ ALWAYS_INLINE void tile_avx512(const int DT, const int MR, float *y, size_t ldy,
     }
 }
 
+/* How far ahead (bytes) the bf16 few-rows kernel prefetches its panels:
+ * TANDEM_BF16_PREFETCH when set (0: not at all), else by the CPU's vendor,
+ * as measured (below): 2 KiB on AMD, 1 KiB elsewhere.  Read once. */
+static size_t bf16_prefetch(void)
+{
+    static _Atomic long cached = -1;
+    long v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("TANDEM_BF16_PREFETCH");
+        v = e && *e ? atol(e) : __builtin_cpu_is("amd") ? 2048 : 1024;
+        if (v < 0 || v > 65536) v = 1024;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return (size_t)v;
+}
+
 /* Few rows (MR <= 3), NPW <= 4 full panels (32 NPW columns) at once:
  * enough independent chains to hide FMA latency when streaming weights for
  * decode.  (bf16 at MR = 3 goes two panels at a time: 24 accumulators and
  * 8 widened rows would not fit the 32 registers.)
  *
- * bf16 prefetches each panel BF16_PF bytes (16 rows) ahead.  Widening a
+ * bf16 prefetches each panel bf16_prefetch() bytes ahead.  Widening a
  * row takes more instructions than float32's load, so fewer of the rows
  * waiting on memory fit the core's window, and two threads streamed bf16
  * at 0.85x float32's bytes a second; the prefetch puts the lines in flight
  * early.  It runs on past a panel's end, into the next panel or the next
  * group (a prefetch never faults).  Measured in docs/serving.md: 1 KiB
  * ahead gained bf16 decoding 5% to 14% on medium and -4% to +4% on
- * moe128 (interleaved A/B sessions of 4-6 rounds); 512 bytes lost 16%,
- * 2 KiB lost 4%; float32 and int8 gained nothing, and neither did the
- * AVX2 kernel on this host (-6%), so they do not prefetch. */
+ * moe128 on an Intel Xeon (interleaved A/B sessions of 4-6 rounds); 512
+ * bytes lost 16%, 2 KiB lost 4%.  On an AMD EPYC (Zen 5) 2 KiB gained
+ * 3-7% over 1 KiB, 3 and 4 KiB no more, no prefetch lost 5-6%.  float32
+ * and int8 gained nothing, and neither did the AVX2 kernel (-6%), so they
+ * do not prefetch.  Where a line is fetched early never changes a bit. */
 ALWAYS_INLINE void wide_avx512(const int DT, const int MR, const int NPW, float *y, size_t ldy, const float *x,
                                size_t ldx, const void *panel, size_t K)
 {
     const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT);  /* panel stride */
+    const size_t pf = DT == DTYPE_BF16 ? bf16_prefetch() : 0;
     __m512 acc[3][2 * NP_WIDE];
 #pragma GCC unroll 3
     for (int r = 0; r < MR; r++)
@@ -235,7 +254,7 @@ ALWAYS_INLINE void wide_avx512(const int DT, const int MR, const int NPW, float 
         for (int q = 0; q < NPW; q++) {
             const void *pq = (const char *)panel + q * ps;
             if (DT == DTYPE_BF16)   /* an address, not an object's pointer: it may lie past the matrix */
-                _mm_prefetch((const char *)((uintptr_t)pq + k * GEMM_NR * sizeof(uint16_t) + BF16_PF), _MM_HINT_T0);
+                _mm_prefetch((const char *)((uintptr_t)pq + k * GEMM_NR * sizeof(uint16_t) + pf), _MM_HINT_T0);
             b[2 * q] = wrow16(DT, pq, k, 0);
             b[2 * q + 1] = wrow16(DT, pq, k, 16);
         }
