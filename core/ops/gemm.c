@@ -235,7 +235,7 @@ static size_t bf16_prefetch(void)
  * ahead gained bf16 decoding 5% to 14% on medium and -4% to +4% on
  * moe128 on an Intel Xeon (interleaved A/B sessions of 4-6 rounds); 512
  * bytes lost 16%, 2 KiB lost 4%.  On an AMD EPYC (Zen 5) 2 KiB gained
- * 3-7% over 1 KiB, 3 and 4 KiB no more, no prefetch lost 5-6%.  float32
+ * 4-8% over 1 KiB, 3 and 4 KiB no more, no prefetch lost 5-6%.  float32
  * and int8 gained nothing, and neither did the AVX2 kernel (-6%), so they
  * do not prefetch.  Where a line is fetched early never changes a bit. */
 ALWAYS_INLINE void wide_avx512(const int DT, const int MR, const int NPW, float *y, size_t ldy, const float *x,
