@@ -28,9 +28,9 @@
 #include "core/pool.h"
 
 #include <cblas.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -206,19 +206,31 @@ ALWAYS_INLINE void tile_avx512(const int DT, const int MR, float *y, size_t ldy,
 }
 
 /* How far ahead (bytes) the bf16 few-rows kernel prefetches its panels:
- * TANDEM_BF16_PREFETCH when set (0: not at all), else by the CPU's vendor,
- * as measured (below): 2 KiB on AMD, 1 KiB elsewhere.  Read once. */
+ * TANDEM_BF16_PREFETCH when set (0: no look-ahead), else by the CPU's
+ * vendor, as measured (below): 2 KiB on AMD, 1 KiB elsewhere.  A value
+ * that is not a byte count in [0, 65536] is ignored with one line (it only
+ * tunes speed: a server keeps serving).  Decided once per process. */
+static pthread_once_t g_pf_once = PTHREAD_ONCE_INIT;
+static size_t g_pf;
+
+static void bf16_prefetch_decide(void)
+{
+    g_pf = __builtin_cpu_is("amd") ? 2048 : 1024;
+    const char *e = getenv("TANDEM_BF16_PREFETCH");
+    if (!e || !*e) return;
+    char *end;
+    errno = 0;
+    const long v = strtol(e, &end, 10);
+    if (errno || *end || v < 0 || v > 65536)
+        td_error("TANDEM_BF16_PREFETCH=%s is not a byte count in [0, 65536]; ignored (using %zu)", e, g_pf);
+    else
+        g_pf = (size_t)v;
+}
+
 static size_t bf16_prefetch(void)
 {
-    static _Atomic long cached = -1;
-    long v = atomic_load_explicit(&cached, memory_order_relaxed);
-    if (v < 0) {
-        const char *e = getenv("TANDEM_BF16_PREFETCH");
-        v = e && *e ? atol(e) : __builtin_cpu_is("amd") ? 2048 : 1024;
-        if (v < 0 || v > 65536) v = 1024;
-        atomic_store_explicit(&cached, v, memory_order_relaxed);
-    }
-    return (size_t)v;
+    pthread_once(&g_pf_once, bf16_prefetch_decide);
+    return g_pf;
 }
 
 /* Few rows (MR <= 3), NPW <= 4 full panels (32 NPW columns) at once:

@@ -9,7 +9,9 @@
 # fitted to the quantized model (--fit-routers: only they change); an int8
 # file with bf16 attention (--attn-dtype) written, served and announced;
 # an int8 file exported to HF (q * s, bit for bit; it generates as the int8
-# file at --dtype f32) and a bad scale refused by both exports.
+# file at --dtype f32) and a bad scale refused by both exports; the bf16
+# prefetch distance (TANDEM_BF16_PREFETCH) changes no bit, a bad one is
+# ignored with one line.
 set -eu
 cd "$(dirname "$0")/../.."
 . tests/bounds.sh
@@ -134,6 +136,27 @@ sys.exit(0 if a['ids'] == b['ids'] == c['ids'] and a['logprobs'] == b['logprobs'
         bad "$d: quantized file and quantize-at-load differ"
 done
 gen --ckpt "$W/q8.h5" --dtype f32 >"$W/d.json" && ok "an int8 file served as f32 (dequantized)" || bad "int8 file --dtype f32"
+
+# the bf16 decode kernel's prefetch distance (TANDEM_BF16_PREFETCH) moves
+# only when lines are fetched: the same ids and logprobs at none, the
+# default and the largest; a value that is not a byte count is ignored
+# with one line naming it, and the run goes on.  (The model's lm_head, 256
+# x 72, is two groups of four panels: the few-rows kernel that prefetches.)
+gen --ckpt "$W/run" --dtype bf16 >"$W/pf.json"
+for v in 0 65536; do TANDEM_BF16_PREFETCH=$v gen --ckpt "$W/run" --dtype bf16 >"$W/pf$v.json"; done
+TANDEM_BF16_PREFETCH=12abc $T generate --prompt "Round trip" --max-tokens 40 --seed 5 --json --ckpt "$W/run" --dtype bf16 \
+    >"$W/pfbad.json" 2>"$W/pfbad.err" || bad "TANDEM_BF16_PREFETCH=12abc: generate failed"
+$PY -c "
+import json, sys
+r = [json.load(open('$W/%s.json' % x)) for x in ('pf', 'pf0', 'pf65536', 'pfbad')]
+sys.exit(0 if all(x['ids'] == r[0]['ids'] and x['logprobs'] == r[0]['logprobs'] for x in r) else 1)" &&
+    ok "bf16: the prefetch distance (none, default, 64 KiB, a bad value) changes no id or logprob" ||
+    bad "bf16: the prefetch distance changed the output"
+if [ "$(grep -c 'TANDEM_BF16_PREFETCH=12abc is not a byte count' "$W/pfbad.err")" -eq 1 ]; then
+    ok "TANDEM_BF16_PREFETCH=12abc: one line naming it, ignored"
+else
+    bad "TANDEM_BF16_PREFETCH=12abc: want one line naming it, got:"; cat "$W/pfbad.err"
+fi
 
 # an int8 file exported to Hugging Face (configs/tiny.json, Mixtral-shaped:
 # the model above has no HF family): every int8 tensor as q * s (the
