@@ -156,7 +156,10 @@ static const float *keys_f32(float *buf, const void *kv, const AttnSeq *s, const
     *ld = ATTN_TILE;
     if (sh->kv == DTYPE_BF16) {
         const uint16_t *k = (const uint16_t *)(const void *)blk + kt_at(sh, g, off);
-        for (size_t d = 0; d < hd; d++) dtype_bf16_to_f32(buf + d * ATTN_TILE, k + d * bs, ATTN_TILE);
+        if (bs == ATTN_TILE)   /* the tile's rows lie end to end (the default block): one call */
+            dtype_bf16_to_f32(buf, k, hd * ATTN_TILE);
+        else
+            for (size_t d = 0; d < hd; d++) dtype_bf16_to_f32(buf + d * ATTN_TILE, k + d * bs, ATTN_TILE);
     } else {
         const int8_t *k = (const int8_t *)blk + kt_at(sh, g, off);
         const float *sk = scales_of(blk, sh) + g * bs + off;
