@@ -62,6 +62,15 @@
  * K^T rows themselves.  No arithmetic changes: a query's chains are the
  * same whichever storage the values come from.
  *
+ * Narrow caches (bf16, int8: attention.h).  Keys and values stand for the
+ * float32 values they widen to (bf16: the bits shifted up 16; int8:
+ * (float)q * its position's scale), so a narrow cache's attention is the
+ * float32 attention over those values.  The AVX-512 kernels read a narrow
+ * block in place and widen each row in registers (NarrowTile); AVX2 and
+ * portable C widen a tile into a float32 copy on the stack first
+ * (keys_f32, values_f32), and so do MLA's caches (v_in_k).  Both give the
+ * same values, so the same bits.
+ *
  * Three kernel paths compute the same operations: AVX-512, AVX2 + FMA (a
  * tile's 16 keys as two 8-lane halves, register blocks of at most 12
  * chains: 16 ymm registers) and portable C; tests/test_attention.c
@@ -279,9 +288,31 @@ static inline void no_keys_yet(float *mo, float *mx, size_t n)
  * load into each FMA's memory operand, and the load ports become the limit. */
 #define KEEP_IN_REG(x) __asm__("" : "+v"(x))
 
-ALWAYS_INLINE void scores_blk(const int NQ, const int NT, float *s, size_t ts, const float *const *q,
-                              const float *const *kt, size_t ld, size_t hd, float scale)
+/* A key or value tile read in place from a narrow cache block: its first
+ * element (bf16 or int8) and, for int8, its 16 positions' scales. */
+typedef struct { const void *p; const float *sc; } NarrowTile;
+
+/* The 16 values of narrow tile row at e (bf16, int8 with the 16 scales sc),
+ * masked to the lanes of m, as float32: exactly the values keys_f32 and
+ * values_f32 write (bf16: the bits shifted up 16; int8: (float)q * scale). */
+ALWAYS_INLINE __m512 widen16(const int DT, const void *e, __mmask16 m, __m512 sc)
 {
+    if (DT == DTYPE_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, e)), 16));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, e))), sc);
+}
+
+/* The kernels below read key and value tiles as float32 (kt, x) or, with
+ * DT = DTYPE_BF16 or DTYPE_INT8, straight from a narrow cache block (kn,
+ * xn), widened in registers: the same float32 values as a widened copy, so
+ * the same bits, without writing and reading back a float32 tile. */
+ALWAYS_INLINE void scores_blk_dt(const int DT, const int NQ, const int NT, float *s, size_t ts, const float *const *q,
+                                 const float *const *kt, const NarrowTile *kn, size_t ld, size_t hd, float scale)
+{
+    const size_t es = DT == DTYPE_INT8 ? 1 : DT == DTYPE_BF16 ? 2 : 4;
+    __m512 ksc[8];   /* int8: each tile's key scales (lane j: position j) */
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) ksc[t] = DT == DTYPE_INT8 ? _mm512_loadu_ps(kn[t].sc) : _mm512_setzero_ps();
     __m512 acc[8][8];   /* fixed sizes: a VLA would live in memory */
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++)
@@ -290,7 +321,8 @@ ALWAYS_INLINE void scores_blk(const int NQ, const int NT, float *s, size_t ts, c
     for (size_t d = 0; d < hd; d++) {
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
-            __m512 k = _mm512_loadu_ps(kt[t] + d * ld);
+            __m512 k = DT == DTYPE_F32 ? _mm512_loadu_ps(kt[t] + d * ld)
+                                       : widen16(DT, (const char *)kn[t].p + d * ld * es, 0xFFFF, ksc[t]);
             KEEP_IN_REG(k);
 #pragma GCC unroll 8
             for (int v = 0; v < NQ; v++) acc[t][v] = _mm512_fmadd_ps(_mm512_set1_ps(q[v][d]), k, acc[t][v]);
@@ -303,21 +335,68 @@ ALWAYS_INLINE void scores_blk(const int NQ, const int NT, float *s, size_t ts, c
         for (int v = 0; v < NQ; v++) _mm512_storeu_ps(s + t * ts + 16 * v, _mm512_mul_ps(acc[t][v], sc));
 }
 
+ALWAYS_INLINE void scores_blk(const int NQ, const int NT, float *s, size_t ts, const float *const *q,
+                              const float *const *kt, size_t ld, size_t hd, float scale)
+{
+    scores_blk_dt(DTYPE_F32, NQ, NT, s, ts, q, kt, NULL, ld, hd, scale);
+}
+
 /* nt <= NT tiles: tiles past nt repeat the last one (their chains run in
  * the shadow of the others' latency) and are not stored. */
-ALWAYS_INLINE void scores_multi(const int NQ, const int NT, float *s, size_t ts, const float *const *q,
-                                const float *const *kt, size_t nt, size_t ld, size_t hd, float scale)
+ALWAYS_INLINE void scores_multi_dt(const int DT, const int NQ, const int NT, float *s, size_t ts, const float *const *q,
+                                   const float *const *kt, const NarrowTile *kn, size_t nt, size_t ld, size_t hd,
+                                   float scale)
 {
     if ((size_t)NT == nt) {
-        scores_blk(NQ, NT, s, ts, q, kt, ld, hd, scale);
+        scores_blk_dt(DT, NQ, NT, s, ts, q, kt, kn, ld, hd, scale);
         return;
     }
     const float *tiles[8];
+    NarrowTile ntiles[8];
     float buf[8 * 8 * 16] __attribute__((aligned(64)));
     nt = nt < (size_t)NT ? nt : (size_t)NT;
-    for (int t = 0; t < NT; t++) tiles[t] = kt[(size_t)t < nt ? (size_t)t : nt - 1];
-    scores_blk(NQ, NT, buf, NQ * 16, q, tiles, ld, hd, scale);
+    for (int t = 0; t < NT; t++) {
+        const size_t u = (size_t)t < nt ? (size_t)t : nt - 1;
+        tiles[t] = DT == DTYPE_F32 ? kt[u] : NULL;
+        ntiles[t] = DT == DTYPE_F32 ? (NarrowTile){ NULL, NULL } : kn[u];
+    }
+    scores_blk_dt(DT, NQ, NT, buf, NQ * 16, q, tiles, ntiles, ld, hd, scale);
     for (size_t t = 0; t < nt; t++) memcpy(s + t * ts, buf + t * NQ * 16, NQ * 16 * sizeof(float));
+}
+
+ALWAYS_INLINE void scores_multi(const int NQ, const int NT, float *s, size_t ts, const float *const *q,
+                                const float *const *kt, size_t nt, size_t ld, size_t hd, float scale)
+{
+    scores_multi_dt(DTYPE_F32, NQ, NT, s, ts, q, kt, NULL, nt, ld, hd, scale);
+}
+
+/* scores() over narrow key tiles kn (row stride ld elements) of dtype B,
+ * widened in registers. */
+ALWAYS_INLINE void scores_narrow_dt(const int B, float *s, size_t ts, const float *const *q, size_t nq,
+                                    const NarrowTile *kh, size_t nt, size_t ld, size_t hd, float scale)
+{
+    if (nt == 1) {
+        switch (nq) {
+        case 1:  scores_blk_dt(B, 1, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
+        case 2:  scores_blk_dt(B, 2, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
+        case 3:  scores_blk_dt(B, 3, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
+        case 4:  scores_blk_dt(B, 4, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
+        case 5:  scores_blk_dt(B, 5, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
+        case 6:  scores_blk_dt(B, 6, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
+        case 7:  scores_blk_dt(B, 7, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
+        default: scores_blk_dt(B, 8, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
+        }
+    }
+    switch (nq) {
+    case 1:  scores_multi_dt(B, 1, 8, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
+    case 2:  scores_multi_dt(B, 2, 4, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
+    case 3:  scores_multi_dt(B, 3, 3, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
+    case 4:  scores_multi_dt(B, 4, 2, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
+    case 5:  scores_multi_dt(B, 5, 2, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
+    case 6:  scores_multi_dt(B, 6, 2, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
+    case 7:  scores_multi_dt(B, 7, 2, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
+    default: scores_multi_dt(B, 8, 2, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
+    }
 }
 
 /* s[t ts + 16 v + j], nq <= 8 queries, nt <= tiles_per_block(nq) tiles. */
@@ -397,10 +476,12 @@ static void softmax_step(float *p, float *cf, float *m, float *lv, const float *
         }
 }
 
-/* NQ queries x NC chunks of 16 (the last one masked by ml) at offset off. */
-ALWAYS_INLINE void pv_blk(const int NQ, const int NC, float *const *o, const float *p, const float *cf,
-                          const float *x, size_t ldx, size_t nj, size_t off, __mmask16 ml)
+/* NQ queries x NC chunks of 16 (the last one masked by ml) at offset off;
+ * the values x (f32) or xn (DT = DTYPE_BF16, DTYPE_INT8). */
+ALWAYS_INLINE void pv_blk_dt(const int DT, const int NQ, const int NC, float *const *o, const float *p, const float *cf,
+                             const float *x, const NarrowTile *xn, size_t ldx, size_t nj, size_t off, __mmask16 ml)
 {
+    const size_t es = DT == DTYPE_INT8 ? 1 : 2;
     __m512 acc[8][4];
     __mmask16 mk[4];
 #pragma GCC unroll 4
@@ -416,7 +497,11 @@ ALWAYS_INLINE void pv_blk(const int NQ, const int NC, float *const *o, const flo
         __m512 xj[4];
 #pragma GCC unroll 4
         for (int c = 0; c < NC; c++) {
-            xj[c] = _mm512_maskz_loadu_ps(mk[c], x + j * ldx + off + 16 * c);
+            if (DT != DTYPE_F32)
+                xj[c] = widen16(DT, (const char *)xn->p + (j * ldx + off + 16 * c) * es, mk[c],
+                                DT == DTYPE_INT8 ? _mm512_set1_ps(xn->sc[j]) : _mm512_setzero_ps());
+            else
+                xj[c] = _mm512_maskz_loadu_ps(mk[c], x + j * ldx + off + 16 * c);
             KEEP_IN_REG(xj[c]);
         }
 #pragma GCC unroll 8
@@ -432,11 +517,11 @@ ALWAYS_INLINE void pv_blk(const int NQ, const int NC, float *const *o, const flo
         for (int c = 0; c < NC; c++) _mm512_mask_storeu_ps(o[v] + off + 16 * c, mk[c], acc[v][c]);
 }
 
-#define PV_CASE(NQ, NC) case (NC) * 16 + (NQ): pv_blk(NQ, NC, o + v0, p + 16 * v0, cf + v0, x, ldx, nj, off, ml); break
+#define PV_CASE(NQ, NC) case (NC) * 16 + (NQ): pv_blk_dt(DT, NQ, NC, o + v0, p + 16 * v0, cf + v0, x, xn, ldx, nj, off, ml); break
 /* o[v] (hd) = o[v] cf[v] + sum_{j < nj} p[16 v + j] x[j ldx + .], v < nq.
  * Chunk groups of up to 64 floats; up to 8 queries (4 for wide groups). */
-static void pv(float *const *o, const float *p, const float *cf, const float *x, size_t ldx,
-               size_t nq, size_t hd, size_t nj)
+ALWAYS_INLINE void pv_dt(const int DT, float *const *o, const float *p, const float *cf, const float *x,
+                         const NarrowTile *xn, size_t ldx, size_t nq, size_t hd, size_t nj)
 {
     for (size_t off = 0; off < hd; off += 64) {
         const size_t w = td_min(64, hd - off), nc = (w + 15) / 16, qmax = nc <= 2 ? 8 : 4;
@@ -454,6 +539,29 @@ static void pv(float *const *o, const float *p, const float *cf, const float *x,
     }
 }
 #undef PV_CASE
+
+static void pv(float *const *o, const float *p, const float *cf, const float *x, size_t ldx,
+               size_t nq, size_t hd, size_t nj)
+{
+    pv_dt(DTYPE_F32, o, p, cf, x, NULL, ldx, nq, hd, nj);
+}
+
+/* scores() and pv() over narrow tiles (bf16 or int8, the cache's dtype kv),
+ * widened in registers. */
+static void scores_narrow(Dtype kv, float *s, size_t ts, const float *const *q, size_t nq, const NarrowTile *kn,
+                          size_t nt, size_t ld, size_t hd, float scale)
+{
+    if (kv == DTYPE_BF16) scores_narrow_dt(DTYPE_BF16, s, ts, q, nq, kn, nt, ld, hd, scale);
+    else scores_narrow_dt(DTYPE_INT8, s, ts, q, nq, kn, nt, ld, hd, scale);
+}
+
+static void pv_narrow(Dtype kv, float *const *o, const float *p, const float *cf, const NarrowTile *xn, size_t ldx,
+                      size_t nq, size_t hd, size_t nj)
+{
+    if (kv == DTYPE_BF16) pv_dt(DTYPE_BF16, o, p, cf, NULL, xn, ldx, nq, hd, nj);
+    else pv_dt(DTYPE_INT8, o, p, cf, NULL, xn, ldx, nq, hd, nj);
+}
+#define ATTN_NARROW_IN_REGISTERS 1
 
 /* JK keys x NC chunks: out[j] += sum_i C[16 i + j] x_i, i < nq. */
 ALWAYS_INLINE void acc_blk(const int JK, const int NC, float *const *out, const float *C,
@@ -971,6 +1079,34 @@ static void scores_all(float *s, const float *const *q, size_t nq, const float *
 
 /* ================================================================ forward */
 
+#ifdef ATTN_NARROW_IN_REGISTERS
+/* Narrow blocks (not v_in_k): K^T of tile kt of kv head g [d * bs + j]
+ * and its V [j * dv + d], with their int8 scales, read in place by the
+ * narrow kernels. */
+static inline NarrowTile narrow_kt(const void *kv, const AttnSeq *s, const AttnShape *sh, size_t g, size_t kt)
+{
+    const size_t p = kt * ATTN_TILE, off = p % sh->bs;
+    const unsigned char *blk = block_at(kv, s, sh, p);
+    return (NarrowTile){ blk + kt_at(sh, g, off) * dtype_size(sh->kv),
+                         sh->kv == DTYPE_INT8 ? scales_of(blk, sh) + g * sh->bs + off : NULL };
+}
+
+static inline NarrowTile narrow_v(const void *kv, const AttnSeq *s, const AttnShape *sh, size_t g, size_t kt)
+{
+    const size_t p = kt * ATTN_TILE, off = p % sh->bs;
+    const unsigned char *blk = block_at(kv, s, sh, p);
+    return (NarrowTile){ blk + v_at(sh, g, off) * dtype_size(sh->kv),
+                         sh->kv == DTYPE_INT8 ? scales_of(blk, sh) + sh->Hkv * sh->bs + g * sh->bs + off : NULL };
+}
+
+static void scores_all_narrow(Dtype kv, float *s, const float *const *q, size_t nq, const NarrowTile *kn, size_t nt,
+                              size_t ld, size_t hd, float scale)
+{
+    for (size_t v0 = 0; v0 < nq; v0 += 8)
+        scores_narrow(kv, s + 16 * v0, nq * 16, q + v0, td_min(8, nq - v0), kn, nt, ld, hd, scale);
+}
+#endif
+
 struct attn_fw {
     float *out, *lse; const float *q; const void *kv; const AttnSeq *seqs; size_t n_seq;
     const AttnShape *sh; const size_t *item_start; size_t n_items; float scale;
@@ -1018,7 +1154,14 @@ static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t
     float sc[2 * GQ_MAX * 16] __attribute__((aligned(64)));
     /* narrow caches: the tiles of a block widened to float32 (f32 reads
      * the blocks in place) */
-    const bool wid = sh->kv != DTYPE_F32, vk = sh->v_in_k;
+    const bool vk = sh->v_in_k;
+#ifdef ATTN_NARROW_IN_REGISTERS
+    /* bf16, int8 (not v_in_k): the kernels read the blocks in place */
+    const bool inreg = sh->kv != DTYPE_F32 && !vk;
+#else
+    const bool inreg = false;
+#endif
+    const bool wid = sh->kv != DTYPE_F32 && !inreg;
     float kbuf[wid ? SC_PAIRS * ATTN_TILE * hd : 1], vbuf[wid || vk ? ATTN_TILE * dv : 1];
     size_t ld = sh->bs, lo_min = SIZE_MAX, lo_max = 0;
     const size_t lt = last_key_tile(sh, s, qt);
@@ -1040,8 +1183,17 @@ static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t
     for (size_t kt0 = kt_lo; kt0 < lt; kt0 += tpb) {
         const size_t nt = td_min(tpb, lt - kt0);
         const float *kts[SC_PAIRS];
-        for (size_t t = 0; t < nt; t++) kts[t] = keys_f32(kbuf + t * ATTN_TILE * hd, c->kv, s, sh, g, kt0 + t, &ld);
-        scores_all(sc, q, nq, kts, nt, ld, hd, c->scale);
+#ifdef ATTN_NARROW_IN_REGISTERS
+        if (inreg) {
+            NarrowTile kns[SC_PAIRS];
+            for (size_t t = 0; t < nt; t++) kns[t] = narrow_kt(c->kv, s, sh, g, kt0 + t);
+            scores_all_narrow(sh->kv, sc, q, nq, kns, nt, sh->bs, hd, c->scale);
+        } else
+#endif
+        {
+            for (size_t t = 0; t < nt; t++) kts[t] = keys_f32(kbuf + t * ATTN_TILE * hd, c->kv, s, sh, g, kt0 + t, &ld);
+            scores_all(sc, q, nq, kts, nt, ld, hd, c->scale);
+        }
         const bool masked = kt0 * ATTN_TILE < lo_max;
         if (masked)
             for (size_t t = 0; t < nt; t++)
@@ -1051,17 +1203,34 @@ static void fw_group(const struct attn_fw *c, const AttnSeq *s, size_t g, size_t
                 }
         softmax_step(p, cf, m, lv, sc, masked ? nlo : NULL, masked ? nhi : NULL, nq, nt);
         for (size_t t = 0; t < nt; t++) {
+#ifdef ATTN_NARROW_IN_REGISTERS
+            if (inreg) {
+                const NarrowTile vn = narrow_v(c->kv, s, sh, g, kt0 + t);
+                pv_narrow(sh->kv, op, p + t * nq * 16, cf + t * nq, &vn, dv, nq, dv, ATTN_TILE);
+                continue;
+            }
+#endif
             const float *vt = vk ? values_of_keys(vbuf, kts[t], ld, dv) : values_f32(vbuf, c->kv, s, sh, g, kt0 + t);
             pv(op, p + t * nq * 16, cf + t * nq, vt, dv, nq, dv, ATTN_TILE);
         }
     }
     /* the diagonal (bidir: last) tile: each query sees its own number of keys */
-    const float *ktd = keys_f32(kbuf, c->kv, s, sh, g, lt, &ld);
-    const float *vtd = vk ? values_of_keys(vbuf, ktd, ld, dv) : values_f32(vbuf, c->kv, s, sh, g, lt);
-    scores_all(sc, q, nq, &ktd, 1, ld, hd, c->scale);
     for (size_t v = 0; v < nq; v++) nlo[v] = tile_lo(sh, lt, s->pos + rows[v]);
-    softmax_step(p, cf, m, lv, sc, nlo, nval, nq, 1);
-    for (size_t v = 0; v < nq; v++) pv(op + v, p + 16 * v, cf + v, vtd, dv, 1, dv, nval[v]);
+#ifdef ATTN_NARROW_IN_REGISTERS
+    if (inreg) {
+        const NarrowTile knd = narrow_kt(c->kv, s, sh, g, lt), vnd = narrow_v(c->kv, s, sh, g, lt);
+        scores_all_narrow(sh->kv, sc, q, nq, &knd, 1, sh->bs, hd, c->scale);
+        softmax_step(p, cf, m, lv, sc, nlo, nval, nq, 1);
+        for (size_t v = 0; v < nq; v++) pv_narrow(sh->kv, op + v, p + 16 * v, cf + v, &vnd, dv, 1, dv, nval[v]);
+    } else
+#endif
+    {
+        const float *ktd = keys_f32(kbuf, c->kv, s, sh, g, lt, &ld);
+        const float *vtd = vk ? values_of_keys(vbuf, ktd, ld, dv) : values_f32(vbuf, c->kv, s, sh, g, lt);
+        scores_all(sc, q, nq, &ktd, 1, ld, hd, c->scale);
+        softmax_step(p, cf, m, lv, sc, nlo, nval, nq, 1);
+        for (size_t v = 0; v < nq; v++) pv(op + v, p + 16 * v, cf + v, vtd, dv, 1, dv, nval[v]);
+    }
     for (size_t v = 0; v < nq; v++) {
         const float l = vec_lanes_combine(lv + 16 * v);
         float *dst = c->out + (s->row + rows[v]) * ow + heads[v] * dv;
