@@ -17,8 +17,11 @@
 #   speed    in LOWPREC_BENCH_ROUNDS rounds (default 2), interleaved: tandem
 #            (build/bench/infer --threads 2, TTFT of a 256-token prompt and
 #            batch-1 decode of 128 tokens, --dtype f32, bf16, int8 on the
-#            float32 file) then llama.cpp (c_peer --threads 2 --kv f32, F32,
-#            BF16 and Q8_0 files); each figure the best of the rounds.
+#            float32 file, over an f32 KV cache; then bf16 and int8 weights
+#            over a KV cache of their own dtype: the rows "decode, KV in that
+#            dtype", not a target) then llama.cpp (c_peer --threads 2 --kv
+#            f32, F32, BF16 and Q8_0 files); each figure the best of the
+#            rounds.
 #   memory   resident set of `tandem serve --dtype D` on the float32 file
 #            once it listens (VmRSS) and its peak while loading (VmHWM); and
 #            serving the int8 file.
@@ -220,10 +223,15 @@ for cfg in $CONFIGS; do
     r=1
     while [ "$r" -le "$ROUNDS" ]; do
         note "round $r of $ROUNDS (load average $(loadavg))"
-        for d in f32 bf16 int8; do
-            "$INFER" --ckpt "$h5" --dtype "$d" --threads 2 --prompt 256 --gen 128 --reps "$REPS" --only ttft,b1 \
-                >"$DIR/$cfg.lp.r$r.tandem_$d.json" 2>"$DIR/$cfg.lp.r$r.tandem_$d.err" ||
-                note "infer --dtype $d failed: $(tail -n 1 "$DIR/$cfg.lp.r$r.tandem_$d.err")"
+        # f32, bf16, int8 weights over an f32 KV cache (the targets), then
+        # bf16 and int8 weights over a KV cache of the same dtype (kv rows)
+        for d in f32 bf16 int8 bf16kv int8kv; do
+            w=${d%kv}
+            kv=f32
+            [ "$w" = "$d" ] || kv=$w
+            "$INFER" --ckpt "$h5" --dtype "$w" --kv-dtype "$kv" --threads 2 --prompt 256 --gen 128 --reps "$REPS" \
+                --only ttft,b1 >"$DIR/$cfg.lp.r$r.tandem_$d.json" 2>"$DIR/$cfg.lp.r$r.tandem_$d.err" ||
+                note "infer --dtype $w --kv-dtype $kv failed: $(tail -n 1 "$DIR/$cfg.lp.r$r.tandem_$d.err")"
         done
         if [ "$HAVE_LLAMA" = 1 ]; then
             for g in f32 bf16 q8_0; do
@@ -325,7 +333,7 @@ for m, a, pf, pq, ch, same, ok, budget in acc_rows:
 
 for cfg in cfgs:
     rows = []
-    tb = {dt: best(cfg, "tandem_" + dt, t_b1) for dt in ("f32", "bf16", "int8")}
+    tb = {dt: best(cfg, "tandem_" + dt, t_b1) for dt in ("f32", "bf16", "int8", "bf16kv", "int8kv")}
     tt = {dt: best(cfg, "tandem_" + dt, t_ttft, min) for dt in ("f32", "bf16", "int8")}
     lb = {g: best(cfg, "llama_" + g, l_b1) for g in ("f32", "bf16", "q8_0")}
     lt = {g: best(cfg, "llama_" + g, l_ttft, min) for g in ("f32", "bf16", "q8_0")}
@@ -356,6 +364,18 @@ for cfg in cfgs:
     print("  %-30s %10s %10s %10s" % ("  f32 bytes / these", "1.00x", *[ratio(by.get("f32"), by.get(dt)) for dt in ("bf16", "int8")]))
     print("  %-30s %10s %10s %10s" % ("  GB/s streamed", *[fmt(by[dt] * tb[dt][0] / 1e9 if dt in by and tb[dt][0] else None)
                                                             for dt in ("f32", "bf16", "int8")]))
+    # the same weights over a KV cache of their own dtype (not a target:
+    # the targets and llama.cpp's runs keep an f32 cache)
+    bykv = {}
+    for dt in ("bf16kv", "int8kv"):
+        o = load_json("%s.lp.r1.tandem_%s.json" % (cfg, dt)) or {}
+        a = o.get("acct", {})
+        if a.get("w_active_bytes") and o.get("prompt") is not None:
+            bykv[dt] = a["w_active_bytes"] + a["kv_bytes_per_pos"] * (o["prompt"] + o["gen"] / 2)
+    print("  %-30s %10s %10s %10s" % ("decode, KV in that dtype", fmt(f), fmt(tb["bf16kv"][0]), fmt(tb["int8kv"][0])))
+    print("  %-30s %10s %10s %10s" % ("  x tandem f32", "1.00x", ratio(tb["bf16kv"][0], f), ratio(tb["int8kv"][0], f)))
+    print("  %-30s %10s %10s %10s" % ("  by round", "", *["/".join("%.0f" % v for v in tb[dt][1]) or "-" for dt in ("bf16kv", "int8kv")]))
+    print("  %-30s %10s %10s %10s" % ("  f32 bytes / these", "1.00x", *[ratio(by.get("f32"), bykv.get(dt)) for dt in ("bf16kv", "int8kv")]))
     print("  %-30s %10s %10s %10s" % ("llama.cpp F32/BF16/Q8_0 tok/s", fmt(lb["f32"][0]), fmt(lb["bf16"][0]), fmt(lb["q8_0"][0])))
     oks = [tb[dt][0] / lb[peer[dt]][0] >= 1.0 for dt in ("bf16", "int8") if tb[dt][0] and lb[peer[dt]][0]]
     print("  %-30s %10s %10s %10s   >= 1.0x at BF16 and Q8_0: %s" % (
