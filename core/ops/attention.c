@@ -335,12 +335,6 @@ ALWAYS_INLINE void scores_blk_dt(const int DT, const int NQ, const int NT, float
         for (int v = 0; v < NQ; v++) _mm512_storeu_ps(s + t * ts + 16 * v, _mm512_mul_ps(acc[t][v], sc));
 }
 
-ALWAYS_INLINE void scores_blk(const int NQ, const int NT, float *s, size_t ts, const float *const *q,
-                              const float *const *kt, size_t ld, size_t hd, float scale)
-{
-    scores_blk_dt(DTYPE_F32, NQ, NT, s, ts, q, kt, NULL, ld, hd, scale);
-}
-
 /* nt <= NT tiles: tiles past nt repeat the last one (their chains run in
  * the shadow of the others' latency) and are not stored. */
 ALWAYS_INLINE void scores_multi_dt(const int DT, const int NQ, const int NT, float *s, size_t ts, const float *const *q,
@@ -364,67 +358,40 @@ ALWAYS_INLINE void scores_multi_dt(const int DT, const int NQ, const int NT, flo
     for (size_t t = 0; t < nt; t++) memcpy(s + t * ts, buf + t * NQ * 16, NQ * 16 * sizeof(float));
 }
 
-ALWAYS_INLINE void scores_multi(const int NQ, const int NT, float *s, size_t ts, const float *const *q,
-                                const float *const *kt, size_t nt, size_t ld, size_t hd, float scale)
-{
-    scores_multi_dt(DTYPE_F32, NQ, NT, s, ts, q, kt, NULL, nt, ld, hd, scale);
-}
-
-/* scores() over narrow key tiles kn (row stride ld elements) of dtype B,
- * widened in registers. */
-ALWAYS_INLINE void scores_narrow_dt(const int B, float *s, size_t ts, const float *const *q, size_t nq,
-                                    const NarrowTile *kh, size_t nt, size_t ld, size_t hd, float scale)
+/* s[t ts + 16 v + j], nq <= 8 queries, nt <= tiles_per_block(nq) tiles:
+ * float32 key tiles kt, or narrow ones kn (DT = DTYPE_BF16, DTYPE_INT8),
+ * row stride ld elements. */
+ALWAYS_INLINE void scores_dt(const int DT, float *s, size_t ts, const float *const *q, size_t nq,
+                             const float *const *kt, const NarrowTile *kn, size_t nt, size_t ld, size_t hd, float scale)
 {
     if (nt == 1) {
         switch (nq) {
-        case 1:  scores_blk_dt(B, 1, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
-        case 2:  scores_blk_dt(B, 2, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
-        case 3:  scores_blk_dt(B, 3, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
-        case 4:  scores_blk_dt(B, 4, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
-        case 5:  scores_blk_dt(B, 5, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
-        case 6:  scores_blk_dt(B, 6, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
-        case 7:  scores_blk_dt(B, 7, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
-        default: scores_blk_dt(B, 8, 1, s, ts, q, NULL, kh, ld, hd, scale); return;
+        case 1:  scores_blk_dt(DT, 1, 1, s, ts, q, kt, kn, ld, hd, scale); return;
+        case 2:  scores_blk_dt(DT, 2, 1, s, ts, q, kt, kn, ld, hd, scale); return;
+        case 3:  scores_blk_dt(DT, 3, 1, s, ts, q, kt, kn, ld, hd, scale); return;
+        case 4:  scores_blk_dt(DT, 4, 1, s, ts, q, kt, kn, ld, hd, scale); return;
+        case 5:  scores_blk_dt(DT, 5, 1, s, ts, q, kt, kn, ld, hd, scale); return;
+        case 6:  scores_blk_dt(DT, 6, 1, s, ts, q, kt, kn, ld, hd, scale); return;
+        case 7:  scores_blk_dt(DT, 7, 1, s, ts, q, kt, kn, ld, hd, scale); return;
+        default: scores_blk_dt(DT, 8, 1, s, ts, q, kt, kn, ld, hd, scale); return;
         }
     }
     switch (nq) {
-    case 1:  scores_multi_dt(B, 1, 8, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
-    case 2:  scores_multi_dt(B, 2, 4, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
-    case 3:  scores_multi_dt(B, 3, 3, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
-    case 4:  scores_multi_dt(B, 4, 2, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
-    case 5:  scores_multi_dt(B, 5, 2, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
-    case 6:  scores_multi_dt(B, 6, 2, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
-    case 7:  scores_multi_dt(B, 7, 2, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
-    default: scores_multi_dt(B, 8, 2, s, ts, q, NULL, kh, nt, ld, hd, scale); return;
+    case 1:  scores_multi_dt(DT, 1, 8, s, ts, q, kt, kn, nt, ld, hd, scale); return;
+    case 2:  scores_multi_dt(DT, 2, 4, s, ts, q, kt, kn, nt, ld, hd, scale); return;
+    case 3:  scores_multi_dt(DT, 3, 3, s, ts, q, kt, kn, nt, ld, hd, scale); return;
+    case 4:  scores_multi_dt(DT, 4, 2, s, ts, q, kt, kn, nt, ld, hd, scale); return;
+    case 5:  scores_multi_dt(DT, 5, 2, s, ts, q, kt, kn, nt, ld, hd, scale); return;
+    case 6:  scores_multi_dt(DT, 6, 2, s, ts, q, kt, kn, nt, ld, hd, scale); return;
+    case 7:  scores_multi_dt(DT, 7, 2, s, ts, q, kt, kn, nt, ld, hd, scale); return;
+    default: scores_multi_dt(DT, 8, 2, s, ts, q, kt, kn, nt, ld, hd, scale); return;
     }
 }
 
-/* s[t ts + 16 v + j], nq <= 8 queries, nt <= tiles_per_block(nq) tiles. */
 static void scores(float *s, size_t ts, const float *const *q, size_t nq, const float *const *kt, size_t nt,
                    size_t ld, size_t hd, float scale)
 {
-    if (nt == 1) {
-        switch (nq) {
-        case 1:  scores_blk(1, 1, s, ts, q, kt, ld, hd, scale); return;
-        case 2:  scores_blk(2, 1, s, ts, q, kt, ld, hd, scale); return;
-        case 3:  scores_blk(3, 1, s, ts, q, kt, ld, hd, scale); return;
-        case 4:  scores_blk(4, 1, s, ts, q, kt, ld, hd, scale); return;
-        case 5:  scores_blk(5, 1, s, ts, q, kt, ld, hd, scale); return;
-        case 6:  scores_blk(6, 1, s, ts, q, kt, ld, hd, scale); return;
-        case 7:  scores_blk(7, 1, s, ts, q, kt, ld, hd, scale); return;
-        default: scores_blk(8, 1, s, ts, q, kt, ld, hd, scale); return;
-        }
-    }
-    switch (nq) {
-    case 1:  scores_multi(1, 8, s, ts, q, kt, nt, ld, hd, scale); return;
-    case 2:  scores_multi(2, 4, s, ts, q, kt, nt, ld, hd, scale); return;
-    case 3:  scores_multi(3, 3, s, ts, q, kt, nt, ld, hd, scale); return;
-    case 4:  scores_multi(4, 2, s, ts, q, kt, nt, ld, hd, scale); return;
-    case 5:  scores_multi(5, 2, s, ts, q, kt, nt, ld, hd, scale); return;
-    case 6:  scores_multi(6, 2, s, ts, q, kt, nt, ld, hd, scale); return;
-    case 7:  scores_multi(7, 2, s, ts, q, kt, nt, ld, hd, scale); return;
-    default: scores_multi(8, 2, s, ts, q, kt, nt, ld, hd, scale); return;
-    }
+    scores_dt(DTYPE_F32, s, ts, q, nq, kt, NULL, nt, ld, hd, scale);
 }
 
 /* max over the 16 lanes, lanes paired j ^ 8, j ^ 4, j ^ 2, j ^ 1 */
@@ -551,8 +518,8 @@ static void pv(float *const *o, const float *p, const float *cf, const float *x,
 static void scores_narrow(Dtype kv, float *s, size_t ts, const float *const *q, size_t nq, const NarrowTile *kn,
                           size_t nt, size_t ld, size_t hd, float scale)
 {
-    if (kv == DTYPE_BF16) scores_narrow_dt(DTYPE_BF16, s, ts, q, nq, kn, nt, ld, hd, scale);
-    else scores_narrow_dt(DTYPE_INT8, s, ts, q, nq, kn, nt, ld, hd, scale);
+    if (kv == DTYPE_BF16) scores_dt(DTYPE_BF16, s, ts, q, nq, NULL, kn, nt, ld, hd, scale);
+    else scores_dt(DTYPE_INT8, s, ts, q, nq, NULL, kn, nt, ld, hd, scale);
 }
 
 static void pv_narrow(Dtype kv, float *const *o, const float *p, const float *cf, const NarrowTile *xn, size_t ldx,
