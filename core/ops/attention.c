@@ -65,11 +65,11 @@
  * Narrow caches (bf16, int8: attention.h).  Keys and values stand for the
  * float32 values they widen to (bf16: the bits shifted up 16; int8:
  * (float)q * its position's scale), so a narrow cache's attention is the
- * float32 attention over those values.  The AVX-512 kernels read a narrow
- * block in place and widen each row in registers (NarrowTile); AVX2 and
- * portable C widen a tile into a float32 copy on the stack first
- * (keys_f32, values_f32), and so do MLA's caches (v_in_k).  Both give the
- * same values, so the same bits.
+ * float32 attention over those values.  The AVX-512 and AVX2 kernels read
+ * a narrow block in place and widen each row in registers (NarrowTile);
+ * portable C widens a tile into a float32 copy on the stack first
+ * (keys_f32, values_f32), and so do MLA's caches (v_in_k) on every path.
+ * Both give the same values, so the same bits.
  *
  * Three kernel paths compute the same operations: AVX-512, AVX2 + FMA (a
  * tile's 16 keys as two 8-lane halves, register blocks of at most 12
@@ -282,15 +282,15 @@ static inline void no_keys_yet(float *mo, float *mx, size_t n)
         if (mx[u] == -INFINITY) mo[u] = mx[u] = 0.0f;
 }
 
+/* A key or value tile read in place from a narrow cache block: its first
+ * element (bf16 or int8) and, for int8, its 16 positions' scales. */
+typedef struct { const void *p; const float *sc; } NarrowTile;
+
 #ifdef ATTN_AVX512
 
 /* A vector loaded once and used by several FMAs: without this GCC folds the
  * load into each FMA's memory operand, and the load ports become the limit. */
 #define KEEP_IN_REG(x) __asm__("" : "+v"(x))
-
-/* A key or value tile read in place from a narrow cache block: its first
- * element (bf16 or int8) and, for int8, its 16 positions' scales. */
-typedef struct { const void *p; const float *sc; } NarrowTile;
 
 /* The 16 values of narrow tile row at e (bf16, int8 with the 16 scales sc),
  * masked to the lanes of m, as float32: exactly the values keys_f32 and
@@ -943,6 +943,131 @@ static inline void bw_ds(float *p, float *ds, const float *s, const float *dp, f
         _mm256_storeu_ps(ds + 8 * h, _mm256_mul_ps(_mm256_mul_ps(e, t), _mm256_set1_ps(scale)));
     }
 }
+
+/* Narrow tiles (NarrowTile) widened in registers, 8 lanes at a time: the
+ * values keys_f32 and values_f32 write (see the AVX-512 path), so the
+ * chains below are those of scores_blk and rows_blk, the same bits. */
+ALWAYS_INLINE __m256 widen8(const int DT, const void *e, __m256 sc)
+{
+    if (DT == DTYPE_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)e)), 16));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)e))), sc);
+}
+
+ALWAYS_INLINE float widen1(const int DT, const void *e, float sc)
+{
+    if (DT == DTYPE_BF16) return dtype_f32_from_bf16(*(const uint16_t *)e);
+    return (float)*(const int8_t *)e * sc;
+}
+
+/* NQ <= 4 queries x one narrow key tile: s[16 v + j]. */
+ALWAYS_INLINE void scores_narrow_blk(const int DT, const int NQ, float *s, const float *const *q,
+                                     const NarrowTile *kn, size_t ld, size_t hd, float scale)
+{
+    const size_t es = DT == DTYPE_INT8 ? 1 : 2;
+    const unsigned char *k = kn->p;
+    const __m256 s0 = DT == DTYPE_INT8 ? _mm256_loadu_ps(kn->sc) : _mm256_setzero_ps();
+    const __m256 s1 = DT == DTYPE_INT8 ? _mm256_loadu_ps(kn->sc + 8) : _mm256_setzero_ps();
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int v = 0; v < NQ; v++) acc[v][0] = acc[v][1] = _mm256_setzero_ps();
+    for (size_t d = 0; d < hd; d++) {
+        __m256 k0 = widen8(DT, k + d * ld * es, s0), k1 = widen8(DT, k + (d * ld + 8) * es, s1);
+        KEEP_IN_REG(k0);
+        KEEP_IN_REG(k1);
+#pragma GCC unroll 4
+        for (int v = 0; v < NQ; v++) {
+            const __m256 b = _mm256_set1_ps(q[v][d]);
+            acc[v][0] = _mm256_fmadd_ps(b, k0, acc[v][0]);
+            acc[v][1] = _mm256_fmadd_ps(b, k1, acc[v][1]);
+        }
+    }
+    const __m256 sc = _mm256_set1_ps(scale);
+#pragma GCC unroll 4
+    for (int v = 0; v < NQ; v++) {
+        _mm256_storeu_ps(s + 16 * v, _mm256_mul_ps(acc[v][0], sc));
+        _mm256_storeu_ps(s + 16 * v + 8, _mm256_mul_ps(acc[v][1], sc));
+    }
+}
+
+ALWAYS_INLINE void scores_narrow_dt(const int DT, float *s, size_t ts, const float *const *q, size_t nq,
+                                    const NarrowTile *kn, size_t nt, size_t ld, size_t hd, float scale)
+{
+    for (size_t t = 0; t < nt; t++)
+        for (size_t v0 = 0; v0 < nq; v0 += 4) {
+            float *st = s + t * ts + 16 * v0;
+            switch (td_min(4, nq - v0)) {
+            case 1:  scores_narrow_blk(DT, 1, st, q + v0, &kn[t], ld, hd, scale); break;
+            case 2:  scores_narrow_blk(DT, 2, st, q + v0, &kn[t], ld, hd, scale); break;
+            case 3:  scores_narrow_blk(DT, 3, st, q + v0, &kn[t], ld, hd, scale); break;
+            default: scores_narrow_blk(DT, 4, st, q + v0, &kn[t], ld, hd, scale); break;
+            }
+        }
+}
+
+/* One query's o over NC chunks of 8 at offset off: o = o cf, then
+ * o = fma(p_j, x_j, o), j < nj (rows_blk's chain). */
+ALWAYS_INLINE void pv_narrow_blk(const int DT, const int NC, float *o, const float *p, float cf,
+                                 const NarrowTile *xn, size_t ldx, size_t nj, size_t off)
+{
+    const size_t es = DT == DTYPE_INT8 ? 1 : 2;
+    const unsigned char *x = xn->p;
+    const __m256 cv = _mm256_set1_ps(cf);
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(o + off + 8 * c), cv);
+    for (size_t j = 0; j < nj; j++) {
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        const __m256 sj = DT == DTYPE_INT8 ? _mm256_set1_ps(xn->sc[j]) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++)
+            acc[c] = _mm256_fmadd_ps(pj, widen8(DT, x + (j * ldx + off + 8 * c) * es, sj), acc[c]);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; c++) _mm256_storeu_ps(o + off + 8 * c, acc[c]);
+}
+
+ALWAYS_INLINE void pv_narrow_dt(const int DT, float *const *o, const float *p, const float *cf,
+                                const NarrowTile *xn, size_t ldx, size_t nq, size_t hd, size_t nj)
+{
+    const size_t es = DT == DTYPE_INT8 ? 1 : 2;
+    for (size_t v = 0; v < nq; v++) {
+        size_t off = 0;
+        for (; off + 32 <= hd; off += 32) pv_narrow_blk(DT, 4, o[v], p + 16 * v, cf[v], xn, ldx, nj, off);
+        if (off + 16 <= hd) {
+            pv_narrow_blk(DT, 2, o[v], p + 16 * v, cf[v], xn, ldx, nj, off);
+            off += 16;
+        }
+        if (off + 8 <= hd) {
+            pv_narrow_blk(DT, 1, o[v], p + 16 * v, cf[v], xn, ldx, nj, off);
+            off += 8;
+        }
+        for (; off < hd; off++) {
+            float a = o[v][off] * cf[v];
+            for (size_t j = 0; j < nj; j++)
+                a = fmaf(p[16 * v + j], widen1(DT, (const unsigned char *)xn->p + (j * ldx + off) * es,
+                                               DT == DTYPE_INT8 ? xn->sc[j] : 0.0f), a);
+            o[v][off] = a;
+        }
+    }
+}
+
+/* scores() and pv() over narrow tiles (bf16 or int8, the cache's dtype kv),
+ * widened in registers. */
+static void scores_narrow(Dtype kv, float *s, size_t ts, const float *const *q, size_t nq, const NarrowTile *kn,
+                          size_t nt, size_t ld, size_t hd, float scale)
+{
+    if (kv == DTYPE_BF16) scores_narrow_dt(DTYPE_BF16, s, ts, q, nq, kn, nt, ld, hd, scale);
+    else scores_narrow_dt(DTYPE_INT8, s, ts, q, nq, kn, nt, ld, hd, scale);
+}
+
+static void pv_narrow(Dtype kv, float *const *o, const float *p, const float *cf, const NarrowTile *xn, size_t ldx,
+                      size_t nq, size_t hd, size_t nj)
+{
+    if (kv == DTYPE_BF16) pv_narrow_dt(DTYPE_BF16, o, p, cf, xn, ldx, nq, hd, nj);
+    else pv_narrow_dt(DTYPE_INT8, o, p, cf, xn, ldx, nq, hd, nj);
+}
+#define ATTN_NARROW_IN_REGISTERS 1
 
 #else /* portable kernels: the same operations, one lane at a time */
 
