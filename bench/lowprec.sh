@@ -350,12 +350,13 @@ for cfg in cfgs:
     print("  %-30s %10s %10s %10s" % ("  x tandem f32", "1.00x", ratio(tb["bf16"][0], f), ratio(tb["int8"][0], f)))
     print("  %-30s %10s %10s %10s" % ("  by round", *["/".join("%.0f" % v for v in tb[dt][1]) or "-" for dt in ("f32", "bf16", "int8")]))
     # what bandwidth alone allows: the bytes a decoded token reads (weights
-    # of the active experts, and the float32 KV cache at its mean length
-    # over the decode), f32's bytes over each dtype's (the ratio if every
+    # of the active experts, and the KV cache -- float32, or the weights'
+    # dtype in the *kv runs -- at its mean length over the decode), f32's
+    # bytes over each dtype's (the ratio if every
     # byte came from memory at one rate; experts still cached from the
     # last tokens can beat it), and the rate they streamed at
     by = {}
-    for dt in ("f32", "bf16", "int8"):
+    for dt in ("f32", "bf16", "int8", "bf16kv", "int8kv"):
         o = load_json("%s.lp.r1.tandem_%s.json" % (cfg, dt)) or {}
         a = o.get("acct", {})
         if a.get("w_active_bytes") and o.get("prompt") is not None:
@@ -366,16 +367,10 @@ for cfg in cfgs:
                                                             for dt in ("f32", "bf16", "int8")]))
     # the same weights over a KV cache of their own dtype (not a target:
     # the targets and llama.cpp's runs keep an f32 cache)
-    bykv = {}
-    for dt in ("bf16kv", "int8kv"):
-        o = load_json("%s.lp.r1.tandem_%s.json" % (cfg, dt)) or {}
-        a = o.get("acct", {})
-        if a.get("w_active_bytes") and o.get("prompt") is not None:
-            bykv[dt] = a["w_active_bytes"] + a["kv_bytes_per_pos"] * (o["prompt"] + o["gen"] / 2)
     print("  %-30s %10s %10s %10s" % ("decode, KV in that dtype", fmt(f), fmt(tb["bf16kv"][0]), fmt(tb["int8kv"][0])))
     print("  %-30s %10s %10s %10s" % ("  x tandem f32", "1.00x", ratio(tb["bf16kv"][0], f), ratio(tb["int8kv"][0], f)))
     print("  %-30s %10s %10s %10s" % ("  by round", "", *["/".join("%.0f" % v for v in tb[dt][1]) or "-" for dt in ("bf16kv", "int8kv")]))
-    print("  %-30s %10s %10s %10s" % ("  f32 bytes / these", "1.00x", *[ratio(by.get("f32"), bykv.get(dt)) for dt in ("bf16kv", "int8kv")]))
+    print("  %-30s %10s %10s %10s" % ("  f32 bytes / these", "1.00x", *[ratio(by.get("f32"), by.get(dt)) for dt in ("bf16kv", "int8kv")]))
     print("  %-30s %10s %10s %10s" % ("llama.cpp F32/BF16/Q8_0 tok/s", fmt(lb["f32"][0]), fmt(lb["bf16"][0]), fmt(lb["q8_0"][0])))
     oks = [tb[dt][0] / lb[peer[dt]][0] >= 1.0 for dt in ("bf16", "int8") if tb[dt][0] and lb[peer[dt]][0]]
     print("  %-30s %10s %10s %10s   >= 1.0x at BF16 and Q8_0: %s" % (

@@ -141,6 +141,28 @@ static inline const float *tile_v(const void *kv, const AttnSeq *s, const AttnSh
     return blk + v_at(sh, g, p % sh->bs);
 }
 
+/* A key or value tile of a narrow (bf16, int8) block: its first element
+ * and, for int8, its 16 positions' scales. */
+typedef struct { const void *p; const float *sc; } NarrowTile;
+
+/* Narrow blocks: K^T of tile kt of kv head g [d * bs + j] and (not v_in_k)
+ * its V [j * dv + d], with their int8 scales. */
+static inline NarrowTile narrow_kt(const void *kv, const AttnSeq *s, const AttnShape *sh, size_t g, size_t kt)
+{
+    const size_t p = kt * ATTN_TILE, off = p % sh->bs;
+    const unsigned char *blk = block_at(kv, s, sh, p);
+    return (NarrowTile){ blk + kt_at(sh, g, off) * dtype_size(sh->kv),
+                         sh->kv == DTYPE_INT8 ? scales_of(blk, sh) + g * sh->bs + off : NULL };
+}
+
+static inline NarrowTile narrow_v(const void *kv, const AttnSeq *s, const AttnShape *sh, size_t g, size_t kt)
+{
+    const size_t p = kt * ATTN_TILE, off = p % sh->bs;
+    const unsigned char *blk = block_at(kv, s, sh, p);
+    return (NarrowTile){ blk + v_at(sh, g, off) * dtype_size(sh->kv),
+                         sh->kv == DTYPE_INT8 ? scales_of(blk, sh) + sh->Hkv * sh->bs + g * sh->bs + off : NULL };
+}
+
 /* v_in_k: the value tile [j][dv] of a float32 key tile K^T (row stride
  * ld) into buf (ATTN_TILE * dv floats): its first dv rows, transposed. */
 static const float *values_of_keys(float *buf, const float *kt, size_t ld, size_t dv)
@@ -160,20 +182,19 @@ static const float *keys_f32(float *buf, const void *kv, const AttnSeq *s, const
         *ld = sh->bs;
         return tile_kt(kv, s, sh, g, kt);
     }
-    const size_t p = kt * ATTN_TILE, off = p % sh->bs, bs = sh->bs, hd = sh->dk;
-    const unsigned char *blk = block_at(kv, s, sh, p);
+    const size_t bs = sh->bs, hd = sh->dk;
+    const NarrowTile t = narrow_kt(kv, s, sh, g, kt);
     *ld = ATTN_TILE;
     if (sh->kv == DTYPE_BF16) {
-        const uint16_t *k = (const uint16_t *)(const void *)blk + kt_at(sh, g, off);
+        const uint16_t *k = t.p;
         if (bs == ATTN_TILE)   /* the tile's rows lie end to end (the default block): one call */
             dtype_bf16_to_f32(buf, k, hd * ATTN_TILE);
         else
             for (size_t d = 0; d < hd; d++) dtype_bf16_to_f32(buf + d * ATTN_TILE, k + d * bs, ATTN_TILE);
     } else {
-        const int8_t *k = (const int8_t *)blk + kt_at(sh, g, off);
-        const float *sk = scales_of(blk, sh) + g * bs + off;
+        const int8_t *k = t.p;
         for (size_t d = 0; d < hd; d++)
-            for (size_t j = 0; j < ATTN_TILE; j++) buf[d * ATTN_TILE + j] = (float)k[d * bs + j] * sk[j];
+            for (size_t j = 0; j < ATTN_TILE; j++) buf[d * ATTN_TILE + j] = (float)k[d * bs + j] * t.sc[j];
     }
     return buf;
 }
@@ -184,14 +205,13 @@ static const float *values_f32(float *buf, const void *kv, const AttnSeq *s, con
                                size_t kt)
 {
     if (sh->kv == DTYPE_F32) return tile_v(kv, s, sh, g, kt);
-    const size_t p = kt * ATTN_TILE, off = p % sh->bs, bs = sh->bs, hd = sh->dv;
-    const unsigned char *blk = block_at(kv, s, sh, p);
+    const size_t hd = sh->dv;
+    const NarrowTile t = narrow_v(kv, s, sh, g, kt);
     if (sh->kv == DTYPE_BF16) {
-        dtype_bf16_to_f32(buf, (const uint16_t *)(const void *)blk + v_at(sh, g, off), ATTN_TILE * hd);
+        dtype_bf16_to_f32(buf, t.p, ATTN_TILE * hd);
     } else {
-        const int8_t *v = (const int8_t *)blk + v_at(sh, g, off);
-        const float *sv = scales_of(blk, sh) + sh->Hkv * bs + g * bs + off;
-        for (size_t j = 0; j < ATTN_TILE; j++) dtype_q8_dequantize(buf + j * hd, v + j * hd, sv[j], hd);
+        const int8_t *v = t.p;
+        for (size_t j = 0; j < ATTN_TILE; j++) dtype_q8_dequantize(buf + j * hd, v + j * hd, t.sc[j], hd);
     }
     return buf;
 }
@@ -282,10 +302,6 @@ static inline void no_keys_yet(float *mo, float *mx, size_t n)
         if (mx[u] == -INFINITY) mo[u] = mx[u] = 0.0f;
 }
 
-/* A key or value tile read in place from a narrow cache block: its first
- * element (bf16 or int8) and, for int8, its 16 positions' scales. */
-typedef struct { const void *p; const float *sc; } NarrowTile;
-
 #ifdef ATTN_AVX512
 
 /* A vector loaded once and used by several FMAs: without this GCC folds the
@@ -309,7 +325,7 @@ ALWAYS_INLINE __m512 widen16(const int DT, const void *e, __mmask16 m, __m512 sc
 ALWAYS_INLINE void scores_blk_dt(const int DT, const int NQ, const int NT, float *s, size_t ts, const float *const *q,
                                  const float *const *kt, const NarrowTile *kn, size_t ld, size_t hd, float scale)
 {
-    const size_t es = DT == DTYPE_INT8 ? 1 : DT == DTYPE_BF16 ? 2 : 4;
+    const size_t es = dtype_size((Dtype)DT);
     __m512 ksc[8];   /* int8: each tile's key scales (lane j: position j) */
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) ksc[t] = DT == DTYPE_INT8 ? _mm512_loadu_ps(kn[t].sc) : _mm512_setzero_ps();
@@ -448,7 +464,7 @@ static void softmax_step(float *p, float *cf, float *m, float *lv, const float *
 ALWAYS_INLINE void pv_blk_dt(const int DT, const int NQ, const int NC, float *const *o, const float *p, const float *cf,
                              const float *x, const NarrowTile *xn, size_t ldx, size_t nj, size_t off, __mmask16 ml)
 {
-    const size_t es = DT == DTYPE_INT8 ? 1 : 2;
+    const size_t es = dtype_size((Dtype)DT);
     __m512 acc[8][4];
     __mmask16 mk[4];
 #pragma GCC unroll 4
@@ -513,20 +529,17 @@ static void pv(float *const *o, const float *p, const float *cf, const float *x,
     pv_dt(DTYPE_F32, o, p, cf, x, NULL, ldx, nq, hd, nj);
 }
 
-/* scores() and pv() over narrow tiles (bf16 or int8, the cache's dtype kv),
- * widened in registers. */
-static void scores_narrow(Dtype kv, float *s, size_t ts, const float *const *q, size_t nq, const NarrowTile *kn,
-                          size_t nt, size_t ld, size_t hd, float scale)
+/* The narrow kernels (scores_narrow, pv_narrow: the forward section). */
+ALWAYS_INLINE void scores_narrow_dt(const int DT, float *s, size_t ts, const float *const *q, size_t nq,
+                                    const NarrowTile *kn, size_t nt, size_t ld, size_t hd, float scale)
 {
-    if (kv == DTYPE_BF16) scores_dt(DTYPE_BF16, s, ts, q, nq, NULL, kn, nt, ld, hd, scale);
-    else scores_dt(DTYPE_INT8, s, ts, q, nq, NULL, kn, nt, ld, hd, scale);
+    scores_dt(DT, s, ts, q, nq, NULL, kn, nt, ld, hd, scale);
 }
 
-static void pv_narrow(Dtype kv, float *const *o, const float *p, const float *cf, const NarrowTile *xn, size_t ldx,
-                      size_t nq, size_t hd, size_t nj)
+ALWAYS_INLINE void pv_narrow_dt(const int DT, float *const *o, const float *p, const float *cf,
+                                const NarrowTile *xn, size_t ldx, size_t nq, size_t hd, size_t nj)
 {
-    if (kv == DTYPE_BF16) pv_dt(DTYPE_BF16, o, p, cf, NULL, xn, ldx, nq, hd, nj);
-    else pv_dt(DTYPE_INT8, o, p, cf, NULL, xn, ldx, nq, hd, nj);
+    pv_dt(DT, o, p, cf, NULL, xn, ldx, nq, hd, nj);
 }
 #define ATTN_NARROW_IN_REGISTERS 1
 
@@ -964,7 +977,7 @@ ALWAYS_INLINE float widen1(const int DT, const void *e, float sc)
 ALWAYS_INLINE void scores_narrow_blk(const int DT, const int NQ, float *s, const float *const *q,
                                      const NarrowTile *kn, size_t ld, size_t hd, float scale)
 {
-    const size_t es = DT == DTYPE_INT8 ? 1 : 2;
+    const size_t es = dtype_size((Dtype)DT);
     const unsigned char *k = kn->p;
     const __m256 s0 = DT == DTYPE_INT8 ? _mm256_loadu_ps(kn->sc) : _mm256_setzero_ps();
     const __m256 s1 = DT == DTYPE_INT8 ? _mm256_loadu_ps(kn->sc + 8) : _mm256_setzero_ps();
@@ -1010,7 +1023,7 @@ ALWAYS_INLINE void scores_narrow_dt(const int DT, float *s, size_t ts, const flo
 ALWAYS_INLINE void pv_narrow_blk(const int DT, const int NC, float *o, const float *p, float cf,
                                  const NarrowTile *xn, size_t ldx, size_t nj, size_t off)
 {
-    const size_t es = DT == DTYPE_INT8 ? 1 : 2;
+    const size_t es = dtype_size((Dtype)DT);
     const unsigned char *x = xn->p;
     const __m256 cv = _mm256_set1_ps(cf);
     __m256 acc[4];
@@ -1030,7 +1043,7 @@ ALWAYS_INLINE void pv_narrow_blk(const int DT, const int NC, float *o, const flo
 ALWAYS_INLINE void pv_narrow_dt(const int DT, float *const *o, const float *p, const float *cf,
                                 const NarrowTile *xn, size_t ldx, size_t nq, size_t hd, size_t nj)
 {
-    const size_t es = DT == DTYPE_INT8 ? 1 : 2;
+    const size_t es = dtype_size((Dtype)DT);
     for (size_t v = 0; v < nq; v++) {
         size_t off = 0;
         for (; off + 32 <= hd; off += 32) pv_narrow_blk(DT, 4, o[v], p + 16 * v, cf[v], xn, ldx, nj, off);
@@ -1052,21 +1065,6 @@ ALWAYS_INLINE void pv_narrow_dt(const int DT, float *const *o, const float *p, c
     }
 }
 
-/* scores() and pv() over narrow tiles (bf16 or int8, the cache's dtype kv),
- * widened in registers. */
-static void scores_narrow(Dtype kv, float *s, size_t ts, const float *const *q, size_t nq, const NarrowTile *kn,
-                          size_t nt, size_t ld, size_t hd, float scale)
-{
-    if (kv == DTYPE_BF16) scores_narrow_dt(DTYPE_BF16, s, ts, q, nq, kn, nt, ld, hd, scale);
-    else scores_narrow_dt(DTYPE_INT8, s, ts, q, nq, kn, nt, ld, hd, scale);
-}
-
-static void pv_narrow(Dtype kv, float *const *o, const float *p, const float *cf, const NarrowTile *xn, size_t ldx,
-                      size_t nq, size_t hd, size_t nj)
-{
-    if (kv == DTYPE_BF16) pv_narrow_dt(DTYPE_BF16, o, p, cf, xn, ldx, nq, hd, nj);
-    else pv_narrow_dt(DTYPE_INT8, o, p, cf, xn, ldx, nq, hd, nj);
-}
 #define ATTN_NARROW_IN_REGISTERS 1
 
 #else /* portable kernels: the same operations, one lane at a time */
@@ -1172,23 +1170,20 @@ static void scores_all(float *s, const float *const *q, size_t nq, const float *
 /* ================================================================ forward */
 
 #ifdef ATTN_NARROW_IN_REGISTERS
-/* Narrow blocks (not v_in_k): K^T of tile kt of kv head g [d * bs + j]
- * and its V [j * dv + d], with their int8 scales, read in place by the
- * narrow kernels. */
-static inline NarrowTile narrow_kt(const void *kv, const AttnSeq *s, const AttnShape *sh, size_t g, size_t kt)
+/* scores() and pv() over narrow tiles (bf16 or int8, the cache's dtype kv),
+ * widened in registers by the vector path's kernels. */
+static void scores_narrow(Dtype kv, float *s, size_t ts, const float *const *q, size_t nq, const NarrowTile *kn,
+                          size_t nt, size_t ld, size_t hd, float scale)
 {
-    const size_t p = kt * ATTN_TILE, off = p % sh->bs;
-    const unsigned char *blk = block_at(kv, s, sh, p);
-    return (NarrowTile){ blk + kt_at(sh, g, off) * dtype_size(sh->kv),
-                         sh->kv == DTYPE_INT8 ? scales_of(blk, sh) + g * sh->bs + off : NULL };
+    if (kv == DTYPE_BF16) scores_narrow_dt(DTYPE_BF16, s, ts, q, nq, kn, nt, ld, hd, scale);
+    else scores_narrow_dt(DTYPE_INT8, s, ts, q, nq, kn, nt, ld, hd, scale);
 }
 
-static inline NarrowTile narrow_v(const void *kv, const AttnSeq *s, const AttnShape *sh, size_t g, size_t kt)
+static void pv_narrow(Dtype kv, float *const *o, const float *p, const float *cf, const NarrowTile *xn, size_t ldx,
+                      size_t nq, size_t hd, size_t nj)
 {
-    const size_t p = kt * ATTN_TILE, off = p % sh->bs;
-    const unsigned char *blk = block_at(kv, s, sh, p);
-    return (NarrowTile){ blk + v_at(sh, g, off) * dtype_size(sh->kv),
-                         sh->kv == DTYPE_INT8 ? scales_of(blk, sh) + sh->Hkv * sh->bs + g * sh->bs + off : NULL };
+    if (kv == DTYPE_BF16) pv_narrow_dt(DTYPE_BF16, o, p, cf, xn, ldx, nq, hd, nj);
+    else pv_narrow_dt(DTYPE_INT8, o, p, cf, xn, ldx, nq, hd, nj);
 }
 
 static void scores_all_narrow(Dtype kv, float *s, const float *const *q, size_t nq, const NarrowTile *kn, size_t nt,
