@@ -5,7 +5,9 @@
  *         [--reps 3] [--batch-reps 1] [--only ttft,b1,b16]
  *         [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]
  *         [--loop-b1 | --loop-bn SECONDS [--perf-ctl CTL_FIFO[,ACK_FIFO]]]
+ *         [--compare W[:KV],W[:KV],... [--rounds 15]]
  *
+ * (--compare: dtypes decoded in turn in one process, section "compare".)
  * The checkpoint is loaded once, as `tandem serve` would (--dtype,
  * --kv-dtype: the weights and KV cache held in that dtype); for each thread count of --threads the
  * pool is resized (pool_init) and, after a short warm-up run of each kind
@@ -333,6 +335,120 @@ static Acct account(const Model *m, size_t T)
     return a;
 }
 
+/* ---------------------------------------------------------------- compare
+ *
+ * --compare W[:KV],W[:KV],...: the checkpoint loaded once per entry (weights
+ * dtype W, KV cache dtype KV, default f32), each in its own engine, then
+ * --rounds rounds of one greedy batch-1 request per entry (--prompt,
+ * --gen), the entries in a rotating order.  A round's entries run within
+ * a second of each other, so a slow spell of a shared host (another
+ * tenant, a vCPU stolen) falls on all of them; the ratio of each entry's
+ * decode speed (1 / p50 token gap) to the first entry's is taken within
+ * each round, and the median over the rounds is what to read. */
+
+#define COMPARE_MAX 8
+#define COMPARE_ROUNDS_MAX 256
+
+static int compare_main(const char *ckpt, const char *list, int threads, size_t n_prompt, int gen, int rounds)
+{
+    char spec[COMPARE_MAX][32], err[512];
+    int n = 0;
+    for (const char *s = list; *s && n < COMPARE_MAX;) {
+        size_t len = strcspn(s, ",");
+        if (len == 0 || len >= sizeof spec[0]) {
+            fprintf(stderr, "infer: --compare: bad entry in '%s' (W[:KV],...)\n", list);
+            return 2;
+        }
+        memcpy(spec[n], s, len);
+        spec[n++][len] = 0;
+        s += len + (s[len] == ',');
+    }
+    if (n < 2 || rounds < 1 || rounds > COMPARE_ROUNDS_MAX) {
+        fprintf(stderr, "infer: --compare needs 2 to %d entries and 1 to %d --rounds\n", COMPARE_MAX,
+                COMPARE_ROUNDS_MAX);
+        return 2;
+    }
+    pool_init(threads);
+    static Model m[COMPARE_MAX];
+    static Engine e[COMPARE_MAX];
+    double load_s[COMPARE_MAX];
+    for (int i = 0; i < n; i++) {
+        char w[32];
+        snprintf(w, sizeof w, "%s", spec[i]);
+        char *kv = strchr(w, ':');
+        if (kv) *kv++ = 0;
+        ServeDtypes sd;
+        double t0 = td_now();
+        if (ckpt_serve_dtypes(&sd, w, kv, err, sizeof err)) {
+            fprintf(stderr, "infer: --compare %s: %s\n", spec[i], err);
+            return 2;
+        }
+        if (ckpt_open_serving(ckpt, &m[i], NULL, &sd, err, sizeof err)) {
+            fprintf(stderr, "infer: %s\n", err[0] ? err : "cannot open the checkpoint");
+            return 1;
+        }
+        load_s[i] = td_now() - t0;
+        if (n_prompt + (size_t)gen > (size_t)m[i].cfg.max_position_embeddings) {
+            fprintf(stderr, "infer: prompt + gen exceeds the context (%d)\n", m[i].cfg.max_position_embeddings);
+            return 2;
+        }
+        EngineOpts eo;
+        engine_opts_default(&eo);
+        eo.prefix_cache = false;   /* every round sends the same prompt */
+        eo.kv_budget_bytes = (n_prompt + (size_t)gen + 64) * (attn_block_bytes(&m[i].attn) / m[i].attn.bs) *
+                             (size_t)(m[i].topo.layer_end - m[i].topo.layer_begin);
+        engine_init(&e[i], &m[i], &eo);
+        run_b1(&e[i], n_prompt, gen < 16 ? gen : 16, 0, 0, NULL, NULL);   /* warm-up */
+        fprintf(stderr, "infer: %s as %s (KV %s) loaded in %.1f s, %.1f MB read per token\n", ckpt,
+                dtype_name(m[i].dt.mat), dtype_name(m[i].attn.kv), load_s[i], account(&m[i], n_prompt).w_active / 1e6);
+    }
+    static double tok[COMPARE_MAX][COMPARE_ROUNDS_MAX], x[COMPARE_MAX][COMPARE_ROUNDS_MAX];
+    double *lat = td_malloc((size_t)gen * sizeof(double));
+    for (int r = 0; r < rounds; r++) {
+        for (int j = 0; j < n; j++) {
+            const int i = (r + j) % n;
+            size_t n_lat = 0;
+            run_b1(&e[i], n_prompt, gen, 0, 0, lat, &n_lat);
+            qsort(lat, n_lat, sizeof(double), cmp_d);
+            const double p50 = pct(lat, n_lat, 50);
+            tok[i][r] = p50 > 0 ? 1.0 / p50 : 0;
+        }
+        for (int i = 0; i < n; i++) x[i][r] = tok[0][r] > 0 ? tok[i][r] / tok[0][r] : 0;
+        fprintf(stderr, "infer: round %d/%d:", r + 1, rounds);
+        for (int i = 0; i < n; i++) fprintf(stderr, " %s %.0f (%.2fx)", spec[i], tok[i][r], x[i][r]);
+        fprintf(stderr, "\n");
+    }
+    printf("{\"bench\":\"infer_compare\",\"ckpt\":\"%s\",\"threads\":%d,\"prompt\":%zu,\"gen\":%d,\"rounds\":%d,"
+           "\"entries\":[",
+           ckpt, threads, n_prompt, gen, rounds);
+    for (int i = 0; i < n; i++) {
+        double a[COMPARE_ROUNDS_MAX], b[COMPARE_ROUNDS_MAX];
+        memcpy(a, tok[i], (size_t)rounds * sizeof(double));
+        memcpy(b, x[i], (size_t)rounds * sizeof(double));
+        const double tm = median_of(a, (size_t)rounds), xm = median_of(b, (size_t)rounds);
+        printf("%s{\"entry\":\"%s\",\"dtype\":\"%s\",\"kv_dtype\":\"%s\",\"weight_bytes\":%zu,\"load_s\":%.2f,"
+               "\"w_active_bytes\":%.0f,\"kv_bytes_per_pos\":%.0f,\"b1_tok_s_median\":%.1f,\"x_first_median\":%.3f,"
+               "\"x_first_min_max\":[%.3f,%.3f],\"b1_tok_s\":[",
+               i ? "," : "", spec[i], dtype_name(m[i].dt.mat), dtype_name(m[i].attn.kv), model_weight_bytes(&m[i]),
+               load_s[i], account(&m[i], n_prompt).w_active, account(&m[i], n_prompt).kv_per_pos, tm, xm, b[0],
+               b[rounds - 1]);
+        for (int r = 0; r < rounds; r++) printf("%s%.1f", r ? "," : "", tok[i][r]);
+        printf("],\"x_first\":[");
+        for (int r = 0; r < rounds; r++) printf("%s%.3f", r ? "," : "", x[i][r]);
+        printf("]}");
+        fprintf(stderr, "infer: %-10s median %.1f tokens/s, %.3fx %s (rounds %.2f-%.2fx)\n", spec[i], tm, xm, spec[0],
+                b[0], b[rounds - 1]);
+    }
+    printf("]}\n");
+    td_free(lat);
+    for (int i = 0; i < n; i++) {
+        engine_free(&e[i]);
+        model_free(&m[i]);
+    }
+    pool_free();
+    return 0;
+}
+
 /* ---------------------------------------------------------------- main */
 
 int main(int argc, char **argv)
@@ -343,7 +459,8 @@ int main(int argc, char **argv)
     int gen = 128, reps = 3, breps = 1;
     double loop_s = 0;
     bool loop_bn = false;
-    const char *perf_fifos = NULL, *dtype = NULL, *kv_dtype = NULL;
+    const char *perf_fifos = NULL, *dtype = NULL, *kv_dtype = NULL, *compare = NULL;
+    int rounds = 15;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--ckpt") && v) ckpt = argv[++i];
@@ -368,11 +485,14 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--perf-ctl") && v) perf_fifos = argv[++i];
         else if (!strcmp(a, "--dtype") && v) dtype = argv[++i];
         else if (!strcmp(a, "--kv-dtype") && v) kv_dtype = argv[++i];
+        else if (!strcmp(a, "--compare") && v) compare = argv[++i];
+        else if (!strcmp(a, "--rounds") && v) rounds = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: infer --ckpt CKPT [--threads 2,1] [--prompt 256] [--gen 128] [--batch 16]\n"
                             "             [--reps 3] [--batch-reps 1] [--only ttft,b1,b16]\n"
                             "             [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
-                            "             [--loop-b1 | --loop-bn SECONDS [--perf-ctl CTL_FIFO[,ACK_FIFO]]]\n");
+                            "             [--loop-b1 | --loop-bn SECONDS [--perf-ctl CTL_FIFO[,ACK_FIFO]]]\n"
+                            "             [--compare W[:KV],W[:KV],... [--rounds 15]]\n");
             return 2;
         }
     }
@@ -380,6 +500,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "infer: --ckpt is required; --prompt >= 1, --gen >= 2, --batch, --reps >= 1\n");
         return 2;
     }
+    if (compare) return compare_main(ckpt, compare, threads[0] > 0 ? threads[0] : 1, n_prompt, gen, rounds);
     bool do_b1 = strstr(only, "b1") || strstr(only, "ttft"), do_bn = strstr(only, "b16") != NULL;
 
     pool_init(threads[0] > 0 ? threads[0] : 1);
