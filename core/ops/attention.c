@@ -647,20 +647,55 @@ static inline __m256 lanes_below(size_t n, int h)
 /* All-ones in the lanes lo .. hi - 1 of half h. */
 static inline __m256 lanes_in(size_t lo, size_t hi, int h) { return _mm256_andnot_ps(lanes_below(lo, h), lanes_below(hi, h)); }
 
+/* Rows of 8 keys or values, float32 at x or, with DT = DTYPE_BF16 or
+ * DTYPE_INT8, straight from a narrow cache block (NarrowTile) widened in
+ * registers: the values keys_f32 and values_f32 write (bf16: the bits
+ * shifted up 16; int8: (float)q * scale), so the chains below give the
+ * same bits on either, without a float32 copy written and read back. */
+ALWAYS_INLINE __m256 widen8(const int DT, const void *e, __m256 sc)
+{
+    if (DT == DTYPE_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)e)), 16));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)e))), sc);
+}
+
+/* 8 elements from element i of base (float32, or DT's elements), int8
+ * scaled by sc. */
+ALWAYS_INLINE __m256 load8(const int DT, const void *base, size_t i, __m256 sc)
+{
+    if (DT == DTYPE_F32) return _mm256_loadu_ps((const float *)base + i);
+    return widen8(DT, (const unsigned char *)base + i * dtype_size((Dtype)DT), sc);
+}
+
+/* One element, as load8. */
+ALWAYS_INLINE float load1(const int DT, const void *base, size_t i, float sc)
+{
+    if (DT == DTYPE_F32) return ((const float *)base)[i];
+    if (DT == DTYPE_BF16) return dtype_f32_from_bf16(((const uint16_t *)base)[i]);
+    return (float)((const int8_t *)base)[i] * sc;
+}
+
+/* Key tile t of a block: float32 kt[t] or narrow kn[t]; int8's scales of
+ * its keys 8 h .. 8 h + 7. */
+#define TILE_AT(DT, kt, kn, t) ((DT) == DTYPE_F32 ? (const void *)(kt)[t] : (kn)[t].p)
+#define TILE_SC(DT, kn, t, h) ((DT) == DTYPE_INT8 ? _mm256_loadu_ps((kn)[t].sc + 8 * (h)) : _mm256_setzero_ps())
+
 /* NQ queries x NT tiles, 2 NQ NT <= 12 chains.  Per d: one tile, its two
  * halves kept and q[v][d] broadcast in turn; several tiles, the NQ
  * broadcasts kept and the halves loaded in turn (registers: 12 + 3 + 1). */
-ALWAYS_INLINE void scores_blk(const int NQ, const int NT, float *s, size_t ts, const float *const *q,
-                              const float *const *kt, size_t ld, size_t hd, float scale)
+ALWAYS_INLINE void scores_blk(const int DT, const int NQ, const int NT, float *s, size_t ts, const float *const *q,
+                              const float *const *kt, const NarrowTile *kn, size_t ld, size_t hd, float scale)
 {
     __m256 acc[4][6][2];
 #pragma GCC unroll 4
     for (int t = 0; t < NT; t++)
 #pragma GCC unroll 6
         for (int v = 0; v < NQ; v++) acc[t][v][0] = acc[t][v][1] = _mm256_setzero_ps();
-    for (size_t d = 0; d < hd; d++) {
-        if (NT == 1) {
-            __m256 k0 = _mm256_loadu_ps(kt[0] + d * ld), k1 = _mm256_loadu_ps(kt[0] + d * ld + 8);
+    if (NT == 1) {
+        const void *k = TILE_AT(DT, kt, kn, 0);
+        const __m256 s0 = TILE_SC(DT, kn, 0, 0), s1 = TILE_SC(DT, kn, 0, 1);
+        for (size_t d = 0; d < hd; d++) {
+            __m256 k0 = load8(DT, k, d * ld, s0), k1 = load8(DT, k, d * ld + 8, s1);
             KEEP_IN_REG(k0);
             KEEP_IN_REG(k1);
 #pragma GCC unroll 6
@@ -669,20 +704,22 @@ ALWAYS_INLINE void scores_blk(const int NQ, const int NT, float *s, size_t ts, c
                 acc[0][v][0] = _mm256_fmadd_ps(b, k0, acc[0][v][0]);
                 acc[0][v][1] = _mm256_fmadd_ps(b, k1, acc[0][v][1]);
             }
-            continue;
         }
-        __m256 b[6];
+    } else {
+        for (size_t d = 0; d < hd; d++) {
+            __m256 b[6];
 #pragma GCC unroll 6
-        for (int v = 0; v < NQ; v++) b[v] = _mm256_set1_ps(q[v][d]);
+            for (int v = 0; v < NQ; v++) b[v] = _mm256_set1_ps(q[v][d]);
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++)
+            for (int t = 0; t < NT; t++)
 #pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                __m256 k = _mm256_loadu_ps(kt[t] + d * ld + 8 * h);
-                if (NQ > 1) KEEP_IN_REG(k);
+                for (int h = 0; h < 2; h++) {
+                    __m256 k = load8(DT, TILE_AT(DT, kt, kn, t), d * ld + 8 * h, TILE_SC(DT, kn, t, h));
+                    if (NQ > 1) KEEP_IN_REG(k);
 #pragma GCC unroll 6
-                for (int v = 0; v < NQ; v++) acc[t][v][h] = _mm256_fmadd_ps(b[v], k, acc[t][v][h]);
-            }
+                    for (int v = 0; v < NQ; v++) acc[t][v][h] = _mm256_fmadd_ps(b[v], k, acc[t][v][h]);
+                }
+        }
     }
     const __m256 sc = _mm256_set1_ps(scale);
 #pragma GCC unroll 4
@@ -695,37 +732,49 @@ ALWAYS_INLINE void scores_blk(const int NQ, const int NT, float *s, size_t ts, c
 }
 
 /* NQ queries over nt tiles, NT <= 4 at a time, the rest in one smaller block. */
-ALWAYS_INLINE void scores_q(const int NQ, const int NT, float *s, size_t ts, const float *const *q,
-                            const float *const *kt, size_t nt, size_t ld, size_t hd, float scale)
+ALWAYS_INLINE void scores_q(const int DT, const int NQ, const int NT, float *s, size_t ts, const float *const *q,
+                            const float *const *kt, const NarrowTile *kn, size_t nt, size_t ld, size_t hd,
+                            float scale)
 {
     size_t t = 0;
-    for (; t + NT <= nt; t += NT) scores_blk(NQ, NT, s + t * ts, ts, q, kt + t, ld, hd, scale);
+#define SCORES_AT(NT_) scores_blk(DT, NQ, NT_, s + t * ts, ts, q, DT == DTYPE_F32 ? kt + t : NULL, \
+                                  DT == DTYPE_F32 ? NULL : kn + t, ld, hd, scale)
+    for (; t + NT <= nt; t += NT) SCORES_AT(NT);
     switch (nt - t) {
-    case 1: scores_blk(NQ, 1, s + t * ts, ts, q, kt + t, ld, hd, scale); break;
-    case 2: if (NT > 2) scores_blk(NQ, 2, s + t * ts, ts, q, kt + t, ld, hd, scale); break;
-    case 3: if (NT > 3) scores_blk(NQ, 3, s + t * ts, ts, q, kt + t, ld, hd, scale); break;
+    case 1: SCORES_AT(1); break;
+    case 2: if (NT > 2) SCORES_AT(2); break;
+    case 3: if (NT > 3) SCORES_AT(3); break;
     }
+#undef SCORES_AT
 }
 
-/* s[t ts + 16 v + j], nq <= 8 queries, nt <= tiles_per_block(nq) tiles:
- * 1 query x 4 tiles, 2 or 3 x 2, 4 to 6 x 1 (8 to 12 chains); 7 and 8
- * queries as 4 + the rest. */
-static void scores(float *s, size_t ts, const float *const *q, size_t nq, const float *const *kt, size_t nt,
-                   size_t ld, size_t hd, float scale)
+/* s[t ts + 16 v + j], nq <= 8 queries, nt <= tiles_per_block(nq) tiles of
+ * float32 keys kt or (DT narrow) kn, row stride ld elements: 1 query x 4
+ * tiles, 2 or 3 x 2, 4 to 6 x 1 (8 to 12 chains); 7 and 8 queries as 4 +
+ * the rest. */
+ALWAYS_INLINE void scores_dt(const int DT, float *s, size_t ts, const float *const *q, size_t nq,
+                             const float *const *kt, const NarrowTile *kn, size_t nt, size_t ld, size_t hd,
+                             float scale)
 {
     if (nq > 6) {
-        scores(s, ts, q, 4, kt, nt, ld, hd, scale);
-        scores(s + 64, ts, q + 4, nq - 4, kt, nt, ld, hd, scale);
+        scores_dt(DT, s, ts, q, 4, kt, kn, nt, ld, hd, scale);
+        scores_dt(DT, s + 64, ts, q + 4, nq - 4, kt, kn, nt, ld, hd, scale);
         return;
     }
     switch (nq) {
-    case 1:  scores_q(1, 4, s, ts, q, kt, nt, ld, hd, scale); return;
-    case 2:  scores_q(2, 2, s, ts, q, kt, nt, ld, hd, scale); return;
-    case 3:  scores_q(3, 2, s, ts, q, kt, nt, ld, hd, scale); return;
-    case 4:  scores_q(4, 1, s, ts, q, kt, nt, ld, hd, scale); return;
-    case 5:  scores_q(5, 1, s, ts, q, kt, nt, ld, hd, scale); return;
-    default: scores_q(6, 1, s, ts, q, kt, nt, ld, hd, scale); return;
+    case 1:  scores_q(DT, 1, 4, s, ts, q, kt, kn, nt, ld, hd, scale); return;
+    case 2:  scores_q(DT, 2, 2, s, ts, q, kt, kn, nt, ld, hd, scale); return;
+    case 3:  scores_q(DT, 3, 2, s, ts, q, kt, kn, nt, ld, hd, scale); return;
+    case 4:  scores_q(DT, 4, 1, s, ts, q, kt, kn, nt, ld, hd, scale); return;
+    case 5:  scores_q(DT, 5, 1, s, ts, q, kt, kn, nt, ld, hd, scale); return;
+    default: scores_q(DT, 6, 1, s, ts, q, kt, kn, nt, ld, hd, scale); return;
     }
+}
+
+static void scores(float *s, size_t ts, const float *const *q, size_t nq, const float *const *kt, size_t nt,
+                   size_t ld, size_t hd, float scale)
+{
+    scores_dt(DTYPE_F32, s, ts, q, nq, kt, NULL, nt, ld, hd, scale);
 }
 
 /* hmax16 of the AVX-512 path on lo = lanes 0-7, hi = 8-15: lane 0 of its
@@ -781,20 +830,28 @@ static void softmax_step(float *p, float *cf, float *m, float *lv, const float *
         }
 }
 
+/* The rows x_i of rows_blk: float32 x[i], or (DT narrow) row i of xn,
+ * row stride ldx elements; int8's scale of row i. */
+#define ROW_AT(DT, x, xn, ldx, i) \
+    ((DT) == DTYPE_F32 ? (const void *)(x)[i] \
+                       : (const void *)((const unsigned char *)(xn)->p + (i) * (ldx) * dtype_size((Dtype)(DT))))
+#define ROW_SC(DT, xn, i) ((DT) == DTYPE_INT8 ? (xn)->sc[i] : 0.0f)
+
 /* One step of rows_blk: acc[r][k] = fma(c[r rs], x chunk k, acc[r][k]).  The
  * NC chunks of x are kept and c broadcast row by row, or, with fewer rows
  * than chunks, the NR broadcasts kept and the chunks loaded in turn (3 x 4:
  * 12 + 3 + 1 registers). */
-ALWAYS_INLINE void rows_step(const int NR, const int NC, __m256 (*acc)[8], const float *c, size_t rs,
-                             const float *x)
+ALWAYS_INLINE void rows_step(const int DT, const int NR, const int NC, __m256 (*acc)[8], const float *c, size_t rs,
+                             const void *x, size_t off, float xsc)
 {
+    const __m256 sc = _mm256_set1_ps(xsc);
     if (NR < NC) {
         __m256 cr[6];
 #pragma GCC unroll 6
         for (int r = 0; r < NR; r++) cr[r] = _mm256_set1_ps(c[r * rs]);
 #pragma GCC unroll 8
         for (int k = 0; k < NC; k++) {
-            __m256 xk = _mm256_loadu_ps(x + 8 * k);
+            __m256 xk = load8(DT, x, off + 8 * k, sc);
             if (NR > 1) KEEP_IN_REG(xk);
 #pragma GCC unroll 6
             for (int r = 0; r < NR; r++) acc[r][k] = _mm256_fmadd_ps(cr[r], xk, acc[r][k]);
@@ -804,7 +861,7 @@ ALWAYS_INLINE void rows_step(const int NR, const int NC, __m256 (*acc)[8], const
     __m256 xk[8];
 #pragma GCC unroll 8
     for (int k = 0; k < NC; k++) {
-        xk[k] = _mm256_loadu_ps(x + 8 * k);
+        xk[k] = load8(DT, x, off + 8 * k, sc);
         if (NR > 1) KEEP_IN_REG(xk[k]);
     }
 #pragma GCC unroll 6
@@ -817,10 +874,10 @@ ALWAYS_INLINE void rows_step(const int NR, const int NC, __m256 (*acc)[8], const
 
 /* The FMA rows of pv and acc_keys: NR rows r x NC chunks of 8 at offset off,
  *     y_r = y_r cf_r (SC) or y_r,  then  y_r = fma(c[r rs + i is], x_i, y_r), i < n,
- * the steps unrolled when n is the constant N (> 0). */
-ALWAYS_INLINE void rows_blk(const int NR, const int NC, const int SC, const int N, float *const *y,
+ * the steps unrolled when n is the constant N (> 0); x_i as ROW_AT. */
+ALWAYS_INLINE void rows_blk(const int DT, const int NR, const int NC, const int SC, const int N, float *const *y,
                             const float *cf, const float *c, size_t rs, size_t is, const float *const *x,
-                            size_t n, size_t off)
+                            const NarrowTile *xn, size_t ldx, size_t n, size_t off)
 {
     __m256 acc[6][8];
 #pragma GCC unroll 6
@@ -834,9 +891,11 @@ ALWAYS_INLINE void rows_blk(const int NR, const int NC, const int SC, const int 
     }
     if (N > 0) {
 #pragma GCC unroll 16
-        for (int i = 0; i < N; i++) rows_step(NR, NC, acc, c + i * is, rs, x[i] + off);
+        for (int i = 0; i < N; i++)
+            rows_step(DT, NR, NC, acc, c + i * is, rs, ROW_AT(DT, x, xn, ldx, i), off, ROW_SC(DT, xn, i));
     } else {
-        for (size_t i = 0; i < n; i++) rows_step(NR, NC, acc, c + i * is, rs, x[i] + off);
+        for (size_t i = 0; i < n; i++)
+            rows_step(DT, NR, NC, acc, c + i * is, rs, ROW_AT(DT, x, xn, ldx, i), off, ROW_SC(DT, xn, i));
     }
 #pragma GCC unroll 6
     for (int r = 0; r < NR; r++)
@@ -846,59 +905,63 @@ ALWAYS_INLINE void rows_blk(const int NR, const int NC, const int SC, const int 
 
 /* NR rows over all of hd: blocks of NC chunks, the remaining chunks as 4 +
  * 2 + 1, the last hd mod 8 floats one at a time (the same chains). */
-ALWAYS_INLINE void rows_all(const int NR, const int NC, const int SC, float *const *y, const float *cf,
-                            const float *c, size_t rs, size_t is, const float *const *x, size_t n, size_t hd)
+ALWAYS_INLINE void rows_all(const int DT, const int NR, const int NC, const int SC, float *const *y, const float *cf,
+                            const float *c, size_t rs, size_t is, const float *const *x, const NarrowTile *xn,
+                            size_t ldx, size_t n, size_t hd)
 {
     size_t off = 0;
     for (; off + 8 * NC <= hd; off += 8 * NC)
-        if (n == ATTN_TILE) rows_blk(NR, NC, SC, ATTN_TILE, y, cf, c, rs, is, x, n, off);   /* a tile of pv */
-        else rows_blk(NR, NC, SC, 0, y, cf, c, rs, is, x, n, off);
+        if (n == ATTN_TILE) rows_blk(DT, NR, NC, SC, ATTN_TILE, y, cf, c, rs, is, x, xn, ldx, n, off);   /* a tile of pv */
+        else rows_blk(DT, NR, NC, SC, 0, y, cf, c, rs, is, x, xn, ldx, n, off);
     if (NC > 4 && off + 32 <= hd) {
-        rows_blk(NR, 4, SC, 0, y, cf, c, rs, is, x, n, off);
+        rows_blk(DT, NR, 4, SC, 0, y, cf, c, rs, is, x, xn, ldx, n, off);
         off += 32;
     }
     if (NC > 2 && off + 16 <= hd) {
-        rows_blk(NR, 2, SC, 0, y, cf, c, rs, is, x, n, off);
+        rows_blk(DT, NR, 2, SC, 0, y, cf, c, rs, is, x, xn, ldx, n, off);
         off += 16;
     }
     if (NC > 1 && off + 8 <= hd) {
-        rows_blk(NR, 1, SC, 0, y, cf, c, rs, is, x, n, off);
+        rows_blk(DT, NR, 1, SC, 0, y, cf, c, rs, is, x, xn, ldx, n, off);
         off += 8;
     }
     for (; off < hd; off++)
         for (int r = 0; r < NR; r++) {
             float a = SC ? y[r][off] * cf[r] : y[r][off];
-            for (size_t i = 0; i < n; i++) a = fmaf(c[r * rs + i * is], x[i][off], a);
+            for (size_t i = 0; i < n; i++)
+                a = fmaf(c[r * rs + i * is], load1(DT, ROW_AT(DT, x, xn, ldx, i), off, ROW_SC(DT, xn, i)), a);
             y[r][off] = a;
         }
 }
 
 /* Rows of one group: 1 row x 8 chunks, 2 or 3 x 4, 4 to 6 x 2. */
-ALWAYS_INLINE void rows_group(const int SC, size_t nr, float *const *y, const float *cf, const float *c,
-                              size_t rs, size_t is, const float *const *x, size_t n, size_t hd)
+ALWAYS_INLINE void rows_group(const int DT, const int SC, size_t nr, float *const *y, const float *cf,
+                              const float *c, size_t rs, size_t is, const float *const *x, const NarrowTile *xn,
+                              size_t ldx, size_t n, size_t hd)
 {
     switch (nr) {
-    case 1:  rows_all(1, 8, SC, y, cf, c, rs, is, x, n, hd); return;
-    case 2:  rows_all(2, 4, SC, y, cf, c, rs, is, x, n, hd); return;
-    case 3:  rows_all(3, 4, SC, y, cf, c, rs, is, x, n, hd); return;
-    case 4:  rows_all(4, 2, SC, y, cf, c, rs, is, x, n, hd); return;
-    case 5:  rows_all(5, 2, SC, y, cf, c, rs, is, x, n, hd); return;
-    default: rows_all(6, 2, SC, y, cf, c, rs, is, x, n, hd); return;
+    case 1:  rows_all(DT, 1, 8, SC, y, cf, c, rs, is, x, xn, ldx, n, hd); return;
+    case 2:  rows_all(DT, 2, 4, SC, y, cf, c, rs, is, x, xn, ldx, n, hd); return;
+    case 3:  rows_all(DT, 3, 4, SC, y, cf, c, rs, is, x, xn, ldx, n, hd); return;
+    case 4:  rows_all(DT, 4, 2, SC, y, cf, c, rs, is, x, xn, ldx, n, hd); return;
+    case 5:  rows_all(DT, 5, 2, SC, y, cf, c, rs, is, x, xn, ldx, n, hd); return;
+    default: rows_all(DT, 6, 2, SC, y, cf, c, rs, is, x, xn, ldx, n, hd); return;
     }
 }
 
 /* nr rows in groups of at most 6, of balanced sizes. */
-ALWAYS_INLINE void rows_fma(const int SC, size_t nr, float *const *y, const float *cf, const float *c,
-                            size_t rs, size_t is, const float *const *x, size_t n, size_t hd)
+ALWAYS_INLINE void rows_fma(const int DT, const int SC, size_t nr, float *const *y, const float *cf, const float *c,
+                            size_t rs, size_t is, const float *const *x, const NarrowTile *xn, size_t ldx, size_t n,
+                            size_t hd)
 {
     if (nr <= 6) {   /* decode's R rows, a tile's keys: no division */
-        if (nr) rows_group(SC, nr, y, cf, c, rs, is, x, n, hd);
+        if (nr) rows_group(DT, SC, nr, y, cf, c, rs, is, x, xn, ldx, n, hd);
         return;
     }
     const size_t ng = (nr + 5) / 6;
     for (size_t g = 0, r0 = 0; g < ng; g++) {
         const size_t k = (nr - r0) / (ng - g);
-        rows_group(SC, k, y + r0, SC ? cf + r0 : NULL, c + r0 * rs, rs, is, x, n, hd);
+        rows_group(DT, SC, k, y + r0, SC ? cf + r0 : NULL, c + r0 * rs, rs, is, x, xn, ldx, n, hd);
         r0 += k;
     }
 }
@@ -909,13 +972,13 @@ static void pv(float *const *o, const float *p, const float *cf, const float *x,
 {
     const float *xj[ATTN_TILE];
     for (size_t j = 0; j < nj; j++) xj[j] = x + j * ldx;
-    rows_fma(1, nq, o, cf, p, 16, 1, xj, nj, hd);
+    rows_fma(DTYPE_F32, 1, nq, o, cf, p, 16, 1, xj, NULL, 0, nj, hd);
 }
 
 /* out[j] (hd) += sum_{i < nq} C[16 i + j] x[i], j < nk. */
 static void acc_keys(float *const *out, size_t nk, const float *C, const float *const *x, size_t nq, size_t hd)
 {
-    rows_fma(0, nk, out, NULL, C, 1, 16, x, nq, hd);
+    rows_fma(DTYPE_F32, 0, nk, out, NULL, C, 1, 16, x, NULL, 0, nq, hd);
 }
 
 /* dst[d] = o[d] / l, d < hd. */
@@ -957,112 +1020,19 @@ static inline void bw_ds(float *p, float *ds, const float *s, const float *dp, f
     }
 }
 
-/* Narrow tiles (NarrowTile) widened in registers, 8 lanes at a time: the
- * values keys_f32 and values_f32 write (see the AVX-512 path), so the
- * chains below are those of scores_blk and rows_blk, the same bits. */
-ALWAYS_INLINE __m256 widen8(const int DT, const void *e, __m256 sc)
-{
-    if (DT == DTYPE_BF16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)e)), 16));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)e))), sc);
-}
-
-ALWAYS_INLINE float widen1(const int DT, const void *e, float sc)
-{
-    if (DT == DTYPE_BF16) return dtype_f32_from_bf16(*(const uint16_t *)e);
-    return (float)*(const int8_t *)e * sc;
-}
-
-/* NQ <= 4 queries x one narrow key tile: s[16 v + j]. */
-ALWAYS_INLINE void scores_narrow_blk(const int DT, const int NQ, float *s, const float *const *q,
-                                     const NarrowTile *kn, size_t ld, size_t hd, float scale)
-{
-    const size_t es = dtype_size((Dtype)DT);
-    const unsigned char *k = kn->p;
-    const __m256 s0 = DT == DTYPE_INT8 ? _mm256_loadu_ps(kn->sc) : _mm256_setzero_ps();
-    const __m256 s1 = DT == DTYPE_INT8 ? _mm256_loadu_ps(kn->sc + 8) : _mm256_setzero_ps();
-    __m256 acc[4][2];
-#pragma GCC unroll 4
-    for (int v = 0; v < NQ; v++) acc[v][0] = acc[v][1] = _mm256_setzero_ps();
-    for (size_t d = 0; d < hd; d++) {
-        __m256 k0 = widen8(DT, k + d * ld * es, s0), k1 = widen8(DT, k + (d * ld + 8) * es, s1);
-        KEEP_IN_REG(k0);
-        KEEP_IN_REG(k1);
-#pragma GCC unroll 4
-        for (int v = 0; v < NQ; v++) {
-            const __m256 b = _mm256_set1_ps(q[v][d]);
-            acc[v][0] = _mm256_fmadd_ps(b, k0, acc[v][0]);
-            acc[v][1] = _mm256_fmadd_ps(b, k1, acc[v][1]);
-        }
-    }
-    const __m256 sc = _mm256_set1_ps(scale);
-#pragma GCC unroll 4
-    for (int v = 0; v < NQ; v++) {
-        _mm256_storeu_ps(s + 16 * v, _mm256_mul_ps(acc[v][0], sc));
-        _mm256_storeu_ps(s + 16 * v + 8, _mm256_mul_ps(acc[v][1], sc));
-    }
-}
-
+/* The narrow kernels (scores_narrow, pv_narrow: the forward section):
+ * scores_dt and rows_fma over narrow tiles; pv's queries share each
+ * widened value row as pv()'s share x's rows. */
 ALWAYS_INLINE void scores_narrow_dt(const int DT, float *s, size_t ts, const float *const *q, size_t nq,
                                     const NarrowTile *kn, size_t nt, size_t ld, size_t hd, float scale)
 {
-    for (size_t t = 0; t < nt; t++)
-        for (size_t v0 = 0; v0 < nq; v0 += 4) {
-            float *st = s + t * ts + 16 * v0;
-            switch (td_min(4, nq - v0)) {
-            case 1:  scores_narrow_blk(DT, 1, st, q + v0, &kn[t], ld, hd, scale); break;
-            case 2:  scores_narrow_blk(DT, 2, st, q + v0, &kn[t], ld, hd, scale); break;
-            case 3:  scores_narrow_blk(DT, 3, st, q + v0, &kn[t], ld, hd, scale); break;
-            default: scores_narrow_blk(DT, 4, st, q + v0, &kn[t], ld, hd, scale); break;
-            }
-        }
-}
-
-/* One query's o over NC chunks of 8 at offset off: o = o cf, then
- * o = fma(p_j, x_j, o), j < nj (rows_blk's chain). */
-ALWAYS_INLINE void pv_narrow_blk(const int DT, const int NC, float *o, const float *p, float cf,
-                                 const NarrowTile *xn, size_t ldx, size_t nj, size_t off)
-{
-    const size_t es = dtype_size((Dtype)DT);
-    const unsigned char *x = xn->p;
-    const __m256 cv = _mm256_set1_ps(cf);
-    __m256 acc[4];
-#pragma GCC unroll 4
-    for (int c = 0; c < NC; c++) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(o + off + 8 * c), cv);
-    for (size_t j = 0; j < nj; j++) {
-        const __m256 pj = _mm256_set1_ps(p[j]);
-        const __m256 sj = DT == DTYPE_INT8 ? _mm256_set1_ps(xn->sc[j]) : _mm256_setzero_ps();
-#pragma GCC unroll 4
-        for (int c = 0; c < NC; c++)
-            acc[c] = _mm256_fmadd_ps(pj, widen8(DT, x + (j * ldx + off + 8 * c) * es, sj), acc[c]);
-    }
-#pragma GCC unroll 4
-    for (int c = 0; c < NC; c++) _mm256_storeu_ps(o + off + 8 * c, acc[c]);
+    scores_dt(DT, s, ts, q, nq, NULL, kn, nt, ld, hd, scale);
 }
 
 ALWAYS_INLINE void pv_narrow_dt(const int DT, float *const *o, const float *p, const float *cf,
                                 const NarrowTile *xn, size_t ldx, size_t nq, size_t hd, size_t nj)
 {
-    const size_t es = dtype_size((Dtype)DT);
-    for (size_t v = 0; v < nq; v++) {
-        size_t off = 0;
-        for (; off + 32 <= hd; off += 32) pv_narrow_blk(DT, 4, o[v], p + 16 * v, cf[v], xn, ldx, nj, off);
-        if (off + 16 <= hd) {
-            pv_narrow_blk(DT, 2, o[v], p + 16 * v, cf[v], xn, ldx, nj, off);
-            off += 16;
-        }
-        if (off + 8 <= hd) {
-            pv_narrow_blk(DT, 1, o[v], p + 16 * v, cf[v], xn, ldx, nj, off);
-            off += 8;
-        }
-        for (; off < hd; off++) {
-            float a = o[v][off] * cf[v];
-            for (size_t j = 0; j < nj; j++)
-                a = fmaf(p[16 * v + j], widen1(DT, (const unsigned char *)xn->p + (j * ldx + off) * es,
-                                               DT == DTYPE_INT8 ? xn->sc[j] : 0.0f), a);
-            o[v][off] = a;
-        }
-    }
+    rows_fma(DT, 1, nq, o, cf, p, 16, 1, NULL, xn, ldx, nj, hd);
 }
 
 #define ATTN_NARROW_IN_REGISTERS 1
