@@ -404,12 +404,6 @@ ALWAYS_INLINE void scores_dt(const int DT, float *s, size_t ts, const float *con
     }
 }
 
-static void scores(float *s, size_t ts, const float *const *q, size_t nq, const float *const *kt, size_t nt,
-                   size_t ld, size_t hd, float scale)
-{
-    scores_dt(DTYPE_F32, s, ts, q, nq, kt, NULL, nt, ld, hd, scale);
-}
-
 /* max over the 16 lanes, lanes paired j ^ 8, j ^ 4, j ^ 2, j ^ 1 */
 ALWAYS_INLINE float hmax16(__m512 x)
 {
@@ -522,26 +516,6 @@ ALWAYS_INLINE void pv_dt(const int DT, float *const *o, const float *p, const fl
     }
 }
 #undef PV_CASE
-
-static void pv(float *const *o, const float *p, const float *cf, const float *x, size_t ldx,
-               size_t nq, size_t hd, size_t nj)
-{
-    pv_dt(DTYPE_F32, o, p, cf, x, NULL, ldx, nq, hd, nj);
-}
-
-/* The narrow kernels (scores_narrow, pv_narrow: the forward section). */
-ALWAYS_INLINE void scores_narrow_dt(const int DT, float *s, size_t ts, const float *const *q, size_t nq,
-                                    const NarrowTile *kn, size_t nt, size_t ld, size_t hd, float scale)
-{
-    scores_dt(DT, s, ts, q, nq, NULL, kn, nt, ld, hd, scale);
-}
-
-ALWAYS_INLINE void pv_narrow_dt(const int DT, float *const *o, const float *p, const float *cf,
-                                const NarrowTile *xn, size_t ldx, size_t nq, size_t hd, size_t nj)
-{
-    pv_dt(DT, o, p, cf, NULL, xn, ldx, nq, hd, nj);
-}
-#define ATTN_NARROW_IN_REGISTERS 1
 
 /* JK keys x NC chunks: out[j] += sum_i C[16 i + j] x_i, i < nq. */
 ALWAYS_INLINE void acc_blk(const int JK, const int NC, float *const *out, const float *C,
@@ -771,12 +745,6 @@ ALWAYS_INLINE void scores_dt(const int DT, float *s, size_t ts, const float *con
     }
 }
 
-static void scores(float *s, size_t ts, const float *const *q, size_t nq, const float *const *kt, size_t nt,
-                   size_t ld, size_t hd, float scale)
-{
-    scores_dt(DTYPE_F32, s, ts, q, nq, kt, NULL, nt, ld, hd, scale);
-}
-
 /* hmax16 of the AVX-512 path on lo = lanes 0-7, hi = 8-15: lane 0 of its
  * result only depends on max(lo, hi) (j ^ 8), then j ^ 4, j ^ 2, j ^ 1. */
 ALWAYS_INLINE float hmax16(__m256 lo, __m256 hi)
@@ -966,13 +934,16 @@ ALWAYS_INLINE void rows_fma(const int DT, const int SC, size_t nr, float *const 
     }
 }
 
-/* o[v] (hd) = o[v] cf[v] + sum_{j < nj} p[16 v + j] x[j ldx + .], v < nq. */
-static void pv(float *const *o, const float *p, const float *cf, const float *x, size_t ldx,
-               size_t nq, size_t hd, size_t nj)
+/* o[v] (hd) = o[v] cf[v] + sum_{j < nj} p[16 v + j] x_j, v < nq: x_j at
+ * x + j ldx (f32) or row j of xn (DT = DTYPE_BF16, DTYPE_INT8), so a kv
+ * head's queries share each widened value row. */
+ALWAYS_INLINE void pv_dt(const int DT, float *const *o, const float *p, const float *cf, const float *x,
+                         const NarrowTile *xn, size_t ldx, size_t nq, size_t hd, size_t nj)
 {
     const float *xj[ATTN_TILE];
-    for (size_t j = 0; j < nj; j++) xj[j] = x + j * ldx;
-    rows_fma(DTYPE_F32, 1, nq, o, cf, p, 16, 1, xj, NULL, 0, nj, hd);
+    if (DT == DTYPE_F32)
+        for (size_t j = 0; j < nj; j++) xj[j] = x + j * ldx;
+    rows_fma(DT, 1, nq, o, cf, p, 16, 1, DT == DTYPE_F32 ? xj : NULL, xn, ldx, nj, hd);
 }
 
 /* out[j] (hd) += sum_{i < nq} C[16 i + j] x[i], j < nk. */
@@ -1019,23 +990,6 @@ static inline void bw_ds(float *p, float *ds, const float *s, const float *dp, f
         _mm256_storeu_ps(ds + 8 * h, _mm256_mul_ps(_mm256_mul_ps(e, t), _mm256_set1_ps(scale)));
     }
 }
-
-/* The narrow kernels (scores_narrow, pv_narrow: the forward section):
- * scores_dt and rows_fma over narrow tiles; pv's queries share each
- * widened value row as pv()'s share x's rows. */
-ALWAYS_INLINE void scores_narrow_dt(const int DT, float *s, size_t ts, const float *const *q, size_t nq,
-                                    const NarrowTile *kn, size_t nt, size_t ld, size_t hd, float scale)
-{
-    scores_dt(DT, s, ts, q, nq, NULL, kn, nt, ld, hd, scale);
-}
-
-ALWAYS_INLINE void pv_narrow_dt(const int DT, float *const *o, const float *p, const float *cf,
-                                const NarrowTile *xn, size_t ldx, size_t nq, size_t hd, size_t nj)
-{
-    rows_fma(DT, 1, nq, o, cf, p, 16, 1, NULL, xn, ldx, nj, hd);
-}
-
-#define ATTN_NARROW_IN_REGISTERS 1
 
 #else /* portable kernels: the same operations, one lane at a time */
 
@@ -1128,6 +1082,25 @@ static inline void bw_ds(float *p, float *ds, const float *s, const float *dp, f
 
 #endif
 
+#if defined(ATTN_AVX512) || defined(ATTN_AVX2)
+/* The vector paths' scores() and pv() (float32 tiles) and, through the same
+ * scores_dt and pv_dt, their narrow ones read in place (the forward
+ * section's scores_narrow, pv_narrow). */
+static void scores(float *s, size_t ts, const float *const *q, size_t nq, const float *const *kt, size_t nt,
+                   size_t ld, size_t hd, float scale)
+{
+    scores_dt(DTYPE_F32, s, ts, q, nq, kt, NULL, nt, ld, hd, scale);
+}
+
+static void pv(float *const *o, const float *p, const float *cf, const float *x, size_t ldx,
+               size_t nq, size_t hd, size_t nj)
+{
+    pv_dt(DTYPE_F32, o, p, cf, x, NULL, ldx, nq, hd, nj);
+}
+
+#define ATTN_NARROW_IN_REGISTERS 1
+#endif
+
 /* Scores of nq queries against nt <= tiles_per_block(nq) tiles, in blocks of
  * up to 8 queries: s[(t nq + v) 16 + j]. */
 static void scores_all(float *s, const float *const *q, size_t nq, const float *const *kt, size_t nt,
@@ -1145,15 +1118,15 @@ static void scores_all(float *s, const float *const *q, size_t nq, const float *
 static void scores_narrow(Dtype kv, float *s, size_t ts, const float *const *q, size_t nq, const NarrowTile *kn,
                           size_t nt, size_t ld, size_t hd, float scale)
 {
-    if (kv == DTYPE_BF16) scores_narrow_dt(DTYPE_BF16, s, ts, q, nq, kn, nt, ld, hd, scale);
-    else scores_narrow_dt(DTYPE_INT8, s, ts, q, nq, kn, nt, ld, hd, scale);
+    if (kv == DTYPE_BF16) scores_dt(DTYPE_BF16, s, ts, q, nq, NULL, kn, nt, ld, hd, scale);
+    else scores_dt(DTYPE_INT8, s, ts, q, nq, NULL, kn, nt, ld, hd, scale);
 }
 
 static void pv_narrow(Dtype kv, float *const *o, const float *p, const float *cf, const NarrowTile *xn, size_t ldx,
                       size_t nq, size_t hd, size_t nj)
 {
-    if (kv == DTYPE_BF16) pv_narrow_dt(DTYPE_BF16, o, p, cf, xn, ldx, nq, hd, nj);
-    else pv_narrow_dt(DTYPE_INT8, o, p, cf, xn, ldx, nq, hd, nj);
+    if (kv == DTYPE_BF16) pv_dt(DTYPE_BF16, o, p, cf, NULL, xn, ldx, nq, hd, nj);
+    else pv_dt(DTYPE_INT8, o, p, cf, NULL, xn, ldx, nq, hd, nj);
 }
 
 static void scores_all_narrow(Dtype kv, float *s, const float *const *q, size_t nq, const NarrowTile *kn, size_t nt,
