@@ -335,6 +335,45 @@ static Acct account(const Model *m, size_t T)
     return a;
 }
 
+/* ---------------------------------------------------------------- opening
+ *
+ * ckpt opened as `tandem serve` would (dtype, kv_dtype: the weights and KV
+ * cache held in that dtype; NULL: the defaults) into m, and an engine e
+ * over it for batch requests of n_prompt + gen tokens.  0, or the exit
+ * code after one line on stderr; *load_s: the seconds the open took. */
+static int open_engine(const char *ckpt, const char *dtype, const char *kv_dtype, size_t n_prompt, int gen,
+                       size_t batch, Model *m, Engine *e, double *load_s)
+{
+    char err[512];
+    ServeDtypes sd;
+    double t0 = td_now();
+    if (ckpt_serve_dtypes(&sd, dtype, kv_dtype, err, sizeof err)) {
+        fprintf(stderr, "infer: %s\n", err);
+        return 2;
+    }
+    if (ckpt_open_serving(ckpt, m, NULL, &sd, err, sizeof err)) {
+        fprintf(stderr, "infer: %s\n", err[0] ? err : "cannot open the checkpoint");
+        return 1;
+    }
+    *load_s = td_now() - t0;
+    if (n_prompt + (size_t)gen > (size_t)m->cfg.max_position_embeddings) {
+        fprintf(stderr, "infer: prompt + gen exceeds the context (%d)\n", m->cfg.max_position_embeddings);
+        return 2;
+    }
+    EngineOpts eo;
+    engine_opts_default(&eo);   /* as tandem serve: 256 MiB of cache, 512 rows a step */
+    if (eo.max_running < batch) eo.max_running = batch;
+    /* every rep sends the same prompt: without this its second TTFT would
+     * time the prefix cache, not the prefill the peers are measured on
+     * (bench/prefix.sh measures the cache) */
+    eo.prefix_cache = false;
+    size_t need = batch * (n_prompt + (size_t)gen + 16) * (attn_block_bytes(&m->attn) / m->attn.bs) *
+                  (size_t)(m->topo.layer_end - m->topo.layer_begin);
+    if (eo.kv_budget_bytes < need) eo.kv_budget_bytes = need;
+    engine_init(e, m, &eo);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- compare
  *
  * --compare W[:KV],W[:KV],...: the checkpoint loaded once per entry (weights
@@ -351,7 +390,7 @@ static Acct account(const Model *m, size_t T)
 
 static int compare_main(const char *ckpt, const char *list, int threads, size_t n_prompt, int gen, int rounds)
 {
-    char spec[COMPARE_MAX][32], err[512];
+    char spec[COMPARE_MAX][32];
     int n = 0;
     for (const char *s = list; *s && n < COMPARE_MAX;) {
         size_t len = strcspn(s, ",");
@@ -372,35 +411,18 @@ static int compare_main(const char *ckpt, const char *list, int threads, size_t 
     static Model m[COMPARE_MAX];
     static Engine e[COMPARE_MAX];
     double load_s[COMPARE_MAX];
+    Acct ac[COMPARE_MAX];
     for (int i = 0; i < n; i++) {
         char w[32];
         snprintf(w, sizeof w, "%s", spec[i]);
         char *kv = strchr(w, ':');
         if (kv) *kv++ = 0;
-        ServeDtypes sd;
-        double t0 = td_now();
-        if (ckpt_serve_dtypes(&sd, w, kv, err, sizeof err)) {
-            fprintf(stderr, "infer: --compare %s: %s\n", spec[i], err);
-            return 2;
-        }
-        if (ckpt_open_serving(ckpt, &m[i], NULL, &sd, err, sizeof err)) {
-            fprintf(stderr, "infer: %s\n", err[0] ? err : "cannot open the checkpoint");
-            return 1;
-        }
-        load_s[i] = td_now() - t0;
-        if (n_prompt + (size_t)gen > (size_t)m[i].cfg.max_position_embeddings) {
-            fprintf(stderr, "infer: prompt + gen exceeds the context (%d)\n", m[i].cfg.max_position_embeddings);
-            return 2;
-        }
-        EngineOpts eo;
-        engine_opts_default(&eo);
-        eo.prefix_cache = false;   /* every round sends the same prompt */
-        eo.kv_budget_bytes = (n_prompt + (size_t)gen + 64) * (attn_block_bytes(&m[i].attn) / m[i].attn.bs) *
-                             (size_t)(m[i].topo.layer_end - m[i].topo.layer_begin);
-        engine_init(&e[i], &m[i], &eo);
+        const int rc = open_engine(ckpt, w, kv, n_prompt, gen, 1, &m[i], &e[i], &load_s[i]);
+        if (rc) return rc;
+        ac[i] = account(&m[i], n_prompt);
         run_b1(&e[i], n_prompt, gen < 16 ? gen : 16, 0, 0, NULL, NULL);   /* warm-up */
         fprintf(stderr, "infer: %s as %s (KV %s) loaded in %.1f s, %.1f MB read per token\n", ckpt,
-                dtype_name(m[i].dt.mat), dtype_name(m[i].attn.kv), load_s[i], account(&m[i], n_prompt).w_active / 1e6);
+                dtype_name(m[i].dt.mat), dtype_name(m[i].attn.kv), load_s[i], ac[i].w_active / 1e6);
     }
     static double tok[COMPARE_MAX][COMPARE_ROUNDS_MAX], x[COMPARE_MAX][COMPARE_ROUNDS_MAX];
     double *lat = td_malloc((size_t)gen * sizeof(double));
@@ -430,7 +452,7 @@ static int compare_main(const char *ckpt, const char *list, int threads, size_t 
                "\"w_active_bytes\":%.0f,\"kv_bytes_per_pos\":%.0f,\"b1_tok_s_median\":%.1f,\"x_first_median\":%.3f,"
                "\"x_first_min_max\":[%.3f,%.3f],\"b1_tok_s\":[",
                i ? "," : "", spec[i], dtype_name(m[i].dt.mat), dtype_name(m[i].attn.kv), model_weight_bytes(&m[i]),
-               load_s[i], account(&m[i], n_prompt).w_active, account(&m[i], n_prompt).kv_per_pos, tm, xm, b[0],
+               load_s[i], ac[i].w_active, ac[i].kv_per_pos, tm, xm, b[0],
                b[rounds - 1]);
         for (int r = 0; r < rounds; r++) printf("%s%.1f", r ? "," : "", tok[i][r]);
         printf("],\"x_first\":[");
@@ -505,34 +527,10 @@ int main(int argc, char **argv)
 
     pool_init(threads[0] > 0 ? threads[0] : 1);
     Model m;
-    char err[512];
-    double tl = td_now();
-    ServeDtypes sd;
-    if (ckpt_serve_dtypes(&sd, dtype, kv_dtype, err, sizeof err)) {
-        fprintf(stderr, "infer: %s\n", err);
-        return 2;
-    }
-    if (ckpt_open_serving(ckpt, &m, NULL, &sd, err, sizeof err)) {
-        fprintf(stderr, "infer: %s\n", err[0] ? err : "cannot open the checkpoint");
-        return 1;
-    }
-    tl = td_now() - tl;
-    if (n_prompt + (size_t)gen > (size_t)m.cfg.max_position_embeddings) {
-        fprintf(stderr, "infer: prompt + gen exceeds the context (%d)\n", m.cfg.max_position_embeddings);
-        return 2;
-    }
-    EngineOpts eo;
-    engine_opts_default(&eo);   /* as tandem serve: 256 MiB of cache, 512 rows a step */
-    if (eo.max_running < batch) eo.max_running = batch;
-    /* every rep sends the same prompt: without this its second TTFT would
-     * time the prefix cache, not the prefill the peers are measured on
-     * (bench/prefix.sh measures the cache) */
-    eo.prefix_cache = false;
-    size_t need = batch * (n_prompt + (size_t)gen + 16) * (attn_block_bytes(&m.attn) / m.attn.bs) *
-                  (size_t)(m.topo.layer_end - m.topo.layer_begin);
-    if (eo.kv_budget_bytes < need) eo.kv_budget_bytes = need;
     Engine e;
-    engine_init(&e, &m, &eo);
+    double tl;
+    const int rc = open_engine(ckpt, dtype, kv_dtype, n_prompt, gen, batch, &m, &e, &tl);
+    if (rc) return rc;
     Acct ac = account(&m, n_prompt);
     fprintf(stderr, "infer: %s loaded in %.1f s: d %zu, %d layers, E %zu top-%zu, %.1f MB read per token, "
                     "%.1f MB of layer weights\n",

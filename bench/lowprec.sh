@@ -361,9 +361,10 @@ for cfg in cfgs:
     print("  %-30s %10s %10s %10s   %s" % ("", "f32", "bf16", "int8", "target"))
     # the targets: the decodes in turn in one process, the median over its
     # rounds of each round's ratio to f32
-    cmp = {e["entry"]: e for e in (load_json("%s.lp.cmp.json" % cfg) or {}).get("entries", [])}
+    cmp_run = load_json("%s.lp.cmp.json" % cfg) or {}
+    cmp = {e["entry"]: e for e in cmp_run.get("entries", [])}
     cx = {k: cmp[k]["x_first_median"] if k in cmp else None for k in ("f32", "bf16", "int8", "bf16:bf16", "int8:int8")}
-    n_cmp = (load_json("%s.lp.cmp.json" % cfg) or {}).get("rounds", 0)
+    n_cmp = cmp_run.get("rounds", 0)
     print("  %-30s %10s %10s %10s" % ("decode in turn, one process", *[fmt(cmp[k]["b1_tok_s_median"] if k in cmp else None)
                                                                     for k in ("f32", "bf16", "int8")]))
     print("  %-30s %10s %10s %10s   bf16 >= 1.8x, int8 >= 3x f32: %s %s" % (
