@@ -7,6 +7,7 @@
  * instead of hanging the suite.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -765,4 +766,106 @@ Test(engine, window_decode_is_a_bounded_ring_and_gives_the_trainer_forward_bits)
         request_free(r2);
         bench_close(&b);
     }
+}
+
+/* ---------------------------------------------------------------- decoding's fused attention block */
+
+/* With two threads a step of a few rows runs the attention block fused
+ * (core/model/layer.c: q/k/v, norm, clamp, RoPE, the KV store and
+ * attention in one region, a unit of kv heads at a time).  Three greedy
+ * requests decoded together at two threads (their prefill chunks mixed in
+ * with the others' decoding: fused steps and unfused ones) give, token for
+ * token, the bits of the trainer's forward over each whole sequence (one
+ * thread, many rows: unfused), for head dims 16 and 32, with per-head q/k
+ * norm and biases, with a clamp and biases, and with a window, at each
+ * weight and KV dtype. */
+/* Biases and norm weights off their initial 0 and 1, so that a slip in
+ * which of them a head's slice reads shows. */
+static void perturb_vectors(Model *m)
+{
+    for (int i = 0; i < m->n_params; i++) {
+        Param *p = &m->params[i];
+        if (p->ndim == 1 && p->w)
+            for (size_t j = 0; j < p->numel; j++) p->w[j] += 0.3f * (float)sin(0.7 * (double)j + i);
+    }
+}
+
+Test(engine, fused_attention_decode_gives_the_trainer_forward_bits)
+{
+    static const char *variants[] = {
+        "\"head_dim\": 16",
+        "\"head_dim\": 32, \"qk_norm\": \"head\", \"attention_bias\": true",
+        "\"head_dim\": 16, \"clip_qkv\": 0.5, \"attention_bias\": true",
+        "\"head_dim\": 32, \"sliding_window\": 20",
+    };
+    static const Dtype wd[] = { DTYPE_F32, DTYPE_BF16, DTYPE_INT8, DTYPE_F32 };
+    static const Dtype kd[] = { DTYPE_F32, DTYPE_BF16, DTYPE_INT8, DTYPE_INT8 };
+    enum { NR = 3, NG = 40 };
+    static const size_t np[NR] = { 5, 23, 40 };
+    for (size_t vi = 0; vi < sizeof variants / sizeof *variants; vi++)
+        for (size_t di = 0; di < sizeof wd / sizeof *wd; di++) {
+            char js[512], err[256], what[256];
+            snprintf(js, sizeof js,
+                     "{\"vocab_size\": 64, \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+                     " \"num_attention_heads\": 8, \"num_key_value_heads\": 4, %s,"
+                     " \"moe_intermediate_size\": 32, \"num_local_experts\": 4,"
+                     " \"num_experts_per_tok\": 2, \"max_position_embeddings\": 256}",
+                     variants[vi]);
+            snprintf(what, sizeof what, "{%s}, weights %s, KV %s", variants[vi], dtype_name(wd[di]), dtype_name(kd[di]));
+            ModelConfig cfg;
+            cr_assert(config_parse(&cfg, js, err, sizeof err) == 0, "%s: %s", what, err);
+            Topology t;
+            topo_single(&t, &cfg);
+            Model m, s;
+            model_init(&m, &cfg, &t, false, 16);
+            model_init_weights(&m, 11 + vi);
+            perturb_vectors(&m);
+            const ModelDtypes dt = { wd[di], wd[di], wd[di], wd[di] };
+            model_init_serving(&s, &cfg, &t, 16, &dt);
+            model_quantize_from(&s, &m);
+            s.attn.kv = kd[di];
+            pool_init(2);
+            const ModelBatch b3 = { NR, NULL, NULL, NULL, NR, NR, NULL };
+            cr_assert(model_attn_fused(&s, &b3), "%s: a decoding step of 3 rows at two threads is not fused", what);
+            Engine e;
+            EngineOpts o;
+            engine_opts_default(&o);
+            o.max_running = NR;
+            o.max_batch_tokens = 24;
+            o.prefill_chunk = 16;
+            o.kv_budget_bytes = 64 * (size_t)cfg.num_hidden_layers * attn_block_bytes(&s.attn);
+            engine_init(&e, &s, &o);
+            Request *r[NR];
+            int32_t ids[NR][40 + NG];
+            for (int i = 0; i < NR; i++) {
+                prompt_of(ids[i], np[i], 5 + i);
+                GenParams gp = greedy(NG);
+                gp.ignore_eos = true;
+                r[i] = request_new(ids[i], np[i], &gp);
+                cr_assert_eq(engine_submit(&e, r[i]), 0, "%s: %s", what, r[i]->error);
+            }
+            cr_assert(run_to_end(&e), "%s: the requests did not end within %d steps", what, MAX_STEPS);
+            pool_init(1);
+            for (int i = 0; i < NR; i++) {
+                cr_assert_eq((int)r[i]->n_out, NG, "%s, request %d: %zu tokens, want %d", what, i, r[i]->n_out, NG);
+                const size_t T = np[i] + NG;
+                memcpy(ids[i] + np[i], r[i]->out, NG * sizeof(int32_t));
+                TrainActs a;
+                model_train_acts_init(&a, &s, 1, T - 1, RECOMPUTE_NONE);
+                model_train_forward(&s, &a, ids[i], ids[i] + 1, T - 1, NULL);
+                size_t bad = 0, first = NG;
+                for (size_t j = 0; j < NG; j++)
+                    if (memcmp(&a.logp[np[i] - 1 + j], &r[i]->out_logp[j], sizeof(float))) {
+                        bad++;
+                        first = first < j ? first : j;
+                    }
+                cr_expect_eq(bad, 0, "%s, request %d: %zu of %d decoded log-probs differ from the trainer forward's "
+                             "bits, first at token %zu", what, i, bad, NG, first);
+                model_train_acts_free(&a);
+                request_free(r[i]);
+            }
+            engine_free(&e);
+            model_free(&s);
+            model_free(&m);
+        }
 }

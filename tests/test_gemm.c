@@ -24,6 +24,7 @@
 #define TANDEM_PORTABLE 1
 #define gemm_packed_bytes portable_gemm_packed_bytes
 #define gemm_w portable_gemm_w
+#define gemm_w_cols portable_gemm_w_cols
 #define gemm_pack_q8 portable_gemm_pack_q8
 #define gemm_unpack_row portable_gemm_unpack_row
 #define gemm_pack portable_gemm_pack
@@ -39,6 +40,7 @@
 #include "core/ops/gemm.c"
 #undef gemm_packed_bytes
 #undef gemm_w
+#undef gemm_w_cols
 #undef gemm_pack_q8
 #undef gemm_unpack_row
 #undef gemm_pack

@@ -139,6 +139,10 @@ void model_tp_reduce_rows(const Model *m, float *out, float *part, size_t N);
  * (a->kv the KV pool of this layer).  x_out may alias x_in. */
 void model_layer_forward(const Model *m, int l, const ModelBatch *b, const float *x_in,
                          float *x_out, LayerActs *a);
+/* Whether model_layer_forward runs b's attention block fused, one pool
+ * region for q/k/v, RoPE, the KV store and attention (a few rows, two
+ * threads or more; layer.c says when): the same bits either way. */
+bool model_attn_fused(const Model *m, const ModelBatch *b);
 /* The second half of model_layer_forward: from a->x_mid (the residual
  * after the attention block) the norm, the FFN or MoE block and the
  * residual, into x_out.  model_layer_forward ends with it; called alone

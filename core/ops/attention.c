@@ -216,8 +216,8 @@ static const float *values_f32(float *buf, const void *kv, const AttnSeq *s, con
     return buf;
 }
 
-void attention_kv_store(void *kv, const AttnSeq *seqs, size_t n_seq, const float *restrict k,
-                        const float *restrict v, const AttnShape *sh)
+void attention_kv_store_heads(void *kv, const AttnSeq *seqs, size_t n_seq, const float *restrict k,
+                              const float *restrict v, const AttnShape *sh, size_t g0, size_t g1)
 {
     const size_t hd = sh->dk, dv = sh->dv, bs = sh->bs, kvw = sh->Hkv * hd, vw = sh->Hkv * dv;
     const bool sep = !sh->v_in_k;   /* values stored apart */
@@ -228,7 +228,7 @@ void attention_kv_store(void *kv, const AttnSeq *seqs, size_t n_seq, const float
             unsigned char *blk = (unsigned char *)kv + (size_t)s->blocks[p / bs] * attn_block_bytes(sh);
             size_t off = p % bs;
             const float *kr = k + (s->row + r) * kvw, *vr = sep ? v + (s->row + r) * vw : NULL;
-            for (size_t g = 0; g < sh->Hkv; g++) {
+            for (size_t g = g0; g < g1; g++) {
                 const float *kg = kr + g * hd, *vg = sep ? vr + g * dv : NULL;
                 if (sh->kv == DTYPE_F32) {
                     float *kt = (float *)(void *)blk + kt_at(sh, g, off);
@@ -252,6 +252,12 @@ void attention_kv_store(void *kv, const AttnSeq *seqs, size_t n_seq, const float
             }
         }
     }
+}
+
+void attention_kv_store(void *kv, const AttnSeq *seqs, size_t n_seq, const float *restrict k,
+                        const float *restrict v, const AttnShape *sh)
+{
+    attention_kv_store_heads(kv, seqs, n_seq, k, v, sh, 0, sh->Hkv);
 }
 
 /* Number of keys of tile kt visible from position p (p >= 16 kt). */
@@ -1352,6 +1358,20 @@ void attention_forward(float *out, float *lse, const float *restrict q, const vo
     const size_t nt = td_min((size_t)pool_threads(), c.n_items);
     if (nt <= 1) fw_threads(&c, 0, 1, 0);
     else pool_for((size_t)pool_threads(), 1, fw_threads, &c);
+}
+
+void attention_forward_heads(float *out, float *lse, const float *restrict q, const void *kv,
+                             const AttnSeq *seqs, size_t n_seq, const AttnShape *sh, size_t g0, size_t g1)
+{
+    attn_check(sh);
+    attn_check_seqs(seqs, n_seq, sh);
+    TD_CHECK(g0 <= g1 && g1 <= sh->Hkv, "attention: kv heads [%zu, %zu) of %zu", g0, g1, sh->Hkv);
+    const struct attn_fw c = { out, lse, q, kv, seqs, n_seq, sh, NULL, 0, sh->scale };
+    for (size_t si = 0; si < n_seq; si++) {
+        const size_t n_qt = seq_items(&seqs[si], sh) / sh->Hkv;   /* fw_item: local = g n_qt + query tile */
+        for (size_t g = g0; g < g1; g++)
+            for (size_t t = 0; t < n_qt; t++) fw_item(&c, si, g * n_qt + t);
+    }
 }
 
 /* ================================================================ backward */

@@ -134,6 +134,11 @@ typedef struct {
 void attention_kv_store(void *kv, const AttnSeq *seqs, size_t n_seq, const float *restrict k,
                         const float *restrict v, const AttnShape *sh);
 
+/* attention_kv_store for kv heads [g0, g1) only; the other heads' values
+ * in the blocks are not touched. */
+void attention_kv_store_heads(void *kv, const AttnSeq *seqs, size_t n_seq, const float *restrict k,
+                              const float *restrict v, const AttnShape *sh, size_t g0, size_t g1);
+
 /* out (rows, H*dv) overwritten; lse (rows, H), saved for backward, may be
  * NULL; q (rows, H*dk) already rotated.  Keys 0 .. pos+n-1 of every
  * sequence must be stored; with a window W only keys from
@@ -141,6 +146,14 @@ void attention_kv_store(void *kv, const AttnSeq *seqs, size_t n_seq, const float
  * below that may be gone (their table entries are never read). */
 void attention_forward(float *out, float *lse, const float *restrict q, const void *kv,
                        const AttnSeq *seqs, size_t n_seq, const AttnShape *sh);
+
+/* attention_forward for the query heads of kv heads [g0, g1) only (heads
+ * g0 H/Hkv .. g1 H/Hkv - 1 of out and lse; the others are not touched),
+ * serially on the calling thread: a piece of a caller's own pool region
+ * (core/model/layer.c, decoding's fused attention block).  Each query's
+ * arithmetic is attention_forward's, so the bits are its bits. */
+void attention_forward_heads(float *out, float *lse, const float *restrict q, const void *kv,
+                             const AttnSeq *seqs, size_t n_seq, const AttnShape *sh, size_t g0, size_t g1);
 
 /* Backward for sequences that start at position 0 (training), so key s of
  * a sequence is its row s.  Adds into dq (rows, H*dk), dk (rows, Hkv*dk)

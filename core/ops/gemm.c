@@ -66,6 +66,16 @@ GemmW gemm_w(Dtype t, const void *base, size_t N, size_t K)
     return w;
 }
 
+GemmW gemm_w_cols(const GemmW *W, size_t n0, size_t n)
+{
+    TD_CHECK(n0 % GEMM_NR == 0 && n0 + n <= W->N && (n % GEMM_NR == 0 || n0 + n == W->N),
+             "gemm: columns [%zu, %zu) of %zu do not start and end on panels of %d", n0, n0 + n, W->N, GEMM_NR);
+    const size_t panel = W->dtype == DTYPE_INT8 ? dtype_q8_groups(W->K) * Q8_BLOCK
+                                                : W->K * GEMM_NR * dtype_size(W->dtype);
+    GemmW w = { W->dtype, (const char *)W->p + n0 / GEMM_NR * panel, n, W->K };
+    return w;
+}
+
 /* Panel p of W (f32, bf16; int8: gemm_q8.c). */
 ALWAYS_INLINE const void *panel_at(const int DT, const GemmW *W, size_t p)
 {

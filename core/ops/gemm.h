@@ -78,6 +78,10 @@ typedef struct {
 size_t gemm_packed_bytes(Dtype t, size_t N, size_t K);
 /* The views of the matrix packed as t at base. */
 GemmW gemm_w(Dtype t, const void *base, size_t N, size_t K);
+/* The view of columns [n0, n0 + n) of W (rows n0 .. of the nn.Linear
+ * weight): n0 a multiple of GEMM_NR, and n too unless the view ends at N.
+ * Its products are the columns of W's, bit for bit. */
+GemmW gemm_w_cols(const GemmW *W, size_t n0, size_t n);
 
 /* Packs W [N, K] (row stride K, float32) into P (gemm_packed_bytes(t, N, K)
  * bytes, overwritten) as t: bf16 rounds to nearest even, int8 quantizes
