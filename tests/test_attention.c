@@ -24,6 +24,7 @@
 #define attention_forward portable_attention_forward
 #define attention_kv_store_heads portable_attention_kv_store_heads
 #define attention_forward_heads portable_attention_forward_heads
+#define attention_kv_store_prefetch portable_attention_kv_store_prefetch
 #define attention_backward portable_attention_backward
 #define attention_backward_chunks portable_attention_backward_chunks
 #include "core/ops/attention.c"
@@ -31,6 +32,7 @@
 #undef attention_forward
 #undef attention_kv_store_heads
 #undef attention_forward_heads
+#undef attention_kv_store_prefetch
 #undef attention_backward
 #undef attention_backward_chunks
 #undef TANDEM_PORTABLE

@@ -260,6 +260,32 @@ void attention_kv_store(void *kv, const AttnSeq *seqs, size_t n_seq, const float
     attention_kv_store_heads(kv, seqs, n_seq, k, v, sh, 0, sh->Hkv);
 }
 
+void attention_kv_store_prefetch(void *kv, const AttnSeq *seqs, size_t n_seq, const AttnShape *sh, size_t g0,
+                                 size_t g1)
+{
+    const size_t es = dtype_size(sh->kv), bs = sh->bs, step = td_max(64 / (bs * es), 1);   /* K^T rows a line */
+    for (size_t si = 0; si < n_seq; si++) {
+        const AttnSeq *s = &seqs[si];
+        for (size_t r = 0; r < s->n; r++) {
+            const size_t p = s->pos + r, off = p % bs;
+            const unsigned char *blk = block_at(kv, s, sh, p);
+            for (size_t g = g0; g < g1; g++) {
+                const unsigned char *kt = blk + kt_at(sh, g, off) * es;
+                for (size_t d = 0; d < sh->dk; d += step) __builtin_prefetch(kt + d * bs * es, 1, 3);
+                if (!sh->v_in_k) {
+                    const unsigned char *v = blk + v_at(sh, g, off) * es;
+                    for (size_t b = 0; b < sh->dv * es; b += 64) __builtin_prefetch(v + b, 1, 3);
+                }
+                if (sh->kv == DTYPE_INT8) {
+                    const float *sc = scales_of(blk, sh);
+                    __builtin_prefetch(sc + g * bs + off, 1, 3);
+                    if (!sh->v_in_k) __builtin_prefetch(sc + (sh->Hkv + g) * bs + off, 1, 3);
+                }
+            }
+        }
+    }
+}
+
 /* Number of keys of tile kt visible from position p (p >= 16 kt). */
 static inline size_t tile_valid(size_t kt, size_t p)
 {

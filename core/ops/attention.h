@@ -139,6 +139,13 @@ void attention_kv_store(void *kv, const AttnSeq *seqs, size_t n_seq, const float
 void attention_kv_store_heads(void *kv, const AttnSeq *seqs, size_t n_seq, const float *restrict k,
                               const float *restrict v, const AttnShape *sh, size_t g0, size_t g1);
 
+/* Prefetches, for writing, the lines attention_kv_store_heads(.., g0, g1)
+ * will store into: a K^T column touches dk lines (one value in each), so
+ * a caller with other work to do first (decoding's fused attention block,
+ * core/model/layer.c) has them arrive meanwhile.  Changes nothing. */
+void attention_kv_store_prefetch(void *kv, const AttnSeq *seqs, size_t n_seq, const AttnShape *sh, size_t g0,
+                                 size_t g1);
+
 /* out (rows, H*dv) overwritten; lse (rows, H), saved for backward, may be
  * NULL; q (rows, H*dk) already rotated.  Keys 0 .. pos+n-1 of every
  * sequence must be stored; with a window W only keys from
