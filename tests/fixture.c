@@ -157,3 +157,24 @@ void fixture_model(Model *m, const char *config_json, uint64_t seed)
     model_init(m, &cfg, &t, false, 16);
     model_init_weights(m, seed);
 }
+
+void fixture_gqa_serving(Model *m, Model *s, const char *keys, int max_positions, uint64_t seed, Dtype w, Dtype kv)
+{
+    char js[512];
+    snprintf(js, sizeof js,
+             "{\"vocab_size\": 64, \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+             " \"num_attention_heads\": 8, \"num_key_value_heads\": 4, %s,"
+             " \"moe_intermediate_size\": 32, \"num_local_experts\": 4,"
+             " \"num_experts_per_tok\": 2, \"max_position_embeddings\": %d}",
+             keys, max_positions);
+    fixture_model(m, js, seed);
+    for (int i = 0; i < m->n_params; i++) {
+        Param *p = &m->params[i];
+        if (p->ndim == 1 && p->w)
+            for (size_t j = 0; j < p->numel; j++) p->w[j] += 0.3f * (float)sin(0.7 * (double)j + i);
+    }
+    const ModelDtypes dt = { w, w, w, w };
+    model_init_serving(s, &m->cfg, &m->topo, 16, &dt);
+    model_quantize_from(s, m);
+    s->attn.kv = kv;
+}

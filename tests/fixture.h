@@ -61,6 +61,15 @@ float *fixture_copy(const float *x, size_t n);
  * calls model_pack).  A config that does not parse aborts with its error. */
 void fixture_model(Model *m, const char *config_json, uint64_t seed);
 
+/* The small GQA MoE model of the fused attention block's tests (vocab 64,
+ * hidden 64, 2 layers, 8 heads on 4 kv heads, 4 experts of 32, top 2,
+ * max_positions positions) with the config keys `keys` added (e.g.
+ * "\"head_dim\": 16"): m its training model with model_init_weights(seed)
+ * and its biases and norm weights moved off their initial 0 and 1 (so that
+ * reading another head's slice of them shows), s its serving copy with
+ * every matrix in w and the KV cache in kv.  Both model_free'd by the test. */
+void fixture_gqa_serving(Model *m, Model *s, const char *keys, int max_positions, uint64_t seed, Dtype w, Dtype kv);
+
 /* Scalar function of n doubles, for finite differences. */
 typedef double (*FixtureLossFn)(const double *x, void *ctx);
 /* Central differences in double: g[i] = (f(x + h e_i) - f(x - h e_i)) / 2h.

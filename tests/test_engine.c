@@ -7,7 +7,6 @@
  * instead of hanging the suite.
  */
 #include <criterion/criterion.h>
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -15,6 +14,7 @@
 #include "core/model/backprop.h"
 #include "core/pool.h"
 #include "infer/engine.h"
+#include "tests/fixture.h"
 
 static void setup(void) { pool_init(1); }
 
@@ -779,17 +779,6 @@ Test(engine, window_decode_is_a_bounded_ring_and_gives_the_trainer_forward_bits)
  * thread, many rows: unfused), for head dims 16 and 32, with per-head q/k
  * norm and biases, with a clamp and biases, and with a window, at each
  * weight and KV dtype. */
-/* Biases and norm weights off their initial 0 and 1, so that a slip in
- * which of them a head's slice reads shows. */
-static void perturb_vectors(Model *m)
-{
-    for (int i = 0; i < m->n_params; i++) {
-        Param *p = &m->params[i];
-        if (p->ndim == 1 && p->w)
-            for (size_t j = 0; j < p->numel; j++) p->w[j] += 0.3f * (float)sin(0.7 * (double)j + i);
-    }
-}
-
 Test(engine, fused_attention_decode_gives_the_trainer_forward_bits)
 {
     static const char *variants[] = {
@@ -804,26 +793,10 @@ Test(engine, fused_attention_decode_gives_the_trainer_forward_bits)
     static const size_t np[NR] = { 5, 23, 40 };
     for (size_t vi = 0; vi < sizeof variants / sizeof *variants; vi++)
         for (size_t di = 0; di < sizeof wd / sizeof *wd; di++) {
-            char js[512], err[256], what[256];
-            snprintf(js, sizeof js,
-                     "{\"vocab_size\": 64, \"hidden_size\": 64, \"num_hidden_layers\": 2,"
-                     " \"num_attention_heads\": 8, \"num_key_value_heads\": 4, %s,"
-                     " \"moe_intermediate_size\": 32, \"num_local_experts\": 4,"
-                     " \"num_experts_per_tok\": 2, \"max_position_embeddings\": 256}",
-                     variants[vi]);
+            char what[256];
             snprintf(what, sizeof what, "{%s}, weights %s, KV %s", variants[vi], dtype_name(wd[di]), dtype_name(kd[di]));
-            ModelConfig cfg;
-            cr_assert(config_parse(&cfg, js, err, sizeof err) == 0, "%s: %s", what, err);
-            Topology t;
-            topo_single(&t, &cfg);
             Model m, s;
-            model_init(&m, &cfg, &t, false, 16);
-            model_init_weights(&m, 11 + vi);
-            perturb_vectors(&m);
-            const ModelDtypes dt = { wd[di], wd[di], wd[di], wd[di] };
-            model_init_serving(&s, &cfg, &t, 16, &dt);
-            model_quantize_from(&s, &m);
-            s.attn.kv = kd[di];
+            fixture_gqa_serving(&m, &s, variants[vi], 256, 11 + vi, wd[di], kd[di]);
             pool_init(2);
             const ModelBatch b3 = { NR, NULL, NULL, NULL, NR, NR, NULL };
             cr_assert(model_attn_fused(&s, &b3), "%s: a decoding step of 3 rows at two threads is not fused", what);
@@ -833,7 +806,7 @@ Test(engine, fused_attention_decode_gives_the_trainer_forward_bits)
             o.max_running = NR;
             o.max_batch_tokens = 24;
             o.prefill_chunk = 16;
-            o.kv_budget_bytes = 64 * (size_t)cfg.num_hidden_layers * attn_block_bytes(&s.attn);
+            o.kv_budget_bytes = 64 * (size_t)s.cfg.num_hidden_layers * attn_block_bytes(&s.attn);
             engine_init(&e, &s, &o);
             Request *r[NR];
             int32_t ids[NR][40 + NG];

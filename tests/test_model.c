@@ -550,17 +550,6 @@ Test(model, decoding_experts_fused_give_the_grouped_bits_qwen3moe) { check_fused
  * log-probability bits both ways, for head dims 16 and 32, with per-head
  * q/k norm, biases, a clamp and a window, at each weight and KV dtype.
  * (tests/test_engine.c checks decoding against the trainer's forward.) */
-/* Biases and norm weights off their initial 0 and 1, so that a slip in
- * which of them a head's slice reads shows. */
-static void perturb_vectors(Model *m)
-{
-    for (int i = 0; i < m->n_params; i++) {
-        Param *p = &m->params[i];
-        if (p->ndim == 1 && p->w)
-            for (size_t j = 0; j < p->numel; j++) p->w[j] += 0.3f * (float)sin(0.7 * (double)j + i);
-    }
-}
-
 Test(model, fused_attention_block_gives_the_unfused_bits)
 {
     static const char *variants[] = {
@@ -572,26 +561,10 @@ Test(model, fused_attention_block_gives_the_unfused_bits)
     enum { B = 3, T = 5, N = B * T };
     for (size_t vi = 0; vi < sizeof variants / sizeof *variants; vi++)
         for (int di = 0; di < 3; di++) {
-            char js[512], err[256], what[256];
-            snprintf(js, sizeof js,
-                     "{\"vocab_size\": 64, \"hidden_size\": 64, \"num_hidden_layers\": 2,"
-                     " \"num_attention_heads\": 8, \"num_key_value_heads\": 4, %s,"
-                     " \"moe_intermediate_size\": 32, \"num_local_experts\": 4,"
-                     " \"num_experts_per_tok\": 2, \"max_position_embeddings\": 64}",
-                     variants[vi]);
+            char what[256];
             snprintf(what, sizeof what, "{%s} at %s", variants[vi], dtype_name(dts[di]));
-            ModelConfig cfg;
-            cr_assert(config_parse(&cfg, js, err, sizeof err) == 0, "%s: %s", what, err);
-            Topology t;
-            topo_single(&t, &cfg);
             Model m, s;
-            model_init(&m, &cfg, &t, false, 16);
-            model_init_weights(&m, 21 + vi);
-            perturb_vectors(&m);
-            const ModelDtypes dt = { dts[di], dts[di], dts[di], dts[di] };
-            model_init_serving(&s, &cfg, &t, 16, &dt);
-            model_quantize_from(&s, &m);
-            s.attn.kv = dts[di];
+            fixture_gqa_serving(&m, &s, variants[vi], 64, 21 + vi, dts[di], dts[di]);
             int32_t ids[N + 1];
             for (size_t i = 0; i <= N; i++) ids[i] = (int32_t)((i * 11 + 3 * vi) % 64);
             TrainActs a1, a2;
