@@ -500,11 +500,11 @@ static void attend(const Model *m, const Layer *L, const ModelBatch *b, LayerAct
  * thread, beat one head a unit with the region's stealing. */
 static size_t attn_fused_heads(const Model *m, const ModelBatch *b)
 {
-    if (m->mla || b->cp || b->n > ATTN_FUSED_ROWS || pool_threads() < 2 || m->cfg.qk_norm == QK_NORM_FULL) return 0;
+    const size_t nt = (size_t)pool_threads();
+    if (m->mla || b->cp || b->n > ATTN_FUSED_ROWS || nt < 2 || m->cfg.qk_norm == QK_NORM_FULL) return 0;
     size_t u = 1;
     while ((u * m->hd) % GEMM_NR) u++;
     if (m->Hkv % u || m->Hkv / u < 2) return 0;
-    const size_t nt = (size_t)pool_threads();
     while (u * m->hd < 4 * GEMM_NR && m->Hkv % (2 * u) == 0 && m->Hkv / (2 * u) >= nt) u *= 2;
     return u;
 }
