@@ -286,13 +286,13 @@ typedef struct {
 
 static double numel(const Param *p) { return p ? (double)p->numel : 0; }
 
-/* Bytes of p as held: its dtype's element size (int8: + a float32 scale
- * per 32) for the packed matrices, float32 otherwise. */
+/* Bytes of p as held: its dtype's element size (int8: + a bf16 scale per
+ * 32) for the packed matrices, float32 otherwise. */
 static double wb(const Param *p)
 {
     if (!p) return 0;
     if (!p->packed) return 4.0 * (double)p->numel;
-    return (double)p->numel * ((double)dtype_size(p->dtype) + (p->dtype == DTYPE_INT8 ? 4.0 / DTYPE_Q8_GROUP : 0));
+    return (double)p->numel * ((double)dtype_size(p->dtype) + (p->dtype == DTYPE_INT8 ? 2.0 / DTYPE_Q8_GROUP : 0));
 }
 
 static Acct account(const Model *m, size_t T)

@@ -137,7 +137,9 @@ make_weights() {   # CFG: $DIR/CFG.h5, its quantized files and GGUFs
         rm -rf "$DIR/run_$cfg"
     fi
     for d in int8 bf16; do
-        if [ ! -s "$DIR/$cfg.$d.h5" ] || [ -n "$(find "$h5" -newer "$DIR/$cfg.$d.h5")" ]; then
+        # again when the model or tandem changed (a format change, as the bf16 int8 scales
+        # of 2026-12-07, makes an old file unservable)
+        if [ ! -s "$DIR/$cfg.$d.h5" ] || [ -n "$(find "$h5" "$TANDEM" -newer "$DIR/$cfg.$d.h5")" ]; then
             "$TANDEM" ckpt quantize "$h5" "$DIR/$cfg.$d.h5" --dtype "$d" >"$DIR/$cfg.$d.quant.jsonl" 2>&1 ||
                 { echo "bench/lowprec.sh: ckpt quantize $cfg $d failed"; cat "$DIR/$cfg.$d.quant.jsonl"; return 1; }
         fi

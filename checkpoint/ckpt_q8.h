@@ -18,7 +18,8 @@ int ckpt_q8_check(hid_t f, const char *path, const char *name, int ndim, const s
                   char *err, size_t err_len);
 
 /* Values of an int8 g32 box: q (n_rows x K) in [-127, 127], scales s
- * (n_rows x ceil(K / 32)) finite, >= 0, and 0 only for an all-zero group.
+ * (n_rows x ceil(K / 32)) finite, >= 0, bfloat16 values (the GEMM holds
+ * them in 16 bits), and 0 only for an all-zero group.
  * row0, rows, stacked: where the box starts, for the message (rows of one
  * matrix; stacked: an expert stack).  0, or -1 with one line in err naming
  * the dataset, row and group. */

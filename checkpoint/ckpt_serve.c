@@ -215,7 +215,8 @@ static void fmt_row(char *out, size_t n, size_t r, size_t rows, bool stacked)
 
 /* n_rows x K int8 weights q with their scales s (n_rows x G) -- flat rows
  * row0.. of the slice, matrices of `rows` rows when stacked: every scale a
- * finite number >= 0, zero only for a group of zeros; no -128. */
+ * finite number >= 0 that bfloat16 holds exactly, zero only for a group
+ * of zeros; no -128. */
 int ckpt_q8_check_values(const char *path, const char *name, const int8_t *q, const float *s, size_t n_rows, size_t K,
                          size_t row0, size_t rows, bool stacked, char *err, size_t err_len)
 {
@@ -241,6 +242,14 @@ int ckpt_q8_check_values(const char *path, const char *name, const int8_t *q, co
                 (void)td_snprintf(err, err_len, "%s: dataset /%s.scale: scale %g of row %s, group %zu is %s", path, name,
                                   (double)sc, at, g,
                                   !isfinite(sc) ? "not finite" : sc < 0 ? "negative" : "zero for non-zero weights");
+                return -1;
+            }
+            if (dtype_f32_from_bf16(dtype_bf16_from_f32(sc)) != sc) {   /* the GEMM holds it in 16 bits */
+                fmt_row(at, sizeof at, row0 + r, rows, stacked);
+                (void)td_snprintf(err, err_len,
+                                  "%s: dataset /%s.scale: scale %.9g of row %s, group %zu is not a bfloat16 value "
+                                  "(int8 scales are bf16(max|w| / 127) since 2026-12-07: quantize the file again)",
+                                  path, name, (double)sc, at, g);
                 return -1;
             }
         }
@@ -797,7 +806,7 @@ static void round_rows(void *vc, size_t r0, size_t r1, int tid)
             const size_t ng = td_min(GQ, K - k0);
             if (c->t == DTYPE_INT8) {
                 int8_t *q = (int8_t *)c->o + r * K + k0;
-                if (!U) c->s[r * G + k0 / GQ] = dtype_q8_quantize(q, xr + k0, ng);
+                if (!U) c->s[r * G + k0 / GQ] = dtype_q8_quantize_weights(q, xr + k0, ng);
                 dtype_q8_dequantize(dq, q, c->s[r * G + k0 / GQ], ng);
             } else if (c->t == DTYPE_BF16) {
                 uint16_t *h = (uint16_t *)c->o + r * K + k0;

@@ -140,24 +140,52 @@ int dtype_parse(const char *s, Dtype *t)
     return 0;
 }
 
-float dtype_q8_quantize(int8_t *restrict q, const float *restrict x, size_t n)
+/* q from x with the scale s (> 0) */
+static void q8_round(int8_t *restrict q, const float *restrict x, float s, size_t n)
 {
-    float amax = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        const float a = fabsf(x[i]);
-        amax = a > amax ? a : amax;
-    }
-    const float s = amax / 127.0f;
-    if (!(s > 0.0f)) {   /* zeros, an underflow (or a NaN amax): all q = 0 */
-        memset(q, 0, n);
-        return 0.0f;
-    }
     for (size_t i = 0; i < n; i++) {
         float v = rintf(x[i] / s);   /* the default rounding mode: to nearest, ties to even */
         v = v > 127.0f ? 127.0f : v;
         v = v >= -127.0f ? v : -127.0f;   /* NaN lands here too: defined, never UB */
         q[i] = (int8_t)v;
     }
+}
+
+static float q8_amax(const float *x, size_t n)
+{
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        const float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    return amax;
+}
+
+float dtype_q8_quantize(int8_t *restrict q, const float *restrict x, size_t n)
+{
+    const float s = q8_amax(x, n) / 127.0f;
+    if (!(s > 0.0f)) {   /* zeros, an underflow (or a NaN amax): all q = 0 */
+        memset(q, 0, n);
+        return 0.0f;
+    }
+    q8_round(q, x, s, n);
+    return s;
+}
+
+float dtype_q8_weight_scale(float amax)
+{
+    const float s = dtype_f32_from_bf16(dtype_bf16_from_f32(amax / 127.0f));
+    return s > 0.0f ? s : 0.0f;   /* zeros, an underflow, a NaN amax */
+}
+
+float dtype_q8_quantize_weights(int8_t *restrict q, const float *restrict x, size_t n)
+{
+    const float s = dtype_q8_weight_scale(q8_amax(x, n));
+    if (s == 0.0f) {
+        memset(q, 0, n);
+        return 0.0f;
+    }
+    q8_round(q, x, s, n);
     return s;
 }
 
@@ -170,7 +198,7 @@ void dtype_q8_quantize_row(int8_t *restrict q, float *restrict s, const float *r
 {
     for (size_t g = 0, k = 0; k < K; g++, k += DTYPE_Q8_GROUP) {
         const size_t n = K - k < DTYPE_Q8_GROUP ? K - k : DTYPE_Q8_GROUP;
-        s[g] = dtype_q8_quantize(q + k, x + k, n);
+        s[g] = dtype_q8_quantize_weights(q + k, x + k, n);
     }
 }
 
@@ -180,15 +208,9 @@ void dtype_q8_quantize_row_gptq(int8_t *restrict q, float *restrict s, const flo
     memcpy(work, x, K * sizeof(float));
     float sc = 0.0f;
     for (size_t k = 0; k < K; k++) {
-        if (k % DTYPE_Q8_GROUP == 0) {   /* the group's scale, as dtype_q8_quantize takes it */
+        if (k % DTYPE_Q8_GROUP == 0) {   /* the group's scale, as dtype_q8_quantize_weights takes it */
             const size_t n = K - k < DTYPE_Q8_GROUP ? K - k : DTYPE_Q8_GROUP;
-            float amax = 0.0f;
-            for (size_t i = 0; i < n; i++) {
-                const float a = fabsf(work[k + i]);
-                amax = a > amax ? a : amax;
-            }
-            sc = amax / 127.0f;
-            if (!(sc > 0.0f)) sc = 0.0f;
+            sc = dtype_q8_weight_scale(q8_amax(work + k, n));
             s[k / DTYPE_Q8_GROUP] = sc;
         }
         float v = sc > 0.0f ? rintf(work[k] / sc) : 0.0f;

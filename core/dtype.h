@@ -20,14 +20,17 @@
  *   int8 g32   symmetric groupwise int8 (the serving dtype of SPEC section
  *              11): a run of n values (a group of up to DTYPE_Q8_GROUP
  *              weights along a matrix's input dimension, or one head of a
- *              cached key / value) gets one float32 scale
+ *              cached key / value) gets one scale
  *                  s = amax / 127          amax = max |x_i| over the group
  *                  q_i = rne(x_i / s)      clamped to [-127, 127]
  *              (the division and the rounding to nearest, ties to even, are
  *              IEEE float32 operations: the same bits on every machine),
  *              and stands for the float32 values (float)q_i * s, rounded
- *              once.  A group of zeros (or so small that s underflows to
- *              0) has s = 0 and q = 0.  -128 is never produced.
+ *              once.  A weight group's s is then rounded to bfloat16
+ *              (nearest even) before q is taken, so the packed matrix
+ *              holds it in 2 bytes (a KV head's stays float32).  A group
+ *              of zeros (or so small that s underflows to 0) has s = 0
+ *              and q = 0.  -128 is never produced.
  *
  * All functions are pure and thread-safe.  The array forms take any n
  * (0 included) and need their pointers aligned for the element type.
@@ -77,9 +80,15 @@ void dtype_q8_0_to_f32(float *restrict y, const uint8_t *restrict x, size_t n);
  * overwritten, returns the scale.  x must be finite (a non-finite input
  * gives some clamped q, never undefined behaviour). */
 float dtype_q8_quantize(int8_t *restrict q, const float *restrict x, size_t n);
+/* A weight group's scale from its amax: bf16(amax / 127), 0 when that
+ * is not > 0 (zeros, an underflow, NaN). */
+float dtype_q8_weight_scale(float amax);
+/* dtype_q8_quantize with dtype_q8_weight_scale's scale: a weight group. */
+float dtype_q8_quantize_weights(int8_t *restrict q, const float *restrict x, size_t n);
 /* y[i] = (float)q[i] * s, i < n. */
 void dtype_q8_dequantize(float *restrict y, const int8_t *restrict q, float s, size_t n);
-/* A row of K weights quantized in groups of DTYPE_Q8_GROUP: q (K), s
+/* A row of K weights quantized in groups of DTYPE_Q8_GROUP (weight
+ * scales): q (K), s
  * (dtype_q8_groups(K)); the last group holds K mod 32 weights when K is not
  * a multiple of 32. */
 static inline size_t dtype_q8_groups(size_t K) { return (K + DTYPE_Q8_GROUP - 1) / DTYPE_Q8_GROUP; }
@@ -87,10 +96,10 @@ void dtype_q8_quantize_row(int8_t *restrict q, float *restrict s, const float *r
 void dtype_q8_dequantize_row(float *restrict y, const int8_t *restrict q, const float *restrict s, size_t K);
 /* The same row, groups and scale rule, rounded by GPTQ (Frantar et al.,
  * 2022, "GPTQ: Accurate Post-Training Quantization"): the weights are
- * rounded in order k = 0..K-1, each group's scale is amax / 127 of the row
- * as updated so far, taken at the group's first weight, and each weight's
- * rounding error e_k, divided by U[k][k], is taken off the later weights
- * along row k of U.  U (row-major K x K, upper triangular) is the Cholesky
+ * rounded in order k = 0..K-1, each group's scale is
+ * dtype_q8_weight_scale of the row as updated so far, taken at the
+ * group's first weight, and each weight's rounding error e_k, divided by
+ * U[k][k], is taken off the later weights along row k of U.  U (row-major K x K, upper triangular) is the Cholesky
  * factor, U^T U = H^-1, of the inverse of the input's second moment H = sum
  * x x^T (damped): so the row greedily lowers the output error
  * (w - w_q)^T H (w - w_q) instead of each weight's own error.  With U

@@ -116,6 +116,17 @@ static GemmW packed_as(Dtype t, const float *W, size_t N, size_t K)
 static GemmW packed(const float *W, size_t N, size_t K) { return packed_as(DTYPE_F32, W, N, K); }
 static void wfree(GemmW W) { td_free((void *)(uintptr_t)W.p); }
 
+/* v rounded to bfloat16 (nearest even; finite v), written out: an int8
+ * weight group's scale is amax / 127 so rounded (core/dtype.h). */
+static float rne_bf16(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
 /* ------------------------------------------------------------ packing */
 
 Test(gemm, pack_layout_is_panels_of_32_zero_padded)
@@ -125,7 +136,7 @@ Test(gemm, pack_layout_is_panels_of_32_zero_padded)
     const size_t N = 45, K = 37, G = 2;
     cr_expect_eq(gemm_packed_bytes(DTYPE_F32, N, K), td_round_up(64 * K * 4, 64), "f32 size of [45, 37]");
     cr_expect_eq(gemm_packed_bytes(DTYPE_BF16, N, K), td_round_up(64 * K * 2, 64), "bf16 size of [45, 37]");
-    cr_expect_eq(gemm_packed_bytes(DTYPE_INT8, N, K), 2 * G * 1152, "int8 size of [45, 37]: 1152 bytes a group of a panel");
+    cr_expect_eq(gemm_packed_bytes(DTYPE_INT8, N, K), 2 * G * 1088, "int8 size of [45, 37]: 1088 bytes a group of a panel");
     cr_expect_eq(gemm_packed_bytes(DTYPE_F32, 32, 3), 32 * 3 * 4, "f32 size of [32, 3]");
     cr_expect_eq(gemm_packed_bytes(DTYPE_F32, 1, 5), 32 * 5 * 4, "f32 size of [1, 5]");
     float *W = fixture_rand(N * K, 1, -1, 1);
@@ -143,11 +154,12 @@ Test(gemm, pack_layout_is_panels_of_32_zero_padded)
                     const size_t n = p * GEMM_NR + j;
                     int8_t q[64];
                     float sc[2] = { 0, 0 };
-                    /* the documented rule, written out here: s = amax / 127, q = rne(x / s) */
+                    /* the documented rule, written out here: s = bf16(amax / 127) (the
+                     * upper half of the float, rounded to nearest even), q = rne(x / s) */
                     for (size_t g = 0; n < N && g < G; g++) {
                         float amax = 0;
                         for (size_t k = g * 32; k < K && k < g * 32 + 32; k++) amax = fmaxf(amax, fabsf(W[n * K + k]));
-                        sc[g] = amax / 127.0f;
+                        sc[g] = rne_bf16(amax / 127.0f);
                         for (size_t k = g * 32; k < K && k < g * 32 + 32; k++)
                             q[k] = (int8_t)fmaxf(-127, fminf(127, rintf(W[n * K + k] / sc[g])));
                     }
@@ -163,12 +175,13 @@ Test(gemm, pack_layout_is_panels_of_32_zero_padded)
                             ok = ((const uint16_t *)(const void *)P)[(p * K + k) * GEMM_NR + sj] ==
                                  (n < N ? dtype_bf16_from_f32(W[n * K + k]) : 0);
                         } else {
-                            /* group blocks of 1152 bytes: byte (k4 32 + j) 4 + i holds q + 128 of
-                             * k = 32 g + 4 k4 + i (q = 0 past K and past N), then 32 scales */
-                            const size_t g = k / 32, kk = k % 32, blk = (p * G + g) * 1152;
+                            /* group blocks of 1088 bytes: byte (k4 32 + j) 4 + i holds q + 128 of
+                             * k = 32 g + 4 k4 + i (q = 0 past K and past N), then 32 scales, each
+                             * the upper 16 bits of the float */
+                            const size_t g = k / 32, kk = k % 32, blk = (p * G + g) * 1088;
                             i = blk + ((kk / 4) * 32 + j) * 4 + kk % 4;
                             ok = P[i] == (uint8_t)((n < N && k < K ? q[k] : 0) + 128);
-                            if (kk == 0) ok &= !memcmp(P + blk + 1024 + 4 * j, &sc[g], 4);
+                            if (kk == 0) ok &= !memcmp(P + blk + 1024 + 2 * j, (const char *)&sc[g] + 2, 2);
                         }
                         if (!ok) {
                             bad++;
@@ -371,7 +384,7 @@ static void dequantized(float *Wd, Dtype t, const float *W, size_t N, size_t K)
             const size_t k0 = g * 32, k1 = k0 + 32 < K ? k0 + 32 : K;
             float amax = 0;
             for (size_t k = k0; k < k1; k++) amax = fmaxf(amax, fabsf(W[n * K + k]));
-            const float s = amax / 127.0f;
+            const float s = rne_bf16(amax / 127.0f);
             for (size_t k = k0; k < k1; k++) {
                 const float w = W[n * K + k];
                 if (t == DTYPE_F32) Wd[n * K + k] = w;
@@ -448,14 +461,14 @@ Test(gemm, narrow_weights_bit_identical_to_fma_chain_on_dequantized_weights)
 }
 
 /* y = x W^T at int8 from the definition of core/ops/gemm_q8.h, written out
- * here: W quantized per group of 32 (s = amax / 127, q = rne(v / s)
- * clamped) and each row of x rounded per group to integers of at most
+ * here: W quantized per group of 32 (s = amax / 127 rounded to bfloat16,
+ * nearest even; q = rne(v / s) clamped) and each row of x rounded per group to integers of at most
  * 8320 (s = amax / 8320), 0 when s is not finite and > 0; an exact
  * integer sum per group, c = fma(sx * sw, (float)isum, c) over the groups
  * in order.  variant 1: unfused c + d * isum; 2: the scales multiplied the
  * other way round in a chain, fma(sx, sw * isum, c); 4: x rounded to 8
  * bits (W8A8); 5: x to 16 bits (32767). */
-static void quant_group(int *q, const float *v, size_t n, float *s_out, float levels)
+static void quant_group(int *q, const float *v, size_t n, float *s_out, float levels, bool bf16_scale)
 {
     float amax = 0;
     int nan = 0;
@@ -463,7 +476,8 @@ static void quant_group(int *q, const float *v, size_t n, float *s_out, float le
         nan |= v[i] != v[i];
         amax = fmaxf(amax, fabsf(v[i]));
     }
-    const float s = nan ? NAN : amax / levels;
+    float s = nan ? NAN : amax / levels;
+    if (bf16_scale && !nan) s = rne_bf16(s);
     *s_out = s;
     for (size_t i = 0; i < n; i++)
         q[i] = s > 0 && s < INFINITY ? (int)fmaxf(-levels, fminf(levels, rintf(v[i] / s))) : 0;
@@ -480,8 +494,8 @@ static void int8_xwt(float *y, size_t ldy, const float *x, size_t ldx, const flo
             for (size_t k0 = 0; k0 < K; k0 += 32) {
                 const size_t ng = K - k0 < 32 ? K - k0 : 32;
                 float sx, sw;
-                quant_group(qx, x + m * ldx + k0, ng, &sx, xl);
-                quant_group(qw, W + n * K + k0, ng, &sw, 127.0f);
+                quant_group(qx, x + m * ldx + k0, ng, &sx, xl, false);
+                quant_group(qw, W + n * K + k0, ng, &sw, 127.0f, true);
                 if (!(sw > 0)) sw = 0;   /* the weights' quantizer stores s = 0 for an all-zero group */
                 int32_t isum = 0;
                 for (size_t i = 0; i < ng; i++) isum += qx[i] * qw[i];
@@ -575,7 +589,7 @@ static size_t qx_mismatches(const GemmQX *qx, const float *x, size_t M, size_t K
             const size_t ng = K - 32 * g < 32 ? K - 32 * g : 32;
             int ref[32];
             float s;
-            quant_group(ref, x + m * K + 32 * g, ng, &s, 8320.0f);
+            quant_group(ref, x + m * K + 32 * g, ng, &s, 8320.0f, false);
             int32_t sum = 0;
             for (size_t i = 0; i < 32; i++) {
                 const int want = i < ng ? ref[i] : 0;

@@ -243,7 +243,8 @@ Test(model, adamw_matches_torch)
 
 /* x (rows x K) rounded as dtype t stores it, written out from the
  * definitions (SPEC section 11): bf16 nearest even; int8 per row, groups
- * of 32 along K (the last K mod 32 long), s = amax / 127, (float)rne(x / s) s. */
+ * of 32 along K (the last K mod 32 long), s = bf16(amax / 127) (nearest
+ * even), (float)rne(x / s) s. */
 static void round_rows(float *x, size_t rows, size_t K, Dtype t)
 {
     for (size_t r = 0; r < rows; r++)
@@ -251,7 +252,11 @@ static void round_rows(float *x, size_t rows, size_t K, Dtype t)
             float *g = x + r * K + k0, amax = 0;
             const size_t n = K - k0 < 32 ? K - k0 : 32;
             for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(g[i]));
-            const float s = amax / 127.0f;
+            float s = amax / 127.0f;
+            uint32_t su;
+            memcpy(&su, &s, 4);
+            su = (su + 0x7fffu + ((su >> 16) & 1u)) & 0xffff0000u;
+            memcpy(&s, &su, 4);
             for (size_t i = 0; i < n; i++) {
                 if (t == DTYPE_BF16) {
                     uint32_t u;
@@ -327,7 +332,8 @@ static void check_serving(const char *file)
                 /* int8 products round x to 16 bits a group (core/ops/gemm_q8.h): close to the
                  * float32 forward of the rounded weights, not its bits (those of int8 serving are
                  * checked against the trainer's int8 forward elsewhere).  Measured: at most
-                 * 3.9e-5 with a float32 KV cache, every route equal; an int8 KV cache amplifies
+                 * 2.0e-4 with a float32 KV cache (v3router, all int8; 1.6e-4 before the
+                 * weight scales went to bf16, which moved the grid), every route equal; an int8 KV cache amplifies
                  * it (x's rounding moves a key across a rounding boundary of the cache): at most
                  * 0.0078, 2 routes of 304 apart.  W8A8 (x to 8 bits) was 100 times further. */
                 double dmax = 0;
@@ -336,7 +342,8 @@ static void check_serving(const char *file)
                 for (int li = 0; li < s.topo.layer_end - s.topo.layer_begin; li++)
                     if (s.layers[li].moe)
                         for (size_t i = 0; i < N * (size_t)s.k; i++, all++) same += sa.la[li].topk_idx[i] == c.a.la[li].topk_idx[i];
-                const double tol = kv == DTYPE_INT8 ? 0.02 : 2e-4;
+                fprintf(stderr, "DBG %s %.6g %zu/%zu\n", what, dmax, same, all);
+                const double tol = kv == DTYPE_INT8 ? 0.02 : 4e-4;
                 const size_t want = kv == DTYPE_INT8 ? all * 98 / 100 : all;
                 cr_expect(dmax < tol && same >= want, "%s: int8 max |logp - rounded-weights f32| %.3g (want < %g), "
                           "%zu of %zu routes equal (want >= %zu)", what, dmax, tol, same, all, want);

@@ -124,7 +124,7 @@ static void pack_range(void *vctx, size_t p0, size_t p1, int tid)
  * padding), so that a packed matrix is a function of its weights alone. */
 static void zero_padding(void *P, Dtype t, size_t N, size_t K)
 {
-    if (t == DTYPE_INT8) return;   /* no padding: whole 1152-byte group blocks */
+    if (t == DTYPE_INT8) return;   /* no padding: whole 1088-byte group blocks */
     unsigned char *b = P;
     const size_t np = panels_of(N), total = gemm_packed_bytes(t, N, K);
     const size_t used = np * K * GEMM_NR * dtype_size(t);

@@ -14,8 +14,8 @@
  * promise this (its M=1 and edge-tile paths round differently).
  *
  * Weights in 16 and 8 bits (SPEC section 11).  W may be held as float32,
- * bfloat16 or int8 with one float32 scale per group of 32 weights along K
- * (core/dtype.h).  bf16: the kernel widens each weight to the float32 it
+ * bfloat16 or int8 with one scale (a bfloat16 value) per group of 32
+ * weights along K (core/dtype.h).  bf16: the kernel widens each weight to the float32 it
  * stands for in registers (the 16 bits shifted up, exact) and runs the
  * chain above unchanged, so a bf16 product is bit for bit the float32
  * product with the rounded weights, on every path.  int8 (core/ops/gemm_q8.h):
@@ -35,7 +35,7 @@
  *           8 ((j-16)/4) + 4 + j%4 above: unpacking a row's words with zeros (per 128-bit lane)
  *           is then the widening, columns 0-15 and 16-31 in order
  *     int8  per panel, per group g: 1024 bytes of q + 128, four consecutive k of
- *           a column in 32 bits, then the group's 32 float scales (gemm_q8.h)
+ *           a column in 32 bits, then the group's 32 bf16 scales (gemm_q8.h)
  * A panel row (one k) is the 32 weights one broadcast of x[m][k] meets.  Every packed matrix takes
  * gemm_packed_bytes, a multiple of 64, so that matrices packed one after
  * the other (experts) stay aligned.
@@ -89,8 +89,9 @@ GemmW gemm_w_cols(const GemmW *W, size_t n0, size_t n);
  * packed values are those of `tandem ckpt quantize`.  Threaded over panels. */
 void gemm_pack(void *P, Dtype t, const float *W, size_t N, size_t K);
 /* Packs pre-quantized int8 weights: Q [N, K] and their scales S [N, G]
- * (row-major, as a quantized checkpoint stores them) into P as int8.
- * Threaded over panels. */
+ * (row-major, as a quantized checkpoint stores them; each a bfloat16
+ * value, as ckpt_q8_check_values makes sure, else rounded to one) into P
+ * as int8.  Threaded over panels. */
 void gemm_pack_q8(void *P, const int8_t *Q, const float *S, size_t N, size_t K);
 /* dst (K) = row n of W as the kernel sees it (dequantized).  Serial. */
 void gemm_unpack_row(float *dst, const GemmW *W, size_t n);

@@ -67,14 +67,15 @@ void gemm_q8_pack_panel(void *pan, const float *W, const int8_t *Q, const float 
             const size_t k0 = g * Q8_G, ng = td_min(Q8_G, K - k0);
             int8_t q[Q8_G] = { 0 };
             float s = 0.0f;
-            if (n < N && W) s = dtype_q8_quantize(q, W + n * K + k0, ng);
+            if (n < N && W) s = dtype_q8_quantize_weights(q, W + n * K + k0, ng);
             else if (n < N) {   /* pre-quantized */
                 memcpy(q, Q + n * K + k0, ng);
                 s = S[n * G + g];
             }
             uint8_t *blk = b + g * Q8_BLOCK;
             for (size_t i = 0; i < ng; i++) blk[((i / 4) * GEMM_NR + j) * 4 + i % 4] = (uint8_t)(q[i] + 128);
-            memcpy(blk + Q8_WBYTES + j * 4, &s, 4);
+            const uint16_t h = dtype_bf16_from_f32(s);   /* exact: a weight scale is a bf16 value */
+            memcpy(blk + Q8_WBYTES + j * 2, &h, 2);
         }
     }
 }
@@ -86,9 +87,9 @@ void gemm_q8_unpack_row(float *dst, const GemmW *W, size_t n)
     for (size_t k = 0; k < W->K; k++) {
         const uint8_t *blk = pan + k / Q8_G * Q8_BLOCK;
         const size_t i = k % Q8_G;
-        float s;
-        memcpy(&s, blk + Q8_WBYTES + j * 4, 4);
-        dst[k] = (float)((int)blk[((i / 4) * GEMM_NR + j) * 4 + i % 4] - 128) * s;
+        uint16_t h;
+        memcpy(&h, blk + Q8_WBYTES + j * 2, 2);
+        dst[k] = (float)((int)blk[((i / 4) * GEMM_NR + j) * 4 + i % 4] - 128) * dtype_f32_from_bf16(h);
     }
 }
 
@@ -359,12 +360,14 @@ ALWAYS_INLINE const int8_t *digits(const GemmQX *qx, int r, size_t g)
 }
 
 /* c = fma(sx * sw, (float)isum, c) for one vector of 16 columns, isum =
- * 129 sh + sl, sl having started from minus_bias */
+ * 129 sh + sl, sl having started from minus_bias; sw: 16 bf16 scales,
+ * widened exactly */
 ALWAYS_INLINE __m512 fold(__m512 c, __m512i sh, __m512i sl, __m512 sx, const uint8_t *sw)
 {
     const __m512i isum = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(sh, 7), sh), sl);
-    return _mm512_fmadd_ps(_mm512_mul_ps(sx, _mm512_loadu_ps((const float *)(const void *)sw)),
-                           _mm512_cvtepi32_ps(isum), c);
+    const __m512 w = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)sw)), 16));
+    return _mm512_fmadd_ps(_mm512_mul_ps(sx, w), _mm512_cvtepi32_ps(isum), c);
 }
 
 /* MR <= 2 rows x NP <= 4 full panels from panel p (MR NP <= 4: two sums
@@ -414,7 +417,7 @@ ALWAYS_INLINE void wide_vnni(const int MR, const int NP, float *y, size_t ldy, c
             const __m512 sx = _mm512_set1_ps(qx->s[r * G + g]);
 #pragma GCC unroll 8
             for (int v = 0; v < 2 * NP; v++)
-                c[r][v] = fold(c[r][v], sh[r][v], sl[r][v], sx, blk + (v / 2) * ps + Q8_WBYTES + (v % 2) * 64);
+                c[r][v] = fold(c[r][v], sh[r][v], sl[r][v], sx, blk + (v / 2) * ps + Q8_WBYTES + (v % 2) * 32);
         }
     }
 #pragma GCC unroll 2
@@ -457,7 +460,7 @@ ALWAYS_INLINE void tile_vnni(const int MR, float *y, size_t ldy, const GemmQX *q
         for (int r = 0; r < MR; r++) {
             const __m512 sx = _mm512_set1_ps(qx->s[r * G + g]);
             c[r][0] = fold(c[r][0], sh[r][0], sl[r][0], sx, blk + Q8_WBYTES);
-            c[r][1] = fold(c[r][1], sh[r][1], sl[r][1], sx, blk + Q8_WBYTES + 64);
+            c[r][1] = fold(c[r][1], sh[r][1], sl[r][1], sx, blk + Q8_WBYTES + 32);
         }
     }
     const __mmask16 m0 = ncols >= 16 ? 0xffff : (__mmask16)((1u << ncols) - 1);
@@ -528,11 +531,13 @@ ALWAYS_INLINE __m256i x4_pairs(const GemmQX *qx, int r, size_t g, int k4)
     return _mm256_set1_epi64x(v);
 }
 
-/* c = fma(sx * sw, (float)isum, c) for 8 columns */
+/* c = fma(sx * sw, (float)isum, c) for 8 columns; sw: 8 bf16 scales,
+ * widened exactly */
 ALWAYS_INLINE __m256 fold8(__m256 c, __m256i isum, float sx, const uint8_t *sw)
 {
-    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(sx), _mm256_loadu_ps((const float *)(const void *)sw)),
-                           _mm256_cvtepi32_ps(isum), c);
+    const __m256 w = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)sw)), 16));
+    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(sx), w), _mm256_cvtepi32_ps(isum), c);
 }
 
 ALWAYS_INLINE void store_cols(float *y, __m256 v, size_t nc)
@@ -570,7 +575,7 @@ ALWAYS_INLINE void cols8_avx2(const int MR, float *y, size_t ldy, const GemmQX *
 #pragma GCC unroll 4
         for (int r = 0; r < MR; r++)
             c[r] = fold8(c[r], cols_of(a0[r], a1[r], _mm256_set1_epi32(minus_bias(qx, r, g))), qx->s[r * G + g],
-                         blk + Q8_WBYTES + c0 * 4);
+                         blk + Q8_WBYTES + c0 * 2);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < MR; r++) store_cols(y + (size_t)r * ldy, c[r], nc);
@@ -599,7 +604,7 @@ static void row_panel_avx2(float *y, const GemmQX *qx, const GemmW *W, size_t p,
         const __m256i mb = _mm256_set1_epi32(minus_bias(qx, 0, g));
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++)
-            c[v] = fold8(c[v], cols_of(a[2 * v], a[2 * v + 1], mb), qx->s[g], blk + Q8_WBYTES + v * 32);
+            c[v] = fold8(c[v], cols_of(a[2 * v], a[2 * v + 1], mb), qx->s[g], blk + Q8_WBYTES + v * 16);
     }
     for (size_t v = 0; v < 4 && 8 * v < ncols; v++) store_cols(y + 8 * v, c[v], td_min(8, ncols - 8 * v));
 }
@@ -634,9 +639,9 @@ static void rows_tile(int MR, float *y, size_t ldy, const GemmQX *qx, const Gemm
                 const int16_t *xq = qx->q16 + r * qx->ldq / 2 + g * Q8_G;
                 int32_t s = 0;
                 for (size_t i = 0; i < Q8_G; i++) s += ((int32_t)blk[((i / 4) * GEMM_NR + j) * 4 + i % 4] - 128) * xq[i];
-                float sw;
-                memcpy(&sw, blk + Q8_WBYTES + j * 4, 4);
-                c = fmaf(qx->s[r * G + g] * sw, (float)s, c);
+                uint16_t sw;
+                memcpy(&sw, blk + Q8_WBYTES + j * 2, 2);
+                c = fmaf(qx->s[r * G + g] * dtype_f32_from_bf16(sw), (float)s, c);
             }
             y[(size_t)r * ldy + j] = c;
         }

@@ -1,6 +1,7 @@
 /* core/ops/gemm_q8.h - the int8 forward product (internal to core/ops/gemm.c).
  *
- * y = x W^T with W int8 (one float32 scale per group of 32 weights along K)
+ * y = x W^T with W int8 (one scale per group of 32 weights along K, a
+ * bfloat16 value: core/dtype.h)
  * and x rounded per row, on the fly, to integers of 14 bits in the same
  * groups (int8 weights x 14-bit activations): every group's dot product is
  * an exact integer sum, and only the combination of the groups is floating
@@ -37,8 +38,10 @@
  * weights, byte (k4 * 32 + j) * 4 + i = qw[p*32 + j][g*32 + 4*k4 + i] + 128
  * (k4 = 0..7, i = 0..3: four consecutive k of a column in one 32-bit lane,
  * vpdpbusd's unsigned operand; k past K and columns past N hold q = 0),
- * then 32 float scales sw[p*32 + j][g]: Q8_BLOCK = 1152 bytes a group, so
- * a panel's weights and scales are one sequential stream.
+ * then 32 scales sw[p*32 + j][g] as bfloat16 (widened exactly to float32
+ * where the group's sum is folded; float32 scales took 12.5% on top of the
+ * weights' bytes, these 6.25%): Q8_BLOCK = 1088 bytes a group (17 cache
+ * lines), so a panel's weights and scales are one sequential stream.
  */
 #ifndef TANDEM_CORE_OPS_GEMM_Q8_H
 #define TANDEM_CORE_OPS_GEMM_Q8_H
@@ -50,7 +53,7 @@
 
 #define Q8_G       DTYPE_Q8_GROUP                 /* k per group (32) */
 #define Q8_WBYTES  (Q8_G * GEMM_NR)               /* weight bytes of a group of a panel */
-#define Q8_BLOCK   (Q8_WBYTES + GEMM_NR * 4)      /* ... and its 32 scales */
+#define Q8_BLOCK   (Q8_WBYTES + GEMM_NR * 2)      /* ... and its 32 bf16 scales */
 
 #define Q8_QX      8320                           /* x's integer range, QX above */
 

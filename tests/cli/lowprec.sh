@@ -80,7 +80,8 @@ def visit(name, x):
         assert d.dtype == np.float32 and np.array_equal(d[()], W), name
         assert b.dtype == np.float32 and np.array_equal(b[()], W), name
         return
-    # int8 g32: groups of 32 along the last dim, s = amax / 127, q = rint(x / s) (ties to even)
+    # int8 g32: groups of 32 along the last dim, s = bf16(amax / 127) (the upper half of the
+    # float32, nearest even), q = rint(x / s) (ties to even)
     assert d.dtype == np.int8 and d.attrs["dtype"] == "int8_g32" and d.attrs["group_size"] == 32, name
     s = q8[name + ".scale"]
     K = W.shape[-1]
@@ -90,6 +91,8 @@ def visit(name, x):
     pad[..., :K] = W
     g = pad.reshape(W.shape[:-1] + (G, 32))
     sc = (np.abs(g).max(-1) / np.float32(127)).astype(np.float32)
+    su = sc.view(np.uint32).astype(np.uint64)
+    sc = ((su + 0x7FFF + ((su >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
     safe = np.where(sc > 0, sc, np.float32(1))
     q = np.clip(np.rint(g / safe[..., None]), -127, 127).astype(np.int8)
     q[sc == 0] = 0
@@ -392,6 +395,12 @@ expect_fail "a negative scale" "dataset /$Q.scale: .* negative" $T generate --ck
 corrupt zero "s = f[n + '.scale'][()]; s[3, 1, 0] = 0; f[n + '.scale'][...] = s"
 expect_fail "a zero scale for non-zero weights" "dataset /$Q.scale: scale 0 .* zero for non-zero weights" \
     $T generate --ckpt "$W/zero.h5" --prompt hi
+# a scale with bits below bfloat16's (as tandem wrote them before 2026-12-07): the GEMM holds
+# scales in 16 bits, so rounding it would serve other weights than the file's
+corrupt wide "s = f[n + '.scale'][()]; s[2, 7, 2] = np.nextafter(s[2, 7, 2], np.float32(1)); f[n + '.scale'][...] = s"
+expect_fail "a scale that is not a bfloat16 value" \
+    "dataset /$Q.scale: scale .* of row \[2, 7\], group 2 is not a bfloat16 value .*quantize the file again" \
+    $T generate --ckpt "$W/wide.h5" --prompt hi
 corrupt shape "s = f[n + '.scale'][()]; del f[n + '.scale']; f.create_dataset(n + '.scale', data=s[..., :1])"
 expect_fail "a scale dataset of the wrong shape" "dataset /$Q.scale: shape \[4,64,1\], expected \[4,64,3\]" \
     $T generate --ckpt "$W/shape.h5" --prompt hi

@@ -73,7 +73,7 @@ for ck in run hf; do
     [ $ck = run ] || dts="f32 int8" samps="sampled"
     for dt in $dts; do
         [ $dt != bf16 ] || samps="sampled"
-        case $dt in f32) xb=49152 mb=0.3 ;; bf16) xb=24576 mb=0.15 ;; int8) xb=13824 mb=0.09 ;; esac
+        case $dt in f32) xb=49152 mb=0.3 ;; bf16) xb=24576 mb=0.15 ;; int8) xb=13056 mb=0.09 ;; esac
         for sm in $samps; do
             samp="--temperature 0"
             [ $sm = greedy ] || samp="--temperature 1 --seed 7"
@@ -98,7 +98,7 @@ for c in "" "--expert-cache-mb 0.09"; do
         --json $c >"$TMP/q8${c:+_off}.json" 2>"$TMP/err" || { cat "$TMP/err"; fail "generate q8.h5 $c"; }
 done
 same "$TMP/q8.json" "$TMP/q8_off.json" "generate q8.h5"
-counters "$TMP/q8_off.json" 0.09 13824 "generate q8.h5"
+counters "$TMP/q8_off.json" 0.09 13056 "generate q8.h5"
 ok "generate from an int8 checkpoint: bit-identical offloaded"
 
 # the planner: weights = the non-expert ones + the cache, the bytes generate holds; its refusal

@@ -487,6 +487,14 @@ def qk_norm_cases():
 
 
 # ------------------------------------------------------------------ gptq
+def bf16_scale(a):
+    """A weight group's int8 scale a (float32) rounded to bfloat16, nearest
+    even (core/dtype.h: dtype_q8_weight_scale)."""
+    u = int(np.float32(a).view(np.uint32))
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return np.uint32(u).view(np.float32)
+
+
 def gptq_round_f32(w, U):
     """dtype_q8_quantize_row_gptq, one float32 IEEE operation at a time."""
     K = w.shape[0]
@@ -496,7 +504,7 @@ def gptq_round_f32(w, U):
     sc = np.float32(0)
     for k in range(K):
         if k % 32 == 0:
-            sc = np.float32(np.max(np.abs(w[k:k + 32])) / np.float32(127))
+            sc = bf16_scale(np.max(np.abs(w[k:k + 32])) / np.float32(127))
             if not sc > 0:
                 sc = np.float32(0)
             s[k // 32] = sc
@@ -512,7 +520,7 @@ def rtn_f32(w):
     K = w.shape[0]
     q = np.zeros(K, np.int32)
     for g in range(0, K, 32):
-        a = np.float32(np.max(np.abs(w[g:g + 32])) / np.float32(127))
+        a = bf16_scale(np.max(np.abs(w[g:g + 32])) / np.float32(127))
         q[g:g + 32] = np.clip(np.rint(w[g:g + 32] / a), -127, 127) if a > 0 else 0
     return q
 
