@@ -342,7 +342,6 @@ static void check_serving(const char *file)
                 for (int li = 0; li < s.topo.layer_end - s.topo.layer_begin; li++)
                     if (s.layers[li].moe)
                         for (size_t i = 0; i < N * (size_t)s.k; i++, all++) same += sa.la[li].topk_idx[i] == c.a.la[li].topk_idx[i];
-                fprintf(stderr, "DBG %s %.6g %zu/%zu\n", what, dmax, same, all);
                 const double tol = kv == DTYPE_INT8 ? 0.02 : 4e-4;
                 const size_t want = kv == DTYPE_INT8 ? all * 98 / 100 : all;
                 cr_expect(dmax < tol && same >= want, "%s: int8 max |logp - rounded-weights f32| %.3g (want < %g), "
