@@ -3,7 +3,7 @@
  *
  *   infer --ckpt CKPT [--threads 2,1] [--prompt 256] [--gen 128] [--batch 16]
  *         [--reps 3] [--batch-reps 1] [--only ttft,b1,b16]
- *         [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]
+ *         [--dtype f32|bf16|int8] [--kv-dtype auto|f32|bf16|int8]
  *         [--loop-b1 | --loop-bn SECONDS [--perf-ctl CTL_FIFO[,ACK_FIFO]]]
  *         [--compare W[:KV],W[:KV],... [--rounds 15]]
  *
@@ -512,7 +512,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: infer --ckpt CKPT [--threads 2,1] [--prompt 256] [--gen 128] [--batch 16]\n"
                             "             [--reps 3] [--batch-reps 1] [--only ttft,b1,b16]\n"
-                            "             [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
+                            "             [--dtype f32|bf16|int8] [--kv-dtype auto|f32|bf16|int8]\n"
                             "             [--loop-b1 | --loop-bn SECONDS [--perf-ctl CTL_FIFO[,ACK_FIFO]]]\n"
                             "             [--compare W[:KV],W[:KV],... [--rounds 15]]\n");
             return 2;

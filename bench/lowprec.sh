@@ -17,11 +17,13 @@
 #   speed    in LOWPREC_BENCH_ROUNDS rounds (default 2), interleaved: tandem
 #            (build/bench/infer --threads 2, TTFT of a 256-token prompt and
 #            batch-1 decode of 128 tokens, --dtype f32, bf16, int8 on the
-#            float32 file, over an f32 KV cache; then bf16 and int8 weights
-#            over a KV cache of their own dtype: the rows "decode, KV in that
-#            dtype", not a target) then llama.cpp (c_peer --threads 2 --kv
-#            f32, F32, BF16 and Q8_0 files); each figure the best of the
-#            rounds.  Then the five tandem decodes again, in turn in one
+#            float32 file, each with the KV cache serving holds it with by
+#            default (--kv-dtype auto: f32, bf16, bf16; vLLM's "auto"); then
+#            bf16 and int8 weights over a float32 KV cache: the rows "decode,
+#            KV f32", not a target) then llama.cpp (c_peer --threads 2, F32
+#            with --kv f32, BF16 and Q8_0 with --kv f16, its own default);
+#            each figure the best of the rounds.  Then the six tandem
+#            decodes (those five and int8 over an int8 KV cache) again, in turn in one
 #            process (build/bench/infer --compare, LOWPREC_BENCH_CMP_ROUNDS
 #            rounds, default 21, the order rotating): each round's ratios to
 #            f32 are taken within the round, and the targets are read off
@@ -36,7 +38,9 @@
 #   accuracy `tandem ckpt quantize --calib` on held-out windows (the
 #            validation split of fortunes, LOWPREC_BENCH_WINDOWS windows of
 #            256): perplexity change and the share of (token, MoE layer)
-#            whose top-k experts change, at int8 and bf16 weights, at int8
+#            whose top-k experts change (a float32 KV cache unless the row
+#            names one; *_kv_auto: serving's default, bf16 at these weights),
+#            at int8 and bf16 weights, at int8
 #            rounded by GPTQ (--gptq, factors from 64 windows of the train
 #            split; int8_gptq_ae_bf16: GPTQ int8 with the attention
 #            projections and the embedding in bf16), with the routers fitted
@@ -46,7 +50,7 @@
 #            if present, else configs/demo.json trained LOWPREC_BENCH_DEMO_STEPS
 #            steps here, default 300) and on each config's weights.
 # Each config's table also gives the bytes a decoded token reads at each
-# dtype (weights of the active experts and the f32 KV cache), their ratio
+# dtype (weights of the active experts and the KV cache), their ratio
 # to f32's and the GB/s each decode streamed: a dtype whose GB/s falls short
 # of f32's loses that share of its ratio to fixed per-token costs.
 # Targets (issue 15): decode bf16 >= 1.8x and int8 >= 3x tandem's f32, and
@@ -195,15 +199,20 @@ calib() {
     rm -f "$DIR/acc.tmp.h5"
 }
 accuracy() {   # MODEL_NAME CKPT [all]: the dtypes (all: also the embedding / lm_head choices)
-    set -- "$1" "$2" "${3:-}" "int8#--dtype int8" "bf16#--dtype bf16" "int8_kv_int8#--dtype int8 --kv-dtype int8" \
-        "int8_gptq#--dtype int8 --gptq" "int8_gptq_kv_int8#--dtype int8 --gptq --kv-dtype int8" \
-        "int8_gptq_ae_bf16#--dtype int8 --gptq --attn-dtype bf16 --embed-dtype bf16" \
+    # rows without "kv" in their name hold a float32 KV cache; *_kv_auto rows
+    # what serving holds by default (--kv-dtype auto: bf16 at these weights)
+    set -- "$1" "$2" "${3:-}" "int8#--dtype int8 --kv-dtype f32" "bf16#--dtype bf16 --kv-dtype f32" \
+        "int8_kv_int8#--dtype int8 --kv-dtype int8" \
+        "int8_gptq#--dtype int8 --gptq --kv-dtype f32" "int8_gptq_kv_int8#--dtype int8 --gptq --kv-dtype int8" \
+        "int8_gptq_ae_bf16#--dtype int8 --gptq --attn-dtype bf16 --embed-dtype bf16 --kv-dtype f32" \
         "kv_bf16#--dtype f32 --kv-dtype bf16" "kv_int8#--dtype f32 --kv-dtype int8" \
-        "int8_fit#--dtype int8 --fit-routers" "int8_gptq_fit#--dtype int8 --gptq --fit-routers" \
+        "int8_fit#--dtype int8 --fit-routers --kv-dtype f32" "int8_gptq_fit#--dtype int8 --gptq --fit-routers --kv-dtype f32" \
         "int8_gptq_kv_int8_fit#--dtype int8 --gptq --kv-dtype int8 --fit-routers" \
-        "kv_int8_fit#--dtype f32 --kv-dtype int8 --fit-routers"
-    [ "$3" = all ] && set -- "$@" "int8_embed_f32#--dtype int8 --embed-dtype f32" \
-        "int8_head_f32#--dtype int8 --head-dtype f32" "int8_both_f32#--dtype int8 --embed-dtype f32 --head-dtype f32"
+        "kv_int8_fit#--dtype f32 --kv-dtype int8 --fit-routers" \
+        "bf16_kv_auto#--dtype bf16" "int8_kv_auto#--dtype int8" "int8_fit_kv_auto#--dtype int8 --fit-routers"
+    [ "$3" = all ] && set -- "$@" "int8_embed_f32#--dtype int8 --embed-dtype f32 --kv-dtype f32" \
+        "int8_head_f32#--dtype int8 --head-dtype f32 --kv-dtype f32" \
+        "int8_both_f32#--dtype int8 --embed-dtype f32 --head-dtype f32 --kv-dtype f32"
     m=$1 ck=$2
     shift 3
     for a in "$@"; do
@@ -235,12 +244,13 @@ for cfg in $CONFIGS; do
     r=1
     while [ "$r" -le "$ROUNDS" ]; do
         note "round $r of $ROUNDS (load average $(loadavg))"
-        # f32, bf16, int8 weights over an f32 KV cache (the targets), then
-        # bf16 and int8 weights over a KV cache of the same dtype (kv rows)
-        for d in f32 bf16 int8 bf16kv int8kv; do
-            w=${d%kv}
-            kv=f32
-            [ "$w" = "$d" ] || kv=$w
+        # f32, bf16, int8 weights with the KV cache serving holds them with by
+        # default (--kv-dtype auto: f32, bf16, bf16; the targets), then bf16 and
+        # int8 weights over a float32 KV cache (the *kvf32 rows)
+        for d in f32 bf16 int8 bf16kvf32 int8kvf32; do
+            w=${d%kvf32}
+            kv=auto
+            [ "$w" = "$d" ] || kv=f32
             "$INFER" --ckpt "$h5" --dtype "$w" --kv-dtype "$kv" --threads 2 --prompt 256 --gen 128 --reps "$REPS" \
                 --only ttft,b1 >"$DIR/$cfg.lp.r$r.tandem_$d.json" 2>"$DIR/$cfg.lp.r$r.tandem_$d.err" ||
                 note "infer --dtype $w --kv-dtype $kv failed: $(tail -n 1 "$DIR/$cfg.lp.r$r.tandem_$d.err")"
@@ -248,17 +258,23 @@ for cfg in $CONFIGS; do
         if [ "$HAVE_LLAMA" = 1 ]; then
             for g in f32 bf16 q8_0; do
                 [ -s "$DIR/$cfg.$g.gguf" ] || continue
-                timeout "$PEER_TIMEOUT" "$PEER/c_peer" "$DIR/$cfg.$g.gguf" --threads 2 --kv f32 --prompt 256 --gen 128 \
+                # the KV cache each side holds by default at that dtype: f32 for
+                # F32 (as tandem's auto), f16 for BF16 and Q8_0 (llama.cpp's own
+                # default; tandem's auto holds bf16, the same bytes)
+                lkv=f16
+                [ "$g" != f32 ] || lkv=f32
+                timeout "$PEER_TIMEOUT" "$PEER/c_peer" "$DIR/$cfg.$g.gguf" --threads 2 --kv "$lkv" --prompt 256 --gen 128 \
                     --reps 5 >"$DIR/$cfg.lp.r$r.llama_$g.json" 2>"$DIR/$cfg.lp.r$r.llama_$g.err" ||
                     note "c_peer $g failed or timed out: $(tail -n 1 "$DIR/$cfg.lp.r$r.llama_$g.err")"
             done
         fi
         r=$((r + 1))
     done
-    # the targets' ratios: the five decodes in turn in one process, paired
-    # within each round (bench/infer.c, section "compare")
+    # the targets' ratios: the six decodes in turn in one process, paired
+    # within each round (bench/infer.c, section "compare"); an entry without
+    # ":KV" holds the KV cache as serving does by default (auto)
     note "decode in turn in one process, $CMP_ROUNDS rounds (load average $(loadavg))"
-    "$INFER" --ckpt "$h5" --compare f32,bf16,int8,bf16:bf16,int8:int8 --rounds "$CMP_ROUNDS" --threads 2 \
+    "$INFER" --ckpt "$h5" --compare f32,bf16,int8,bf16:f32,int8:f32,int8:int8 --rounds "$CMP_ROUNDS" --threads 2 \
         --prompt 256 --gen 128 >"$DIR/$cfg.lp.cmp.json" 2>"$DIR/$cfg.lp.cmp.err" ||
         note "infer --compare failed: $(tail -n 1 "$DIR/$cfg.lp.cmp.err")"
     note "resident memory of tandem serve"
@@ -334,12 +350,12 @@ acc_rows = []
 for model in ["demo"] + cfgs:
     for a in ["bf16", "int8", "int8_embed_f32", "int8_head_f32", "int8_both_f32", "int8_kv_int8", "int8_gptq",
               "int8_gptq_kv_int8", "int8_gptq_ae_bf16", "kv_bf16", "kv_int8", "int8_fit", "int8_gptq_fit",
-              "int8_gptq_kv_int8_fit", "kv_int8_fit"]:
+              "int8_gptq_kv_int8_fit", "kv_int8_fit", "bf16_kv_auto", "int8_kv_auto", "int8_fit_kv_auto"]:
         c = load_json("acc_%s_%s.json" % (model, a))
         if not c:
             continue
         summary["accuracy"]["%s_%s" % (model, a)] = c
-        budget = 0.1 if a == "bf16" or a == "kv_bf16" else 1.0
+        budget = 0.1 if a in ("bf16", "kv_bf16", "bf16_kv_auto") else 1.0
         acc_rows.append((model, a, c["ppl_f32"], c["ppl"], c["ppl_change_pct"], 100 * (1 - c["topk_changed_share"]),
                          abs(c["ppl_change_pct"]) <= budget and c["topk_changed_share"] <= 0.01, budget))
 print()
@@ -351,7 +367,7 @@ for m, a, pf, pq, ch, same, ok, budget in acc_rows:
 
 for cfg in cfgs:
     rows = []
-    tb = {dt: best(cfg, "tandem_" + dt, t_b1) for dt in ("f32", "bf16", "int8", "bf16kv", "int8kv")}
+    tb = {dt: best(cfg, "tandem_" + dt, t_b1) for dt in ("f32", "bf16", "int8", "bf16kvf32", "int8kvf32")}
     tt = {dt: best(cfg, "tandem_" + dt, t_ttft, min) for dt in ("f32", "bf16", "int8")}
     lb = {g: best(cfg, "llama_" + g, l_b1) for g in ("f32", "bf16", "q8_0")}
     lt = {g: best(cfg, "llama_" + g, l_ttft, min) for g in ("f32", "bf16", "q8_0")}
@@ -361,11 +377,13 @@ for cfg in cfgs:
     print()
     print("== %s (each figure the best of %d rounds; by round in brackets)" % (cfg, rounds))
     print("  %-30s %10s %10s %10s   %s" % ("", "f32", "bf16", "int8", "target"))
+    print("  %-30s %10s %10s %10s" % ("KV cache (--kv-dtype auto)", "f32", "bf16", "bf16"))
     # the targets: the decodes in turn in one process, the median over its
     # rounds of each round's ratio to f32
     cmp_run = load_json("%s.lp.cmp.json" % cfg) or {}
     cmp = {e["entry"]: e for e in cmp_run.get("entries", [])}
-    cx = {k: cmp[k]["x_first_median"] if k in cmp else None for k in ("f32", "bf16", "int8", "bf16:bf16", "int8:int8")}
+    cx = {k: cmp[k]["x_first_median"] if k in cmp else None
+          for k in ("f32", "bf16", "int8", "bf16:f32", "int8:f32", "int8:int8")}
     n_cmp = cmp_run.get("rounds", 0)
     print("  %-30s %10s %10s %10s" % ("decode in turn, one process", *[fmt(cmp[k]["b1_tok_s_median"] if k in cmp else None)
                                                                     for k in ("f32", "bf16", "int8")]))
@@ -374,20 +392,21 @@ for cfg in cfgs:
         verdict(None if cx["bf16"] is None else cx["bf16"] >= 1.8), verdict(None if cx["int8"] is None else cx["int8"] >= 3.0)))
     print("  %-30s %10s %10s %10s" % ("  rounds' range", "", *["%.2f-%.2fx" % tuple(cmp[k]["x_first_min_max"]) if k in cmp else "-"
                                                               for k in ("bf16", "int8")]))
-    print("  %-30s %10s %10s %10s" % ("  KV in that dtype: x f32", "", *["n/a" if cx[k] is None else "%.2fx" % cx[k]
-                                                                       for k in ("bf16:bf16", "int8:int8")]))
+    print("  %-30s %10s %10s %10s" % ("  KV f32: x f32", "", *["n/a" if cx[k] is None else "%.2fx" % cx[k]
+                                                             for k in ("bf16:f32", "int8:f32")]))
+    print("  %-30s %10s %10s %10s" % ("  KV int8: x f32", "", "", "n/a" if cx["int8:int8"] is None else "%.2fx" % cx["int8:int8"]))
     f = tb["f32"][0]
     print("  %-30s %10s %10s %10s" % ("decode b1 tok/s (1/p50)", fmt(f), fmt(tb["bf16"][0]), fmt(tb["int8"][0])))
     print("  %-30s %10s %10s %10s" % ("  x tandem f32 (of the bests)", "1.00x", ratio(tb["bf16"][0], f), ratio(tb["int8"][0], f)))
     print("  %-30s %10s %10s %10s" % ("  by round", *["/".join("%.0f" % v for v in tb[dt][1]) or "-" for dt in ("f32", "bf16", "int8")]))
     # what bandwidth alone allows: the bytes a decoded token reads (weights
-    # of the active experts, and the KV cache -- float32, or the weights'
-    # dtype in the *kv runs -- at its mean length over the decode), f32's
+    # of the active experts, and the KV cache -- auto's, or float32 in the
+    # *kvf32 runs -- at its mean length over the decode), f32's
     # bytes over each dtype's (the ratio if every
     # byte came from memory at one rate; experts still cached from the
     # last tokens can beat it), and the rate they streamed at
     by = {}
-    for dt in ("f32", "bf16", "int8", "bf16kv", "int8kv"):
+    for dt in ("f32", "bf16", "int8", "bf16kvf32", "int8kvf32"):
         o = load_json("%s.lp.r1.tandem_%s.json" % (cfg, dt)) or {}
         a = o.get("acct", {})
         if a.get("w_active_bytes") and o.get("prompt") is not None:
@@ -396,13 +415,16 @@ for cfg in cfgs:
     print("  %-30s %10s %10s %10s" % ("  f32 bytes / these", "1.00x", *[ratio(by.get("f32"), by.get(dt)) for dt in ("bf16", "int8")]))
     print("  %-30s %10s %10s %10s" % ("  GB/s streamed", *[fmt(by[dt] * tb[dt][0] / 1e9 if dt in by and tb[dt][0] else None)
                                                             for dt in ("f32", "bf16", "int8")]))
-    # the same weights over a KV cache of their own dtype (not a target:
-    # the targets and llama.cpp's runs keep an f32 cache)
-    print("  %-30s %10s %10s %10s" % ("decode, KV in that dtype", fmt(f), fmt(tb["bf16kv"][0]), fmt(tb["int8kv"][0])))
-    print("  %-30s %10s %10s %10s" % ("  x tandem f32", "1.00x", ratio(tb["bf16kv"][0], f), ratio(tb["int8kv"][0], f)))
-    print("  %-30s %10s %10s %10s" % ("  by round", "", *["/".join("%.0f" % v for v in tb[dt][1]) or "-" for dt in ("bf16kv", "int8kv")]))
-    print("  %-30s %10s %10s %10s" % ("  f32 bytes / these", "1.00x", *[ratio(by.get("f32"), by.get(dt)) for dt in ("bf16kv", "int8kv")]))
+    # the same weights over a float32 KV cache (not a target: the like-for-like
+    # of the float32 run's bytes outside the matrices)
+    print("  %-30s %10s %10s %10s" % ("decode, KV f32", fmt(f), fmt(tb["bf16kvf32"][0]), fmt(tb["int8kvf32"][0])))
+    print("  %-30s %10s %10s %10s" % ("  x tandem f32", "1.00x", ratio(tb["bf16kvf32"][0], f), ratio(tb["int8kvf32"][0], f)))
+    print("  %-30s %10s %10s %10s" % ("  by round", "", *["/".join("%.0f" % v for v in tb[dt][1]) or "-"
+                                                         for dt in ("bf16kvf32", "int8kvf32")]))
+    print("  %-30s %10s %10s %10s" % ("  f32 bytes / these", "1.00x", *[ratio(by.get("f32"), by.get(dt))
+                                                                   for dt in ("bf16kvf32", "int8kvf32")]))
     print("  %-30s %10s %10s %10s" % ("llama.cpp F32/BF16/Q8_0 tok/s", fmt(lb["f32"][0]), fmt(lb["bf16"][0]), fmt(lb["q8_0"][0])))
+    print("  %-30s %10s %10s %10s" % ("  its KV cache (--kv)", "f32", "f16", "f16"))
     oks = [tb[dt][0] / lb[peer[dt]][0] >= 1.0 for dt in ("bf16", "int8") if tb[dt][0] and lb[peer[dt]][0]]
     print("  %-30s %10s %10s %10s   >= 1.0x at BF16 and Q8_0: %s" % (
         "  tandem x llama.cpp", *[ratio(tb[dt][0], lb[peer[dt]][0]) for dt in ("f32", "bf16", "int8")],

@@ -55,11 +55,44 @@ int ckpt_serve_dtypes(ServeDtypes *sd, const char *dtype, const char *kv_dtype, 
         }
         sd->dtype_set = true;
     }
-    if (kv_dtype && dtype_parse(kv_dtype, &sd->kv)) {
-        (void)td_snprintf(err, err_len, "--kv-dtype must be f32, bf16 or int8, not \"%s\"", kv_dtype);
-        return -1;
+    if (kv_dtype && strcmp(kv_dtype, "auto") != 0) {
+        if (dtype_parse(kv_dtype, &sd->kv)) {
+            (void)td_snprintf(err, err_len, "--kv-dtype must be auto, f32, bf16 or int8, not \"%s\"", kv_dtype);
+            return -1;
+        }
+        sd->kv_set = true;
     }
     return 0;
+}
+
+/* Is path a file `ckpt quantize` wrote in bf16 or int8? */
+static bool quantized_low(const char *path)
+{
+    hid_t f = ckpt_h5_open(path);
+    if (f < 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return false;
+    }
+    char *q = NULL;
+    const bool low = ckpt_h5_get_str(f, "quantized", &q) == 0 && (!strcmp(q, "bf16") || !strcmp(q, "int8"));
+    td_free(q);
+    H5Fclose(f);
+    H5Eclear2(H5E_DEFAULT);
+    return low;
+}
+
+Dtype ckpt_serve_kv_auto(const char *path, const ServeDtypes *sd)
+{
+    Dtype fit;
+    if (path && ckpt_router_fit_kv(path, &fit)) return fit;
+    const bool low = sd->dtype_set ? sd->dtype != DTYPE_F32 : path && quantized_low(path);
+    return low ? DTYPE_BF16 : DTYPE_F32;
+}
+
+/* The KV dtype sd asks for (path: the file served; NULL: not a tandem file). */
+static Dtype serve_kv(const ServeDtypes *sd, const char *path)
+{
+    return sd->kv_set ? sd->kv : ckpt_serve_kv_auto(path, sd);
 }
 
 /* ---------------------------------------------------------------- checks */
@@ -624,7 +657,7 @@ int ckpt_open_serving(const char *path, Model *m, const Topology *topo, const Se
     memset(m, 0, sizeof *m);
     if (!is_tandem(path) && sd->expert_cache) {
         if (open_hf_offload(path, m, topo, sd, err, err_len)) return -1;
-        m->attn.kv = sd->kv;
+        m->attn.kv = serve_kv(sd, NULL);
         return 0;
     }
     if (!is_tandem(path)) {
@@ -638,7 +671,7 @@ int ckpt_open_serving(const char *path, Model *m, const Topology *topo, const Se
         model_init_serving(m, &f32.cfg, &f32.topo, f32.attn.bs, &dt);
         model_quantize_from(m, &f32);
         model_free(&f32);
-        m->attn.kv = sd->kv;
+        m->attn.kv = serve_kv(sd, NULL);
         return 0;
     }
     char file[PATH_MAX];
@@ -668,7 +701,7 @@ int ckpt_open_serving(const char *path, Model *m, const Topology *topo, const Se
         model_free(m);
         return -1;
     }
-    m->attn.kv = sd->kv;
+    m->attn.kv = serve_kv(sd, file);
     return 0;
 }
 

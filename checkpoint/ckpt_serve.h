@@ -43,13 +43,15 @@
 typedef struct {
     bool dtype_set;   /* false: serve what the checkpoint stores (int8, bf16; f16 and f32 as f32) */
     Dtype dtype;      /* --dtype */
+    bool kv_set;      /* false: --kv-dtype auto (ckpt_serve_kv_auto) */
     Dtype kv;         /* --kv-dtype */
     bool expert_cache;            /* --expert-cache-mb given: routed experts offloaded */
     size_t expert_cache_bytes;    /* its budget */
 } ServeDtypes;
 
-/* Parses --dtype and --kv-dtype values (NULL: not given).  0, or -1 with
- * one line in err naming the option. */
+/* Parses --dtype and --kv-dtype values (NULL: not given; --kv-dtype
+ * "auto" is the same as not given).  0, or -1 with one line in err naming
+ * the option. */
 int ckpt_serve_dtypes(ServeDtypes *sd, const char *dtype, const char *kv_dtype, char *err, size_t err_len);
 
 /* Parses --expert-cache-mb (NULL: not given, the experts resident) into
@@ -115,6 +117,18 @@ int ckpt_quantize(const char *in, const char *out, const ModelDtypes *dt, const 
  * and then the KV dtype they were fitted for in *kv.  false for anything
  * else (no such attribute, a Hugging Face directory, an unreadable file). */
 bool ckpt_router_fit_kv(const char *path, Dtype *kv);
+
+/* --kv-dtype auto for path (NULL: not a tandem file) served as sd asks:
+ * the KV dtype path's routers were fitted to (ckpt_router_fit_kv); else
+ * bfloat16 when the weights are held in low precision by choice --
+ * --dtype bf16 or int8, or, without --dtype, a file `ckpt quantize` wrote
+ * in bf16 or int8 (root attribute quantized) -- and float32 otherwise (a
+ * training checkpoint, an imported bf16 release served as stored: their
+ * bf16 weights are exact in float32, and so stays their attention).
+ * bf16, not int8: int8 weights compute in float32 over the rounded
+ * weights as bf16 ones do, and an int8 cache costs routing accuracy
+ * (docs/serving.md). */
+Dtype ckpt_serve_kv_auto(const char *path, const ServeDtypes *sd);
 
 /* A float32 tensor to write: tandem's name (e.g.
  * "model/layers/0/mlp/gate") and its numel values. */

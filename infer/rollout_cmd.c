@@ -54,7 +54,7 @@ static const char *const g_rollout_help =
     "                      [--top-k 0] [--top-p 1] [--seed 0] [--stop STR ...] [--ignore-eos]\n"
     "                      [--kv-mb 256] [--max-running 64] [--max-batch-tokens 512]\n"
     "                      [--prefill-chunk 256] [--wait-timeout 60] [--no-prefix-cache]\n"
-    "                      [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--expert-cache-mb N]\n"
+    "                      [--dtype f32|bf16|int8] [--kv-dtype auto|f32|bf16|int8] [--expert-cache-mb N]\n"
     "RL rollout worker.  Each line of P.jsonl is an object with \"prompt\" (text,\n"
     "encoded by the checkpoint's tokenizer as HF's tokenizer(text) does; byte-level\n"
     "when the checkpoint holds none) or \"prompt_ids\" (token ids), and optionally\n"

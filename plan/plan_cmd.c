@@ -28,8 +28,8 @@ static const char *const g_help =
     "runs one sequence per dp rank, grad_accum = G / dp) and sp=true (sequence\n"
     "parallelism in the layouts with tp > 1); serving keys: context (8192), concurrency (64 sequences per\n"
     "instance), max_batch_tokens (512), prefill_chunk (256), dtype (bf16),\n"
-    "kv_dtype (bf16).  Per rank: weights, gradients, optimizer, activations,\n"
-    "kv_cache, comm, workspace, total (what tandem's allocator will count);\n"
+    "kv_dtype (f32 with dtype=f32, else bf16: tandem serve --dtype D's default).\n"
+    "Per rank: weights, gradients, optimizer, activations, kv_cache, comm, workspace, total (what tandem's allocator will count);\n"
     "bytes per step of each group (tp, ep, pp, dp, cp) and an estimated step time\n"
     "from --tflops (sustained per device) and the link bandwidths (GB/s per rank,\n"
     "--intra-gbs inside a node of --node-size devices, --inter-gbs between nodes).\n"
@@ -382,6 +382,10 @@ int cmd_plan(int argc, char **argv)
             train_over[n_train++] = (char *)kv;
         }
     }
+    /* kv_dtype not given: serving's --kv-dtype auto (f32 with float32 weights, bf16 otherwise) */
+    bool kv_given = false;
+    for (int i = 1; i < ap.n_pos; i++) kv_given |= !strncmp(ap.pos[i], "kv_dtype=", 9);
+    if (!kv_given) o.kv_dtype = o.dtype == DTYPE_F32 ? DTYPE_F32 : DTYPE_BF16;
     PlanLayout given;
     if (args_get(&ap, "layout") && parse_layout(args_get(&ap, "layout"), &given, err, sizeof err)) {
         td_error("%s", err);

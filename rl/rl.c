@@ -16,7 +16,8 @@
  * rollout_dtype=bf16|int8: the engine generates from a serving model q
  * holding the weights in that dtype (re-quantized from the float32 weights
  * after every step's updates, model_quantize_from; the split placement
- * broadcasts q itself, 2 or ~3.6 times fewer bytes).  The behaviour
+ * broadcasts q itself, 2 or ~3.6 times fewer bytes) and its KV cache in
+ * bf16, as `tandem rollout --dtype` holds it by default (--kv-dtype auto).  The behaviour
  * log-probabilities -- old, the ones the ratio divides by, and the ones
  * logprob_diff_max compares with the rollout's -- are the trainer's
  * forward on q: the same kernels on the same rounded weights, so they equal
@@ -28,6 +29,7 @@
 #include "rl/rl.h"
 #include "checkpoint/ckpt.h"
 #include "checkpoint/ckpt_model.h"
+#include "checkpoint/ckpt_serve.h"
 #include "comm/comm.h"
 #include "core/model/backprop.h"
 #include "core/common.h"
@@ -869,6 +871,8 @@ static int rl_setup(Rl *r)
     if (rd != DTYPE_F32) {
         const ModelDtypes dt = model_dtypes_default(rd);
         model_init_serving(&r->q, &cfg, &r->topo, 16, &dt);
+        const ServeDtypes sd = { .dtype_set = true, .dtype = rd };
+        r->q.attn.kv = ckpt_serve_kv_auto(NULL, &sd);   /* as `tandem rollout --dtype` holds it by default */
         if (r->train_rank) model_quantize_from(&r->q, &r->m);
         r->have_q = true;
         r->gen = &r->q;

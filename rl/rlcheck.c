@@ -367,7 +367,7 @@ static int rlcheck_cmd_run(Args *ap, int argc, char **argv)
     }
     if (help) {
         printf("usage: tandem score --rollout OUT.jsonl --ckpt CKPT|RUN_DIR [--batch 8]\n"
-               "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8]\n"
+               "                    [--dtype f32|bf16|int8] [--kv-dtype auto|f32|bf16|int8]\n"
                "Recomputes, with the training forward, the log-probability of every generated\n"
                "token of a `tandem rollout` output and the experts it was routed to, and\n"
                "prints {\"samples\", \"tokens\", \"routes\", \"logprob_diff_max\", \"routing_mismatch\",\n"

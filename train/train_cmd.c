@@ -247,14 +247,14 @@ static int score_run(Args *ap, int argc, char **argv)
     }
     if (ap->help) {
         printf("usage: tandem score --ckpt CKPT (--data DATA.bin | --text FILE) --seq-len T --output OUT.h5 [--batch 8]\n"
-               "                    [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--expert-cache-mb N]\n"
+               "                    [--dtype f32|bf16|int8] [--kv-dtype auto|f32|bf16|int8] [--expert-cache-mb N]\n"
                "Scores consecutive whole windows from the start of the token stream: window i\n"
                "has inputs [iT, (i+1)T) and targets [iT+1, (i+1)T+1).  Writes /logprobs [N, T]\n"
                "float32 and the mean loss as the attribute `loss`.  --text FILE is encoded by\n"
                "the checkpoint's tokenizer (byte-level when it holds none).  --dtype and\n"
                "--kv-dtype score with the weights and KV cache `tandem generate` would hold\n"
-               "(default: weights as stored, KV float32): the log-probabilities are then\n"
-               "generate's, bit for bit.\n"
+               "(default: weights as stored, KV auto, as generate's): the log-probabilities\n"
+               "are then generate's, bit for bit.\n"
                "tandem score --rollout OUT.jsonl --ckpt CKPT|RUN_DIR checks a `tandem rollout`\n"
                "output against the training forward (tandem score --rollout --help).\n");
         return 0;
@@ -333,7 +333,7 @@ static int eval_run(Args *ap, int argc, char **argv)
     if (ap->help) {
         printf("usage: tandem eval --ckpt CKPT (--data DATA.bin [--split val|train|all] | --text FILE)\n"
                "                   [--seq-len 256] [--batch 8] [--max-windows N]\n"
-               "                   [--dtype f32|bf16|int8] [--kv-dtype f32|bf16|int8] [--expert-cache-mb N]\n"
+               "                   [--dtype f32|bf16|int8] [--kv-dtype auto|f32|bf16|int8] [--expert-cache-mb N]\n"
                "Mean loss and perplexity over consecutive windows of the split (default val),\n"
                "printed as one JSON object.\n");
         return 0;

@@ -276,7 +276,8 @@ import json, sys, h5py, numpy as np
 w = sys.argv[1]
 qn, qf = h5py.File(w + "/qn.h5"), h5py.File(w + "/qf.h5")
 fit = json.loads(qf.attrs["router_fit"])
-assert fit == {"kv_dtype": "f32", "split": "train", "windows": 16, "seq_len": 64, "ridge": 0.01}, fit
+# fitted over the KV cache int8 weights are served with by default (--kv-dtype auto: bf16)
+assert fit == {"kv_dtype": "bf16", "split": "train", "windows": 16, "seq_len": 64, "ridge": 0.01}, fit
 assert "router_fit" not in qn.attrs
 assert sorted(qn.attrs) == sorted(k for k in qf.attrs if k != "router_fit")
 for k in qn.attrs:
@@ -299,7 +300,8 @@ def visit(name, x):
 qf.visititems(visit)
 lines = [json.loads(l) for l in open(w + "/qf.jsonl")]
 rep = [l for l in lines if "fit_routers" in l][0]
-assert rep["fit_routers"] == 2 and rep["windows"] == 16 and rep["kv_dtype"] == "f32", rep
+assert rep["fit_routers"] == 2 and rep["windows"] == 16 and rep["kv_dtype"] == "bf16", rep
+assert [l for l in lines if "calib" in l][0]["kv_dtype"] == "bf16"
 assert all(a < b for a, b in zip(rep["logit_rmse_after"], rep["logit_rmse_before"])), rep
 log = open(w + "/qf.log").read()
 for l, name in ((2, routers[0]), (3, routers[1])):
@@ -312,17 +314,28 @@ print("  fitted: top-k changed %.4f -> %.4f, logit rmse %s -> %s" % (cn["topk_ch
 EOF
 $T ckpt verify "$W/qf.h5" >/dev/null && gen --ckpt "$W/qf.h5" >"$W/g.json" && ok "--fit-routers: the file verifies and serves" ||
     bad "--fit-routers file: verify or generate"
-# the server notes a KV dtype other than the one the routers were fitted for
+# the server notes a KV dtype other than the one the routers were fitted for;
+# by default (--kv-dtype auto) it holds the KV cache in the fitted dtype
 (
     serve_setup
     start_server "$W/qf.h5" --quiet --kv-dtype int8
-    grep -q '^tandem: serve: note: the routers were fitted for a KV cache in f32 .* holds it in int8: --kv-dtype f32' \
+    grep -q '^tandem: serve: note: the routers were fitted for a KV cache in bf16 .* holds it in int8: --kv-dtype bf16' \
         "$W/serve.log" || fail "no note of the KV dtype the routers were fitted for: $(cat "$W/serve.log")"
     stop_server
     start_server "$W/qf.h5" --quiet
     ! grep -q 'routers were fitted' "$W/serve.log" || fail "a note with the fitted KV dtype: $(cat "$W/serve.log")"
+    grep -q '^tandem: serving .* KV cache bf16 ' "$W/serve.log" || fail "auto KV not the fitted bf16: $(cat "$W/serve.log")"
     stop_server
-) && ok "serve: a note when the KV dtype is not the one the routers were fitted for, none when it is" || fail=1
+    cp "$W/qf.h5" "$W/qf8.h5"
+    $PY -c "
+import h5py, json
+f = h5py.File('$W/qf8.h5', 'r+'); a = json.loads(f.attrs['router_fit']); a['kv_dtype'] = 'int8'
+f.attrs['router_fit'] = json.dumps(a); f.close()"
+    start_server "$W/qf8.h5" --quiet
+    grep -q '^tandem: serving .* KV cache int8 ' "$W/serve.log" || fail "auto KV not the fitted int8: $(cat "$W/serve.log")"
+    ! grep -q 'routers were fitted' "$W/serve.log" || fail "a note with the fitted KV dtype: $(cat "$W/serve.log")"
+    stop_server
+) && ok "serve: a note when the KV dtype is not the one the routers were fitted for; by default the fitted one" || fail=1
 [ ! -e "$W/qf.h5.unfitted" ] && ok "--fit-routers: no staged file left" || bad "--fit-routers left $W/qf.h5.unfitted"
 expect_fail "--fit-routers without --calib" "it needs --calib" $T ckpt quantize "$W/run" "$W/qq.h5" --dtype int8 --fit-routers
 # a fit that fails publishes nothing: a token file of another vocabulary
@@ -372,6 +385,24 @@ sys.exit(0 if a['ids'] == b['ids'] and a['logprobs'] == b['logprobs'] != c['logp
         fail "start-up line without the attention dtype: $(grep '^tandem: serving' "$W/serve.log")"
     stop_server
 ) && ok "serve: the start-up line says weights int8 (attention bf16); /health, clean stop" || fail=1
+# --kv-dtype auto (the default): weights held in bf16 or int8 by choice
+# (--dtype, or a file ckpt quantize wrote) get a bf16 KV cache, anything else
+# a float32 one -- a bf16 file that is not a quantized one (rb.h5, as an
+# imported bf16 release is) included (files without fitted routers)
+$T ckpt reshard "$W/run" "$W/rb.h5" --weights-only --dtype bf16 >/dev/null 2>&1 || bad "ckpt reshard --dtype bf16"
+(
+    serve_setup
+    for c in "run f32 f32" "run bf16 bf16" "run int8 bf16" "q8.h5 - bf16" "qa.h5 auto-int8 bf16" "rb.h5 - f32" \
+        "rb.h5 bf16 bf16" "q8.h5 f32 f32"; do
+        set -- $c
+        case $2 in -) a="" ;; auto-*) a="--dtype ${2#auto-} --kv-dtype auto" ;; *) a="--dtype $2" ;; esac
+        # shellcheck disable=SC2086
+        start_server "$W/$1" --quiet $a
+        grep -q "^tandem: serving .* KV cache $3 " "$W/serve.log" ||
+            fail "$1 $a: the KV cache is not $3: $(grep '^tandem: serving' "$W/serve.log")"
+        stop_server
+    done
+) && ok "--kv-dtype auto: KV bf16 for --dtype bf16|int8 and quantized files, f32 otherwise" || fail=1
 expect_fail "--attn-dtype garbage" "--attn-dtype must be f32, bf16 or int8" \
     $T ckpt quantize "$W/run" "$W/qq.h5" --dtype int8 --attn-dtype int4
 
@@ -436,7 +467,7 @@ expect_fail "verify refuses groups of 64" "dataset /$Q: int8 in groups of 64" $T
 expect_fail "training from an int8 file" "is int8 (a quantized serving checkpoint)" $T train configs/tiny.json data="$DATA" "$M" steps=1 init_from="$W/q8.h5" out_dir="$W/t"
 expect_fail "quantizing a quantized file" "already quantized" $T ckpt quantize "$W/q8.h5" "$W/qq.h5" --dtype int8
 expect_fail "quantize: a bad dtype" "--dtype must be bf16 or int8" $T ckpt quantize "$W/run" "$W/qq.h5" --dtype int4
-expect_fail "generate: a bad --kv-dtype" "--kv-dtype must be f32, bf16 or int8" $T generate --ckpt "$W/run" --prompt hi --kv-dtype fp8
+expect_fail "generate: a bad --kv-dtype" "--kv-dtype must be auto, f32, bf16 or int8" $T generate --ckpt "$W/run" --prompt hi --kv-dtype fp8
 [ ! -e "$W/qq.h5" ] && ok "nothing written on failure" || bad "quantize left a file on failure"
 
 [ $fail -eq 0 ] && echo "lowprec.sh: all passed" || { echo "lowprec.sh: FAILED"; exit 1; }

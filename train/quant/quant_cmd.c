@@ -33,21 +33,23 @@ static const char *const g_help =
     "usage: tandem ckpt quantize IN OUT.h5 --dtype bf16|int8 [--embed-dtype D] [--head-dtype D]\n"
     "                            [--attn-dtype D]\n"
     "                            [--calib DATA.bin [--split val|train|all] [--seq-len 256]\n"
-    "                             [--windows 16] [--kv-dtype f32|bf16|int8]\n"
+    "                             [--windows 16] [--kv-dtype auto|f32|bf16|int8]\n"
     "                             [--gptq [--gptq-windows 64] [--gptq-damp 0.01]]\n"
     "                             [--fit-routers [--fit-windows 64] [--fit-ridge 0.01]]]\n"
     "Writes OUT.h5, the checkpoint IN (a float32, f16 or bf16 checkpoint, or a run\n"
-    "directory: its latest) with its matrices in bf16, or int8 with one float32\n"
-    "scale per 32 weights along the input dim; routers (mlp/gate), norms, biases and\n"
+    "directory: its latest) with its matrices in bf16, or int8 with one scale (a\n"
+    "bfloat16 value) per 32 weights along the input dim; routers (mlp/gate), norms, biases and\n"
     "shared_expert_gate stay float32 (docs/checkpoint.md).  --embed-dtype and\n"
     "--head-dtype override what the embedding and lm_head get (default: --dtype's\n"
     "plan, docs/serving.md), --attn-dtype what the attention projections get\n"
     "(self_attn/*_proj; default --dtype).  Prints one JSON line per tensor\n"
     "(relative error); with --calib, the perplexity of IN (float32) and of OUT on\n"
     "--windows windows of the token file, and the share of tokens whose top-k\n"
-    "experts change, per MoE layer and overall (OUT computed with --kv-dtype,\n"
-    "default f32).  --dtype f32 copies the weights and, with --kv-dtype, measures\n"
-    "the KV dtype alone.\n"
+    "experts change, per MoE layer and overall (OUT computed with --kv-dtype;\n"
+    "default auto, what serving OUT holds it in by default: bf16 for bf16 and\n"
+    "int8 files, f32 for --dtype f32 copies, or the KV dtype of a fit).\n"
+    "--dtype f32 copies the weights and, with --kv-dtype, measures the KV dtype\n"
+    "alone.\n"
     "--gptq (int8): rounds each int8 matrix by GPTQ, from the second moments of its\n"
     "inputs over --gptq-windows windows of the token file's train split (same format,\n"
     "groups and scales; lower output error, higher weight error; docs/serving.md).\n"
@@ -130,11 +132,14 @@ static int read_windows(const char *path, const char *split, size_t T, size_t ma
 }
 
 /* path opened as a serving model: in float32 (as_f32), or as it stores its
- * weights; the KV cache in kv.  0, or 1 after one line. */
-static int open_model(const char *path, bool as_f32, Dtype kv, Model *m)
+ * weights; the KV cache in kv (KV_AUTO: what a serving command holds it
+ * in by default, ckpt_serve_kv_auto).  0, or 1 after one line. */
+#define KV_AUTO (-1)
+static int open_model(const char *path, bool as_f32, int kv, Model *m)
 {
     char err[1024];
-    ServeDtypes sd = { .dtype_set = as_f32, .dtype = DTYPE_F32, .kv = kv };
+    ServeDtypes sd = { .dtype_set = as_f32, .dtype = DTYPE_F32, .kv_set = kv != KV_AUTO,
+                       .kv = kv == KV_AUTO ? DTYPE_F32 : (Dtype)kv };
     if (ckpt_open_serving(path, m, NULL, &sd, err, sizeof err)) {
         if (err[0]) td_error("ckpt quantize: %s", err);
         return 1;
@@ -163,7 +168,7 @@ static int model_windows(const Model *m, const char *data, const char *split, si
 }
 
 static int calibrate(const char *in, const char *out, const char *data, const char *split, size_t T, size_t max_win,
-                     Dtype kv)
+                     int kv)
 {
     Model f, q;
     if (open_model(in, true, DTYPE_F32, &f)) return 1;
@@ -211,7 +216,7 @@ static int calibrate(const char *in, const char *out, const char *data, const ch
            "\"attn\":\"%s\",\"kv_dtype\":\"%s\",\"ppl_f32\":%.6f,\"ppl\":%.6f,\"ppl_change_pct\":%.4f,"
            "\"logprob_diff_max\":%.6g,\"topk_changed_share\":%.6f,\"topk_changed_any_layer_share\":%.6f,"
            "\"topk_changed_share_per_layer\":[",
-           data, split, n_win, T, N, dtype_name(q.dt.mat), dtype_name(q.dt.attn), dtype_name(kv), ppl_f, ppl_q,
+           data, split, n_win, T, N, dtype_name(q.dt.mat), dtype_name(q.dt.attn), dtype_name(q.attn.kv), ppl_f, ppl_q,
            100.0 * (ppl_q / ppl_f - 1.0), dmax, n_moe ? all / ((double)N * n_moe) : 0.0, changed_any / (double)N);
     for (int l = 0; l < n_moe; l++) printf("%s%.6f", l ? "," : "", per_layer[l] / (double)N);
     printf("]}\n");
@@ -245,7 +250,7 @@ static GptqSet *gptq_build(const char *in, const char *data, size_t T, size_t n_
  * float32 model on n_win windows of T of the train split of data, with the
  * KV cache in kv, and writes them into file.  0, or 1 after one line. */
 static int fit_routers(const char *in, const char *file, const char *data, size_t T, size_t n_win, double ridge,
-                       Dtype kv)
+                       int kv)
 {
     char err[1024];
     Model f, q;
@@ -265,7 +270,7 @@ static int fit_routers(const char *in, const char *file, const char *data, size_
     char note[256];
     (void)td_snprintf(note, sizeof note,
                       "{\"kv_dtype\":\"%s\",\"split\":\"train\",\"windows\":%zu,\"seq_len\":%zu,\"ridge\":%g}",
-                      dtype_name(kv), nw, T, ridge);
+                      dtype_name(q.attn.kv), nw, T, ridge);
     if (!rc && n > 0) {
         CkptF32 *t = td_malloc((size_t)n * sizeof *t);
         for (int i = 0; i < n; i++) t[i] = (CkptF32){ r[i].name, r[i].w, r[i].E * r[i].d };
@@ -277,7 +282,7 @@ static int fit_routers(const char *in, const char *file, const char *data, size_
     }
     if (!rc) {
         printf("{\"fit_routers\":%d,\"kv_dtype\":\"%s\",\"windows\":%zu,\"seq_len\":%zu,\"ridge\":%g,"
-               "\"logit_rmse_before\":[", n, dtype_name(kv), nw, T, ridge);
+               "\"logit_rmse_before\":[", n, dtype_name(q.attn.kv), nw, T, ridge);
         for (int i = 0; i < n; i++) printf("%s%.6g", i ? "," : "", r[i].logit_rmse_before);
         printf("],\"logit_rmse_after\":[");
         for (int i = 0; i < n; i++) printf("%s%.6g", i ? "," : "", r[i].logit_rmse_after);
@@ -310,7 +315,8 @@ static int quant_run(Args *ap, int argc, char **argv)
         td_error("ckpt quantize: usage: tandem ckpt quantize IN OUT.h5 --dtype bf16|int8 [--calib DATA.bin]");
         return 2;
     }
-    Dtype d, kv = DTYPE_F32;
+    Dtype d;
+    int kv = KV_AUTO;
     if (dtype_parse(args_get(ap, "dtype"), &d)) {
         td_error("ckpt quantize: --dtype must be bf16 or int8 (or f32: a copy), not \"%s\"", args_get(ap, "dtype"));
         return 2;
@@ -323,9 +329,14 @@ static int quant_run(Args *ap, int argc, char **argv)
             td_error("ckpt quantize: --%s must be f32, bf16 or int8, not \"%s\"", opt[i], args_get(ap, opt[i]));
             return 2;
         }
-    if (args_get(ap, "kv-dtype") && dtype_parse(args_get(ap, "kv-dtype"), &kv)) {
-        td_error("ckpt quantize: --kv-dtype must be f32, bf16 or int8, not \"%s\"", args_get(ap, "kv-dtype"));
-        return 2;
+    const char *kvs = args_get(ap, "kv-dtype");
+    if (kvs && strcmp(kvs, "auto") != 0) {
+        Dtype k;
+        if (dtype_parse(kvs, &k)) {
+            td_error("ckpt quantize: --kv-dtype must be auto, f32, bf16 or int8, not \"%s\"", kvs);
+            return 2;
+        }
+        kv = (int)k;
     }
     const char *split = args_str(ap, "split", "val");
     if (strcmp(split, "val") && strcmp(split, "train") && strcmp(split, "all")) {
