@@ -65,34 +65,46 @@ int ckpt_serve_dtypes(ServeDtypes *sd, const char *dtype, const char *kv_dtype, 
     return 0;
 }
 
-/* Is path a file `ckpt quantize` wrote in bf16 or int8? */
-static bool quantized_low(const char *path)
+/* The KV dtype f's routers were fitted to (root attribute router_fit),
+ * if it says one. */
+static bool router_fit_kv_of(hid_t f, Dtype *kv)
 {
-    hid_t f = ckpt_h5_open(path);
-    if (f < 0) {
-        H5Eclear2(H5E_DEFAULT);
-        return false;
+    char *a = NULL;
+    bool found = false;
+    if (ckpt_h5_get_str(f, "router_fit", &a) == 0) {
+        cJSON *o = cJSON_Parse(a);
+        const cJSON *k = o ? cJSON_GetObjectItemCaseSensitive(o, "kv_dtype") : NULL;
+        found = cJSON_IsString(k) && dtype_parse(k->valuestring, kv) == 0;
+        cJSON_Delete(o);
     }
-    char *q = NULL;
-    const bool low = ckpt_h5_get_str(f, "quantized", &q) == 0 && (!strcmp(q, "bf16") || !strcmp(q, "int8"));
-    td_free(q);
-    H5Fclose(f);
+    td_free(a);
     H5Eclear2(H5E_DEFAULT);
-    return low;
+    return found;
 }
 
-Dtype ckpt_serve_kv_auto(const char *path, const ServeDtypes *sd)
+/* --kv-dtype auto (ckpt_serve_kv_auto) for the open tandem file f (< 0:
+ * none): its fit's KV dtype, else bf16 for weights low by choice (--dtype
+ * bf16|int8, or without --dtype a file ckpt quantize wrote in bf16 or int8). */
+static Dtype kv_auto(const ServeDtypes *sd, hid_t f)
 {
     Dtype fit;
-    if (path && ckpt_router_fit_kv(path, &fit)) return fit;
-    const bool low = sd->dtype_set ? sd->dtype != DTYPE_F32 : path && quantized_low(path);
+    if (f >= 0 && router_fit_kv_of(f, &fit)) return fit;
+    bool low = sd->dtype_set && sd->dtype != DTYPE_F32;
+    if (!sd->dtype_set && f >= 0) {
+        char *q = NULL;
+        low = ckpt_h5_get_str(f, "quantized", &q) == 0 && (!strcmp(q, "bf16") || !strcmp(q, "int8"));
+        td_free(q);
+        H5Eclear2(H5E_DEFAULT);
+    }
     return low ? DTYPE_BF16 : DTYPE_F32;
 }
 
-/* The KV dtype sd asks for (path: the file served; NULL: not a tandem file). */
-static Dtype serve_kv(const ServeDtypes *sd, const char *path)
+Dtype ckpt_serve_kv_auto(const ServeDtypes *sd) { return kv_auto(sd, -1); }
+
+/* The KV dtype sd asks for, served from the open tandem file f (< 0: none). */
+static Dtype serve_kv(const ServeDtypes *sd, hid_t f)
 {
-    return sd->kv_set ? sd->kv : ckpt_serve_kv_auto(path, sd);
+    return sd->kv_set ? sd->kv : kv_auto(sd, f);
 }
 
 /* ---------------------------------------------------------------- checks */
@@ -657,7 +669,7 @@ int ckpt_open_serving(const char *path, Model *m, const Topology *topo, const Se
     memset(m, 0, sizeof *m);
     if (!is_tandem(path) && sd->expert_cache) {
         if (open_hf_offload(path, m, topo, sd, err, err_len)) return -1;
-        m->attn.kv = serve_kv(sd, NULL);
+        m->attn.kv = serve_kv(sd, -1);
         return 0;
     }
     if (!is_tandem(path)) {
@@ -671,7 +683,7 @@ int ckpt_open_serving(const char *path, Model *m, const Topology *topo, const Se
         model_init_serving(m, &f32.cfg, &f32.topo, f32.attn.bs, &dt);
         model_quantize_from(m, &f32);
         model_free(&f32);
-        m->attn.kv = serve_kv(sd, NULL);
+        m->attn.kv = serve_kv(sd, -1);
         return 0;
     }
     char file[PATH_MAX];
@@ -688,6 +700,7 @@ int ckpt_open_serving(const char *path, Model *m, const Topology *topo, const Se
     }
     ModelDtypes dt;
     resolve_dtypes(f, &cfg, sd, &dt);
+    const Dtype kv = serve_kv(sd, f);
     H5Fclose(f);
     Topology single;
     if (!topo) {
@@ -701,7 +714,7 @@ int ckpt_open_serving(const char *path, Model *m, const Topology *topo, const Se
         model_free(m);
         return -1;
     }
-    m->attn.kv = serve_kv(sd, file);
+    m->attn.kv = kv;
     return 0;
 }
 
@@ -1082,15 +1095,7 @@ bool ckpt_router_fit_kv(const char *path, Dtype *kv)
         H5Eclear2(H5E_DEFAULT);
         return false;
     }
-    char *a = NULL;
-    bool found = false;
-    if (ckpt_h5_get_str(f, "router_fit", &a) == 0) {
-        cJSON *o = cJSON_Parse(a);
-        const cJSON *k = o ? cJSON_GetObjectItemCaseSensitive(o, "kv_dtype") : NULL;
-        found = cJSON_IsString(k) && dtype_parse(k->valuestring, kv) == 0;
-        cJSON_Delete(o);
-    }
-    td_free(a);
+    const bool found = router_fit_kv_of(f, kv);
     H5Fclose(f);
     H5Eclear2(H5E_DEFAULT);
     return found;

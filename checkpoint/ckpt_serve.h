@@ -118,17 +118,18 @@ int ckpt_quantize(const char *in, const char *out, const ModelDtypes *dt, const 
  * else (no such attribute, a Hugging Face directory, an unreadable file). */
 bool ckpt_router_fit_kv(const char *path, Dtype *kv);
 
-/* --kv-dtype auto for path (NULL: not a tandem file) served as sd asks:
- * the KV dtype path's routers were fitted to (ckpt_router_fit_kv); else
- * bfloat16 when the weights are held in low precision by choice --
- * --dtype bf16 or int8, or, without --dtype, a file `ckpt quantize` wrote
- * in bf16 or int8 (root attribute quantized) -- and float32 otherwise (a
- * training checkpoint, an imported bf16 release served as stored: their
- * bf16 weights are exact in float32, and so stays their attention).
- * bf16, not int8: int8 weights compute in float32 over the rounded
- * weights as bf16 ones do, and an int8 cache costs routing accuracy
- * (docs/serving.md). */
-Dtype ckpt_serve_kv_auto(const char *path, const ServeDtypes *sd);
+/* --kv-dtype auto for a model served as sd asks without a checkpoint
+ * file (rl's rollout model, plan): bfloat16 when the weights are held in
+ * low precision by choice (--dtype bf16 or int8), float32 otherwise.
+ * ckpt_open_serving applies the same rule to a tandem file, where without
+ * --dtype a file `ckpt quantize` wrote in bf16 or int8 (root attribute
+ * quantized) counts as low precision by choice, and a file whose routers
+ * were fitted gets the fit's KV dtype.  A training checkpoint or an
+ * imported bf16 release served as stored keeps float32: its bf16 weights
+ * are exact in float32, and so stays its attention.  bf16, not int8: int8
+ * weights compute in float32 over the rounded weights as bf16 ones do, and
+ * an int8 cache costs routing accuracy (docs/serving.md). */
+Dtype ckpt_serve_kv_auto(const ServeDtypes *sd);
 
 /* A float32 tensor to write: tandem's name (e.g.
  * "model/layers/0/mlp/gate") and its numel values. */

@@ -1,6 +1,7 @@
 /* plan/plan_cmd.c - `tandem plan` (plan_cmd.h): the command line, the
  * config in any of its three forms, the table, the JSON and --best. */
 #include "plan/plan_cmd.h"
+#include "checkpoint/ckpt_serve.h"
 #include "checkpoint/hf/hf_config.h"
 #include "checkpoint/hf/hf_load.h"
 #include "core/args.h"
@@ -29,7 +30,8 @@ static const char *const g_help =
     "parallelism in the layouts with tp > 1); serving keys: context (8192), concurrency (64 sequences per\n"
     "instance), max_batch_tokens (512), prefill_chunk (256), dtype (bf16),\n"
     "kv_dtype (f32 with dtype=f32, else bf16: tandem serve --dtype D's default).\n"
-    "Per rank: weights, gradients, optimizer, activations, kv_cache, comm, workspace, total (what tandem's allocator will count);\n"
+    "Per rank: weights, gradients, optimizer, activations, kv_cache, comm,\n"
+    "workspace, total (what tandem's allocator will count);\n"
     "bytes per step of each group (tp, ep, pp, dp, cp) and an estimated step time\n"
     "from --tflops (sustained per device) and the link bandwidths (GB/s per rank,\n"
     "--intra-gbs inside a node of --node-size devices, --inter-gbs between nodes).\n"
@@ -296,6 +298,7 @@ int cmd_plan(int argc, char **argv)
     const char *mode = args_str(&ap, "mode", "train");
     char **train_over = td_malloc((size_t)(ap.n_pos + 1) * sizeof(char *));
     int n_train = 0;
+    bool kv_given = false;   /* kv_dtype=: else as tandem serve --dtype D holds it (ckpt_serve_kv_auto) */
     RunConfig rc;
     memset(&rc, 0, sizeof rc);
     PlanResult *v = NULL;
@@ -374,6 +377,7 @@ int cmd_plan(int argc, char **argv)
                 td_error("%s", err);
                 goto out;
             }
+            kv_given |= !strncmp(kv, "kv_dtype=", 9);
         } else if (o.mode == PLAN_SERVE) {
             td_error("plan: unknown serving key \"%.*s\" (context, concurrency, max_batch_tokens, prefill_chunk, "
                      "dtype, kv_dtype)", (int)(strchr(kv, '=') - kv), kv);
@@ -382,10 +386,7 @@ int cmd_plan(int argc, char **argv)
             train_over[n_train++] = (char *)kv;
         }
     }
-    /* kv_dtype not given: serving's --kv-dtype auto (f32 with float32 weights, bf16 otherwise) */
-    bool kv_given = false;
-    for (int i = 1; i < ap.n_pos; i++) kv_given |= !strncmp(ap.pos[i], "kv_dtype=", 9);
-    if (!kv_given) o.kv_dtype = o.dtype == DTYPE_F32 ? DTYPE_F32 : DTYPE_BF16;
+    if (!kv_given) o.kv_dtype = ckpt_serve_kv_auto(&(ServeDtypes){ .dtype_set = true, .dtype = o.dtype });
     PlanLayout given;
     if (args_get(&ap, "layout") && parse_layout(args_get(&ap, "layout"), &given, err, sizeof err)) {
         td_error("%s", err);

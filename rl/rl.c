@@ -872,7 +872,7 @@ static int rl_setup(Rl *r)
         const ModelDtypes dt = model_dtypes_default(rd);
         model_init_serving(&r->q, &cfg, &r->topo, 16, &dt);
         const ServeDtypes sd = { .dtype_set = true, .dtype = rd };
-        r->q.attn.kv = ckpt_serve_kv_auto(NULL, &sd);   /* as `tandem rollout --dtype` holds it by default */
+        r->q.attn.kv = ckpt_serve_kv_auto(&sd);   /* as `tandem rollout --dtype` holds it by default */
         if (r->train_rank) model_quantize_from(&r->q, &r->m);
         r->have_q = true;
         r->gen = &r->q;
