@@ -37,10 +37,11 @@ static const char *const g_gen_help =
     "quantize wrote, f32 otherwise, or the KV dtype the checkpoint's routers were\n"
     "fitted to).\n"
     "--expert-cache-mb N keeps the routed experts' weights in a cache of N MiB (LRU,\n"
-    "per layer), read from the checkpoint when routed to; the output is the resident model's, bit for bit.  --image FILE\n"
-    "(PNG or JPEG, repeatable) gives a model with a vision tower its images: the\n"
-    "prompt holds one <image> (the image_token_index id) per image, or none and\n"
-    "the images come first.  docs/serving.md, docs/vision.md\n";
+    "per layer), read from the checkpoint when routed to; the output is the\n"
+    "resident model's, bit for bit.  --image FILE (PNG or JPEG, repeatable) gives\n"
+    "a model with a vision tower its images: the prompt holds one <image> (the\n"
+    "image_token_index id) per image, or none and the images come first.\n"
+    "docs/serving.md, docs/vision.md\n";
 
 /* Shared by generate and serve/rollout: sampling options from Args. */
 int infer_gen_params(GenParams *gp, const Args *a, char *err, size_t n)
