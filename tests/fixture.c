@@ -93,6 +93,15 @@ void fixture_fill(float *x, size_t n, uint64_t seed, float lo, float hi)
         x[i] = lo + (hi - lo) * (float)rng_uniform_at(key, i);
 }
 
+float fixture_bf16(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
 float *fixture_rand(size_t n, uint64_t seed, float lo, float hi)
 {
     float *x = td_malloc((n > 0 ? n : 1) * sizeof(float));

@@ -55,6 +55,10 @@ void fixture_fill(float *x, size_t n, uint64_t seed, float lo, float hi);
 float *fixture_rand(size_t n, uint64_t seed, float lo, float hi);
 /* td_malloc'd copy of n floats. */
 float *fixture_copy(const float *x, size_t n);
+/* v rounded to bfloat16 and back (SPEC section 4: the upper 16 bits,
+ * nearest even; finite v), written out here so that a test's reference
+ * does not call core/dtype.h's conversion it checks. */
+float fixture_bf16(float v);
 
 /* m: a one-process training model of the config JSON with the weights of
  * model_init_weights(seed), not yet packed (a test changes them, then

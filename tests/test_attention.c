@@ -1085,10 +1085,7 @@ static float *rounded(const float *x, size_t rows, size_t Hkv, size_t hd, Dtype 
         const float s = amax / 127.0f;
         for (size_t d = 0; d < hd; d++) {
             if (kv == DTYPE_BF16) {
-                uint32_t u;
-                memcpy(&u, &a[d], 4);
-                u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-                memcpy(&b[d], &u, 4);
+                b[d] = fixture_bf16(a[d]);
             } else {
                 const int q = s > 0 ? (int)fmaxf(-127, fminf(127, rintf(a[d] / s))) : 0;
                 b[d] = (float)q * s;

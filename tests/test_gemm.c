@@ -116,17 +116,6 @@ static GemmW packed_as(Dtype t, const float *W, size_t N, size_t K)
 static GemmW packed(const float *W, size_t N, size_t K) { return packed_as(DTYPE_F32, W, N, K); }
 static void wfree(GemmW W) { td_free((void *)(uintptr_t)W.p); }
 
-/* v rounded to bfloat16 (nearest even; finite v), written out: an int8
- * weight group's scale is amax / 127 so rounded (core/dtype.h). */
-static float rne_bf16(float v)
-{
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&v, &u, 4);
-    return v;
-}
-
 /* ------------------------------------------------------------ packing */
 
 Test(gemm, pack_layout_is_panels_of_32_zero_padded)
@@ -159,7 +148,7 @@ Test(gemm, pack_layout_is_panels_of_32_zero_padded)
                     for (size_t g = 0; n < N && g < G; g++) {
                         float amax = 0;
                         for (size_t k = g * 32; k < K && k < g * 32 + 32; k++) amax = fmaxf(amax, fabsf(W[n * K + k]));
-                        sc[g] = rne_bf16(amax / 127.0f);
+                        sc[g] = fixture_bf16(amax / 127.0f);
                         for (size_t k = g * 32; k < K && k < g * 32 + 32; k++)
                             q[k] = (int8_t)fmaxf(-127, fminf(127, rintf(W[n * K + k] / sc[g])));
                     }
@@ -384,16 +373,12 @@ static void dequantized(float *Wd, Dtype t, const float *W, size_t N, size_t K)
             const size_t k0 = g * 32, k1 = k0 + 32 < K ? k0 + 32 : K;
             float amax = 0;
             for (size_t k = k0; k < k1; k++) amax = fmaxf(amax, fabsf(W[n * K + k]));
-            const float s = rne_bf16(amax / 127.0f);
+            const float s = fixture_bf16(amax / 127.0f);
             for (size_t k = k0; k < k1; k++) {
                 const float w = W[n * K + k];
                 if (t == DTYPE_F32) Wd[n * K + k] = w;
-                else if (t == DTYPE_BF16) {
-                    uint32_t u;
-                    memcpy(&u, &w, 4);
-                    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;   /* finite inputs */
-                    memcpy(&Wd[n * K + k], &u, 4);
-                } else {
+                else if (t == DTYPE_BF16) Wd[n * K + k] = fixture_bf16(w);   /* finite inputs */
+                else {
                     const int q = s > 0 ? (int)fmaxf(-127, fminf(127, rintf(w / s))) : 0;
                     Wd[n * K + k] = (float)q * s;   /* an int: q = 0 is +0, never -0 */
                 }
@@ -477,7 +462,7 @@ static void quant_group(int *q, const float *v, size_t n, float *s_out, float le
         amax = fmaxf(amax, fabsf(v[i]));
     }
     float s = nan ? NAN : amax / levels;
-    if (bf16_scale && !nan) s = rne_bf16(s);
+    if (bf16_scale && !nan) s = fixture_bf16(s);
     *s_out = s;
     for (size_t i = 0; i < n; i++)
         q[i] = s > 0 && s < INFINITY ? (int)fmaxf(-levels, fminf(levels, rintf(v[i] / s))) : 0;

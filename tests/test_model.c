@@ -252,17 +252,10 @@ static void round_rows(float *x, size_t rows, size_t K, Dtype t)
             float *g = x + r * K + k0, amax = 0;
             const size_t n = K - k0 < 32 ? K - k0 : 32;
             for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(g[i]));
-            float s = amax / 127.0f;
-            uint32_t su;
-            memcpy(&su, &s, 4);
-            su = (su + 0x7fffu + ((su >> 16) & 1u)) & 0xffff0000u;
-            memcpy(&s, &su, 4);
+            const float s = fixture_bf16(amax / 127.0f);
             for (size_t i = 0; i < n; i++) {
                 if (t == DTYPE_BF16) {
-                    uint32_t u;
-                    memcpy(&u, &g[i], 4);
-                    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-                    memcpy(&g[i], &u, 4);
+                    g[i] = fixture_bf16(g[i]);
                 } else if (t == DTYPE_INT8) {
                     const int q = s > 0 ? (int)fmaxf(-127, fminf(127, rintf(g[i] / s))) : 0;
                     g[i] = (float)q * s;
