@@ -53,11 +53,16 @@
 
 static size_t panels_of(size_t N) { return td_round_up(N, GEMM_NR) / GEMM_NR; }
 
+/* Bytes of one panel (GEMM_NR columns of K) packed as t; int8: whole group
+ * blocks (gemm_q8.h), a multiple of 64. */
+static inline size_t panel_bytes(Dtype t, size_t K)
+{
+    return t == DTYPE_INT8 ? dtype_q8_groups(K) * Q8_BLOCK : K * GEMM_NR * dtype_size(t);
+}
+
 size_t gemm_packed_bytes(Dtype t, size_t N, size_t K)
 {
-    const size_t np = panels_of(N);
-    if (t == DTYPE_INT8) return np * dtype_q8_groups(K) * Q8_BLOCK;   /* gemm_q8.h */
-    return td_round_up(np * K * GEMM_NR * dtype_size(t), 64);
+    return td_round_up(panels_of(N) * panel_bytes(t, K), 64);
 }
 
 GemmW gemm_w(Dtype t, const void *base, size_t N, size_t K)
@@ -70,16 +75,14 @@ GemmW gemm_w_cols(const GemmW *W, size_t n0, size_t n)
 {
     TD_CHECK(n0 % GEMM_NR == 0 && n0 + n <= W->N && (n % GEMM_NR == 0 || n0 + n == W->N),
              "gemm: columns [%zu, %zu) of %zu do not start and end on panels of %d", n0, n0 + n, W->N, GEMM_NR);
-    const size_t panel = W->dtype == DTYPE_INT8 ? dtype_q8_groups(W->K) * Q8_BLOCK
-                                                : W->K * GEMM_NR * dtype_size(W->dtype);
-    GemmW w = { W->dtype, (const char *)W->p + n0 / GEMM_NR * panel, n, W->K };
+    GemmW w = { W->dtype, (const char *)W->p + n0 / GEMM_NR * panel_bytes(W->dtype, W->K), n, W->K };
     return w;
 }
 
 /* Panel p of W (f32, bf16; int8: gemm_q8.c). */
 ALWAYS_INLINE const void *panel_at(const int DT, const GemmW *W, size_t p)
 {
-    return (const char *)W->p + p * W->K * GEMM_NR * dtype_size((Dtype)DT);
+    return (const char *)W->p + p * panel_bytes((Dtype)DT, W->K);
 }
 
 /* bf16: where column j (0..31) of a panel row is stored -- interleaved so
@@ -100,12 +103,11 @@ static void pack_range(void *vctx, size_t p0, size_t p1, int tid)
     const struct pack_ctx *c = vctx;
     const size_t K = c->K;
     for (size_t p = p0; p < p1; p++) {
+        char *pan = (char *)c->P + p * panel_bytes(c->t, K);
         if (c->t == DTYPE_INT8) {
-            gemm_q8_pack_panel((char *)c->P + p * dtype_q8_groups(K) * Q8_BLOCK, c->W, c->Q, c->S, p * GEMM_NR,
-                               c->N, K);
+            gemm_q8_pack_panel(pan, c->W, c->Q, c->S, p * GEMM_NR, c->N, K);
             continue;
         }
-        char *pan = (char *)c->P + p * K * GEMM_NR * dtype_size(c->t);
         for (size_t j = 0; j < GEMM_NR; j++) {
             const size_t n = p * GEMM_NR + j;
             const float *src = n < c->N && c->W ? c->W + n * K : NULL;
@@ -127,7 +129,7 @@ static void zero_padding(void *P, Dtype t, size_t N, size_t K)
     if (t == DTYPE_INT8) return;   /* no padding: whole 1088-byte group blocks */
     unsigned char *b = P;
     const size_t np = panels_of(N), total = gemm_packed_bytes(t, N, K);
-    const size_t used = np * K * GEMM_NR * dtype_size(t);
+    const size_t used = np * panel_bytes(t, K);
     memset(b + used, 0, total - used);
 }
 
@@ -271,7 +273,7 @@ static size_t bf16_prefetch(void)
 ALWAYS_INLINE void wide_avx512(const int DT, const int MR, const int NPW, float *y, size_t ldy, const float *x,
                                size_t ldx, const void *panel, size_t K)
 {
-    const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT);  /* panel stride */
+    const size_t ps = panel_bytes((Dtype)DT, K);  /* panel stride */
     const size_t pf = DT == DTYPE_BF16 ? bf16_prefetch() : 0;
     __m512 acc[3][2 * NP_WIDE];
 #pragma GCC unroll 3
@@ -470,14 +472,14 @@ ALWAYS_INLINE void wide(const int DT, int MR, float *y, size_t ldy, const float 
         if (DT == DTYPE_F32) {
             wide_avx512(DT, 3, NP_WIDE, y, ldy, x, ldx, panel, K);
         } else {
-            const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT);
+            const size_t ps = panel_bytes((Dtype)DT, K);
             wide_avx512(DT, 3, 2, y, ldy, x, ldx, panel, K);
             wide_avx512(DT, 3, 2, y + 2 * GEMM_NR, ldy, x, ldx, (const char *)panel + 2 * ps, K);
         }
         return;
     }
 #elif defined(GEMM_AVX2)
-    const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT);
+    const size_t ps = panel_bytes((Dtype)DT, K);
     for (int q = 0; q < NP_WIDE; q += MR == 1 ? 2 : 1) {
         float *yq = y + q * GEMM_NR;
         const void *pq = (const char *)panel + (size_t)q * ps;
@@ -488,7 +490,7 @@ ALWAYS_INLINE void wide(const int DT, int MR, float *y, size_t ldy, const float 
         }
     }
 #else
-    const size_t ps = K * GEMM_NR * dtype_size((Dtype)DT);
+    const size_t ps = panel_bytes((Dtype)DT, K);
     for (int q = 0; q < NP_WIDE; q++)
         tile_generic(DT, MR, y + q * GEMM_NR, ldy, x, ldx, (const char *)panel + (size_t)q * ps, K, GEMM_NR);
 #endif
