@@ -131,15 +131,15 @@ static int read_windows(const char *path, const char *split, size_t T, size_t ma
     return 0;
 }
 
-/* path opened as a serving model: in float32 (as_f32), or as it stores its
- * weights; the KV cache in kv (KV_AUTO: what a serving command holds it
- * in by default, ckpt_serve_kv_auto).  0, or 1 after one line. */
-#define KV_AUTO (-1)
-static int open_model(const char *path, bool as_f32, int kv, Model *m)
+/* path opened as a serving model: in float32 (kv NULL, and a float32 KV
+ * cache), or as it stores its weights with the KV cache --kv-dtype gave
+ * (kv: ckpt_serve_dtypes' parse; not given: auto, as a serving command).
+ * 0, or 1 after one line. */
+static int open_model(const char *path, const ServeDtypes *kv, Model *m)
 {
     char err[1024];
-    ServeDtypes sd = { .dtype_set = as_f32, .dtype = DTYPE_F32, .kv_set = kv != KV_AUTO,
-                       .kv = kv == KV_AUTO ? DTYPE_F32 : (Dtype)kv };
+    const ServeDtypes sd = kv ? (ServeDtypes){ .kv_set = kv->kv_set, .kv = kv->kv }
+                              : (ServeDtypes){ .dtype_set = true, .dtype = DTYPE_F32, .kv_set = true, .kv = DTYPE_F32 };
     if (ckpt_open_serving(path, m, NULL, &sd, err, sizeof err)) {
         if (err[0]) td_error("ckpt quantize: %s", err);
         return 1;
@@ -168,10 +168,10 @@ static int model_windows(const Model *m, const char *data, const char *split, si
 }
 
 static int calibrate(const char *in, const char *out, const char *data, const char *split, size_t T, size_t max_win,
-                     int kv)
+                     const ServeDtypes *kv)
 {
     Model f, q;
-    if (open_model(in, true, DTYPE_F32, &f)) return 1;
+    if (open_model(in, NULL, &f)) return 1;
     int32_t *tok;
     size_t n_win;
     const int wrc = model_windows(&f, data, split, T, max_win, "", &tok, &n_win);
@@ -186,7 +186,7 @@ static int calibrate(const char *in, const char *out, const char *data, const ch
     int32_t *rt_f = td_malloc((N * per + 1) * sizeof(int32_t)), *rt_q = td_malloc((N * per + 1) * sizeof(int32_t));
     calib_run(&f, tok, n_win, T, lp_f, rt_f, n_moe);
     model_free(&f);   /* one model at a time */
-    if (open_model(out, false, kv, &q)) {
+    if (open_model(out, kv, &q)) {
         td_free(tok);
         td_free(lp_f);
         td_free(lp_q);
@@ -235,7 +235,7 @@ static int calibrate(const char *in, const char *out, const char *data, const ch
 static GptqSet *gptq_build(const char *in, const char *data, size_t T, size_t n_win, double damp)
 {
     Model f;
-    if (open_model(in, true, DTYPE_F32, &f)) return NULL;
+    if (open_model(in, NULL, &f)) return NULL;
     int32_t *tok = NULL;
     size_t nw = 0;
     GptqSet *g = NULL;
@@ -250,12 +250,12 @@ static GptqSet *gptq_build(const char *in, const char *data, size_t T, size_t n_
  * float32 model on n_win windows of T of the train split of data, with the
  * KV cache in kv, and writes them into file.  0, or 1 after one line. */
 static int fit_routers(const char *in, const char *file, const char *data, size_t T, size_t n_win, double ridge,
-                       int kv)
+                       const ServeDtypes *kv)
 {
     char err[1024];
     Model f, q;
-    if (open_model(in, true, DTYPE_F32, &f)) return 1;
-    if (open_model(file, false, kv, &q)) {
+    if (open_model(in, NULL, &f)) return 1;
+    if (open_model(file, kv, &q)) {
         model_free(&f);
         return 1;
     }
@@ -316,7 +316,6 @@ static int quant_run(Args *ap, int argc, char **argv)
         return 2;
     }
     Dtype d;
-    int kv = KV_AUTO;
     if (dtype_parse(args_get(ap, "dtype"), &d)) {
         td_error("ckpt quantize: --dtype must be bf16 or int8 (or f32: a copy), not \"%s\"", args_get(ap, "dtype"));
         return 2;
@@ -329,14 +328,10 @@ static int quant_run(Args *ap, int argc, char **argv)
             td_error("ckpt quantize: --%s must be f32, bf16 or int8, not \"%s\"", opt[i], args_get(ap, opt[i]));
             return 2;
         }
-    const char *kvs = args_get(ap, "kv-dtype");
-    if (kvs && strcmp(kvs, "auto") != 0) {
-        Dtype k;
-        if (dtype_parse(kvs, &k)) {
-            td_error("ckpt quantize: --kv-dtype must be auto, f32, bf16 or int8, not \"%s\"", kvs);
-            return 2;
-        }
-        kv = (int)k;
+    ServeDtypes kv;   /* --kv-dtype only, parsed as the serving commands parse it */
+    if (ckpt_serve_dtypes(&kv, NULL, args_get(ap, "kv-dtype"), err, sizeof err)) {
+        td_error("ckpt quantize: %s", err);
+        return 2;
     }
     const char *split = args_str(ap, "split", "val");
     if (strcmp(split, "val") && strcmp(split, "train") && strcmp(split, "all")) {
@@ -396,7 +391,7 @@ static int quant_run(Args *ap, int argc, char **argv)
     fflush(stdout);
     td_free(rep);
     if (fit) {
-        if (fit_routers(in, staged, calib, (size_t)T, (size_t)fw, ridge, kv)) {
+        if (fit_routers(in, staged, calib, (size_t)T, (size_t)fw, ridge, &kv)) {
             unlink(staged);
             return 1;
         }
@@ -406,7 +401,7 @@ static int quant_run(Args *ap, int argc, char **argv)
             return 1;
         }
     }
-    return calib ? calibrate(in, out, calib, split, (size_t)T, (size_t)nw, kv) : 0;
+    return calib ? calibrate(in, out, calib, split, (size_t)T, (size_t)nw, &kv) : 0;
 }
 
 int cmd_ckpt_quantize(int argc, char **argv)
